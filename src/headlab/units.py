@@ -1,0 +1,128 @@
+"""Unit ids for ``drop_intra`` / ``drop_inter`` (DESIGN.md section 2).
+
+``unit_ids`` maps a fast-tokenizer encoding and the original texts to ``sentence_ids``
+(``LongTensor [batch, seq]``): tokens of one unit share an id, padding is -1.
+
+* ``unit="segment"``: one unit per segment (question vs context, sentence1 vs sentence2).
+* ``unit="sentence"``: the sentences of each segment, found by ``split_sentences`` on the
+  original text and mapped to tokens through the tokenizer's character offsets.
+* Special tokens: the first ([CLS]) belongs to the first unit; every later one ([SEP])
+  belongs to the unit it closes, i.e. the unit of the token before it.
+
+The sentence rule (dependency-free, deterministic): a sentence ends after a run of
+``.``, ``?`` or ``!`` (plus any closing quotes or brackets) that is followed by whitespace
+and then an upper-case letter, a digit, or an opening quote or bracket, or by the end of
+the text. A single ``.`` does not end a sentence after a known abbreviation (``Dr.``,
+``e.g.``, ``U.S.``, month names, ...) or a one-letter initial (``J. Smith``). Numbers such
+as ``3.5`` never split (no whitespace after the dot); ``"Really?" she asked.`` stays one
+sentence because the next word is lower case.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Sequence
+
+import torch
+
+from headlab.plans import check_unit
+
+ABBREVIATIONS = frozenset(
+    """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al inc ltd co corp no nos fig figs vol
+    approx dept est gen gov sen rep rev capt col lt sgt jan feb mar apr jun jul aug sep sept oct nov dec
+    u.s u.k u.n a.m p.m ph.d""".split()
+)
+_BOUNDARY = re.compile(r"[.?!]+[\"'\u201d\u2019)\]]*(?=\s+[A-Z0-9\"'\u201c\u2018(\[]|\s*$)")
+_LAST_WORD = re.compile(r"(\S+)$")
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
+    """Character spans ``(start, end)`` of the sentences of ``text`` (see the module rule)."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for match in _BOUNDARY.finditer(text):
+        if match.group().rstrip("\"'\u201d\u2019)]") == "." and _is_abbreviation(text[start : match.start()]):
+            continue
+        spans.append((start, match.end()))
+        start = match.end()
+    spans.append((start, len(text)))
+    spans = [_strip(text, a, b) for a, b in spans]
+    return [span for span in spans if span[0] < span[1]] or [(0, len(text))]
+
+
+def _is_abbreviation(before_dot: str) -> bool:
+    word = _LAST_WORD.search(before_dot)
+    if not word:
+        return False
+    word = word.group(1).lstrip("\"'(\u201c\u2018[").lower()
+    return word in ABBREVIATIONS or (len(word) == 1 and word.isalpha())
+
+
+def _strip(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def unit_ids(
+    encoding,
+    texts: Sequence[str],
+    text_pairs: Sequence[str] | None = None,
+    unit: str = "sentence",
+    splitter: Callable[[str], list[tuple[int, int]]] = split_sentences,
+) -> torch.Tensor:
+    """``sentence_ids`` ``[batch, seq]`` for an encoding of ``texts`` (and ``text_pairs``).
+
+    ``encoding`` is what a fast tokenizer returned for ``tokenizer(texts, text_pairs, ...,
+    return_offsets_mapping=True)``; with overflowing features (SQuAD's doc stride) its
+    ``overflow_to_sample_mapping`` picks each row's texts.
+    """
+    check_unit(unit)
+    if "offset_mapping" not in encoding:
+        raise ValueError("unit_ids needs the encoding's character offsets: tokenize with return_offsets_mapping=True")
+    if not hasattr(encoding, "sequence_ids") or encoding.encodings is None:
+        raise ValueError("unit_ids needs an encoding from a fast (Rust) tokenizer, which knows each token's segment")
+    offsets = encoding["offset_mapping"]
+    rows = len(offsets)
+    samples = encoding.get("overflow_to_sample_mapping", list(range(rows)))
+    mask = encoding.get("attention_mask")
+    ids = torch.full((rows, len(offsets[0])), -1, dtype=torch.long)
+    sentence_cache: dict[tuple[int, int], list[int]] = {}
+    for row in range(rows):
+        sample = int(samples[row])
+        segments = [texts[sample]] + ([] if text_pairs is None else [text_pairs[sample]])
+        for segment in range(len(segments)):
+            if (sample, segment) not in sentence_cache:
+                sentence_cache[(sample, segment)] = [a for a, _ in splitter(segments[segment])]
+        ids[row] = _row_ids(
+            encoding.sequence_ids(row),
+            [tuple(o) for o in offsets[row]],
+            None if mask is None else mask[row],
+            [sentence_cache[(sample, s)] for s in range(len(segments))],
+            unit,
+        )
+    return ids
+
+
+def _row_ids(sequence_ids, offsets, mask, sentence_starts, unit) -> torch.Tensor:
+    """Unit ids of one row. ``sentence_starts[s]``: start offsets of segment s's sentences."""
+    # Units are numbered across segments; every segment has at least one unit.
+    first_unit = [0]
+    for starts in sentence_starts[:-1]:
+        first_unit.append(first_unit[-1] + (max(len(starts), 1) if unit == "sentence" else 1))
+    ids = []
+    current = 0  # unit of the last content token; [CLS] belongs to the first unit
+    for position, (segment, (start, _)) in enumerate(zip(sequence_ids, offsets)):
+        if mask is not None and not mask[position]:
+            ids.append(-1)
+            continue
+        if segment is not None:
+            local = 0
+            if unit == "sentence" and sentence_starts[segment]:
+                local = max(bisect.bisect_right(sentence_starts[segment], start) - 1, 0)
+            current = first_unit[segment] + local
+        ids.append(current)
+    return torch.tensor(ids, dtype=torch.long)

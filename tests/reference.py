@@ -1,0 +1,115 @@
+"""An independent float64 BERT forward written from the definitions (DESIGN.md section 2).
+
+Nothing here calls headlab or transformers' attention: the weights are read from the
+state dict and every head's attention matrix is built explicitly, one example and one head
+at a time, then changed by its policy. Tests compare headlab against this.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def params_of(model) -> dict[str, torch.Tensor]:
+    """float64 copies of a model's weights, named without the task model's ``bert.`` prefix."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        state[name.removeprefix("bert.")] = tensor.detach().double().clone()
+    return state
+
+
+def _layer_norm(x, weight, bias, eps):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def head_attention(scores, valid, units, policy, renormalize):
+    """Attention matrix ``[n, n]`` of one head of one example under ``policy``.
+
+    scores: raw scaled scores ``[n, n]``; valid: bool ``[n, n]``, the keys each query may see
+    (non-padding keys); units: ``[n]`` unit ids (or None).
+    """
+    n = scores.shape[0]
+    if policy == "prune":
+        return torch.zeros(n, n, dtype=scores.dtype)
+    if policy == "uniform":
+        return valid.double() / valid.sum(-1, keepdim=True).clamp(min=1)
+
+    def softmax_over(allowed):  # softmax over the allowed keys of each row; a row with none is 0
+        out = torch.zeros(n, n, dtype=scores.dtype)
+        for i in range(n):
+            keys = [j for j in range(n) if allowed[i][j]]
+            if keys:
+                s = torch.stack([scores[i, j] for j in keys])
+                e = torch.exp(s - s.max())
+                for j, w in zip(keys, e / e.sum()):
+                    out[i, j] = w
+        return out
+
+    full = [[bool(valid[i, j]) for j in range(n)] for i in range(n)]
+    if policy == "keep":
+        return softmax_over(full)
+    same = [[bool(units[i] == units[j]) for j in range(n)] for i in range(n)]
+    keep = [[full[i][j] and (same[i][j] if policy == "drop_inter" else not same[i][j]) for j in range(n)] for i in range(n)]
+    if renormalize:
+        return softmax_over(keep)
+    probs = softmax_over(full)
+    return probs * torch.tensor(keep, dtype=scores.dtype)
+
+
+def bert_forward(params, config, input_ids, attention_mask, token_type_ids, policy_of, sentence_ids=None,
+                 renormalize=False):
+    """Last hidden states ``[batch, seq, hidden]`` in float64; ``policy_of(layer, head) -> policy``.
+
+    ``attention_mask``: ``[batch, seq]`` (1 = real token) or ``[batch, seq, seq]`` (query x key).
+    """
+    p = params
+    eps = config.layer_norm_eps
+    num_heads = config.num_attention_heads
+    head_dim = config.hidden_size // num_heads
+    batch, n = input_ids.shape
+    positions = torch.arange(n)
+    x = (
+        p["embeddings.word_embeddings.weight"][input_ids]
+        + p["embeddings.position_embeddings.weight"][positions]
+        + p["embeddings.token_type_embeddings.weight"][token_type_ids]
+    )
+    x = _layer_norm(x, p["embeddings.LayerNorm.weight"], p["embeddings.LayerNorm.bias"], eps)
+    for layer in range(config.num_hidden_layers):
+        pre = f"encoder.layer.{layer}."
+        lin = lambda h, name: h @ p[pre + name + ".weight"].T + p[pre + name + ".bias"]  # noqa: E731
+        q, k, v = (lin(x, f"attention.self.{m}") for m in ("query", "key", "value"))
+        context = torch.zeros_like(x)
+        for b in range(batch):
+            valid = attention_mask[b].bool()
+            valid = valid.expand(n, n) if valid.dim() == 1 else valid
+            units = None if sentence_ids is None else sentence_ids[b]
+            for h in range(num_heads):
+                cols = slice(h * head_dim, (h + 1) * head_dim)
+                scores = q[b, :, cols] @ k[b, :, cols].T / math.sqrt(head_dim)
+                attention = head_attention(scores, valid, units, policy_of(layer, h), renormalize)
+                context[b, :, cols] = attention @ v[b, :, cols]
+        x = _layer_norm(lin(context, "attention.output.dense") + x,
+                        p[pre + "attention.output.LayerNorm.weight"], p[pre + "attention.output.LayerNorm.bias"], eps)
+        ffn = lin(_gelu(lin(x, "intermediate.dense")), "output.dense")
+        x = _layer_norm(ffn + x, p[pre + "output.LayerNorm.weight"], p[pre + "output.LayerNorm.bias"], eps)
+    return x
+
+
+def classifier_logits(params, hidden):
+    """BertForSequenceClassification head: tanh pooler on [CLS], then the classifier."""
+    pooled = torch.tanh(hidden[:, 0] @ params["pooler.dense.weight"].T + params["pooler.dense.bias"])
+    return pooled @ params["classifier.weight"].T + params["classifier.bias"]
+
+
+def qa_logits(params, hidden):
+    """BertForQuestionAnswering head: (start, end) logits ``[batch, seq]`` each."""
+    logits = hidden @ params["qa_outputs.weight"].T + params["qa_outputs.bias"]
+    return logits[..., 0], logits[..., 1]

@@ -1,0 +1,238 @@
+"""headlab.ablate against the float64 reference forward, the untouched model and a sliced model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import assert_close_rel
+from reference import bert_forward, classifier_logits, params_of, qa_logits
+from transformers import BertForQuestionAnswering, BertForSequenceClassification, BertModel
+
+import headlab
+from headlab.plans import POLICIES
+
+MIXED_RULES = [
+    {"heads": "L0H0", "policy": "prune"},
+    {"heads": "L0H1", "policy": "uniform"},
+    {"heads": "L0H2", "policy": "drop_intra"},
+    {"heads": "L0H3", "policy": "drop_inter"},
+    {"heads": "L1", "policy": "drop_intra"},
+    {"heads": "L1H1,L1H3", "policy": "uniform"},  # non-contiguous heads in one group
+    {"heads": "L2H0,L2H2", "policy": "prune"},
+    {"heads": "L2H3", "policy": "drop_inter"},
+]
+
+
+def plan_of(rules, model):
+    return headlab.HeadPlan.from_rules(rules, model.config.num_hidden_layers, model.config.num_attention_heads)
+
+
+def reference(model, inputs, plan, sentence_ids, renormalize):
+    return bert_forward(params_of(model), model.config, inputs["input_ids"], inputs["attention_mask"],
+                        inputs["token_type_ids"], plan.policy_of, sentence_ids, renormalize)
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_on_all_heads_matches_reference(tiny_model, inputs, sentence_ids, policy, renormalize):
+    plan = plan_of([{"heads": "all", "policy": policy}], tiny_model)
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
+        out = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize)
+    valid = inputs["attention_mask"].bool()  # padded query rows are not compared
+    assert_close_rel(out[valid], expected[valid])
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_mixed_plan_matches_reference(tiny_model, inputs, sentence_ids, renormalize):
+    plan = plan_of(MIXED_RULES, tiny_model)
+    assert set(plan.counts()) == set(POLICIES) and all(plan.counts().values())
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
+        out = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize)
+    valid = inputs["attention_mask"].bool()
+    assert_close_rel(out[valid], expected[valid])
+
+
+def test_reference_matches_stock_model(tiny_model, inputs):
+    """The reference itself is right: with every head kept it reproduces transformers' SDPA model."""
+    plan = headlab.HeadPlan.keep_all(3, 4)
+    with torch.no_grad():
+        out = tiny_model(**inputs).last_hidden_state
+    valid = inputs["attention_mask"].bool()
+    assert_close_rel(out[valid], reference(tiny_model, inputs, plan, None, False)[valid])
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_all_keep_equals_untouched_model(tiny_model, inputs, sentence_ids, renormalize):
+    with torch.no_grad():
+        stock = tiny_model(**inputs).last_hidden_state
+        with headlab.ablate(tiny_model, headlab.HeadPlan.keep_all(3, 4), renormalize=renormalize):
+            patched = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    torch.testing.assert_close(patched, stock, rtol=1e-6, atol=1e-6)
+
+
+def test_keep_layer_next_to_ablated_layer_equals_stock_without_padding(tiny_model, tokenizer):
+    """Unpadded batches reach the function with attention_mask=None (trap 3): still exact."""
+    batch = tokenizer(["the city is old", "he was born in"], return_tensors="pt")
+    assert batch["attention_mask"].all()
+    plan = plan_of([{"heads": "L1", "policy": "uniform"}, {"heads": "L2H0", "policy": "keep"}], tiny_model)
+    with torch.no_grad(), headlab.ablate(tiny_model, plan):
+        out = tiny_model(**batch).last_hidden_state
+    expected = bert_forward(params_of(tiny_model), tiny_model.config, batch["input_ids"], batch["attention_mask"],
+                            batch["token_type_ids"], plan.policy_of)
+    assert_close_rel(out, expected)
+
+
+def sliced_model(model: BertModel, pruned: dict[int, list[int]]) -> BertModel:
+    """A physically smaller model: the pruned heads' Q/K/V rows and output-projection columns removed."""
+    small = copy.deepcopy(model)
+    small.config = copy.deepcopy(model.config)
+    d = model.config.hidden_size // model.config.num_attention_heads
+    for layer, heads in pruned.items():
+        attention = small.encoder.layer[layer].attention
+        kept = [h for h in range(model.config.num_attention_heads) if h not in heads]
+        rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in kept])
+        for name in ("query", "key", "value"):
+            old = getattr(attention.self, name)
+            new = torch.nn.Linear(old.in_features, len(rows))
+            new.weight.data, new.bias.data = old.weight.data[rows].clone(), old.bias.data[rows].clone()
+            setattr(attention.self, name, new)
+        old = attention.output.dense
+        new = torch.nn.Linear(len(rows), old.out_features)
+        new.weight.data, new.bias.data = old.weight.data[:, rows].clone(), old.bias.data.clone()
+        attention.output.dense = new
+        attention.self.num_attention_heads = len(kept)
+        attention.self.all_head_size = len(rows)
+    return small
+
+
+def test_prune_equals_physically_removed_heads(tiny_model, inputs):
+    pruned = {0: [1], 1: [0, 3], 2: [0, 1, 2]}
+    small = sliced_model(tiny_model, pruned)
+    assert small.encoder.layer[1].attention.self.query.out_features == 2 * 8
+    plan = plan_of([{"heads": "L0H1,L1H0,L1H3,L2H0-2", "policy": "prune"}], tiny_model)
+    with torch.no_grad():
+        expected = small(**inputs).last_hidden_state
+        with headlab.ablate(tiny_model, plan):
+            out = tiny_model(**inputs).last_hidden_state
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("task_head", [BertForSequenceClassification, BertForQuestionAnswering])
+def test_task_heads_match_reference(tiny_model, inputs, sentence_ids, task_head):
+    torch.manual_seed(1)
+    model = task_head(copy.deepcopy(tiny_model.config)).eval()
+    plan = plan_of(MIXED_RULES, model)
+    with torch.no_grad(), headlab.ablate(model, plan):
+        out = model(**inputs, sentence_ids=sentence_ids)
+    params = params_of(model)
+    hidden = bert_forward(params, model.config, inputs["input_ids"], inputs["attention_mask"],
+                          inputs["token_type_ids"], plan.policy_of, sentence_ids)
+    if task_head is BertForSequenceClassification:
+        assert_close_rel(out.logits, classifier_logits(params, hidden))
+    else:
+        start, end = qa_logits(params, hidden)
+        valid = inputs["attention_mask"].bool()
+        assert_close_rel(out.start_logits[valid], start[valid])
+        assert_close_rel(out.end_logits[valid], end[valid])
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_query_without_allowed_key_outputs_zero_not_nan(tiny_model, inputs, renormalize):
+    """One unit per row: drop_intra leaves no key at all; drop_inter keeps everything."""
+    one_unit = torch.zeros_like(inputs["input_ids"])
+    plan = plan_of([{"heads": "all", "policy": "drop_intra"}], tiny_model)
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
+        out = tiny_model(**inputs, sentence_ids=one_unit).last_hidden_state
+    assert torch.isfinite(out).all()
+    no_attention = plan_of([{"heads": "all", "policy": "prune"}], tiny_model)
+    with torch.no_grad(), headlab.ablate(tiny_model, no_attention):
+        pruned = tiny_model(**inputs).last_hidden_state
+    torch.testing.assert_close(out, pruned, rtol=1e-6, atol=1e-6)
+
+
+def test_model_restored_on_exit_and_on_exception(tiny_model, inputs, sentence_ids):
+    before_impl = tiny_model.config._attn_implementation
+    before_config = tiny_model.config.to_dict()
+    with torch.no_grad():
+        before = tiny_model(**inputs).last_hidden_state
+    plan = plan_of(MIXED_RULES, tiny_model)
+    with headlab.ablate(tiny_model, plan):
+        assert tiny_model.config._attn_implementation == "headlab"
+    with pytest.raises(RuntimeError, match="boom"), headlab.ablate(tiny_model, plan):
+        raise RuntimeError("boom")
+    assert tiny_model.config._attn_implementation == before_impl == "sdpa"
+    assert tiny_model.config.to_dict() == before_config
+    assert not [m for m in tiny_model.modules() if hasattr(m, "_headlab_ablation")]
+    with torch.no_grad():
+        assert torch.equal(tiny_model(**inputs).last_hidden_state, before)
+
+
+def test_gradients_match_reference(tiny_model, tokenizer):
+    """Fine-tuning under a plan: d(output)/d(weights) equals the float64 reference's gradient."""
+    batch = tokenizer(["the city is old. he left!", "who was it?"], ["it was smith.", "no"], padding=True,
+                      return_tensors="pt")
+    units = torch.tensor([[0] * 4 + [1] * 20, [0] * 3 + [1] * 21])[:, : batch["input_ids"].shape[1]]
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    plan = plan_of(MIXED_RULES, tiny_model)
+    weight = torch.randn(tiny_model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with headlab.ablate(tiny_model, plan):
+        out = tiny_model(**inputs, sentence_ids=units).last_hidden_state
+    (out[inputs["attention_mask"].bool()] @ weight).sum().backward()
+
+    params = {k: v.requires_grad_() for k, v in params_of(tiny_model).items()}
+    expected = bert_forward(params, tiny_model.config, inputs["input_ids"], inputs["attention_mask"],
+                            inputs["token_type_ids"], plan.policy_of, units)
+    (expected[inputs["attention_mask"].bool()] @ weight.double()).sum().backward()
+    for name in ("encoder.layer.0.attention.self.query.weight", "encoder.layer.1.attention.self.value.weight",
+                 "encoder.layer.2.attention.self.key.weight", "embeddings.word_embeddings.weight"):
+        grad = dict(tiny_model.named_parameters())[name].grad
+        assert grad is not None and grad.abs().sum() > 0, name
+        assert_close_rel(grad, params[name].grad, rtol=1e-4)
+
+
+def test_training_mode_with_dropout_is_finite_and_random(tiny_model, inputs, sentence_ids):
+    tiny_model.config.attention_probs_dropout_prob = 0.5
+    for module in tiny_model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.5
+    tiny_model.train()
+    plan = plan_of([{"heads": "L0", "policy": "uniform"}, {"heads": "L1", "policy": "drop_inter"},
+                    {"heads": "L2", "policy": "drop_intra"}], tiny_model)
+    for renormalize in (False, True):
+        with headlab.ablate(tiny_model, plan, renormalize=renormalize):
+            first = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+            second = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+        assert torch.isfinite(first).all() and not torch.equal(first, second)
+
+
+def test_uniform_under_dropout_is_uniform_in_expectation(tiny_model):
+    """Dropout acts on the 1/n weights: averaged over many draws the output is the eval output."""
+    from headlab.attention import _uniform
+
+    torch.manual_seed(0)
+    v = torch.randn(1, 2, 5, 3, dtype=torch.float64)
+    valid = torch.tensor([True, True, True, False, False]).expand(1, 1, 5, 5)
+    exact = _uniform(v, v, v, valid, 0.0)
+    draws = torch.stack([_uniform(v, v, v, valid, 0.3) for _ in range(4000)]).mean(0)
+    torch.testing.assert_close(draws, exact, rtol=0, atol=0.05)
+    torch.testing.assert_close(exact[0, 0, 0], v[0, 0, :3].mean(0))
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_custom_per_query_mask_matches_reference(tiny_model, inputs, sentence_ids, renormalize):
+    """A caller's 4D mask that differs per query (a band of width 2 within the padding) is respected."""
+    n = inputs["input_ids"].shape[1]
+    band = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs() <= 2  # [seq, seq]
+    mask = band & inputs["attention_mask"].bool()[:, None, :]  # [batch, seq, seq]
+    plan = plan_of(MIXED_RULES, tiny_model)
+    model_inputs = {**inputs, "attention_mask": mask[:, None]}  # [batch, 1, seq, seq], passed through as is
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
+        out = tiny_model(**model_inputs, sentence_ids=sentence_ids).last_hidden_state
+    expected = bert_forward(params_of(tiny_model), tiny_model.config, inputs["input_ids"], mask,
+                            inputs["token_type_ids"], plan.policy_of, sentence_ids, renormalize)
+    valid = inputs["attention_mask"].bool()
+    assert_close_rel(out[valid], expected[valid])
