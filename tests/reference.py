@@ -57,7 +57,7 @@ def head_attention(scores, valid, units, policy, renormalize):
     if policy == "keep":
         return softmax_over(full)
     same = [[bool(units[i] == units[j]) for j in range(n)] for i in range(n)]
-    keep = [[full[i][j] and (same[i][j] if policy == "drop_inter" else not same[i][j]) for j in range(n)] for i in range(n)]
+    keep = [[full[i][j] and (same[i][j] == (policy == "drop_inter")) for j in range(n)] for i in range(n)]
     if renormalize:
         return softmax_over(keep)
     probs = softmax_over(full)
@@ -84,7 +84,10 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
     x = _layer_norm(x, p["embeddings.LayerNorm.weight"], p["embeddings.LayerNorm.bias"], eps)
     for layer in range(config.num_hidden_layers):
         pre = f"encoder.layer.{layer}."
-        lin = lambda h, name: h @ p[pre + name + ".weight"].T + p[pre + name + ".bias"]  # noqa: E731
+
+        def lin(h, name, pre=pre):
+            return h @ p[pre + name + ".weight"].T + p[pre + name + ".bias"]
+
         q, k, v = (lin(x, f"attention.self.{m}") for m in ("query", "key", "value"))
         context = torch.zeros_like(x)
         for b in range(batch):

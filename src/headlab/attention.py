@@ -77,7 +77,9 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     for policy, heads in ablation.groups:
         q, k, v = query[:, heads], key[:, heads], value[:, heads]
         if policy == "keep":
-            out[:, heads] = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+            out[:, heads] = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
+            )
         elif policy == "uniform":
             out[:, heads] = _uniform(q, k, v, valid, dropout)
         elif policy in ("drop_intra", "drop_inter"):
@@ -104,7 +106,9 @@ def _same_unit(sentence_ids, query) -> torch.Tensor:
             "model's forward (headlab.unit_ids builds them from a tokenizer encoding)"
         )
     if tuple(sentence_ids.shape) != (batch, length):
-        raise ValueError(f"sentence_ids has shape {list(sentence_ids.shape)}; expected [batch, seq] = [{batch}, {length}]")
+        raise ValueError(
+            f"sentence_ids has shape {list(sentence_ids.shape)}; expected [batch, seq] = [{batch}, {length}]"
+        )
     sentence_ids = sentence_ids.to(query.device)
     return (sentence_ids[:, :, None] == sentence_ids[:, None, :]).unsqueeze(1)
 

@@ -80,7 +80,7 @@ def _tokens(selector: str | Sequence[str]) -> list[str]:
 def check_selector_syntax(selector: str | Sequence[str]) -> None:
     """Validate a selector's grammar without knowing the model's size (cheap, before loading)."""
     for token in _tokens(selector):
-        if token == "all" or token.startswith("cluster:") and len(token) > len("cluster:"):
+        if token == "all" or (token.startswith("cluster:") and len(token) > len("cluster:")):
             continue
         if _RANK_TOKEN.match(token):
             continue

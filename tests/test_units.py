@@ -1,0 +1,116 @@
+"""Sentence splitting and the unit ids that drop_intra / drop_inter use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlab.units import split_sentences, unit_ids
+
+
+def sentences(text):
+    return [text[a:b] for a, b in split_sentences(text)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("He left. She stayed.", ["He left.", "She stayed."]),
+        ("Dr. Smith paid $3.5 million. He left!", ["Dr. Smith paid $3.5 million.", "He left!"]),
+        ("Mr. and Mrs. Jones met Prof. Lee in Jan. 1931 at St. Paul. Bye.",
+         ["Mr. and Mrs. Jones met Prof. Lee in Jan. 1931 at St. Paul.", "Bye."]),
+        ("Fruit, e.g. apples, is good. It helps.", ["Fruit, e.g. apples, is good.", "It helps."]),
+        ("J. R. Smith wrote it. Then he left.", ["J. R. Smith wrote it.", "Then he left."]),
+        ("It grew by 3.5 percent in 2019. Version 2.0.1 followed.",
+         ["It grew by 3.5 percent in 2019.", "Version 2.0.1 followed."]),
+        ('She said "Stop." Then she left.', ['She said "Stop."', "Then she left."]),
+        ('"Really?" she asked. "Yes!" he said.', ['"Really?" she asked.', '"Yes!" he said.']),
+        ("Is it? Yes! It is.", ["Is it?", "Yes!", "It is."]),
+        ("Wait... What happened?!", ["Wait...", "What happened?!"]),
+        ("It ended (finally.) Good.", ["It ended (finally.)", "Good."]),
+        ("The year was 1931. 42 people came.", ["The year was 1931.", "42 people came."]),
+        ("no terminator here", ["no terminator here"]),
+        ("  padded.  Spaces.  ", ["padded.", "Spaces."]),
+        ("", [""]),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert sentences(text) == expected
+
+
+def test_unit_ids_sentence_and_segment(tokenizer):
+    texts = ["He left. She stayed.", "Who?"]
+    pairs = ["Dr. Smith paid. It was 3.5 million!", "No."]
+    enc = tokenizer(texts, pairs, padding=True, return_offsets_mapping=True, return_tensors="pt")
+    ids = unit_ids(enc, texts, pairs, unit="sentence")
+    seg = unit_ids(enc, texts, pairs, unit="segment")
+    for row in range(2):
+        tokens = enc.tokens(row)
+        # Expected from the definition, token by token.
+        expected_sentence, expected_segment = [], []
+        segment, sentence_in_segment, first_unit = 0, 0, 0
+        units_in_first = len(split_sentences(texts[row]))
+        for position in range(len(tokens)):
+            if not enc["attention_mask"][row, position]:
+                expected_sentence.append(-1)
+                expected_segment.append(-1)
+                continue
+            seq = enc.sequence_ids(row)[position]
+            if seq is not None:
+                segment = seq
+                text = (texts if seq == 0 else pairs)[row]
+                start = enc["offset_mapping"][row, position, 0].item()
+                sentence_in_segment = sum(a <= start for a, _ in split_sentences(text)) - 1
+                first_unit = 0 if seq == 0 else units_in_first
+            expected_sentence.append(first_unit + sentence_in_segment if position else 0)
+            expected_segment.append(segment if position else 0)
+        assert ids[row].tolist() == expected_sentence, tokens
+        assert seg[row].tolist() == expected_segment
+    # Hand-checked row 0: [CLS] he left . [SEP]? no: "he left ." = unit 0, "she stayed ." = unit 1, its [SEP] closes it.
+    row0 = dict(zip(enc.tokens(0), ids[0].tolist()))
+    assert row0["[CLS]"] == 0 and row0["he"] == 0 and row0["she"] == 1
+    assert ids[0].tolist()[enc.tokens(0).index("[SEP]")] == 1
+    assert ids[0].tolist()[-1] == 3  # the last [SEP] closes "it was 3.5 million!" (unit 3)
+    assert ids[1].tolist()[-1] == -1  # padding
+    # Segments equal BERT's token_type_ids on real tokens.
+    real = enc["attention_mask"].bool()
+    assert torch.equal(seg[real], enc["token_type_ids"][real])
+
+
+def test_single_text_and_single_sentence_segment(tokenizer):
+    texts = ["One sentence only", "Two here. Yes."]
+    enc = tokenizer(texts, padding=True, return_offsets_mapping=True)
+    ids = unit_ids(enc, texts)
+    assert set(ids[0].tolist()) == {0}
+    tokens, real = enc.tokens(1), sum(enc["attention_mask"][1])
+    first_dot = tokens.index(".")  # [CLS] t ##w ##o here . | yes . [SEP] [PAD]...
+    assert ids[1].tolist() == [0] * (first_dot + 1) + [1] * (real - first_dot - 1) + [-1] * (len(tokens) - real)
+
+
+def test_overflowing_features_use_their_sample(tokenizer):
+    """SQuAD-style doc stride: each feature's units come from its own example's texts."""
+    questions = ["who?", "where did he go?"]
+    contexts = ["He left. She stayed. It was old. The end.", "To the river. Then home."]
+    enc = tokenizer(questions, contexts, truncation="only_second", max_length=24, stride=4,
+                    return_overflowing_tokens=True, return_offsets_mapping=True, padding=True)
+    ids = unit_ids(enc, questions, contexts)
+    samples = enc["overflow_to_sample_mapping"]
+    assert len(samples) > 2
+    for row, sample in enumerate(samples):
+        single = tokenizer([questions[sample]], [contexts[sample]], return_offsets_mapping=True)
+        full_ids = unit_ids(single, [questions[sample]], [contexts[sample]])[0].tolist()
+        # Every context token of the feature has the unit it has in the untruncated encoding.
+        full_starts = {(s, o[0]): u for s, o, u in zip(single.sequence_ids(0), single["offset_mapping"][0], full_ids)
+                       if s == 1}
+        for seq, offset, unit in zip(enc.sequence_ids(row), enc["offset_mapping"][row], ids[row].tolist()):
+            if seq == 1:
+                assert unit == full_starts[(1, offset[0])]
+
+
+def test_bad_input(tokenizer):
+    enc = tokenizer(["a b"], return_offsets_mapping=False)
+    with pytest.raises(ValueError, match="return_offsets_mapping=True"):
+        unit_ids(enc, ["a b"])
+    enc = tokenizer(["a b"], return_offsets_mapping=True)
+    with pytest.raises(ValueError, match="unknown unit 'word'; valid units: sentence, segment"):
+        unit_ids(enc, ["a b"], unit="word")
