@@ -59,3 +59,13 @@ def test_minilm_keep_plan_equals_stock(minilm):
         with headlab.ablate(model, headlab.HeadPlan.keep_all(6, 12)):
             patched = model(**inputs).last_hidden_state
     torch.testing.assert_close(patched, stock, rtol=1e-5, atol=1e-5)
+
+
+def test_readme_python_example_runs():
+    """The README's Python block runs as written (on the embedded MiniLM)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["plan"].policy_of(0, 1) == "prune"
+    assert namespace["out"].last_hidden_state.shape[0] == 1
