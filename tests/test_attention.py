@@ -236,3 +236,24 @@ def test_custom_per_query_mask_matches_reference(tiny_model, inputs, sentence_id
                             inputs["token_type_ids"], plan.policy_of, sentence_ids, renormalize)
     valid = inputs["attention_mask"].bool()
     assert_close_rel(out[valid], expected[valid])
+
+
+@pytest.mark.parametrize("family", ["roberta", "electra", "xlm-roberta"])
+def test_other_bert_family_models(family, inputs, sentence_ids):
+    """RoBERTa-style encoders: all-keep is the stock model; a plan changes it; exit restores it."""
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(family, vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=37, max_position_embeddings=80, type_vocab_size=2)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).eval()
+    with torch.no_grad():
+        stock = model(**inputs).last_hidden_state
+        with headlab.ablate(model, headlab.HeadPlan.keep_all(2, 4)):
+            kept = model(**inputs).last_hidden_state
+        with headlab.ablate(model, plan_of(MIXED_RULES[:6], model)):
+            changed = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+        after = model(**inputs).last_hidden_state
+    torch.testing.assert_close(kept, stock, rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(changed).all() and (changed - stock).abs().max() > 1e-3
+    assert torch.equal(after, stock)
