@@ -1,0 +1,120 @@
+"""Task metrics as torchmetrics objects, so they are exact across processes (sums, not means of means).
+
+GLUE metrics are torchmetrics' own. SQuAD exact match and F1 are written here because they must
+equal the official evaluation scripts (v1.1 and v2.0) to the letter, answer normalisation and the
+max over gold answers included, and torchmetrics' ``SQuAD`` scores v1.1 only (no null answers).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+from torchmetrics import Metric, MetricCollection
+from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, MulticlassMatthewsCorrCoef
+from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
+
+CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
+REGRESSION_METRICS = ("pearson", "spearman")
+QA_METRICS = ("exact_match", "f1")
+
+
+def glue_metrics(names: Sequence[str], num_labels: int) -> MetricCollection:
+    """A collection of the named GLUE metrics; ``update(preds, target)`` takes class ids or scores."""
+    factories = {
+        "accuracy": lambda: MulticlassAccuracy(num_classes=num_labels, average="micro"),
+        "f1": lambda: BinaryF1Score(),  # F1 of the positive class (1), as GLUE reports it for MRPC / QQP
+        "matthews": lambda: MulticlassMatthewsCorrCoef(num_classes=num_labels),
+        "pearson": lambda: PearsonCorrCoef(),
+        "spearman": lambda: SpearmanCorrCoef(),
+    }
+    unknown = [name for name in names if name not in factories]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; valid metrics: {', '.join(factories)}")
+    if "f1" in names and num_labels != 2:
+        raise ValueError(f"metric f1 is the binary F1 of class 1; the task has {num_labels} labels")
+    return MetricCollection({name: factories[name]() for name in names})
+
+
+# --------------------------------------------------------------------------- SQuAD (official scripts)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, drop punctuation, the articles a/an/the and extra whitespace (official scripts)."""
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text, flags=re.UNICODE)
+    return " ".join(text.split())
+
+
+def _f1(prediction: str, gold: str, version: str) -> float:
+    pred_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    if version == "v2" and (not pred_tokens or not gold_tokens):
+        return float(pred_tokens == gold_tokens)
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(prediction: str, golds: Sequence[str], version: str = "v1") -> tuple[float, float]:
+    """(exact match, F1) of one prediction, each in [0, 1], max over the gold answers.
+
+    ``version="v2"``: golds that normalise to nothing are dropped and an unanswerable question
+    (no golds left) has the single gold answer ``""``, as in the official v2.0 script.
+    """
+    if version not in ("v1", "v2"):
+        raise ValueError(f"unknown SQuAD version {version!r}; valid: v1, v2")
+    if version == "v2":
+        golds = [g for g in golds if normalize_answer(g)] or [""]
+    elif not golds:
+        raise ValueError("a SQuAD v1.1 question needs at least one gold answer")
+    exact = max(float(normalize_answer(prediction) == normalize_answer(g)) for g in golds)
+    return exact, max(_f1(prediction, g, version) for g in golds)
+
+
+class SquadMetric(Metric):
+    """Exact match and F1 in percent, summed over questions and synced across processes.
+
+    ``update(predictions, gold_answers)``: predicted texts and, per question, its gold texts.
+    For v2 it also reports both scores over answerable (``has_ans_*``) and unanswerable
+    (``no_ans_*``) questions.
+    """
+
+    full_state_update = False
+
+    def __init__(self, version: str = "v1", **kwargs):
+        super().__init__(**kwargs)
+        squad_scores("", [""], version)  # validates the version
+        self.version = version
+        for name in ("exact", "f1", "count", "has_exact", "has_f1", "has_count"):
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, predictions: Sequence[str], gold_answers: Sequence[Sequence[str]]) -> None:
+        if len(predictions) != len(gold_answers):
+            raise ValueError(f"{len(predictions)} predictions for {len(gold_answers)} questions")
+        for prediction, golds in zip(predictions, gold_answers):
+            exact, f1 = squad_scores(prediction, golds, self.version)
+            self.exact += exact
+            self.f1 += f1
+            self.count += 1
+            if any(normalize_answer(g) for g in golds):
+                self.has_exact += exact
+                self.has_f1 += f1
+                self.has_count += 1
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        percent = lambda total, count: 100.0 * total / count.clamp(min=1)  # noqa: E731
+        scores = {"exact_match": percent(self.exact, self.count), "f1": percent(self.f1, self.count)}
+        if self.version == "v2":
+            no_count = self.count - self.has_count
+            scores |= {
+                "has_ans_exact_match": percent(self.has_exact, self.has_count),
+                "has_ans_f1": percent(self.has_f1, self.has_count),
+                "no_ans_exact_match": percent(self.exact - self.has_exact, no_count),
+                "no_ans_f1": percent(self.f1 - self.has_f1, no_count),
+            }
+        return scores

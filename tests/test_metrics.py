@@ -1,0 +1,100 @@
+"""Task metrics against scikit-learn / scipy and hand-computed SQuAD values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from headlab.metrics import SquadMetric, glue_metrics, normalize_answer, squad_scores
+
+
+@pytest.mark.parametrize("num_labels", [2, 3])
+def test_classification_metrics_equal_sklearn(num_labels):
+    rng = np.random.default_rng(num_labels)
+    target = rng.integers(0, num_labels, 500)
+    preds = np.where(rng.random(500) < 0.6, target, rng.integers(0, num_labels, 500))
+    names = ["accuracy", "matthews"] + (["f1"] if num_labels == 2 else [])
+    metrics = glue_metrics(names, num_labels)
+    for chunk in np.array_split(np.arange(500), 7):  # several batches, like an epoch
+        metrics.update(torch.tensor(preds[chunk]), torch.tensor(target[chunk]))
+    scores = {k: v.item() for k, v in metrics.compute().items()}
+    assert scores["accuracy"] == pytest.approx(accuracy_score(target, preds), abs=1e-6)
+    assert scores["matthews"] == pytest.approx(matthews_corrcoef(target, preds), abs=1e-5)
+    if num_labels == 2:
+        assert scores["f1"] == pytest.approx(f1_score(target, preds), abs=1e-6)
+
+
+def test_regression_metrics_equal_scipy():
+    rng = np.random.default_rng(0)
+    target = rng.uniform(0, 5, 300)
+    preds = target + rng.normal(0, 1.5, 300)
+    target[:40] = np.round(target[:40])  # ties in the gold scores, as in STS-B
+    metrics = glue_metrics(["pearson", "spearman"], 1)
+    for chunk in np.array_split(np.arange(300), 4):
+        metrics.update(torch.tensor(preds[chunk]).float(), torch.tensor(target[chunk]).float())
+    scores = {k: v.item() for k, v in metrics.compute().items()}
+    assert scores["pearson"] == pytest.approx(pearsonr(preds, target)[0], abs=1e-5)
+    assert scores["spearman"] == pytest.approx(spearmanr(preds, target)[0], abs=1e-5)
+
+
+def test_bad_metric_names():
+    with pytest.raises(ValueError, match=r"unknown metric\(s\) \['bleu'\]"):
+        glue_metrics(["bleu"], 2)
+    with pytest.raises(ValueError, match="binary F1"):
+        glue_metrics(["f1"], 3)
+
+
+def test_normalize_answer():
+    assert normalize_answer("  The Eiffel-Tower, in PARIS! ") == "eiffeltower in paris"
+    assert normalize_answer("an apple a day") == "apple day"
+    assert normalize_answer("theatre") == "theatre"  # articles only as whole words
+
+
+V1_CASES = [  # prediction, golds, exact, f1 (by hand)
+    ("the Eiffel Tower!", ["Eiffel Tower"], 1, 1.0),
+    ("in Paris, France", ["Paris", "Paris, France"], 0, 0.8),  # vs "paris france": p=2/3, r=1
+    ("1931", ["in 1931", "1931."], 1, 1.0),
+    ("an apple a day", ["apple day"], 1, 1.0),
+    ("blue", ["red"], 0, 0.0),
+]
+
+
+def test_squad_v1_hand_computed():
+    for prediction, golds, exact, f1 in V1_CASES:
+        assert squad_scores(prediction, golds) == pytest.approx((exact, f1))
+    metric = SquadMetric("v1")
+    metric.update([c[0] for c in V1_CASES[:2]], [c[1] for c in V1_CASES[:2]])
+    metric.update([c[0] for c in V1_CASES[2:]], [c[1] for c in V1_CASES[2:]])
+    scores = metric.compute()
+    assert scores["exact_match"].item() == pytest.approx(60.0)
+    assert scores["f1"].item() == pytest.approx(76.0)
+
+
+def test_squad_v2_null_answers_hand_computed():
+    cases = [
+        ("the Eiffel Tower!", ["Eiffel Tower"], 1, 1.0),
+        ("in Paris, France", ["Paris", "Paris, France"], 0, 0.8),
+        ("", [], 1, 1.0),  # unanswerable, predicted no answer
+        ("Oslo", [], 0, 0.0),  # unanswerable, answered anyway
+        ("", ["Oslo"], 0, 0.0),  # answerable, no answer given
+    ]
+    for prediction, golds, exact, f1 in cases:
+        assert squad_scores(prediction, golds, "v2") == pytest.approx((exact, f1))
+    assert squad_scores("the", ["the", "a"], "v2") == (1.0, 1.0)  # golds normalising to "" mean no answer
+    metric = SquadMetric("v2")
+    metric.update([c[0] for c in cases], [c[1] for c in cases])
+    scores = {k: v.item() for k, v in metric.compute().items()}
+    assert scores == pytest.approx({"exact_match": 40.0, "f1": 56.0, "has_ans_exact_match": 100 / 3,
+                                    "has_ans_f1": 60.0, "no_ans_exact_match": 50.0, "no_ans_f1": 50.0})
+
+
+def test_squad_bad_input():
+    with pytest.raises(ValueError, match="unknown SQuAD version 'v3'"):
+        SquadMetric("v3")
+    with pytest.raises(ValueError, match="at least one gold answer"):
+        squad_scores("x", [], "v1")
+    with pytest.raises(ValueError, match="2 predictions for 1 questions"):
+        SquadMetric().update(["a", "b"], [["a"]])
