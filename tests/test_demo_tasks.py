@@ -1,0 +1,42 @@
+"""The bundled demo tasks: reproducible from the generator, well-formed, and not solvable by position."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from headlab.demo_tasks import DATA_DIR, write_demo_tasks
+from headlab.units import split_sentences
+
+
+def test_committed_files_equal_a_fresh_generation(tmp_path):
+    for path in write_demo_tasks(tmp_path):
+        committed = DATA_DIR / path.relative_to(tmp_path)
+        assert committed.read_bytes() == path.read_bytes(), f"{committed} is stale: run python -m headlab.demo_tasks"
+    assert sum(p.stat().st_size for p in DATA_DIR.rglob("*.json*")) < 2 * 1024 * 1024
+
+
+def test_demo_qa_answers_are_spans_in_one_of_several_sentences():
+    for split in ("train", "validation"):
+        data = json.loads((DATA_DIR / "demo_qa" / f"{split}.json").read_text())
+        assert data["version"] == "1.1"
+        answer_sentence = Counter()
+        for article in data["data"]:
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                sentences = split_sentences(context)
+                assert len(sentences) >= 4
+                for qa in paragraph["qas"]:
+                    (answer,) = qa["answers"]
+                    start = answer["answer_start"]
+                    assert context[start : start + len(answer["text"])] == answer["text"]
+                    answer_sentence[next(i for i, (a, b) in enumerate(sentences) if a <= start < b)] += 1
+        assert len(answer_sentence) >= 4  # answers sit in every position, not always the first sentence
+
+
+def test_demo_pairs_are_balanced_and_labelled_by_the_facts():
+    rows = [json.loads(line) for line in (DATA_DIR / "demo_pairs" / "validation.jsonl").read_text().splitlines()]
+    assert Counter(r["label"] for r in rows) == {0: 250, 1: 250}
+    for row in rows:
+        facts = {sentence.strip() for sentence in row["sentence1"].split(".") if sentence.strip()}
+        assert (row["sentence2"].rstrip(".") in facts) == bool(row["label"])
