@@ -1,0 +1,98 @@
+"""Task configs and raw data loading from local files (no network), with the bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from conftest import ROOT
+from hydra import compose, initialize_config_dir
+
+from headlab.config import register_resolvers
+from headlab.tasks import load_task_data
+
+register_resolvers()
+GLUE = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
+
+
+def task_cfg(name, *overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[f"+task={name}", *overrides]).task
+
+
+@pytest.mark.parametrize("name", [*GLUE, "squad", "squad_v2", "demo_qa", "demo_pairs"])
+def test_every_task_config_is_complete(name):
+    task = task_cfg(name)
+    assert task.name == name and task.main_metric in task.metrics
+    assert task.type in ("classification", "regression", "extractive_qa")
+    if task.type != "extractive_qa":
+        assert 1 <= len(task.text_fields) <= 2
+        assert (task.num_labels == 1) == (task.type == "regression")
+    assert task.dataset or task.data_files
+    if name == "mnli":
+        assert list(task.eval_splits) == ["validation_matched", "validation_mismatched"]
+
+
+def test_demo_tasks_load_from_the_package():
+    qa = load_task_data(task_cfg("demo_qa"))
+    assert set(qa) == {"train", "validation"} and qa["train"].column_names == ["id", "title", "context", "question",
+                                                                                "answers"]
+    pairs = load_task_data(task_cfg("demo_pairs"))
+    assert len(pairs["train"]) == 3000 and set(pairs["validation"]["label"]) == {0, 1}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_local_glue_files_tsv_and_jsonl(tmp_path):
+    rows = [{"sentence1": f"a {i}", "sentence2": f"b {i}", "label": i % 2} for i in range(6)]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    tsv = tmp_path / "dev.tsv"
+    tsv.write_text("sentence1\tsentence2\tlabel\n" + "".join(f"x \"{i}\tY {i}\t{i % 2}\n" for i in range(4)))
+    data = load_task_data(task_cfg("mrpc", f"task.data_files={{train: {train}, validation: {tsv}}}"))
+    assert len(data["train"]) == 6 and data["validation"][0] == {"sentence1": 'x "0', "sentence2": "Y 0", "label": 0}
+
+
+def test_bad_local_files(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(ValueError, match=r"data file '.*nope.jsonl' for split 'train' does not exist"):
+        load_task_data(task_cfg("rte", f"task.data_files={{train: {missing}, validation: {missing}}}"))
+    wrong = write_jsonl(tmp_path / "wrong.jsonl", [{"text": "a", "label": 0}])
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['sentence1', 'sentence2'\]"):
+        load_task_data(task_cfg("rte", f"task.data_files={{train: {wrong}, validation: {wrong}}}"))
+    text = tmp_path / "data.txt"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match=r"unknown format '.txt'"):
+        load_task_data(task_cfg("rte", f"task.data_files={{train: {text}, validation: {text}}}"))
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"data": [{"paragraphs": [{"qas": [{"id": "1", "question": "q", "answers": []}]}]}]}')
+    with pytest.raises(ValueError, match="is not SQuAD JSON .*KeyError.*context"):
+        load_task_data(task_cfg("squad", f"task.data_files={{train: {broken}, validation: {broken}}}"))
+
+
+def test_labels_out_of_range_and_empty_split(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", [{"sentence": "a", "label": 1}])
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"sentence": "a", "label": 0}, {"sentence": "b", "label": 2}])
+    with pytest.raises(ValueError, match=r"split 'validation': 1 label\(s\) outside 0..1, e.g. row 1 has label 2"):
+        load_task_data(task_cfg("sst2", f"task.data_files={{train: {good}, validation: {bad}}}"))
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"version": "1.1", "data": []}')
+    squad_ok = ROOT / "src/headlab/data/demo_qa/validation.json"
+    with pytest.raises(ValueError, match="split 'train' is empty"):
+        load_task_data(task_cfg("squad", f"task.data_files={{train: {empty}, validation: {squad_ok}}}"))
+
+
+def test_misaligned_squad_answers_are_skipped_and_counted(tmp_path, caplog):
+    data = {"data": [{"title": "t", "paragraphs": [{"context": "Ada was born in Oslo.", "qas": [
+        {"id": "1", "question": "Where?", "answers": [{"text": "Oslo", "answer_start": 16}]},
+        {"id": "2", "question": "Who?", "answers": [{"text": "Ada", "answer_start": 3}]},
+    ]}]}]}
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING):
+        loaded = load_task_data(task_cfg("squad", f"task.data_files={{train: {path}, validation: {path}}}"))
+    assert loaded["train"]["id"] == ["1"] and loaded["validation"]["id"] == ["1", "2"]
+    assert "skipped 1 of 2 questions" in caplog.text
