@@ -114,3 +114,10 @@ def test_bad_input(tokenizer):
     enc = tokenizer(["a b"], return_offsets_mapping=True)
     with pytest.raises(ValueError, match="unknown unit 'word'; valid units: sentence, segment"):
         unit_ids(enc, ["a b"], unit="word")
+
+
+def test_ragged_encoding_matches_padded(tokenizer):
+    texts, pairs = ["He left. She stayed.", "Who?"], ["No.", "It was old. Yes."]
+    padded = unit_ids(tokenizer(texts, pairs, padding=True, return_offsets_mapping=True), texts, pairs)
+    ragged = unit_ids(tokenizer(texts, pairs, return_offsets_mapping=True), texts, pairs)
+    assert torch.equal(padded, ragged)

@@ -76,6 +76,8 @@ def unit_ids(
 ) -> torch.Tensor:
     """``sentence_ids`` ``[batch, seq]`` for an encoding of ``texts`` (and ``text_pairs``).
 
+    Unpadded (ragged) encodings are allowed: positions past a row's end are -1.
+
     ``encoding`` is what a fast tokenizer returned for ``tokenizer(texts, text_pairs, ...,
     return_offsets_mapping=True)``; with overflowing features (SQuAD's doc stride) its
     ``overflow_to_sample_mapping`` picks each row's texts.
@@ -89,7 +91,7 @@ def unit_ids(
     rows = len(offsets)
     samples = encoding.get("overflow_to_sample_mapping", list(range(rows)))
     mask = encoding.get("attention_mask")
-    ids = torch.full((rows, len(offsets[0])), -1, dtype=torch.long)
+    ids = torch.full((rows, max(len(o) for o in offsets)), -1, dtype=torch.long)  # ragged rows: -1 after the end
     sentence_cache: dict[tuple[int, int], list[int]] = {}
     for row in range(rows):
         sample = int(samples[row])
@@ -97,7 +99,7 @@ def unit_ids(
         for segment in range(len(segments)):
             if (sample, segment) not in sentence_cache:
                 sentence_cache[(sample, segment)] = [a for a, _ in splitter(segments[segment])]
-        ids[row] = _row_ids(
+        ids[row, : len(offsets[row])] = _row_ids(
             encoding.sequence_ids(row),
             [tuple(o) for o in offsets[row]],
             None if mask is None else mask[row],

@@ -1,0 +1,80 @@
+"""Tokenised task data and batches: every batch carries ``sentence_ids`` for the configured unit.
+
+Tokenisation runs once per (task, split, tokenizer, unit, max length): ``datasets.map`` writes its
+result to an Arrow file under ``cache_dir`` named by a hash of those, and a second run loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+
+from headlab.units import unit_ids
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "sentence_ids")
+
+
+def _encode_texts(batch, tokenizer, text_fields, label_field, max_length, unit):
+    texts = batch[text_fields[0]]
+    pairs = batch[text_fields[1]] if len(text_fields) == 2 else None
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, return_offsets_mapping=True)
+    units = unit_ids(enc, texts, pairs, unit=unit)  # [rows, longest row], -1 past each row's end
+    out = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+    out["sentence_ids"] = [row[: len(ids)].tolist() for row, ids in zip(units, enc["input_ids"])]
+    out["labels"] = batch[label_field]
+    return out
+
+
+def cache_key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def tokenize_classification(
+    dataset: datasets.Dataset, task: Any, tokenizer, unit: str, cache_dir: str | Path, split: str
+) -> datasets.Dataset:
+    """Model inputs, ``sentence_ids`` and ``labels`` of a GLUE-style split (cached on disk)."""
+    fields = list(task.text_fields)
+    key = cache_key(task.name, split, dataset._fingerprint, tokenizer.name_or_path, len(tokenizer), unit,
+                    task.max_length, fields)
+    path = Path(cache_dir) / task.name / f"{split}-{key}.arrow"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return dataset.map(
+        _encode_texts,
+        batched=True,
+        remove_columns=dataset.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "text_fields": fields, "label_field": task.label_field,
+                   "max_length": task.max_length, "unit": unit},
+        cache_file_name=str(path),
+        load_from_cache_file=True,
+        desc=f"tokenizing {task.name}/{split}",
+    )
+
+
+@dataclass
+class Collator:
+    """Pads a list of tokenised rows to the longest one (dynamic padding).
+
+    Returns ``input_ids``, ``attention_mask``, ``token_type_ids`` (0 on padding), ``sentence_ids``
+    (-1 on padding), each ``[batch, seq]``, and ``labels`` (``[batch]``, float for regression).
+    """
+
+    pad_token_id: int
+    regression: bool = False
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        length = max(len(row["input_ids"]) for row in rows)
+        pad_values = {"input_ids": self.pad_token_id, "attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1}
+        batch = {}
+        for name, pad in pad_values.items():
+            if name in rows[0]:
+                batch[name] = torch.tensor([list(row[name]) + [pad] * (length - len(row[name])) for row in rows])
+        if "labels" in rows[0]:
+            batch["labels"] = torch.tensor([row["labels"] for row in rows],
+                                           dtype=torch.float32 if self.regression else torch.long)
+        return batch
