@@ -21,9 +21,13 @@ def mask_rules(mask: Any) -> list[dict[str, Any]]:
     if rules is not None and mask.get("policy") is not None:
         raise ValueError("a mask config gives either 'rules' or 'policy' + 'heads', not both")
     if rules is None:
-        return [{"heads": mask.heads, "policy": check_policy(mask.policy)}]
-    container = OmegaConf.to_container(rules, resolve=True) if OmegaConf.is_config(rules) else rules
-    return list(container)
+        rules = [{"heads": mask.heads, "policy": check_policy(mask.policy)}]
+    return [{"heads": _plain(rule["heads"]), "policy": rule["policy"]} for rule in _plain(rules)]
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers as plain lists / dicts (selectors may be Hydra lists)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def check_mask(mask: Any) -> None:
@@ -35,8 +39,6 @@ def check_mask(mask: Any) -> None:
 
 
 def plan_from_mask(mask: Any, num_layers: int, num_heads: int) -> HeadPlan:
-    heads = lambda v: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # noqa: E731
-    rules = [{"heads": heads(rule["heads"]), "policy": rule["policy"]} for rule in mask_rules(mask)]
     return HeadPlan.from_rules(
-        rules, num_layers, num_heads, clusters=mask.get("clusters"), importance=mask.get("importance")
+        mask_rules(mask), num_layers, num_heads, clusters=mask.get("clusters"), importance=mask.get("importance")
     )

@@ -17,8 +17,6 @@ import torch
 
 from headlab.units import unit_ids
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "sentence_ids")
-
 
 def _encode_texts(batch, tokenizer, text_fields, label_field, max_length, unit):
     texts = batch[text_fields[0]]

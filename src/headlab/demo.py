@@ -38,12 +38,12 @@ def run_demo(cfg: Any, output_dir: str | Path) -> list[dict[str, Any]]:
     encoding = tokenizer(texts, pairs, padding=True, truncation=True, return_offsets_mapping=True, return_tensors="pt")
     inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}
     baseline = _outputs(model, HeadPlan.keep_all(num_layers, num_heads), inputs, None, False)
+    sentence_ids = {unit: unit_ids(encoding, texts, pairs, unit=unit) for unit in {m.unit for m in masks.values()}}
 
     records = []
     for name, plan in plans.items():
         mask = masks[name]
-        sentence_ids = unit_ids(encoding, texts, pairs, unit=mask.unit)
-        hidden = _outputs(model, plan, inputs, sentence_ids, mask.renormalize)
+        hidden = _outputs(model, plan, inputs, sentence_ids[mask.unit], mask.renormalize)
         records.append(
             {
                 "plan": name,

@@ -60,14 +60,18 @@ def _f1(prediction: str, gold: str, version: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _check_version(version: str) -> None:
+    if version not in ("v1", "v2"):
+        raise ValueError(f"unknown SQuAD version {version!r}; valid: v1, v2")
+
+
 def squad_scores(prediction: str, golds: Sequence[str], version: str = "v1") -> tuple[float, float]:
     """(exact match, F1) of one prediction, each in [0, 1], max over the gold answers.
 
     ``version="v2"``: golds that normalise to nothing are dropped and an unanswerable question
     (no golds left) has the single gold answer ``""``, as in the official v2.0 script.
     """
-    if version not in ("v1", "v2"):
-        raise ValueError(f"unknown SQuAD version {version!r}; valid: v1, v2")
+    _check_version(version)
     if version == "v2":
         golds = [g for g in golds if normalize_answer(g)] or [""]
     elif not golds:
@@ -88,7 +92,7 @@ class SquadMetric(Metric):
 
     def __init__(self, version: str = "v1", **kwargs):
         super().__init__(**kwargs)
-        squad_scores("", [""], version)  # validates the version
+        _check_version(version)
         self.version = version
         for name in ("exact", "f1", "count", "has_exact", "has_f1", "has_count"):
             self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
