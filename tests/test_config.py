@@ -24,6 +24,11 @@ def ablate_cfg(*overrides):
         return compose("ablate", overrides=["model=tiny_random", *overrides])
 
 
+def train_cfg(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=["model=tiny_random", *overrides])
+
+
 def plan_for(*overrides):
     cfg = ablate_cfg(*overrides)
     check_mask(cfg.mask)
@@ -72,7 +77,7 @@ def test_mask_without_heads_is_a_clear_error():
 )
 def test_bad_mask_fails_before_any_model_loads(tmp_path, overrides, message):
     """The model folder has a config but no weights: failing on the plan proves nothing was loaded."""
-    cfg = ablate_cfg(*overrides)
+    cfg = train_cfg(*overrides)
     model_config(cfg.model).save_pretrained(tmp_path)
     cfg.model.random_init, cfg.model.name_or_path = False, str(tmp_path)
     with pytest.raises(ValueError, match=message):
@@ -81,7 +86,7 @@ def test_bad_mask_fails_before_any_model_loads(tmp_path, overrides, message):
 
 def test_non_bert_model_fails_on_its_config(tmp_path):
     GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path)
-    cfg = ablate_cfg(f"model.name_or_path={tmp_path}", "model.random_init=false")
+    cfg = train_cfg(f"model.name_or_path={tmp_path}", "model.random_init=false")
     with pytest.raises(ValueError, match="model_type 'gpt2' is not a supported BERT-family encoder"):
         run_train(cfg)
 
@@ -106,9 +111,3 @@ def test_ablate_demo_cli_writes_records(tmp_path):
     assert records[0]["counts"]["drop_intra"] == 8 and records[0]["unit"] == "sentence"
     assert all(r["relative_hidden_change"] > 0 for r in records)
     assert {r["plan"] for r in records} >= {"uniform_all", "drop_inter_all_segment"}
-
-
-def test_train_cli_checks_model_and_plan(tmp_path):
-    result = run_script("train.py", "model=tiny_random", "mask=prune", "mask.heads=H0", f"hydra.run.dir={tmp_path}")
-    assert result.returncode == 0, result.stderr
-    assert "prune=3" in result.stdout

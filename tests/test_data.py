@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from test_tasks import task_cfg
 
-from headlab.data import Collator, tokenize_classification
+from headlab.data import Collator, tokenize_split
 from headlab.tasks import load_task_data
 from headlab.units import unit_ids
 
@@ -14,7 +14,7 @@ def test_batches_carry_unit_ids_equal_to_direct_encoding(tokenizer, tmp_path):
     task = task_cfg("demo_pairs")
     raw = load_task_data(task)["validation"].select(range(8))
     for unit in ("sentence", "segment"):
-        data = tokenize_classification(raw, task, tokenizer, unit, tmp_path, "validation")
+        data = tokenize_split(raw, task, tokenizer, unit, tmp_path, "validation")
         batch = Collator(tokenizer.pad_token_id)([data[i] for i in range(8)])
         texts, pairs = list(raw["sentence1"]), list(raw["sentence2"])
         direct = tokenizer(texts, pairs, padding=True, truncation=True, max_length=task.max_length,
@@ -29,13 +29,13 @@ def test_batches_carry_unit_ids_equal_to_direct_encoding(tokenizer, tmp_path):
 def test_tokenisation_is_cached(tokenizer, tmp_path):
     task = task_cfg("demo_pairs")
     raw = load_task_data(task)["validation"].select(range(16))
-    first = tokenize_classification(raw, task, tokenizer, "sentence", tmp_path, "validation")
+    first = tokenize_split(raw, task, tokenizer, "sentence", tmp_path, "validation")
     files = list((tmp_path / "demo_pairs").glob("validation-*.arrow"))
     assert len(files) == 1 and first.cache_files[0]["filename"] == str(files[0])
     mtime = files[0].stat().st_mtime_ns
-    second = tokenize_classification(raw, task, tokenizer, "sentence", tmp_path, "validation")
+    second = tokenize_split(raw, task, tokenizer, "sentence", tmp_path, "validation")
     assert files[0].stat().st_mtime_ns == mtime and list(second["input_ids"]) == list(first["input_ids"])
-    other_unit = tokenize_classification(raw, task, tokenizer, "segment", tmp_path, "validation")
+    other_unit = tokenize_split(raw, task, tokenizer, "segment", tmp_path, "validation")
     assert len(list((tmp_path / "demo_pairs").glob("validation-*.arrow"))) == 2
     assert list(other_unit["sentence_ids"]) != list(first["sentence_ids"])
 

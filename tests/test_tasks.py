@@ -18,7 +18,7 @@ GLUE = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 
 def task_cfg(name, *overrides):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=[f"+task={name}", *overrides]).task
+        return compose("train", overrides=[f"task={name}", *overrides]).task
 
 
 @pytest.mark.parametrize("name", [*GLUE, "squad", "squad_v2", "demo_qa", "demo_pairs"])

@@ -11,8 +11,11 @@ from headlab.plans import HeadPlan, check_policy, check_rules, check_unit
 
 
 def register_resolvers() -> None:
-    """``${pkg_dir:NAME}``: folder of an installed package (the embedded MiniLM lives in one)."""
+    """``${pkg_dir:NAME}``: folder of an installed package (the embedded MiniLM lives in one).
+    ``${job_dir:OVERRIDES}``: a job's directory name from its overrides, ``defaults`` when there are none.
+    """
     OmegaConf.register_new_resolver("pkg_dir", package_dir, replace=True)
+    OmegaConf.register_new_resolver("job_dir", lambda overrides: overrides or "defaults", replace=True)
 
 
 def mask_rules(mask: Any) -> list[dict[str, Any]]:

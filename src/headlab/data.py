@@ -15,6 +15,7 @@ from typing import Any
 import datasets
 import torch
 
+from headlab.qa import tokenize_squad
 from headlab.units import unit_ids
 
 
@@ -33,15 +34,24 @@ def cache_key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def tokenize_classification(
-    dataset: datasets.Dataset, task: Any, tokenizer, unit: str, cache_dir: str | Path, split: str
+def tokenize_split(
+    dataset: datasets.Dataset, task: Any, tokenizer, unit: str, cache_dir: str | Path, split: str,
+    training: bool = True,
 ) -> datasets.Dataset:
-    """Model inputs, ``sentence_ids`` and ``labels`` of a GLUE-style split (cached on disk)."""
-    fields = list(task.text_fields)
+    """Model inputs and ``sentence_ids`` of one split, cached on disk.
+
+    Classification / regression: one row per example with ``labels``. Extractive QA
+    (``headlab.qa``): training features with ``start_positions`` / ``end_positions``, or
+    evaluation features with ``example_index`` and ``context_offsets``.
+    """
+    qa = task.type == "extractive_qa"
+    fields = [task.doc_stride] if qa else list(task.text_fields)
     key = cache_key(task.name, split, dataset._fingerprint, tokenizer.name_or_path, len(tokenizer), unit,
-                    task.max_length, fields)
+                    task.max_length, fields, training and qa)
     path = Path(cache_dir) / task.name / f"{split}-{key}.arrow"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if qa:
+        return tokenize_squad(dataset, tokenizer, task, unit, training, str(path))
     return dataset.map(
         _encode_texts,
         batched=True,
@@ -54,12 +64,19 @@ def tokenize_classification(
     )
 
 
+# Per-token columns and their padding values; every other column holds one number per row.
+PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1, "context_offsets": [-1, -1]}
+
+
 @dataclass
 class Collator:
     """Pads a list of tokenised rows to the longest one (dynamic padding).
 
-    Returns ``input_ids``, ``attention_mask``, ``token_type_ids`` (0 on padding), ``sentence_ids``
-    (-1 on padding), each ``[batch, seq]``, and ``labels`` (``[batch]``, float for regression).
+    Per-token columns become ``[batch, seq]`` tensors: ``input_ids``, ``attention_mask``,
+    ``token_type_ids`` (0 on padding), ``sentence_ids`` (-1 on padding), and for QA evaluation
+    ``context_offsets`` ``[batch, seq, 2]`` (-1 on padding). Per-row columns (``labels``,
+    ``start_positions``, ``example_index``, ...) become ``[batch]``; ``labels`` are float for
+    regression.
     """
 
     pad_token_id: int
@@ -67,12 +84,15 @@ class Collator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         length = max(len(row["input_ids"]) for row in rows)
-        pad_values = {"input_ids": self.pad_token_id, "attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1}
+        pad_values = {"input_ids": self.pad_token_id, **PAD_VALUES}
         batch = {}
-        for name, pad in pad_values.items():
-            if name in rows[0]:
-                batch[name] = torch.tensor([list(row[name]) + [pad] * (length - len(row[name])) for row in rows])
-        if "labels" in rows[0]:
-            batch["labels"] = torch.tensor([row["labels"] for row in rows],
+        for name in rows[0]:
+            if name in pad_values:
+                pad = [pad_values[name]] * length
+                batch[name] = torch.tensor([list(row[name]) + pad[len(row[name]) :] for row in rows])
+            elif name == "labels":
+                batch[name] = torch.tensor([row[name] for row in rows],
                                            dtype=torch.float32 if self.regression else torch.long)
+            else:
+                batch[name] = torch.tensor([row[name] for row in rows])
         return batch

@@ -1,10 +1,14 @@
-"""Writing results: atomically (temp file + rename), so a killed job never leaves half a file."""
+"""Typed results files, written atomically (temp file + rename) so a killed job never leaves half a file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +29,57 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python and the libraries a result depends on."""
+    versions = {"python": platform.python_version()}
+    for package in ("headlab", "torch", "transformers", "lightning", "datasets", "torchmetrics", "hydra-core"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def config_hash(config: Any) -> str:
+    """Short stable hash of a (plain, resolved) config."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_complete(path: str | Path, config_hash: str) -> dict[str, Any] | None:
+    """The results file at ``path`` if it is complete and belongs to ``config_hash``, else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return data if data.get("complete") and data.get("config_hash") == config_hash else None
+
+
+@dataclass
+class TrainResult:
+    """``results.json`` of a fine-tuning run (``train.py``)."""
+
+    task: str
+    model: str
+    seed: int
+    plan: dict[str, Any]  # HeadPlan.to_dict() of the mask trained under
+    metrics: dict[str, dict[str, float]]  # eval split -> metric -> value (of best_checkpoint)
+    main_metric: str  # "{split}/{metric}" that picks the best checkpoint
+    num_examples: dict[str, int]  # split -> examples in the data
+    num_evaluated: dict[str, int]  # eval split -> examples scored (all processes; equals num_examples)
+    best_checkpoint: str | None
+    last_checkpoint: str | None
+    resumed_from: str | None
+    global_step: int
+    config_hash: str
+    config: dict[str, Any]  # the resolved config
+    versions: dict[str, str] = field(default_factory=library_versions)
+    kind: str = "train"
+    complete: bool = True
+
+    def write(self, path: str | Path) -> Path:
+        return write_json_atomic(path, asdict(self))

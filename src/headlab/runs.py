@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from rich.console import Console
 
-from headlab.config import check_mask, plan_from_mask
 from headlab.demo import run_demo
-from headlab.models import load_model, model_shape
+from headlab.training import check_train_config, run_finetuning
 
 ABLATE_MODES = {"demo": run_demo}
 
@@ -24,12 +22,7 @@ def run_ablate(cfg: Any) -> Any:
     return ABLATE_MODES[cfg.mode](cfg, _output_dir())
 
 
-def run_train(cfg: Any) -> None:
-    """Checks the model and the head plan a fine-tuning run would use (fine-tuning: issue #3)."""
-    check_mask(cfg.mask)
-    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model))
-    model = load_model(cfg.model)
-    Console().print(
-        f"model {cfg.model.name}: {type(model).__name__}, {plan.num_layers} layers x {plan.num_heads} heads; "
-        f"plan: {plan.describe()}; output dir {_output_dir()}"
-    )
+def run_train(cfg: Any) -> dict[str, Any]:
+    """Fine-tune (see ``headlab.training``); every check runs before a model loads."""
+    check_train_config(cfg)
+    return run_finetuning(cfg, _output_dir())

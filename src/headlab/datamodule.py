@@ -1,0 +1,122 @@
+"""The Lightning data module of a task, and the exactly-once sampler for distributed evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, DistributedSampler
+
+from headlab.data import Collator, tokenize_split
+from headlab.models import load_tokenizer
+from headlab.tasks import load_task_data
+
+
+class ExactlyOnceSampler(DistributedSampler):
+    """Shards an evaluation set over processes so that every row is seen exactly once.
+
+    ``DistributedSampler`` repeats rows to give every process the same count; ablation deltas
+    are often under a point, so repeats would bias them. Here process ``rank`` gets a contiguous
+    block of whole groups (``groups[i]``: the group of row i, equal groups adjacent; e.g. the
+    features of one SQuAD question, which must be merged on one process). Processes may get
+    different numbers of rows. Subclassing ``DistributedSampler`` keeps Lightning from
+    replacing it.
+    """
+
+    def __init__(self, groups: Sequence[int], num_replicas: int, rank: int):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
+        self.num_replicas, self.rank = num_replicas, rank
+        starts = [i for i in range(len(groups)) if i == 0 or groups[i] != groups[i - 1]]  # first row of each group
+        bounds = [*starts, len(groups)]
+        first, last = (len(starts) * r // num_replicas for r in (rank, rank + 1))
+        self.indices = list(range(bounds[first], bounds[last]))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def set_epoch(self, epoch: int) -> None:  # the order never changes
+        pass
+
+
+class TaskDataModule(pl.LightningDataModule):
+    """Tokenised train and eval splits of a task, with ``sentence_ids`` for ``unit`` in every batch.
+
+    Loading, checking and tokenising happen once per process, on the first ``prepare_data`` or
+    ``setup`` (call ``setup()`` yourself to fail on bad data before a model loads); tokenised
+    splits are cached on disk, so later processes and runs read them. ``eval_examples[split]``
+    keeps the raw eval rows (SQuAD contexts and answers).
+    """
+
+    def __init__(
+        self,
+        task: Any,
+        model: Any,
+        unit: str = "sentence",
+        batch_size: int = 32,
+        eval_batch_size: int = 64,
+        num_workers: int = 0,
+        cache_dir: str | Path = ".cache/headlab",
+        max_train_examples: int | None = None,
+        max_eval_examples: int | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.{name} must be a positive integer, got {value!r}")
+        self.task, self.model_cfg, self.unit = task, model, unit
+        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        self.cache_dir, self.seed = Path(cache_dir), seed
+        self.limits = {"train": max_train_examples, "eval": max_eval_examples}
+        self.eval_splits = list(task.eval_splits)
+
+    def prepare_data(self) -> None:
+        self.setup()
+
+    def setup(self, stage: str | None = None) -> None:
+        if not hasattr(self, "train_features"):
+            self._build()
+
+    def _build(self) -> None:
+        tokenizer = load_tokenizer(self.model_cfg)
+        raw = load_task_data(self.task)
+        limit = lambda data, n: data if n is None else data.select(range(min(n, len(data))))  # noqa: E731
+        train = limit(raw[self.task.train_split], self.limits["train"])
+        self.eval_examples = {split: limit(raw[split], self.limits["eval"]) for split in self.eval_splits}
+        self.num_examples = {self.task.train_split: len(train), **{s: len(d) for s, d in self.eval_examples.items()}}
+        tokenize = lambda data, split, training: tokenize_split(  # noqa: E731
+            data, self.task, tokenizer, self.unit, self.cache_dir, split, training)
+        self.train_features = tokenize(train, self.task.train_split, True)
+        self.eval_features = {split: tokenize(data, split, False) for split, data in self.eval_examples.items()}
+        self.collator = Collator(tokenizer.pad_token_id, regression=self.task.type == "regression")
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def train_dataloader(self) -> DataLoader:
+        world_size, rank = self._world()
+        sampler = None
+        if world_size > 1:
+            sampler = DistributedSampler(self.train_features, world_size, rank, shuffle=True, seed=self.seed)
+        return DataLoader(self.train_features, batch_size=self.batch_size, shuffle=sampler is None, sampler=sampler,
+                          collate_fn=self.collator, num_workers=self.num_workers)
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        features = self.eval_features[split]
+        groups = features["example_index"] if "example_index" in features.column_names else range(len(features))
+        sampler = ExactlyOnceSampler(list(groups), *self._world())
+        return DataLoader(features, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=self.collator,
+                          num_workers=self.num_workers)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [self.eval_dataloader(split) for split in self.eval_splits]
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return self.val_dataloader()

@@ -1,0 +1,174 @@
+"""LightningModules: a HF BERT-family model with a task head, run under a head plan.
+
+The plan (``mask`` config) applies in every forward pass, training included, so fine-tuning
+with heads removed is the same switch as evaluating with them removed. Metrics are torchmetrics
+objects per eval split (exact across processes); after each validation epoch the module logs
+``{split}/{metric}`` and keeps the values in ``last_metrics`` and the number of examples
+evaluated (over all processes) in ``last_counts``.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from omegaconf import OmegaConf
+from torchmetrics import MeanMetric, SumMetric
+from transformers import get_linear_schedule_with_warmup
+
+from headlab.attention import ablate
+from headlab.config import plan_from_mask
+from headlab.metrics import SquadMetric, glue_metrics
+from headlab.models import load_model, model_shape
+from headlab.qa import AnswerCollector, best_spans
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "start_positions", "end_positions")
+
+
+class TaskModule(pl.LightningModule):
+    """Shared by all tasks: the model under the plan, AdamW with linear warm-up and decay.
+
+    ``model``, ``task``, ``mask`` and ``optim`` are the plain-dict config groups (saved in
+    checkpoints as hyper-parameters, so ``load_from_checkpoint`` rebuilds the module).
+    """
+
+    head: str = ""
+
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_cfg, self.task, self.mask, self.optim = (OmegaConf.create(c) for c in (model, task, mask, optim))
+        self.model = load_model(self.model_cfg, self.head, **self.head_config()).train()  # Lightning keeps modes
+        self.plan = plan_from_mask(self.mask, *model_shape(self.model_cfg))
+        self.uses_units = any(count and policy.startswith("drop_") for policy, count in self.plan.counts().items())
+        self.eval_splits = list(self.task.eval_splits)
+        self.evaluated = torch.nn.ModuleDict({split: SumMetric() for split in self.eval_splits})  # examples seen
+        self.last_metrics: dict[str, dict[str, float]] = {}
+        self.last_counts: dict[str, int] = {}
+
+    def head_config(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> Any:
+        inputs = {name: batch[name] for name in MODEL_INPUTS if name in batch}
+        if self.uses_units:
+            inputs["sentence_ids"] = batch["sentence_ids"]
+        patched = nullcontext() if self.plan.is_identity else ablate(self.model, self.plan, self.mask.renormalize)
+        with patched:
+            return self.model(**inputs)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self(batch).loss
+        self.log("train/loss", loss, batch_size=len(batch["input_ids"]), prog_bar=True)
+        return loss
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [  # no weight decay on biases and LayerNorm weights (the 1-d parameters), as in BERT
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.optim.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=self.optim.lr, eps=self.optim.adam_eps)
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = self.optim.get("warmup_steps") or math.ceil(self.optim.warmup_ratio * total)
+        scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _log_split_metrics(self, split: str, values: dict[str, torch.Tensor]) -> None:
+        self.last_counts[split] = int(self.evaluated[split].compute())
+        self.evaluated[split].reset()
+        self.last_metrics[split] = {name: float(value) for name, value in values.items()}
+        self.log_dict({f"{split}/{name}": float(value) for name, value in values.items()}, add_dataloader_idx=False)
+
+
+class ClassificationModule(TaskModule):
+    """Sequence classification (GLUE) and regression (STS-B: one output, MSE loss)."""
+
+    head = "sequence_classification"
+
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
+        super().__init__(model, task, mask, optim)
+        self.regression = self.task.type == "regression"
+        self.metrics = torch.nn.ModuleDict(
+            {split: glue_metrics(list(self.task.metrics), self.task.num_labels) for split in self.eval_splits}
+        )
+        self.eval_loss = torch.nn.ModuleDict({split: MeanMetric() for split in self.eval_splits})
+
+    def head_config(self) -> dict[str, Any]:
+        if self.task.type == "regression":
+            return {"num_labels": 1, "problem_type": "regression"}
+        return {"num_labels": self.task.num_labels, "problem_type": "single_label_classification"}
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = self.eval_splits[dataloader_idx]
+        out = self(batch)
+        logits = out.logits.float()  # [batch, labels]
+        predictions = logits[:, 0] if self.regression else logits.argmax(dim=-1)
+        self.metrics[split].update(predictions, batch["labels"])
+        self.eval_loss[split].update(out.loss.float(), weight=len(predictions))
+        self.evaluated[split].update(len(predictions))
+
+    def on_validation_epoch_end(self) -> None:
+        for split in self.eval_splits:
+            values = {**self.metrics[split].compute(), "loss": self.eval_loss[split].compute()}
+            self.metrics[split].reset()
+            self.eval_loss[split].reset()
+            self._log_split_metrics(split, values)
+
+    test_step = validation_step
+    on_test_epoch_end = on_validation_epoch_end
+
+
+class QuestionAnsweringModule(TaskModule):
+    """Extractive QA (SQuAD v1.1 / v2.0): span logits merged per question by ``headlab.qa``.
+
+    Needs the data module's ``eval_examples`` (contexts and gold answers); ``predictions[split]``
+    holds the last predicted answer of every question id.
+    """
+
+    head = "question_answering"
+
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
+        super().__init__(model, task, mask, optim)
+        self.metrics = torch.nn.ModuleDict({split: SquadMetric(self.task.version) for split in self.eval_splits})
+        self.collectors = {split: AnswerCollector() for split in self.eval_splits}
+        self.predictions: dict[str, dict[str, str]] = {}
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        out = self(batch)  # start_logits, end_logits: [batch, seq]
+        spans = best_spans(out.start_logits, out.end_logits, batch["context_offsets"], self.task.n_best,
+                           self.task.max_answer_length)
+        self.collectors[self.eval_splits[dataloader_idx]].add(batch["example_index"], spans)
+
+    def on_validation_epoch_end(self) -> None:
+        examples = self.trainer.datamodule.eval_examples
+        for split in self.eval_splits:
+            rows = examples[split]
+            answers = self.collectors[split].answers(list(rows["context"]), self.task.version)
+            golds = [rows[i]["answers"]["text"] for i in answers]
+            self.metrics[split].update(list(answers.values()), golds)
+            self.evaluated[split].update(len(answers))
+            self._log_split_metrics(split, self.metrics[split].compute())
+            self.metrics[split].reset()
+            ids = list(rows["id"])
+            self.predictions[split] = {ids[i]: text for i, text in sorted(answers.items())}
+            self.collectors[split] = AnswerCollector()
+
+    test_step = validation_step
+    on_test_epoch_end = on_validation_epoch_end
+
+
+MODULES = {"classification": ClassificationModule, "regression": ClassificationModule,
+           "extractive_qa": QuestionAnsweringModule}
+
+
+def task_module(model: Any, task: Any, mask: Any, optim: Any) -> TaskModule:
+    """The module for the task's type, from config groups (OmegaConf or plain dicts)."""
+    model, task, mask, optim = (OmegaConf.to_container(c, resolve=True) if OmegaConf.is_config(c) else dict(c)
+                                for c in (model, task, mask, optim))
+    if task["type"] not in MODULES:
+        raise ValueError(f"task {task['name']}: unknown type {task['type']!r}; valid types: {', '.join(MODULES)}")
+    return MODULES[task["type"]](model, task, mask, optim)

@@ -1,0 +1,32 @@
+"""Experiment tracking: the ``logger`` config group (W&B offline by default, CSV, or none)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import hydra
+from lightning.pytorch.loggers import Logger
+
+
+def build_logger(logger_cfg: Any, run_id: str, run_name: str) -> Logger | None:
+    """The configured Lightning logger, or None for ``logger=none``.
+
+    W&B runs get a stable ``id`` (``run_id``, a hash of the job's config) when the config leaves
+    it null, so rerunning a job continues its W&B run instead of starting a second one.
+    """
+    if logger_cfg is None or logger_cfg.get("_target_") is None:
+        return None
+    fill = {}
+    if "id" in logger_cfg and logger_cfg.id is None:
+        fill["id"] = run_id
+    if "name" in logger_cfg and logger_cfg.name is None:
+        fill["name"] = run_name
+    return hydra.utils.instantiate(logger_cfg, **fill)
+
+
+def finish_tracking(failed: bool = False) -> None:
+    """End the W&B run of this job, if any, so the next job of a multirun starts its own."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish(exit_code=1 if failed else 0)

@@ -1,0 +1,133 @@
+"""A fine-tuning run (``train.py``): checked config, trainer, data, module, checkpoints, results.json.
+
+The job directory is a pure function of the command line (Hydra's run dir, see conf/train.yaml).
+Rerunning a finished job prints its results and stops; rerunning a killed one resumes from its
+``checkpoints/last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from headlab.config import check_mask, plan_from_mask
+from headlab.datamodule import TaskDataModule
+from headlab.metrics import QA_METRICS, glue_metrics
+from headlab.models import model_shape
+from headlab.modules import task_module
+from headlab.results import TrainResult, config_hash, read_complete, write_json_atomic
+from headlab.tasks import TASK_TYPES
+from headlab.tracking import build_logger, finish_tracking
+
+log = logging.getLogger(__name__)
+
+# Keys that do not change what a job computes: left out of its config hash.
+RUNTIME_KEYS = ("ckpt_path", "logger", "experiment")
+
+
+def check_train_config(cfg: Any) -> None:
+    """Every check that needs no weights: mask, task, metrics, model config, checkpoint path."""
+    check_mask(cfg.mask)
+    task = cfg.task
+    if task.type not in TASK_TYPES:
+        raise ValueError(f"task {task.name}: unknown type {task.type!r}; valid types: {', '.join(TASK_TYPES)}")
+    if task.type == "extractive_qa":
+        unknown = [m for m in task.metrics if m not in QA_METRICS]
+        if unknown:
+            raise ValueError(f"task {task.name}: unknown metric(s) {unknown}; valid: {', '.join(QA_METRICS)}")
+    else:
+        glue_metrics(list(task.metrics), task.num_labels)
+    if task.main_metric not in task.metrics:
+        raise ValueError(
+            f"task {task.name}: main_metric {task.main_metric!r} is not one of its metrics {list(task.metrics)}"
+        )
+    plan_from_mask(cfg.mask, *model_shape(cfg.model))
+
+
+def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
+    """What ``trainer.fit`` resumes from: null -> this job's last.ckpt if any; 'last'; or a path."""
+    last = checkpoint_dir / "last.ckpt"
+    if ckpt_path is None:
+        return str(last) if last.is_file() else None
+    path = last if ckpt_path == "last" else Path(ckpt_path)
+    if not path.is_file():
+        raise ValueError(f"ckpt_path={ckpt_path!r}: no checkpoint at {str(path)!r}")
+    return str(path)
+
+
+def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+    """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask``; returns the results record."""
+    check_train_config(cfg)
+    output_dir = Path(output_dir)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    job_hash = config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS})
+    results_path = output_dir / "results.json"
+    done = read_complete(results_path, job_hash)
+    if done is not None:
+        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
+        return done
+    checkpoint_dir = output_dir / "checkpoints"
+    resume = resume_checkpoint(cfg.ckpt_path, checkpoint_dir)
+    monitor = f"{cfg.task.eval_splits[0]}/{cfg.task.main_metric}"
+
+    pl.seed_everything(cfg.seed, workers=True)
+    logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
+    failed = True
+    try:
+        checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=monitor, mode="max",
+                                     save_last=True, auto_insert_metric_name=False)
+        callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
+        trainer = pl.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks,
+                             logger=logger or False, default_root_dir=output_dir)
+        data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
+                              **OmegaConf.to_container(cfg.data, resolve=True))
+        data.setup()  # load, check and tokenise the data before the model
+        module = task_module(cfg.model, cfg.task, cfg.mask, cfg.optim)
+        if logger:
+            logger.log_hyperparams(resolved)
+        trainer.fit(module, datamodule=data, ckpt_path=resume)
+        trainer.save_checkpoint(checkpoint_dir / "last.ckpt")  # also when training ended between validations
+        best = checkpoint.best_model_path or None
+        trainer.validate(module, datamodule=data, ckpt_path=best, verbose=False)
+        result = TrainResult(
+            task=cfg.task.name,
+            model=cfg.model.name,
+            seed=cfg.seed,
+            plan=module.plan.to_dict(),
+            metrics=module.last_metrics,
+            main_metric=monitor,
+            num_examples=data.num_examples,
+            num_evaluated=module.last_counts,
+            best_checkpoint=best,
+            last_checkpoint=str(checkpoint_dir / "last.ckpt"),
+            resumed_from=resume,
+            global_step=trainer.global_step,
+            config_hash=job_hash,
+            config=resolved,
+        )
+        if trainer.is_global_zero:
+            for split, answers in getattr(module, "predictions", {}).items():
+                write_json_atomic(output_dir / f"predictions_{split}.json", answers)
+            result.write(results_path)
+            _print_summary(result, output_dir, logger)
+        failed = False
+        return result.__dict__
+    finally:
+        finish_tracking(failed)
+
+
+def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
+    console = Console()
+    for split, values in result.metrics.items():
+        console.print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
+    console.print(f"results     {output_dir / 'results.json'}")
+    console.print(f"checkpoints {result.best_checkpoint or '(no validation ran: no best)'}, {result.last_checkpoint}")
+    if logger is not None:
+        console.print(f"logs        {logger.save_dir} ({type(logger).__name__})")
+

@@ -1,0 +1,50 @@
+"""Distributed evaluation sees every example exactly once: sampler shards, and 2-process gloo runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from headlab.datamodule import ExactlyOnceSampler
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
+def test_shards_cover_every_row_once_and_keep_groups_whole(world_size):
+    groups = [0, 0, 0, 1, 2, 2, 3, 4, 4, 4, 4, 5, 6, 6, 7]  # e.g. the features of 8 SQuAD questions
+    shards = [list(ExactlyOnceSampler(groups, world_size, rank)) for rank in range(world_size)]
+    assert sorted(i for shard in shards for i in shard) == list(range(len(groups)))
+    owners = {}
+    for rank, shard in enumerate(shards):
+        assert len(ExactlyOnceSampler(groups, world_size, rank)) == len(shard)
+        for i in shard:
+            assert owners.setdefault(groups[i], rank) == rank  # a group never spans two processes
+    with pytest.raises(ValueError, match="rank 2 is outside 0..1"):
+        ExactlyOnceSampler(groups, 2, 2)
+
+
+def evaluate(devices, task, out, *overrides):
+    # Batch size 1: no padding, so each example's logits do not depend on which rows share its batch.
+    command = [sys.executable, str(ROOT / "tests/scripts/ddp_eval.py"), str(devices), task, str(out),
+               "data.eval_batch_size=1", "data.max_eval_examples=41", *overrides]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "overrides"), [("demo_pairs", []),
+                                                 ("demo_qa", ["task.max_length=64", "task.doc_stride=16"])])
+def test_two_process_evaluation_equals_one_process(tmp_path, task, overrides):
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    single = evaluate(1, task, tmp_path / "single.json", cache, *overrides)
+    double = evaluate(2, task, tmp_path / "double.json", cache, *overrides)
+    assert (single["world_size"], double["world_size"]) == (1, 2)
+    assert single["evaluated"] == double["evaluated"] == {"validation": 41}  # no example twice, none left out
+    for name, value in single["metrics"]["validation"].items():
+        # Sums in another order: the mean loss may differ in the last float32 bits, the rest must not.
+        tolerance = 1e-6 if name == "loss" else 0
+        assert double["metrics"]["validation"][name] == pytest.approx(value, rel=tolerance, abs=0), name

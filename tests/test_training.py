@@ -1,0 +1,178 @@
+"""train.py end to end on the tiny random BERT: results, checkpoints, resuming, masks, loggers, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+from hydra import compose, initialize_config_dir
+
+from headlab.config import register_resolvers
+from headlab.models import load_model
+
+register_resolvers()
+QUICK = ["model=tiny_random", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=8",
+         "data.max_train_examples=64", "data.max_eval_examples=40", "trainer.max_steps=4",
+         "trainer.val_check_interval=2", "trainer.log_every_n_steps=1"]
+SHORT_QA = ["task.max_length=64", "task.doc_stride=16"]  # several windows per context
+
+
+def train(tmp_path, *overrides, run_dir=None, check=True):
+    run_dir = run_dir or tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *QUICK, f"data.cache_dir={tmp_path / 'cache'}",
+         f"hydra.run.dir={run_dir}", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def results(run_dir):
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def loss_steps(run_dir):
+    """Steps at which the run logged a training loss (its CSV log)."""
+    header, *rows = (line.split(",") for line in (run_dir / "csv/version_0/metrics.csv").read_text().splitlines())
+    return [int(row[header.index("step")]) for row in rows if row[header.index("train/loss")]]
+
+
+def train_cfg(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=["model=tiny_random", *overrides])
+
+
+def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
+    out = train(tmp_path, "task=demo_pairs")
+    run = tmp_path / "run"
+    record = results(run)
+    assert record["kind"] == "train" and record["complete"] is True
+    assert (record["task"], record["model"], record["seed"]) == ("demo_pairs", "tiny_random", 0)
+    assert record["global_step"] == 4
+    assert set(record["metrics"]["validation"]) == {"accuracy", "f1", "loss"}
+    assert 0 <= record["metrics"]["validation"]["accuracy"] <= 1
+    assert record["main_metric"] == "validation/accuracy"
+    assert record["num_examples"] == {"train": 64, "validation": 40}
+    assert record["num_evaluated"] == {"validation": 40}
+    assert record["best_checkpoint"] == str(run / "checkpoints/best.ckpt")
+    assert (run / "checkpoints/best.ckpt").is_file() and (run / "checkpoints/last.ckpt").is_file()
+    assert record["versions"]["torch"] == torch.__version__ and len(record["config_hash"]) == 16
+    assert record["config"]["task"]["name"] == "demo_pairs" and record["plan"]["rules"] == []
+    assert str(run / "results.json") in out.stdout
+    metrics_csv = (run / "csv/version_0/metrics.csv").read_text()
+    assert "validation/accuracy" in metrics_csv and "train/loss" in metrics_csv
+    mtime = (run / "results.json").stat().st_mtime_ns
+    again = train(tmp_path, "task=demo_pairs")
+    assert "already done" in again.stdout and (run / "results.json").stat().st_mtime_ns == mtime
+
+
+def test_finetune_demo_qa_merges_windows_and_writes_predictions(tmp_path):
+    train(tmp_path, "task=demo_qa", *SHORT_QA)
+    record = results(tmp_path / "run")
+    assert set(record["metrics"]["validation"]) == {"exact_match", "f1"}
+    assert 0 <= record["metrics"]["validation"]["f1"] <= 100
+    predictions = json.loads((tmp_path / "run/predictions_validation.json").read_text())
+    assert len(predictions) == 40 and all(isinstance(text, str) for text in predictions.values())
+
+
+def test_resume_continues_from_a_checkpoint(tmp_path):
+    first = tmp_path / "first"
+    train(tmp_path, "task=demo_pairs", run_dir=first)
+    second = tmp_path / "second"
+    out = train(tmp_path, "task=demo_pairs", "trainer.max_steps=8", f"ckpt_path={first / 'checkpoints/last.ckpt'}",
+                run_dir=second)
+    record = results(second)
+    assert record["global_step"] == 8 and record["resumed_from"] == str(first / "checkpoints/last.ckpt")
+    assert "Restoring states from the checkpoint" in out.stderr + out.stdout
+    before, after = loss_steps(first), loss_steps(second)
+    assert len(before) == len(after) == 4 and min(after) > max(before)  # only the new steps were trained
+
+    # A killed job (checkpoint, no results.json) resumes on rerun from its own last.ckpt.
+    (first / "results.json").unlink()
+    train(tmp_path, "task=demo_pairs", run_dir=first)
+    assert results(first)["resumed_from"] == str(first / "checkpoints/last.ckpt")
+    assert results(first)["global_step"] == 4
+
+
+def test_the_mask_applies_during_training(tmp_path):
+    """Pruned heads give their query / key / value weights no gradient: with no weight decay
+    they end where they started, while the other layers move."""
+    train(tmp_path, "task=demo_pairs", "mask=prune", "mask.heads=L0", "optim.weight_decay=0", "optim.lr=1e-2")
+    state = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=False)["state_dict"]
+    initial = load_model(train_cfg().model, "sequence_classification", num_labels=2).state_dict()
+    for layer, same in ((0, True), (1, False)):
+        name = f"bert.encoder.layer.{layer}.attention.self.query.weight"
+        assert torch.equal(state[f"model.{name}"], initial[name]) is same
+    assert results(tmp_path / "run")["plan"]["policies"] == {f"L0H{h}": "prune" for h in range(4)}
+
+
+@pytest.mark.parametrize("overrides", [["mask=drop_inter", "mask.heads=all", "mask.unit=segment"],
+                                       ["mask=drop_intra", "mask.heads=L1", "trainer.precision=bf16-mixed"]])
+def test_sentence_masks_and_mixed_precision_train(tmp_path, overrides):
+    train(tmp_path, "task=demo_qa", *SHORT_QA, *overrides)
+    assert results(tmp_path / "run")["global_step"] == 4
+
+
+def test_wandb_offline_runs_one_tracked_run_per_multirun_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", *QUICK, "task=demo_pairs", "logger=wandb", "seed=0,1",
+         "trainer.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}",
+         "hydra.sweep.subdir=seed${seed}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_SILENT": "true"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_ids = set()
+    for seed in (0, 1):
+        job = sweep / f"seed{seed}"
+        record = results(job)
+        assert record["seed"] == seed
+        offline_runs = list((job / "wandb").glob("offline-run-*"))
+        assert len(offline_runs) == 1
+        run_ids.add(offline_runs[0].name.rsplit("-", 1)[1])
+        assert record["config_hash"] in run_ids
+    assert len(run_ids) == 2
+
+
+def test_model_configs_name_the_hub_checkpoints():
+    expected = {
+        "bert_base_uncased": "google-bert/bert-base-uncased",
+        "bert_large_uncased": "google-bert/bert-large-uncased",
+        "bert_large_wwm_squad": "google-bert/bert-large-uncased-whole-word-masking-finetuned-squad",
+        "roberta_base": "FacebookAI/roberta-base",
+    }
+    for name, checkpoint in expected.items():
+        assert train_cfg(f"model={name}").model.name_or_path == checkpoint
+    for trainer in ("cpu", "gpu", "ddp"):
+        assert train_cfg(f"trainer={trainer}").trainer.accelerator == ("cpu" if trainer == "cpu" else "gpu")
+    assert train_cfg("trainer=ddp").trainer.strategy == "ddp"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["task=nope"], "Could not find 'task/nope'.*demo_qa"),
+    (["model=nope"], "Could not find 'model/nope'.*bert_base_uncased"),
+    (["task=demo_pairs", "task.data_files.train=/no/such.jsonl"], "data file '/no/such.jsonl' for split 'train'"),
+    (["task=demo_pairs", "task.main_metric=pearson"], "main_metric 'pearson' is not one of its metrics"),
+    (["task=demo_pairs", "ckpt_path=last"], "ckpt_path='last': no checkpoint at"),
+])
+def test_bad_input_fails_with_a_clear_error(tmp_path, overrides, message):
+    result = train(tmp_path, *overrides, check=False)
+    assert result.returncode != 0
+    assert re.search(message, result.stderr, flags=re.S), result.stderr[-2000:]
+    assert not (tmp_path / "run/checkpoints").exists()
+
+
+def test_labels_out_of_range_fail_before_the_model_loads(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"sentence1": "A b.", "sentence2": "C d.", "label": 7}\n')
+    result = train(tmp_path, "task=demo_pairs", f"task.data_files.train={bad}", check=False)
+    assert result.returncode != 0 and "label(s) outside 0..1, e.g. row 0 has label 7" in result.stderr
+    assert "BertForSequenceClassification" not in result.stdout  # no model summary: no model was built
