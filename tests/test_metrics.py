@@ -21,10 +21,10 @@ def test_classification_metrics_equal_sklearn(num_labels):
     for chunk in np.array_split(np.arange(500), 7):  # several batches, like an epoch
         metrics.update(torch.tensor(preds[chunk]), torch.tensor(target[chunk]))
     scores = {k: v.item() for k, v in metrics.compute().items()}
-    assert scores["accuracy"] == pytest.approx(accuracy_score(target, preds), abs=1e-6)
-    assert scores["matthews"] == pytest.approx(matthews_corrcoef(target, preds), abs=1e-5)
+    assert scores["accuracy"] == pytest.approx(accuracy_score(target, preds), rel=1e-12)
+    assert scores["matthews"] == pytest.approx(matthews_corrcoef(target, preds), rel=1e-12)
     if num_labels == 2:
-        assert scores["f1"] == pytest.approx(f1_score(target, preds), abs=1e-6)
+        assert scores["f1"] == pytest.approx(f1_score(target, preds), rel=1e-12)
 
 
 def test_regression_metrics_equal_scipy():
@@ -34,10 +34,19 @@ def test_regression_metrics_equal_scipy():
     target[:40] = np.round(target[:40])  # ties in the gold scores, as in STS-B
     metrics = glue_metrics(["pearson", "spearman"], 1)
     for chunk in np.array_split(np.arange(300), 4):
-        metrics.update(torch.tensor(preds[chunk]).float(), torch.tensor(target[chunk]).float())
+        metrics.update(torch.tensor(preds[chunk]), torch.tensor(target[chunk]))
     scores = {k: v.item() for k, v in metrics.compute().items()}
-    assert scores["pearson"] == pytest.approx(pearsonr(preds, target)[0], abs=1e-5)
-    assert scores["spearman"] == pytest.approx(spearmanr(preds, target)[0], abs=1e-5)
+    assert scores["pearson"] == pytest.approx(pearsonr(preds, target)[0], rel=1e-12)
+    # Brute force: Pearson of the average ranks (ties share the mean of their positions).
+    ranks = [np.array([np.mean(np.flatnonzero(np.sort(v) == x)) for x in v]) for v in (preds, target)]
+    assert scores["spearman"] == pytest.approx(np.corrcoef(*ranks)[0, 1], rel=1e-12)
+    assert scores["spearman"] == pytest.approx(spearmanr(preds, target)[0], rel=1e-12)
+
+
+def test_matthews_of_a_constant_prediction_is_zero():
+    metrics = glue_metrics(["matthews"], 3)
+    metrics.update(torch.zeros(10, dtype=torch.long), torch.arange(10) % 3)
+    assert metrics.compute()["matthews"].item() == 0.0 == matthews_corrcoef(np.arange(10) % 3, np.zeros(10))
 
 
 def test_bad_metric_names():

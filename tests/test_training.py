@@ -121,6 +121,17 @@ def test_sentence_masks_and_mixed_precision_train(tmp_path, overrides):
     assert results(tmp_path / "run")["global_step"] == 4
 
 
+def test_regression_task_from_local_files(tmp_path):
+    """STS-B's format from local JSON lines: one output, MSE loss, Pearson and Spearman."""
+    rows = [{"sentence1": f"The city {i} is old.", "sentence2": f"It was born in {1900 + i}.", "label": i % 11 / 2,
+             "idx": i} for i in range(48)]
+    path = tmp_path / "stsb.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    train(tmp_path, "task=stsb", f"task.data_files={{train: {path}, validation: {path}}}")
+    metrics = results(tmp_path / "run")["metrics"]["validation"]
+    assert set(metrics) == {"pearson", "spearman", "loss"} and -1 <= metrics["pearson"] <= 1
+
+
 def test_wandb_offline_runs_one_tracked_run_per_multirun_job(tmp_path):
     sweep = tmp_path / "sweep"
     result = subprocess.run(
@@ -162,6 +173,8 @@ def test_model_configs_name_the_hub_checkpoints():
     (["task=demo_pairs", "task.data_files.train=/no/such.jsonl"], "data file '/no/such.jsonl' for split 'train'"),
     (["task=demo_pairs", "task.main_metric=pearson"], "main_metric 'pearson' is not one of its metrics"),
     (["task=demo_pairs", "ckpt_path=last"], "ckpt_path='last': no checkpoint at"),
+    (["task=demo_pairs", "optim.lr=0"], "optim.lr must be a number > 0, got 0"),
+    (["task=demo_pairs", "optim.warmup_ratio=1.5"], r"optim.warmup_ratio must be a number in \[0, 1\], got 1.5"),
 ])
 def test_bad_input_fails_with_a_clear_error(tmp_path, overrides, message):
     result = train(tmp_path, *overrides, check=False)

@@ -12,22 +12,52 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 
+import scipy.stats
 import torch
+import torchmetrics.regression
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, MulticlassMatthewsCorrCoef
-from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
+from torchmetrics.regression import PearsonCorrCoef
+from torchmetrics.utilities import dim_zero_cat
 
 CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
 REGRESSION_METRICS = ("pearson", "spearman")
 QA_METRICS = ("exact_match", "f1")
 
 
+class MatthewsCorrCoef(MulticlassMatthewsCorrCoef):
+    """torchmetrics' confusion-matrix states, the coefficient computed in float64.
+
+    Multiclass R_K (Gorodkin 2004), as scikit-learn: 0 when a marginal is constant.
+    """
+
+    def compute(self) -> torch.Tensor:
+        confmat = self.confmat.double()  # [true class, predicted class]
+        total, correct = confmat.sum(), confmat.trace()
+        true_counts, pred_counts = confmat.sum(1), confmat.sum(0)
+        covariance = correct * total - (true_counts * pred_counts).sum()
+        scale = (total**2 - (pred_counts**2).sum()) * (total**2 - (true_counts**2).sum())
+        return covariance / scale.sqrt() if scale > 0 else torch.zeros((), dtype=torch.float64)
+
+
+class SpearmanCorrCoef(torchmetrics.regression.SpearmanCorrCoef):
+    """torchmetrics' gathered predictions and targets, the coefficient computed in float64 by scipy."""
+
+    def compute(self) -> torch.Tensor:
+        preds = dim_zero_cat(self.preds).double().cpu().numpy()
+        target = dim_zero_cat(self.target).double().cpu().numpy()
+        return torch.tensor(scipy.stats.spearmanr(preds, target).statistic, dtype=torch.float64)
+
+
 def glue_metrics(names: Sequence[str], num_labels: int) -> MetricCollection:
-    """A collection of the named GLUE metrics; ``update(preds, target)`` takes class ids or scores."""
+    """A collection of the named GLUE metrics, computed in float64.
+
+    ``update(preds, target)`` takes class ids, or scores (float64 for full precision).
+    """
     factories = {
         "accuracy": lambda: MulticlassAccuracy(num_classes=num_labels, average="micro"),
         "f1": lambda: BinaryF1Score(),  # F1 of the positive class (1), as GLUE reports it for MRPC / QQP
-        "matthews": lambda: MulticlassMatthewsCorrCoef(num_classes=num_labels),
+        "matthews": lambda: MatthewsCorrCoef(num_classes=num_labels),
         "pearson": lambda: PearsonCorrCoef(),
         "spearman": lambda: SpearmanCorrCoef(),
     }
@@ -36,7 +66,7 @@ def glue_metrics(names: Sequence[str], num_labels: int) -> MetricCollection:
         raise ValueError(f"unknown metric(s) {unknown}; valid metrics: {', '.join(factories)}")
     if "f1" in names and num_labels != 2:
         raise ValueError(f"metric f1 is the binary F1 of class 1; the task has {num_labels} labels")
-    return MetricCollection({name: factories[name]() for name in names})
+    return MetricCollection({name: factories[name]() for name in names}).set_dtype(torch.float64)
 
 
 # --------------------------------------------------------------------------- SQuAD (official scripts)

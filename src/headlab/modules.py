@@ -105,9 +105,12 @@ class ClassificationModule(TaskModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.eval_splits[dataloader_idx]
         out = self(batch)
-        logits = out.logits.float()  # [batch, labels]
-        predictions = logits[:, 0] if self.regression else logits.argmax(dim=-1)
-        self.metrics[split].update(predictions, batch["labels"])
+        logits = out.logits  # [batch, labels]
+        if self.regression:  # metrics in float64
+            predictions, labels = logits[:, 0].double(), batch["labels"].double()
+        else:
+            predictions, labels = logits.argmax(dim=-1), batch["labels"]
+        self.metrics[split].update(predictions, labels)
         self.eval_loss[split].update(out.loss.float(), weight=len(predictions))
         self.evaluated[split].update(len(predictions))
 

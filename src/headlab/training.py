@@ -47,7 +47,17 @@ def check_train_config(cfg: Any) -> None:
         raise ValueError(
             f"task {task.name}: main_metric {task.main_metric!r} is not one of its metrics {list(task.metrics)}"
         )
+    _check_optim(cfg.optim)
     plan_from_mask(cfg.mask, *model_shape(cfg.model))
+
+
+def _check_optim(optim: Any) -> None:
+    checks = {"lr": (lambda v: v > 0, "> 0"), "weight_decay": (lambda v: v >= 0, ">= 0"),
+              "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]")}
+    for name, (ok, allowed) in checks.items():
+        value = optim[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            raise ValueError(f"optim.{name} must be a number {allowed}, got {value!r}")
 
 
 def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
