@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from conftest import ROOT
+from test_training import QUICK
 
 from headlab.datamodule import ExactlyOnceSampler
 
@@ -48,3 +49,17 @@ def test_two_process_evaluation_equals_one_process(tmp_path, task, overrides):
         # Sums in another order: the mean loss may differ in the last float32 bits, the rest must not.
         tolerance = 1e-6 if name == "loss" else 0
         assert double["metrics"]["validation"][name] == pytest.approx(value, rel=tolerance, abs=0), name
+
+
+@pytest.mark.slow
+def test_train_py_fine_tunes_on_two_cpu_processes(tmp_path):
+    """trainer=ddp through Hydra: Lightning reruns train.py for rank 1 in the same job directory."""
+    run = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train.py"), *QUICK, "task=demo_pairs", f"data.cache_dir={tmp_path / 'c'}",
+               f"hydra.run.dir={run}", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+               "trainer.precision=32-true", "data.max_eval_examples=41"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((run / "results.json").read_text())
+    assert record["num_evaluated"] == {"validation": 41} and record["global_step"] == 4
+    assert record["config"]["trainer"]["devices"] == 2

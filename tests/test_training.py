@@ -62,7 +62,8 @@ def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
     assert record["main_metric"] == "validation/accuracy"
     assert record["num_examples"] == {"train": 64, "validation": 40}
     assert record["num_evaluated"] == {"validation": 40}
-    assert record["best_checkpoint"] == str(run / "checkpoints/best.ckpt")
+    assert record["last_checkpoint"] == str(run / "checkpoints/last.ckpt")
+    assert record["best_checkpoint"] == str(run / "checkpoints/best.ckpt") and record["best_score"] is not None
     assert (run / "checkpoints/best.ckpt").is_file() and (run / "checkpoints/last.ckpt").is_file()
     assert record["versions"]["torch"] == torch.__version__ and len(record["config_hash"]) == 16
     assert record["config"]["task"]["name"] == "demo_pairs" and record["plan"]["rules"] == []

@@ -48,6 +48,7 @@ class TaskModule(pl.LightningModule):
         self.evaluated = torch.nn.ModuleDict({split: SumMetric() for split in self.eval_splits})  # examples seen
         self.last_metrics: dict[str, dict[str, float]] = {}
         self.last_counts: dict[str, int] = {}
+        self.validated_step = -1  # global step of the last full validation
 
     def head_config(self) -> dict[str, Any]:
         return {}
@@ -81,6 +82,8 @@ class TaskModule(pl.LightningModule):
         self.last_counts[split] = int(self.evaluated[split].compute())
         self.evaluated[split].reset()
         self.last_metrics[split] = {name: float(value) for name, value in values.items()}
+        if not self.trainer.sanity_checking:
+            self.validated_step = self.global_step
         self.log_dict({f"{split}/{name}": float(value) for name, value in values.items()}, add_dataloader_idx=False)
 
 

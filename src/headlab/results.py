@@ -67,12 +67,13 @@ class TrainResult:
     model: str
     seed: int
     plan: dict[str, Any]  # HeadPlan.to_dict() of the mask trained under
-    metrics: dict[str, dict[str, float]]  # eval split -> metric -> value (of best_checkpoint)
+    metrics: dict[str, dict[str, float]]  # eval split -> metric -> value, of the final weights (last_checkpoint)
     main_metric: str  # "{split}/{metric}" that picks the best checkpoint
     num_examples: dict[str, int]  # split -> examples in the data
     num_evaluated: dict[str, int]  # eval split -> examples scored (all processes; equals num_examples)
-    best_checkpoint: str | None
-    last_checkpoint: str | None
+    last_checkpoint: str  # the final weights
+    best_checkpoint: str | None  # best main metric among the validations during training
+    best_score: float | None
     resumed_from: str | None
     global_step: int
     config_hash: str

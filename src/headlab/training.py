@@ -71,6 +71,13 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None
     return str(path)
 
 
+def make_trainer(trainer_cfg: Any, checkpoint: ModelCheckpoint, logger: Any, output_dir: Path) -> pl.Trainer:
+    """A Lightning Trainer from the ``trainer`` group, with the checkpoint callback and the logger."""
+    callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
+    return pl.Trainer(**OmegaConf.to_container(trainer_cfg, resolve=True), callbacks=callbacks,
+                      logger=logger or False, default_root_dir=output_dir)
+
+
 def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask``; returns the results record."""
     check_train_config(cfg)
@@ -92,9 +99,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     try:
         checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=monitor, mode="max",
                                      save_last=True, auto_insert_metric_name=False)
-        callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
-        trainer = pl.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), callbacks=callbacks,
-                             logger=logger or False, default_root_dir=output_dir)
+        trainer = make_trainer(cfg.trainer, checkpoint, logger, output_dir)
         data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
                               **OmegaConf.to_container(cfg.data, resolve=True))
         data.setup()  # load, check and tokenise the data before the model
@@ -102,9 +107,9 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         if logger:
             logger.log_hyperparams(resolved)
         trainer.fit(module, datamodule=data, ckpt_path=resume)
-        trainer.save_checkpoint(checkpoint_dir / "last.ckpt")  # also when training ended between validations
-        best = checkpoint.best_model_path or None
-        trainer.validate(module, datamodule=data, ckpt_path=best, verbose=False)
+        if module.validated_step != trainer.global_step:  # training ended between validations
+            trainer.validate(module, datamodule=data, verbose=False)
+        trainer.save_checkpoint(checkpoint_dir / "last.ckpt")  # the weights the metrics belong to
         result = TrainResult(
             task=cfg.task.name,
             model=cfg.model.name,
@@ -114,7 +119,8 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             main_metric=monitor,
             num_examples=data.num_examples,
             num_evaluated=module.last_counts,
-            best_checkpoint=best,
+            best_checkpoint=checkpoint.best_model_path or None,
+            best_score=None if checkpoint.best_model_score is None else float(checkpoint.best_model_score),
             last_checkpoint=str(checkpoint_dir / "last.ckpt"),
             resumed_from=resume,
             global_step=trainer.global_step,
@@ -137,7 +143,7 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
     for split, values in result.metrics.items():
         console.print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
     console.print(f"results     {output_dir / 'results.json'}")
-    console.print(f"checkpoints {result.best_checkpoint or '(no validation ran: no best)'}, {result.last_checkpoint}")
+    console.print(f"checkpoint  {result.last_checkpoint} (best {result.main_metric}: {result.best_checkpoint})")
     if logger is not None:
         console.print(f"logs        {logger.save_dir} ({type(logger).__name__})")
 
