@@ -116,8 +116,9 @@ def test_the_mask_applies_during_training(tmp_path):
 
 
 @pytest.mark.parametrize("overrides", [["mask=drop_inter", "mask.heads=all", "mask.unit=segment"],
-                                       ["mask=drop_intra", "mask.heads=L1", "trainer.precision=bf16-mixed"]])
-def test_sentence_masks_and_mixed_precision_train(tmp_path, overrides):
+                                       ["mask=drop_intra", "mask.heads=L1", "trainer.precision=bf16-mixed",
+                                        "trainer.accumulate_grad_batches=2"]])
+def test_sentence_masks_mixed_precision_and_accumulation_train(tmp_path, overrides):
     train(tmp_path, "task=demo_qa", *SHORT_QA, *overrides)
     assert results(tmp_path / "run")["global_step"] == 4
 

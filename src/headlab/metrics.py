@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import string
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 
@@ -42,6 +43,11 @@ class MatthewsCorrCoef(MulticlassMatthewsCorrCoef):
 
 class SpearmanCorrCoef(torchmetrics.regression.SpearmanCorrCoef):
     """torchmetrics' gathered predictions and targets, the coefficient computed in float64 by scipy."""
+
+    def __init__(self, **kwargs):
+        with warnings.catch_warnings():  # "will save all targets and predictions": needed for ranks, and small
+            warnings.simplefilter("ignore", UserWarning)
+            super().__init__(**kwargs)
 
     def compute(self) -> torch.Tensor:
         preds = dim_zero_cat(self.preds).double().cpu().numpy()
