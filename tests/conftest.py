@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from headlab.models import load_model, load_tokenizer
@@ -22,6 +23,12 @@ PAIRS = [
     "Is it old?",
     "The doctor was Smith. He lives in the town.",
 ]
+
+
+def compose_train(*overrides):
+    """conf/train.yaml on the tiny random BERT, composed without running anything."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=["model=tiny_random", *overrides])
 
 
 @pytest.fixture(scope="session")

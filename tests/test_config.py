@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, compose_train
 from hydra import compose, initialize_config_dir
 from omegaconf.errors import MissingMandatoryValue
 from transformers import GPT2Config
@@ -22,11 +22,6 @@ register_resolvers()
 def ablate_cfg(*overrides):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("ablate", overrides=["model=tiny_random", *overrides])
-
-
-def train_cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=["model=tiny_random", *overrides])
 
 
 def plan_for(*overrides):
@@ -77,7 +72,7 @@ def test_mask_without_heads_is_a_clear_error():
 )
 def test_bad_mask_fails_before_any_model_loads(tmp_path, overrides, message):
     """The model folder has a config but no weights: failing on the plan proves nothing was loaded."""
-    cfg = train_cfg(*overrides)
+    cfg = compose_train(*overrides)
     model_config(cfg.model).save_pretrained(tmp_path)
     cfg.model.random_init, cfg.model.name_or_path = False, str(tmp_path)
     with pytest.raises(ValueError, match=message):
@@ -86,7 +81,7 @@ def test_bad_mask_fails_before_any_model_loads(tmp_path, overrides, message):
 
 def test_non_bert_model_fails_on_its_config(tmp_path):
     GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path)
-    cfg = train_cfg(f"model.name_or_path={tmp_path}", "model.random_init=false")
+    cfg = compose_train(f"model.name_or_path={tmp_path}", "model.random_init=false")
     with pytest.raises(ValueError, match="model_type 'gpt2' is not a supported BERT-family encoder"):
         run_train(cfg)
 

@@ -10,8 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
-from hydra import compose, initialize_config_dir
+from conftest import ROOT, compose_train
 
 from headlab.config import register_resolvers
 from headlab.models import load_model
@@ -43,11 +42,6 @@ def loss_steps(run_dir):
     """Steps at which the run logged a training loss (its CSV log)."""
     header, *rows = (line.split(",") for line in (run_dir / "csv/version_0/metrics.csv").read_text().splitlines())
     return [int(row[header.index("step")]) for row in rows if row[header.index("train/loss")]]
-
-
-def train_cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=["model=tiny_random", *overrides])
 
 
 def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
@@ -108,7 +102,7 @@ def test_the_mask_applies_during_training(tmp_path):
     they end where they started, while the other layers move."""
     train(tmp_path, "task=demo_pairs", "mask=prune", "mask.heads=L0", "optim.weight_decay=0", "optim.lr=1e-2")
     state = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=False)["state_dict"]
-    initial = load_model(train_cfg().model, "sequence_classification", num_labels=2).state_dict()
+    initial = load_model(compose_train().model, "sequence_classification", num_labels=2).state_dict()
     for layer, same in ((0, True), (1, False)):
         name = f"bert.encoder.layer.{layer}.attention.self.query.weight"
         assert torch.equal(state[f"model.{name}"], initial[name]) is same
@@ -163,10 +157,10 @@ def test_model_configs_name_the_hub_checkpoints():
         "roberta_base": "FacebookAI/roberta-base",
     }
     for name, checkpoint in expected.items():
-        assert train_cfg(f"model={name}").model.name_or_path == checkpoint
+        assert compose_train(f"model={name}").model.name_or_path == checkpoint
     for trainer in ("cpu", "gpu", "ddp"):
-        assert train_cfg(f"trainer={trainer}").trainer.accelerator == ("cpu" if trainer == "cpu" else "gpu")
-    assert train_cfg("trainer=ddp").trainer.strategy == "ddp"
+        assert compose_train(f"trainer={trainer}").trainer.accelerator == ("cpu" if trainer == "cpu" else "gpu")
+    assert compose_train("trainer=ddp").trainer.strategy == "ddp"
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

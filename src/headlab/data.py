@@ -6,8 +6,6 @@ result to an Arrow file under ``cache_dir`` named by a hash of those, and a seco
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import datasets
 import torch
 
 from headlab.qa import tokenize_squad
+from headlab.results import config_hash
 from headlab.units import unit_ids
 
 
@@ -30,10 +29,6 @@ def _encode_texts(batch, tokenizer, text_fields, label_field, max_length, unit):
     return out
 
 
-def cache_key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def tokenize_split(
     dataset: datasets.Dataset, task: Any, tokenizer, unit: str, cache_dir: str | Path, split: str,
     training: bool = True,
@@ -45,9 +40,9 @@ def tokenize_split(
     evaluation features with ``example_index`` and ``context_offsets``.
     """
     qa = task.type == "extractive_qa"
-    fields = [task.doc_stride] if qa else list(task.text_fields)
-    key = cache_key(task.name, split, dataset._fingerprint, tokenizer.name_or_path, len(tokenizer), unit,
-                    task.max_length, fields, training and qa)
+    layout = {"doc_stride": task.doc_stride, "training": training} if qa else {"text_fields": list(task.text_fields)}
+    key = config_hash([task.name, split, dataset._fingerprint, tokenizer.name_or_path, len(tokenizer), unit,
+                       task.max_length, layout])
     path = Path(cache_dir) / task.name / f"{split}-{key}.arrow"
     path.parent.mkdir(parents=True, exist_ok=True)
     if qa:
@@ -56,7 +51,7 @@ def tokenize_split(
         _encode_texts,
         batched=True,
         remove_columns=dataset.column_names,
-        fn_kwargs={"tokenizer": tokenizer, "text_fields": fields, "label_field": task.label_field,
+        fn_kwargs={"tokenizer": tokenizer, "text_fields": list(task.text_fields), "label_field": task.label_field,
                    "max_length": task.max_length, "unit": unit},
         cache_file_name=str(path),
         load_from_cache_file=True,

@@ -154,7 +154,8 @@ class QuestionAnsweringModule(TaskModule):
         for split in self.eval_splits:
             rows = examples[split]
             answers = self.collectors[split].answers(list(rows["context"]), self.task.version)
-            golds = [rows[i]["answers"]["text"] for i in answers]
+            gold = list(rows["answers"])
+            golds = [gold[i]["text"] for i in answers]
             self.metrics[split].update(list(answers.values()), golds)
             self.evaluated[split].update(len(answers))
             self._log_split_metrics(split, self.metrics[split].compute())

@@ -47,8 +47,8 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def read_complete(path: str | Path, config_hash: str) -> dict[str, Any] | None:
-    """The results file at ``path`` if it is complete and belongs to ``config_hash``, else None."""
+def read_complete(path: str | Path, job_hash: str) -> dict[str, Any] | None:
+    """The results file at ``path`` if it is complete and belongs to the config hashed ``job_hash``, else None."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -56,7 +56,7 @@ def read_complete(path: str | Path, config_hash: str) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except json.JSONDecodeError:
         return None
-    return data if data.get("complete") and data.get("config_hash") == config_hash else None
+    return data if data.get("complete") and data.get("config_hash") == job_hash else None
 
 
 @dataclass

@@ -8,6 +8,7 @@ Rerunning a finished job prints its results and stops; rerunning a killed one re
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,10 @@ def make_trainer(trainer_cfg: Any, checkpoint: ModelCheckpoint, logger: Any, out
 
 
 def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
-    """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask``; returns the results record."""
-    check_train_config(cfg)
+    """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask``; returns the results record.
+
+    ``cfg`` is a config that passed ``check_train_config`` (``headlab.runs.run_train`` checks it).
+    """
     output_dir = Path(output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     job_hash = config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS})
@@ -133,7 +136,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             result.write(results_path)
             _print_summary(result, output_dir, logger)
         failed = False
-        return result.__dict__
+        return asdict(result)
     finally:
         finish_tracking(failed)
 
