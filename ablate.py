@@ -3,16 +3,18 @@
 import hydra
 from omegaconf import DictConfig
 
-from headlab.config import register_resolvers
-from headlab.runs import run_ablate
+from headlab.cli.ablate import run_ablate
+from headlab.cli.errors import exits_on_user_error, run_entry
+from headlab.cli.schema import register_configs
 
-register_resolvers()
+register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="ablate")
+@exits_on_user_error
 def main(cfg: DictConfig) -> None:
     run_ablate(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

@@ -18,8 +18,8 @@ import torch
 from omegaconf import OmegaConf
 
 import headlab
-from headlab.config import register_resolvers
-from headlab.models import load_model
+from headlab.cli.schema import register_configs
+from headlab.core.models import load_model
 
 TARGETS = {"keep": 1.05, "prune": 1.05, "uniform": 1.05, "drop_intra": 1.5, "drop_inter": 1.5}
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--no-padding", action="store_true", help="full-length rows (the mask reaches SDPA as None)")
     args = parser.parse_args()
 
-    register_resolvers()
+    register_configs()
     model = load_model(OmegaConf.load("conf/model/minilm.yaml"))
     inputs, sentence_ids = make_batch(args.batch, args.seq, model.config.vocab_size, not args.no_padding)
     plans = {

@@ -23,10 +23,10 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader
 from transformers import get_linear_schedule_with_warmup
 
-from headlab.config import register_resolvers
-from headlab.datamodule import TaskDataModule
-from headlab.models import load_model
-from headlab.modules import MODEL_INPUTS, task_module
+from headlab.cli.schema import register_configs
+from headlab.core.models import load_model
+from headlab.training.datamodule import TaskDataModule
+from headlab.training.modules import MODEL_INPUTS, task_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    register_resolvers()
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=["model=minilm", f"task={args.task}", f"data.batch_size={args.batch}"])
     data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, **cfg.data)

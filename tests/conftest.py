@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from headlab.models import load_model, load_tokenizer
+from headlab.core.models import load_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

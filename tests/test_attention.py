@@ -11,7 +11,7 @@ from reference import bert_forward, classifier_logits, params_of, qa_logits
 from transformers import BertForQuestionAnswering, BertForSequenceClassification, BertModel
 
 import headlab
-from headlab.plans import POLICIES
+from headlab.core.plans import POLICIES
 
 MIXED_RULES = [
     {"heads": "L0H0", "policy": "prune"},
@@ -211,7 +211,7 @@ def test_training_mode_with_dropout_is_finite_and_random(tiny_model, inputs, sen
 
 def test_uniform_under_dropout_is_uniform_in_expectation(tiny_model):
     """Dropout acts on the 1/n weights: averaged over many draws the output is the eval output."""
-    from headlab.attention import _uniform
+    from headlab.core.attention import _uniform
 
     torch.manual_seed(0)
     v = torch.randn(1, 2, 5, 3, dtype=torch.float64)

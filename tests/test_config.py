@@ -9,14 +9,15 @@ import sys
 import pytest
 from conftest import ROOT, compose_train
 from hydra import compose, initialize_config_dir
-from omegaconf.errors import MissingMandatoryValue
 from transformers import GPT2Config
 
-from headlab.config import check_mask, plan_from_mask, register_resolvers
-from headlab.models import model_config, model_shape
-from headlab.runs import run_train
+from headlab.cli.schema import register_configs
+from headlab.cli.train import run_train
+from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.models import model_config, model_shape
+from headlab.errors import UserError
 
-register_resolvers()
+register_configs()
 
 
 def ablate_cfg(*overrides):
@@ -54,7 +55,7 @@ def test_minilm_config_resolves_to_the_package():
 
 
 def test_mask_without_heads_is_a_clear_error():
-    with pytest.raises(MissingMandatoryValue, match="heads"):
+    with pytest.raises(UserError, match="mask.policy=prune needs mask.heads=SELECTOR"):
         check_mask(ablate_cfg("mask=prune").mask)
 
 
@@ -66,8 +67,8 @@ def test_mask_without_heads_is_a_clear_error():
         (["mask=prune", "mask.heads=L0:H1"], "unknown selector token 'L0:H1'"),
         (["mask=prune", "mask.heads=cluster:dense"], "needs a clusters file"),
         (["mask=prune", "mask.heads=top:5"], "needs an importance file"),
-        (["mask=prune", "mask.heads=all", "mask.policy=zero"], "unknown policy 'zero'"),
-        (["mask=drop_inter", "mask.heads=all", "mask.unit=word"], "unknown unit 'word'"),
+        (["mask=prune", "mask.heads=all", "mask.policy=zero"], "mask.policy='zero' is not allowed; choose one of: keep, prune"),
+        (["mask=drop_inter", "mask.heads=all", "mask.unit=word"], "mask.unit='word' is not allowed; choose one of: sentence, segment"),
     ],
 )
 def test_bad_mask_fails_before_any_model_loads(tmp_path, overrides, message):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from test_tasks import task_cfg
 
-from headlab.data import Collator, tokenize_split
-from headlab.tasks import load_task_data
-from headlab.units import unit_ids
+from headlab.core.units import unit_ids
+from headlab.tasks.encoding import Collator, tokenize_split
+from headlab.tasks.loading import load_task_data
 
 
 def test_batches_carry_unit_ids_equal_to_direct_encoding(tokenizer, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from test_training import QUICK
 
-from headlab.datamodule import ExactlyOnceSampler
+from headlab.training.datamodule import ExactlyOnceSampler
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])

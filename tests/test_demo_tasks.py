@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from headlab.demo_tasks import DATA_DIR, write_demo_tasks
-from headlab.units import split_sentences
+from headlab.core.units import split_sentences
+from headlab.tasks.demo_tasks import DATA_DIR, write_demo_tasks
 
 
 def test_committed_files_equal_a_fresh_generation(tmp_path):
     for path in write_demo_tasks(tmp_path):
         committed = DATA_DIR / path.relative_to(tmp_path)
-        assert committed.read_bytes() == path.read_bytes(), f"{committed} is stale: run python -m headlab.demo_tasks"
+        assert committed.read_bytes() == path.read_bytes(), \
+            f"{committed} is stale: run python -m headlab.tasks.demo_tasks"
     assert sum(p.stat().st_size for p in DATA_DIR.rglob("*.json*")) < 2 * 1024 * 1024
 
 

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from headlab.metrics import SquadMetric, glue_metrics, normalize_answer, squad_scores
+from headlab.tasks.metrics import SquadMetric, glue_metrics, normalize_answer, squad_scores
 
 
 @pytest.mark.parametrize("num_labels", [2, 3])
@@ -98,6 +98,60 @@ def test_squad_v2_null_answers_hand_computed():
     scores = {k: v.item() for k, v in metric.compute().items()}
     assert scores == pytest.approx({"exact_match": 40.0, "f1": 56.0, "has_ans_exact_match": 100 / 3,
                                     "has_ans_f1": 60.0, "no_ans_exact_match": 50.0, "no_ans_f1": 50.0})
+
+
+def official_v2_scores(predictions: dict, dataset: list) -> dict:
+    """The official SQuAD v2.0 evaluation script's exact/F1/HasAns/NoAns, transcribed (evaluate-v2.0.py)."""
+    import collections
+    import re
+    import string
+
+    def normalize(s):
+        s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+        return " ".join(re.sub(r"\b(a|an|the)\b", " ", s, flags=re.UNICODE).split())
+
+    def f1(gold, pred):
+        gold_toks, pred_toks = normalize(gold).split(), normalize(pred).split()
+        common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
+        num_same = sum(common.values())
+        if len(gold_toks) == 0 or len(pred_toks) == 0:
+            return int(gold_toks == pred_toks)
+        if num_same == 0:
+            return 0
+        precision, recall = num_same / len(pred_toks), num_same / len(gold_toks)
+        return 2 * precision * recall / (precision + recall)
+
+    exact, f1s, has_ans = {}, {}, {}
+    for qa in dataset:
+        has_ans[qa["id"]] = bool(qa["answers"])  # make_qid_to_has_ans
+        gold = [a["text"] for a in qa["answers"] if normalize(a["text"])] or [""]
+        exact[qa["id"]] = max(int(normalize(a) == normalize(predictions[qa["id"]])) for a in gold)
+        f1s[qa["id"]] = max(f1(a, predictions[qa["id"]]) for a in gold)
+
+    def mean(scores, ids):
+        return 100.0 * sum(scores[i] for i in ids) / len(ids)
+
+    has, no = [i for i, v in has_ans.items() if v], [i for i, v in has_ans.items() if not v]
+    return {"exact_match": mean(exact, exact), "f1": mean(f1s, f1s),
+            "has_ans_exact_match": mean(exact, has), "has_ans_f1": mean(f1s, has),
+            "no_ans_exact_match": mean(exact, no), "no_ans_f1": mean(f1s, no)}
+
+
+def test_squad_v2_has_ans_follows_the_official_script():
+    """A gold list of only articles / punctuation is still an answerable question (official v2.0 rule)."""
+    dataset = [
+        {"id": "q1", "answers": [{"text": "the"}]},  # normalises to "": answerable all the same
+        {"id": "q2", "answers": [{"text": "."}, {"text": "a"}]},
+        {"id": "q3", "answers": []},  # unanswerable
+        {"id": "q4", "answers": [{"text": "Oslo"}]},
+        {"id": "q5", "answers": []},
+    ]
+    predictions = {"q1": "", "q2": "Oslo", "q3": "", "q4": "in Oslo", "q5": "Bergen"}
+    expected = official_v2_scores(predictions, dataset)
+    assert expected["has_ans_exact_match"] == pytest.approx(100 / 3)  # q1 counts as answerable and right
+    metric = SquadMetric("v2")
+    metric.update([predictions[qa["id"]] for qa in dataset], [[a["text"] for a in qa["answers"]] for qa in dataset])
+    assert {k: v.item() for k, v in metric.compute().items()} == pytest.approx(expected, rel=1e-12)
 
 
 def test_squad_bad_input():

@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 from reference import bert_forward, params_of
 
 import headlab
-from headlab.config import register_resolvers
-from headlab.models import load_model, load_tokenizer
-from headlab.units import unit_ids
+from headlab.cli.schema import register_configs
+from headlab.core.models import load_model, load_tokenizer
+from headlab.core.units import unit_ids
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ RULES = [
 
 @pytest.fixture(scope="module")
 def minilm():
-    register_resolvers()
+    register_configs()
     cfg = OmegaConf.load(ROOT / "conf/model/minilm.yaml")
     return load_tokenizer(cfg), load_model(cfg)
 

@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2Model
 
 import headlab
-from headlab.plans import HeadPlan, load_importance, select_heads
+from headlab.core.plans import HeadPlan, load_importance, select_heads
 
 
 def heads_of(selector, layers=4, heads=3, **kwargs):
@@ -66,7 +66,7 @@ def test_cluster_selector_from_file_and_mapping(tmp_path):
     labels = {"L0H0": "dense", "L1H2": "dense", "L2H1": "vertical", "L3H0": "diagonal"}
     path = tmp_path / "clusters.json"
     path.write_text(json.dumps({"model": "x", "labels": labels}))
-    assert heads_of("cluster:dense", clusters=headlab.plans.load_clusters(path)) == {(0, 0), (1, 2)}
+    assert heads_of("cluster:dense", clusters=headlab.core.plans.load_clusters(path)) == {(0, 0), (1, 2)}
     plan = HeadPlan.from_rules([{"heads": "cluster:dense,cluster:vertical", "policy": "prune"}], 4, 3, clusters=path)
     assert plan.heads_with("prune") == [(0, 0), (1, 2), (2, 1)]
     plan = HeadPlan.from_rules([{"heads": "cluster:diagonal", "policy": "uniform"}], 4, 3, clusters=labels)
@@ -131,7 +131,7 @@ def test_bad_policy_lists_valid_ones():
 
 @pytest.mark.parametrize("rule", [{"heads": "all"}, {"heads": "all", "policy": "prune", "extra": 1}, "L0"])
 def test_bad_rule_shape(rule):
-    with pytest.raises(ValueError, match="exactly the keys 'heads' and 'policy'"):
+    with pytest.raises(ValueError, match="must have exactly the keys heads and policy"):
         HeadPlan.from_rules([rule], 2, 2)
 
 

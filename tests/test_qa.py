@@ -8,9 +8,9 @@ import pytest
 import torch
 from test_tasks import task_cfg
 
-from headlab.data import Collator, tokenize_split
-from headlab.qa import AnswerCollector, best_spans
-from headlab.tasks import load_task_data
+from headlab.tasks.encoding import Collator, tokenize_split
+from headlab.tasks.loading import load_task_data
+from headlab.tasks.squad import AnswerCollector, best_spans
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import pytest
 from conftest import ROOT
 from hydra import compose, initialize_config_dir
 
-from headlab.config import register_resolvers
-from headlab.tasks import load_task_data
+from headlab.cli.schema import register_configs
+from headlab.tasks.loading import load_task_data
 
-register_resolvers()
+register_configs()
 GLUE = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 
 
@@ -80,7 +80,7 @@ def test_labels_out_of_range_and_empty_split(tmp_path):
         load_task_data(task_cfg("sst2", f"task.data_files={{train: {good}, validation: {bad}}}"))
     empty = tmp_path / "empty.json"
     empty.write_text('{"version": "1.1", "data": []}')
-    squad_ok = ROOT / "src/headlab/data/demo_qa/validation.json"
+    squad_ok = ROOT / "src/headlab/tasks/data/demo_qa/validation.json"
     with pytest.raises(ValueError, match="split 'train' is empty"):
         load_task_data(task_cfg("squad", f"task.data_files={{train: {empty}, validation: {squad_ok}}}"))
 

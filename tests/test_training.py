@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import ROOT, compose_train
 
-from headlab.config import register_resolvers
-from headlab.models import load_model
+from headlab.cli.schema import register_configs
+from headlab.core.models import load_model
 
-register_resolvers()
+register_configs()
 QUICK = ["model=tiny_random", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=8",
          "data.max_train_examples=64", "data.max_eval_examples=40", "trainer.max_steps=4",
          "trainer.val_check_interval=2", "trainer.log_every_n_steps=1"]
@@ -167,10 +167,10 @@ def test_model_configs_name_the_hub_checkpoints():
     (["task=nope"], "Could not find 'task/nope'.*demo_qa"),
     (["model=nope"], "Could not find 'model/nope'.*bert_base_uncased"),
     (["task=demo_pairs", "task.data_files.train=/no/such.jsonl"], "data file '/no/such.jsonl' for split 'train'"),
-    (["task=demo_pairs", "task.main_metric=pearson"], "main_metric 'pearson' is not one of its metrics"),
+    (["task=demo_pairs", "task.main_metric=pearson"], "task.main_metric='pearson' is not allowed; choose one of: accuracy, f1"),
     (["task=demo_pairs", "ckpt_path=last"], "ckpt_path='last': no checkpoint at"),
-    (["task=demo_pairs", "optim.lr=0"], "optim.lr must be a number > 0, got 0"),
-    (["task=demo_pairs", "optim.warmup_ratio=1.5"], r"optim.warmup_ratio must be a number in \[0, 1\], got 1.5"),
+    (["task=demo_pairs", "optim.lr=0"], "optim.lr=0.0 must be > 0"),
+    (["task=demo_pairs", "optim.warmup_ratio=1.5"], r"optim.warmup_ratio=1.5 is out of range; it must be in \[0, 1\]"),
 ])
 def test_bad_input_fails_with_a_clear_error(tmp_path, overrides, message):
     result = train(tmp_path, *overrides, check=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlab.units import split_sentences, unit_ids
+from headlab.core.units import split_sentences, unit_ids
 
 
 def sentences(text):

@@ -1,18 +1,50 @@
-"""headlab: what do BERT's attention heads do? Ablate, score, feature-extract and cluster them."""
+"""headlab: what do BERT's attention heads do? Ablate, score, feature-extract and cluster them.
 
-from headlab.attention import ablate, register_attention
-from headlab.plans import POLICIES, UNITS, HeadPlan, head_name, select_heads
-from headlab.units import split_sentences, unit_ids
+The public API is imported lazily, so ``import headlab`` and the command line stay fast until
+torch is needed.
+
+Layers (imports run one way, bottom up): ``errors``/``files`` -> ``core`` -> ``tasks`` ->
+``reporting`` -> ``training`` -> ``analysis`` -> ``cli``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = [
-    "POLICIES",
-    "UNITS",
-    "HeadPlan",
-    "ablate",
-    "head_name",
-    "register_attention",
-    "select_heads",
-    "split_sentences",
-    "unit_ids",
+
+_EXPORTS = {
+    "POLICIES": "headlab.core.plans",
+    "UNITS": "headlab.core.plans",
+    "HeadPlan": "headlab.core.plans",
+    "head_name": "headlab.core.plans",
+    "select_heads": "headlab.core.plans",
+    "ablate": "headlab.core.attention",
+    "register_attention": "headlab.core.attention",
+    "split_sentences": "headlab.core.units",
+    "unit_ids": "headlab.core.units",
+    "UserError": "headlab.errors",
+}
+__all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
+    "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention",
+    "split_sentences", "unit_ids", "UserError",
 ]
+
+if TYPE_CHECKING:
+    from headlab.core.attention import ablate, register_attention
+    from headlab.core.plans import POLICIES, UNITS, HeadPlan, head_name, select_heads
+    from headlab.core.units import split_sentences, unit_ids
+    from headlab.errors import UserError
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'headlab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -12,15 +12,15 @@ from pathlib import Path
 import lightning.pytorch as pl
 from hydra import compose, initialize_config_dir
 
-from headlab.config import register_resolvers
-from headlab.datamodule import TaskDataModule
-from headlab.modules import task_module
+from headlab.cli.schema import register_configs
+from headlab.training.datamodule import TaskDataModule
+from headlab.training.modules import task_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(devices: int, task: str, out: str, *overrides: str) -> None:
-    register_resolvers()
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=["model=tiny_random", f"task={task}", *overrides])
     data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed, **cfg.data)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from headlab.plans import check_unit
+from headlab.core.plans import check_unit
 
 ABBREVIATIONS = frozenset(
     """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al inc ltd co corp no nos fig figs vol

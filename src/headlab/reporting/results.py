@@ -1,34 +1,15 @@
-"""Typed results files, written atomically (temp file + rename) so a killed job never leaves half a file."""
+"""Typed results records (``results.json``), written atomically so a killed job never leaves half a file."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import platform
-import tempfile
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as JSON to ``path``; readers see the old file or the new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+from headlab.files import write_json_atomic
 
 
 def library_versions() -> dict[str, str]:
@@ -40,11 +21,6 @@ def library_versions() -> dict[str, str]:
         except PackageNotFoundError:
             versions[package] = "not installed"
     return versions
-
-
-def config_hash(config: Any) -> str:
-    """Short stable hash of a (plain, resolved) config."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def read_complete(path: str | Path, job_hash: str) -> dict[str, Any] | None:

@@ -17,9 +17,11 @@ from typing import Any
 
 import datasets
 
+from headlab.errors import UserError
+from headlab.tasks.registry import TASK_TYPES
+
 log = logging.getLogger(__name__)
 
-TASK_TYPES = ("classification", "regression", "extractive_qa")
 SQUAD_COLUMNS = ("id", "title", "context", "question", "answers")
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv"}
 
@@ -31,7 +33,7 @@ def task_splits(task: Any) -> list[str]:
 def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.DatasetDict:
     """The task's splits (default: train and eval splits), validated."""
     if task.type not in TASK_TYPES:
-        raise ValueError(f"task {task.name}: unknown type {task.type!r}; valid types: {', '.join(TASK_TYPES)}")
+        raise UserError(f"task {task.name}: unknown type {task.type!r}; valid types: {', '.join(TASK_TYPES)}")
     splits = splits or task_splits(task)
     if task.get("data_files"):
         data = datasets.DatasetDict({split: _load_local(task, split) for split in splits})
@@ -39,13 +41,13 @@ def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.Datas
         loaded = datasets.load_dataset(task.dataset, task.get("subset"))
         missing = [s for s in splits if s not in loaded]
         if missing:
-            raise ValueError(f"dataset {task.dataset} has no split(s) {missing}; it has {list(loaded)}")
+            raise UserError(f"dataset {task.dataset} has no split(s) {missing}; it has {list(loaded)}")
         data = datasets.DatasetDict({split: loaded[split] for split in splits})
     else:
-        raise ValueError(f"task {task.name} names neither a hub dataset (task.dataset) nor task.data_files")
+        raise UserError(f"task {task.name} names neither a hub dataset (task.dataset) nor task.data_files")
     for split, dataset in data.items():
         if len(dataset) == 0:
-            raise ValueError(f"task {task.name}: split {split!r} is empty")
+            raise UserError(f"task {task.name}: split {split!r} is empty")
         if task.type == "extractive_qa":
             data[split] = _check_answers(dataset, split, training=split == task.train_split)
         else:
@@ -56,24 +58,24 @@ def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.Datas
 def _load_local(task: Any, split: str) -> datasets.Dataset:
     files = task.data_files
     if split not in files:
-        raise ValueError(f"task {task.name}: data_files has no {split!r} file; it has {list(files)}")
+        raise UserError(f"task {task.name}: data_files has no {split!r} file; it has {list(files)}")
     path = Path(files[split])
     if not path.is_file():
-        raise ValueError(f"task {task.name}: data file {str(path)!r} for split {split!r} does not exist")
+        raise UserError(f"task {task.name}: data file {str(path)!r} for split {split!r} does not exist")
     if task.type == "extractive_qa":
         return read_squad_json(path)
     builder = _BUILDERS.get(path.suffix)
     if builder is None:
-        raise ValueError(f"data file {str(path)!r}: unknown format {path.suffix!r}; expected {', '.join(_BUILDERS)}")
+        raise UserError(f"data file {str(path)!r}: unknown format {path.suffix!r}; expected {', '.join(_BUILDERS)}")
     options = {"delimiter": "\t", "quoting": 3} if path.suffix == ".tsv" else {}
     try:
         dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as error:  # the builders raise many kinds; the file is what matters here
-        raise ValueError(f"data file {str(path)!r} could not be read as {path.suffix}: {error}") from None
+        raise UserError(f"data file {str(path)!r} could not be read as {path.suffix}: {error}") from None
     expected = [*task.text_fields, task.label_field]
     missing = [c for c in expected if c not in dataset.column_names]
     if missing:
-        raise ValueError(
+        raise UserError(
             f"data file {str(path)!r} lacks column(s) {missing}; task {task.name} expects columns {expected}, "
             f"the file has {dataset.column_names}"
         )
@@ -101,7 +103,7 @@ def read_squad_json(path: str | Path) -> datasets.Dataset:
             for qa in paragraph["qas"]
         ]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ValueError(
+        raise UserError(
             f"data file {str(path)!r} is not SQuAD JSON ({type(error).__name__}: {error}); expected "
             '{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": '
             '[{"text", "answer_start"}]}]}]}]}'
@@ -126,7 +128,7 @@ def _check_labels(task: Any, dataset: datasets.Dataset, split: str) -> None:
     bad = [(i, label) for i, label in enumerate(labels) if label not in range(task.num_labels)]
     # GLUE's hub test splits carry label -1 (hidden); only labelled splits are loaded here.
     if bad:
-        raise ValueError(
+        raise UserError(
             f"task {task.name}, split {split!r}: {len(bad)} label(s) outside 0..{task.num_labels - 1}, "
             f"e.g. row {bad[0][0]} has label {bad[0][1]!r}"
         )

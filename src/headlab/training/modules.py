@@ -19,11 +19,12 @@ from omegaconf import OmegaConf
 from torchmetrics import MeanMetric, SumMetric
 from transformers import get_linear_schedule_with_warmup
 
-from headlab.attention import ablate
-from headlab.config import plan_from_mask
-from headlab.metrics import SquadMetric, glue_metrics
-from headlab.models import load_model, model_shape
-from headlab.qa import AnswerCollector, best_spans
+from headlab.core.attention import ablate
+from headlab.core.masks import plan_from_mask
+from headlab.core.models import load_model, model_shape
+from headlab.errors import UserError
+from headlab.tasks.metrics import SquadMetric, glue_metrics
+from headlab.tasks.squad import AnswerCollector, best_spans
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "start_positions", "end_positions")
 
@@ -129,7 +130,7 @@ class ClassificationModule(TaskModule):
 
 
 class QuestionAnsweringModule(TaskModule):
-    """Extractive QA (SQuAD v1.1 / v2.0): span logits merged per question by ``headlab.qa``.
+    """Extractive QA (SQuAD v1.1 / v2.0): span logits merged per question by ``headlab.tasks.squad``.
 
     Needs the data module's ``eval_examples`` (contexts and gold answers); ``predictions[split]``
     holds the last predicted answer of every question id.
@@ -177,5 +178,5 @@ def task_module(model: Any, task: Any, mask: Any, optim: Any) -> TaskModule:
     model, task, mask, optim = (OmegaConf.to_container(c, resolve=True) if OmegaConf.is_config(c) else dict(c)
                                 for c in (model, task, mask, optim))
     if task["type"] not in MODULES:
-        raise ValueError(f"task {task['name']}: unknown type {task['type']!r}; valid types: {', '.join(MODULES)}")
+        raise UserError(f"task {task['name']}: unknown type {task['type']!r}; valid types: {', '.join(MODULES)}")
     return MODULES[task["type"]](model, task, mask, optim)

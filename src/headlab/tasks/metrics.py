@@ -21,9 +21,7 @@ from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, Multi
 from torchmetrics.regression import PearsonCorrCoef
 from torchmetrics.utilities import dim_zero_cat
 
-CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
-REGRESSION_METRICS = ("pearson", "spearman")
-QA_METRICS = ("exact_match", "f1")
+from headlab.errors import UserError
 
 
 class MatthewsCorrCoef(MulticlassMatthewsCorrCoef):
@@ -69,18 +67,21 @@ def glue_metrics(names: Sequence[str], num_labels: int) -> MetricCollection:
     }
     unknown = [name for name in names if name not in factories]
     if unknown:
-        raise ValueError(f"unknown metric(s) {unknown}; valid metrics: {', '.join(factories)}")
+        raise UserError(f"unknown metric(s) {unknown}; valid metrics: {', '.join(factories)}")
     if "f1" in names and num_labels != 2:
-        raise ValueError(f"metric f1 is the binary F1 of class 1; the task has {num_labels} labels")
+        raise UserError(f"metric f1 is the binary F1 of class 1; the task has {num_labels} labels")
     return MetricCollection({name: factories[name]() for name in names}).set_dtype(torch.float64)
 
 
 # --------------------------------------------------------------------------- SQuAD (official scripts)
 
 
+_DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)  # built once: runs for every question scored
+
+
 def normalize_answer(text: str) -> str:
     """Lower case, drop punctuation, the articles a/an/the and extra whitespace (official scripts)."""
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = text.lower().translate(_DROP_PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text, flags=re.UNICODE)
     return " ".join(text.split())
 
@@ -98,7 +99,7 @@ def _f1(prediction: str, gold: str, version: str) -> float:
 
 def _check_version(version: str) -> None:
     if version not in ("v1", "v2"):
-        raise ValueError(f"unknown SQuAD version {version!r}; valid: v1, v2")
+        raise UserError(f"unknown SQuAD version {version!r}; valid: v1, v2")
 
 
 def squad_scores(prediction: str, golds: Sequence[str], version: str = "v1") -> tuple[float, float]:
@@ -141,7 +142,7 @@ class SquadMetric(Metric):
             self.exact += exact
             self.f1 += f1
             self.count += 1
-            if any(normalize_answer(g) for g in golds):
+            if len(golds) > 0:  # official v2.0 script: answerable iff the gold list is non-empty
                 self.has_exact += exact
                 self.has_f1 += f1
                 self.has_count += 1

@@ -17,7 +17,6 @@ Selector grammar (comma-separated union, whitespace ignored)::
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from headlab.errors import UserError
+from headlab.files import read_json
 
 POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter")
 UNITS = ("sentence", "segment")
@@ -44,19 +46,19 @@ def parse_head_name(name: str) -> tuple[int, int]:
     """``"L3H7"`` -> ``(3, 7)``; a clear error for anything else."""
     match = _HEAD_NAME.match(name.strip())
     if not match:
-        raise ValueError(f"head name {name!r} is not of the form L<layer>H<head>, e.g. 'L3H7'")
+        raise UserError(f"head name {name!r} is not of the form L<layer>H<head>, e.g. 'L3H7'")
     return int(match.group(1)), int(match.group(2))
 
 
 def check_policy(policy: Any) -> str:
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
+        raise UserError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
     return policy
 
 
 def check_unit(unit: Any) -> str:
     if unit not in UNITS:
-        raise ValueError(f"unknown unit {unit!r}; valid units: {', '.join(UNITS)}")
+        raise UserError(f"unknown unit {unit!r}; valid units: {', '.join(UNITS)}")
     return unit
 
 
@@ -69,11 +71,11 @@ def _tokens(selector: str | Sequence[str]) -> list[str]:
     tokens: list[str] = []
     for part in parts:
         if not isinstance(part, str):
-            raise ValueError(f"selector part {part!r} is not a string")
+            raise UserError(f"selector part {part!r} is not a string")
         tokens += [re.sub(r"\s+", "", t) for t in part.split(",")]
     tokens = [t for t in tokens if t]
     if not tokens:
-        raise ValueError(f"empty head selector {selector!r}; e.g. 'all', 'L3', 'L0H1,L2', 'cluster:dense'")
+        raise UserError(f"empty head selector {selector!r}; e.g. 'all', 'L3', 'L0H1,L2', 'cluster:dense'")
     return tokens
 
 
@@ -87,7 +89,7 @@ def check_selector_syntax(selector: str | Sequence[str]) -> None:
         match = _RANGE_TOKEN.match(token)
         if token and match and any(match.groups()):
             continue
-        raise ValueError(
+        raise UserError(
             f"unknown selector token {token!r} in {selector!r}; valid tokens: all, L3, L2-5, H4, L3H7, "
             "cluster:NAME, top:K, bottom:K, top:P%, bottom:P%"
         )
@@ -100,12 +102,12 @@ def _span(lo: str | None, hi: str | None, size: int, what: str, token: str) -> r
     first, last = int(lo), int(lo if hi is None else hi)
     for value in (first, last):
         if not 0 <= value < size:
-            raise ValueError(
+            raise UserError(
                 f"{what} {value} in selector token {token!r} is out of range; "
                 f"valid {what}s are 0..{size - 1}"
             )
     if last < first:
-        raise ValueError(f"empty {what} range {first}-{last} in selector token {token!r}")
+        raise UserError(f"empty {what} range {first}-{last} in selector token {token!r}")
     return range(first, last + 1)
 
 
@@ -113,10 +115,10 @@ def _rank_count(amount: str, percent: str, total: int, token: str) -> int:
     value = float(amount)
     if percent:
         if not 0 <= value <= 100:
-            raise ValueError(f"percentage {amount}% in {token!r} must be between 0 and 100")
+            raise UserError(f"percentage {amount}% in {token!r} must be between 0 and 100")
         return math.floor(value * total / 100 + 0.5)
     if value != int(value) or not 0 <= value <= total:
-        raise ValueError(f"head count {amount} in {token!r} must be a whole number in 0..{total}")
+        raise UserError(f"head count {amount} in {token!r} must be a whole number in 0..{total}")
     return int(value)
 
 
@@ -148,12 +150,12 @@ def select_heads(
 def _cluster_heads(token, clusters, num_layers, num_heads) -> np.ndarray:
     name = token[len("cluster:") :]
     if clusters is None:
-        raise ValueError(
+        raise UserError(
             f"selector {token!r} needs a clusters file (mask.clusters=PATH, or clusters= in Python); none was given"
         )
     labels = sorted(set(clusters.values()))
     if name not in labels:
-        raise ValueError(f"cluster {name!r} is not in the clusters file; its clusters are: {', '.join(labels)}")
+        raise UserError(f"cluster {name!r} is not in the clusters file; its clusters are: {', '.join(labels)}")
     chosen = np.zeros((num_layers, num_heads), dtype=bool)
     for head, label in clusters.items():
         if label == name:
@@ -163,7 +165,7 @@ def _cluster_heads(token, clusters, num_layers, num_heads) -> np.ndarray:
 
 def _ranked_heads(token, match, importance, num_layers, num_heads) -> np.ndarray:
     if importance is None:
-        raise ValueError(
+        raise UserError(
             f"selector {token!r} needs an importance file (mask.importance=PATH, or importance= in Python); "
             "none was given"
         )
@@ -180,7 +182,7 @@ def _ranked_heads(token, match, importance, num_layers, num_heads) -> np.ndarray
 def head_index(name: str, num_layers: int, num_heads: int) -> tuple[int, int]:
     layer, head = parse_head_name(name)
     if not (0 <= layer < num_layers and 0 <= head < num_heads):
-        raise ValueError(
+        raise UserError(
             f"head {name!r} is out of range for a model with {num_layers} layers x {num_heads} heads "
             f"(L0H0..L{num_layers - 1}H{num_heads - 1})"
         )
@@ -198,14 +200,14 @@ def load_clusters(source: str | Path | Mapping[str, Any]) -> dict[str, str]:
     data = _read_json(source, "clusters")
     labels = data.get("labels", data) if isinstance(data, Mapping) else None
     if not isinstance(labels, Mapping) or not labels:
-        raise ValueError(
+        raise UserError(
             f"clusters {_describe(source)} must be a JSON object with a non-empty 'labels' mapping "
             "like {\"labels\": {\"L0H0\": \"dense\"}}"
         )
     for head, label in labels.items():
         parse_head_name(head)
         if not isinstance(label, str):
-            raise ValueError(f"cluster label of {head} in {_describe(source)} must be a string, got {label!r}")
+            raise UserError(f"cluster label of {head} in {_describe(source)} must be a string, got {label!r}")
     return dict(labels)
 
 
@@ -219,27 +221,19 @@ def load_importance(source: str | Path | Mapping[str, Any] | Sequence, num_layer
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"importance {_describe(source)} is not a numeric [layers][heads] table: {error}") from None
+        raise UserError(f"importance {_describe(source)} is not a numeric [layers][heads] table: {error}") from None
     if array.shape != (num_layers, num_heads):
-        raise ValueError(
+        raise UserError(
             f"importance {_describe(source)} has shape {list(array.shape)}; "
             f"the model needs [{num_layers}, {num_heads}] (layers x heads)"
         )
     if not np.isfinite(array).all():
-        raise ValueError(f"importance {_describe(source)} contains NaN or infinite values")
+        raise UserError(f"importance {_describe(source)} contains NaN or infinite values")
     return array
 
 
 def _read_json(source, what):
-    if not isinstance(source, (str, Path)):
-        return source
-    path = Path(source)
-    if not path.is_file():
-        raise ValueError(f"{what} file {str(path)!r} does not exist")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{what} file {str(path)!r} is not valid JSON: {error}") from None
+    return read_json(source, what) if isinstance(source, (str, Path)) else source
 
 
 def _describe(source) -> str:
@@ -261,7 +255,11 @@ class Rule:
         if isinstance(rule, Rule):
             return rule
         if not isinstance(rule, Mapping) or set(rule) != {"heads", "policy"}:
-            raise ValueError(f"rule {rule!r} must be a mapping with exactly the keys 'heads' and 'policy'")
+            found = sorted(rule) if isinstance(rule, Mapping) else type(rule).__name__
+            raise UserError(
+                f"rule {rule!r} must have exactly the keys heads and policy (it has {found}), "
+                f"e.g. {{heads: L0H1, policy: prune}}; policies: {', '.join(POLICIES)}"
+            )
         heads = rule["heads"]
         heads = heads if isinstance(heads, str) else tuple(heads)
         check_selector_syntax(heads)
@@ -274,7 +272,7 @@ class Rule:
 def check_rules(rules: Iterable[Any]) -> tuple[Rule, ...]:
     """Validate rules' grammar and policies without the model (used before anything loads)."""
     if isinstance(rules, (str, Mapping)):
-        raise ValueError(f"rules must be a list of {{heads, policy}} mappings, got {rules!r}")
+        raise UserError(f"rules must be a list of {{heads, policy}} mappings, got {rules!r}")
     return tuple(Rule.parse(rule) for rule in rules)
 
 

@@ -9,9 +9,10 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, DistributedSampler
 
-from headlab.data import Collator, tokenize_split
-from headlab.models import load_tokenizer
-from headlab.tasks import load_task_data
+from headlab.core.models import load_tokenizer
+from headlab.errors import UserError
+from headlab.tasks.encoding import Collator, tokenize_split
+from headlab.tasks.loading import load_task_data
 
 
 class ExactlyOnceSampler(DistributedSampler):
@@ -69,7 +70,7 @@ class TaskDataModule(pl.LightningDataModule):
         super().__init__()
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"data.{name} must be a positive integer, got {value!r}")
+                raise UserError(f"data.{name} must be a positive integer, got {value!r}")
         self.task, self.model_cfg, self.unit = task, model, unit
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.cache_dir, self.seed = Path(cache_dir), seed

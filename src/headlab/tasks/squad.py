@@ -29,7 +29,8 @@ from typing import Any
 import datasets
 import torch
 
-from headlab.units import unit_ids
+from headlab.core.units import unit_ids
+from headlab.errors import UserError
 
 OUTSIDE = [-1, -1]  # character span of a token outside the context
 
@@ -51,7 +52,7 @@ def _answer_tokens(context_offsets: list[list[int]], answers: dict) -> tuple[int
 def encode_squad(batch, indices, tokenizer, max_length, doc_stride, unit, training) -> dict[str, list]:
     """``datasets.map`` function: SQuAD rows -> features (several per row for long contexts)."""
     if tokenizer.padding_side != "right":
-        raise ValueError(f"SQuAD features expect a tokenizer that pads on the right, got {tokenizer.padding_side!r}")
+        raise UserError(f"SQuAD features expect a tokenizer that pads on the right, got {tokenizer.padding_side!r}")
     questions = [q.lstrip() for q in batch["question"]]  # leading spaces only cost window room
     contexts = batch["context"]
     _check_window(tokenizer, questions, max_length, doc_stride)
@@ -82,7 +83,7 @@ def _check_window(tokenizer, questions: list[str], max_length: int, doc_stride: 
     longest = max(range(len(lengths)), key=lengths.__getitem__)
     room = max_length - specials - lengths[longest]
     if room <= doc_stride:
-        raise ValueError(
+        raise UserError(
             f"question {questions[longest]!r} has {lengths[longest]} tokens, which leaves {room} context tokens per "
             f"window (max_length {max_length}); that must exceed doc_stride {doc_stride}: raise task.max_length "
             "or lower task.doc_stride"

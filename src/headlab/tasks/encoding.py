@@ -13,9 +13,9 @@ from typing import Any
 import datasets
 import torch
 
-from headlab.qa import tokenize_squad
-from headlab.results import config_hash
-from headlab.units import unit_ids
+from headlab.core.units import unit_ids
+from headlab.files import config_hash
+from headlab.tasks.squad import tokenize_squad
 
 
 def _encode_texts(batch, tokenizer, text_fields, label_field, max_length, unit):
@@ -36,7 +36,7 @@ def tokenize_split(
     """Model inputs and ``sentence_ids`` of one split, cached on disk.
 
     Classification / regression: one row per example with ``labels``. Extractive QA
-    (``headlab.qa``): training features with ``start_positions`` / ``end_positions``, or
+    (``headlab.tasks.squad``): training features with ``start_positions`` / ``end_positions``, or
     evaluation features with ``example_index`` and ``context_offsets``.
     """
     qa = task.type == "extractive_qa"

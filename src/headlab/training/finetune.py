@@ -17,48 +17,17 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from headlab.config import check_mask, plan_from_mask
-from headlab.datamodule import TaskDataModule
-from headlab.metrics import QA_METRICS, glue_metrics
-from headlab.models import model_shape
-from headlab.modules import task_module
-from headlab.results import TrainResult, config_hash, read_complete, write_json_atomic
-from headlab.tasks import TASK_TYPES
-from headlab.tracking import build_logger, finish_tracking
+from headlab.errors import UserError
+from headlab.files import config_hash, write_json_atomic
+from headlab.reporting.results import TrainResult, read_complete
+from headlab.training.datamodule import TaskDataModule
+from headlab.training.modules import task_module
+from headlab.training.tracking import build_logger, finish_tracking
 
 log = logging.getLogger(__name__)
 
 # Keys that do not change what a job computes: left out of its config hash.
 RUNTIME_KEYS = ("ckpt_path", "logger", "experiment")
-
-
-def check_train_config(cfg: Any) -> None:
-    """Every check that needs no weights: mask, task, metrics, model config, checkpoint path."""
-    check_mask(cfg.mask)
-    task = cfg.task
-    if task.type not in TASK_TYPES:
-        raise ValueError(f"task {task.name}: unknown type {task.type!r}; valid types: {', '.join(TASK_TYPES)}")
-    if task.type == "extractive_qa":
-        unknown = [m for m in task.metrics if m not in QA_METRICS]
-        if unknown:
-            raise ValueError(f"task {task.name}: unknown metric(s) {unknown}; valid: {', '.join(QA_METRICS)}")
-    else:
-        glue_metrics(list(task.metrics), task.num_labels)
-    if task.main_metric not in task.metrics:
-        raise ValueError(
-            f"task {task.name}: main_metric {task.main_metric!r} is not one of its metrics {list(task.metrics)}"
-        )
-    _check_optim(cfg.optim)
-    plan_from_mask(cfg.mask, *model_shape(cfg.model))
-
-
-def _check_optim(optim: Any) -> None:
-    checks = {"lr": (lambda v: v > 0, "> 0"), "weight_decay": (lambda v: v >= 0, ">= 0"),
-              "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]")}
-    for name, (ok, allowed) in checks.items():
-        value = optim[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-            raise ValueError(f"optim.{name} must be a number {allowed}, got {value!r}")
 
 
 def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
@@ -68,7 +37,7 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None
         return str(last) if last.is_file() else None
     path = last if ckpt_path == "last" else Path(ckpt_path)
     if not path.is_file():
-        raise ValueError(f"ckpt_path={ckpt_path!r}: no checkpoint at {str(path)!r}")
+        raise UserError(f"ckpt_path={ckpt_path!r}: no checkpoint at {str(path)!r}")
     return str(path)
 
 
@@ -82,7 +51,7 @@ def make_trainer(trainer_cfg: Any, checkpoint: ModelCheckpoint, logger: Any, out
 def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask``; returns the results record.
 
-    ``cfg`` is a config that passed ``check_train_config`` (``headlab.runs.run_train`` checks it).
+    ``cfg`` is a config that passed ``headlab.cli.train.check_train_config``.
     """
     output_dir = Path(output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)

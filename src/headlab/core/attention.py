@@ -27,7 +27,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from headlab.plans import HeadPlan
+from headlab.core.plans import HeadPlan
+from headlab.errors import UserError
 
 ATTENTION_NAME = "headlab"
 # Model types whose self-attention dispatches through AttentionInterface with one module per layer.
@@ -161,7 +162,7 @@ def check_bert_family(config) -> None:
     """ValueError unless the config is a BERT-family encoder headlab can patch."""
     model_type = getattr(config, "model_type", None)
     if model_type not in BERT_FAMILY:
-        raise ValueError(
+        raise UserError(
             f"model_type {model_type!r} is not a supported BERT-family encoder; supported: {', '.join(BERT_FAMILY)}"
         )
 
@@ -169,14 +170,14 @@ def check_bert_family(config) -> None:
 def self_attention_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
     """The model's self-attention modules, one per layer, in layer order."""
     if not isinstance(model, PreTrainedModel):
-        raise ValueError(f"expected a Hugging Face PreTrainedModel, got {type(model).__name__}")
+        raise UserError(f"expected a Hugging Face PreTrainedModel, got {type(model).__name__}")
     check_bert_family(model.config)
     modules = [
         m for m in model.modules() if type(m).__name__.endswith("SelfAttention") and hasattr(m, "layer_idx")
     ]
     layers = sorted(m.layer_idx for m in modules)
     if layers != list(range(model.config.num_hidden_layers)):
-        raise ValueError(
+        raise UserError(
             f"{type(model).__name__}: found self-attention layers {layers}, expected one for each of "
             f"0..{model.config.num_hidden_layers - 1}"
         )
@@ -192,11 +193,11 @@ def ablate(model: PreTrainedModel, plan: HeadPlan, renormalize: bool = False) ->
     model's config object, so another model sharing that object switches too.
     """
     if not isinstance(renormalize, bool):
-        raise ValueError(f"renormalize must be true or false, got {renormalize!r}")
+        raise UserError(f"renormalize must be true or false, got {renormalize!r}")
     modules = self_attention_modules(model)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     if (plan.num_layers, plan.num_heads) != shape:
-        raise ValueError(
+        raise UserError(
             f"plan is for {plan.num_layers} layers x {plan.num_heads} heads; the model has {shape[0]} x {shape[1]}"
         )
     if any(hasattr(m, _STATE) for m in modules):

@@ -1,6 +1,6 @@
 """Generator of the two bundled demo tasks (deterministic; the output is committed).
 
-    python -m headlab.demo_tasks            # rewrites src/headlab/data/demo_{qa,pairs}/
+    python -m headlab.tasks.demo_tasks            # rewrites src/headlab/tasks/data/demo_{qa,pairs}/
 
 * ``demo_qa`` (SQuAD v1.1 JSON): each context is 4-6 sentences of one shape about invented
   people, places and years ("Mira Okafor was born in Varnholm in 1942."). Each question

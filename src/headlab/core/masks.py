@@ -1,4 +1,4 @@
-"""Glue between Hydra configs and the package: resolvers and the ``mask`` group."""
+"""The ``mask`` config group as a HeadPlan: ``rules``, or one ``policy`` on ``heads``, plus unit and renormalize."""
 
 from __future__ import annotations
 
@@ -6,26 +6,20 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from headlab.models import package_dir
-from headlab.plans import HeadPlan, check_policy, check_rules, check_unit
-
-
-def register_resolvers() -> None:
-    """``${pkg_dir:NAME}``: folder of an installed package (the embedded MiniLM lives in one).
-    ``${job_dir:OVERRIDES}``: a job's directory name from its overrides, ``defaults`` when there are none.
-    """
-    OmegaConf.register_new_resolver("pkg_dir", package_dir, replace=True)
-    OmegaConf.register_new_resolver("job_dir", lambda overrides: overrides or "defaults", replace=True)
+from headlab.core.plans import HeadPlan, check_policy, check_rules, check_unit
+from headlab.errors import UserError
 
 
 def mask_rules(mask: Any) -> list[dict[str, Any]]:
     """The rules a ``mask`` config describes: its ``rules`` list, or one ``{heads, policy}`` rule."""
     rules = mask.get("rules")
     if rules is not None and mask.get("policy") is not None:
-        raise ValueError("a mask config gives either 'rules' or 'policy' + 'heads', not both")
+        raise UserError("a mask config gives either mask.rules or mask.policy + mask.heads, not both")
     if rules is None:
+        if mask.get("heads") is None:
+            raise UserError(f"mask.policy={mask.policy} needs mask.heads=SELECTOR, e.g. mask.heads=L0H1 or all")
         rules = [{"heads": mask.heads, "policy": check_policy(mask.policy)}]
-    return [{"heads": _plain(rule["heads"]), "policy": rule["policy"]} for rule in _plain(rules)]
+    return _plain(rules)
 
 
 def _plain(value: Any) -> Any:
@@ -38,7 +32,7 @@ def check_mask(mask: Any) -> None:
     check_rules(mask_rules(mask))
     check_unit(mask.unit)
     if not isinstance(mask.renormalize, bool):
-        raise ValueError(f"mask.renormalize must be true or false, got {mask.renormalize!r}")
+        raise UserError(f"mask.renormalize must be true or false, got {mask.renormalize!r}")
 
 
 def plan_from_mask(mask: Any, num_layers: int, num_heads: int) -> HeadPlan:

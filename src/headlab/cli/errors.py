@@ -1,0 +1,107 @@
+"""Bad input ends as one line, ``error: ...`` on stderr, and exit status 2; bugs keep their traceback.
+
+``run_entry`` runs an entry script's ``@hydra.main`` function with Hydra's own error printing off
+(``HYDRA_FULL_ERROR=1`` inside), so composition errors reach it; ``exits_on_user_error`` wraps the
+task function, so errors of the job itself exit before Hydra reports them. A ``UserError`` anywhere in the
+chain, and the errors libraries raise for bad input (Hydra composition and overrides, OmegaConf
+types and missing values, Lightning's invalid arguments, a missing file) become one line; anything
+else is re-raised with its traceback. A user who sets ``HYDRA_FULL_ERROR=1`` gets tracebacks always.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf.errors import OmegaConfBaseException
+
+from headlab.errors import UserError
+
+EXIT_USER_ERROR = 2
+_USER_FULL_ERROR = "HEADLAB_USER_HYDRA_FULL_ERROR"  # the user's own setting, kept for DDP child processes
+
+
+def run_entry(main: Callable[[], Any]) -> None:
+    """Call ``main`` (an ``@hydra.main`` function); bad input exits with one ``error:`` line and status 2."""
+    os.environ.setdefault(_USER_FULL_ERROR, os.environ.get("HYDRA_FULL_ERROR", ""))
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing; we decide what the user sees
+    try:
+        main()
+    except Exception as error:
+        exit_if_user_error(error)
+        raise
+
+
+def exits_on_user_error(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Decorate the task function under ``@hydra.main``: a bad-input error exits before Hydra adds its own lines."""
+
+    @functools.wraps(task)
+    def run(cfg: Any) -> Any:
+        try:
+            return task(cfg)
+        except Exception as error:
+            exit_if_user_error(error)
+            raise
+
+    return run
+
+
+def exit_if_user_error(error: Exception) -> None:
+    """Print ``error: ...`` and exit with status 2 if ``error`` is bad input (and tracebacks are not asked for)."""
+    message = user_error_message(error)
+    if message is not None and os.environ.get(_USER_FULL_ERROR) != "1":
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def user_error_message(error: BaseException) -> str | None:
+    """The one-line message for an error caused by bad input, or None for a bug."""
+    chain = list(_chain(error))
+    for exc in chain:
+        if isinstance(exc, UserError):
+            return _one_line(str(exc))
+    if isinstance(error, MissingConfigException):
+        options = f"; available: {', '.join(error.options)}" if error.options else ""
+        return _one_line(str(error).split("\n\n")[0]) + options
+    for exc in chain:
+        if isinstance(exc, OmegaConfBaseException):
+            return _omegaconf_message(exc, error)
+    if isinstance(error, HydraException) or _is_lightning_misconfiguration(error):
+        return _one_line(str(error))
+    if isinstance(error, FileNotFoundError):
+        return f"file {error.filename!r} does not exist"
+    return None
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _omegaconf_message(exc: OmegaConfBaseException, outer: BaseException) -> str:
+    """``KEY: what is wrong`` from OmegaConf's message (its first line), with Hydra's hint if it gave one."""
+    text = getattr(exc, "msg", None) or str(exc)
+    what = text.strip().splitlines()[0]
+    if "Missing mandatory value" in what:
+        what = "a value is required here (give KEY=VALUE on the command line)"
+    key = getattr(exc, "full_key", None)
+    message = f"{key}: {what}" if key else what
+    if outer is not exc and not isinstance(outer, OmegaConfBaseException):
+        message = f"{_one_line(str(outer))}: {message}"
+    return _one_line(message)
+
+
+def _is_lightning_misconfiguration(error: BaseException) -> bool:
+    module = sys.modules.get("lightning.fabric.utilities.exceptions")
+    return module is not None and isinstance(error, module.MisconfigurationException)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())

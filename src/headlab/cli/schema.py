@@ -1,0 +1,347 @@
+"""Typed configs: one dataclass per config group, registered in Hydra's ConfigStore.
+
+The YAML files under ``conf/`` give the values, these give the shapes. Hydra checks types while
+it composes (``seed=abc``, ``logger.offline=maybe``, ``optim.lr=abc`` and unknown keys fail
+there); ``check_config`` then checks the values that come from a fixed set or a range
+(``mask.unit=word``, ``trainer.precision=bf17``, ``optim.warmup_ratio=2``) in each dataclass's
+``__post_init__``, before anything loads. Both end as one ``error:`` line (``headlab.cli.errors``).
+
+Group files pick their schema in their defaults list (``- /schema/task/classification@_here_``);
+``train`` and ``ablate`` are the top-level schemas of ``conf/train.yaml`` and ``conf/ablate.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from headlab.cli.hydra_glue import register_resolvers
+from headlab.core.plans import POLICIES, UNITS
+from headlab.errors import UserError, one_of
+from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
+
+ABLATE_MODES = ("demo",)
+PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+
+
+def at_least(key: str, value: Any, lowest: float, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value < lowest:
+        nothing = " or null" if allow_none else ""
+        raise UserError(f"{key}={value!r} is out of range; it must be >= {lowest}{nothing}")
+
+
+def within(key: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise UserError(f"{key}={value!r} is out of range; it must be in [{low}, {high}]")
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass
+class ModelConfig:
+    """``model/``: a checkpoint (hub name or folder), or a random BERT with ``config`` fields."""
+
+    name: str = MISSING
+    name_or_path: str | None = None
+    random_init: bool = False
+    seed: int = 0  # random_init: seed of the weights
+    config: dict[str, Any] = field(default_factory=dict)  # random_init: BertConfig fields
+
+    def __post_init__(self) -> None:
+        if not self.random_init and not self.name_or_path:
+            raise UserError(f"model {self.name}: give model.name_or_path (hub name or folder), or random_init=true")
+
+
+@dataclass
+class TaskConfig:
+    """Fields every task has (``task/``)."""
+
+    name: str = MISSING
+    type: str = MISSING
+    dataset: str | None = None  # hub dataset
+    subset: str | None = None
+    data_files: Any = None  # {split: local file} instead of the hub dataset (Any: Hydra cannot merge into a null dict)
+    metrics: list[str] = MISSING
+    main_metric: str = MISSING
+    train_split: str = "train"
+    eval_splits: list[str] = field(default_factory=lambda: ["validation"])
+    max_length: int = 128
+
+    def __post_init__(self) -> None:
+        one_of("task.type", self.type, tuple(METRICS))
+        for metric in self.metrics:
+            one_of(f"task.metrics entry (task {self.name}, type {self.type})", metric, METRICS[self.type])
+        one_of("task.main_metric", self.main_metric, list(self.metrics))
+        if not self.eval_splits:
+            raise UserError(f"task {self.name}: task.eval_splits is empty; name at least one split, e.g. [validation]")
+        at_least("task.max_length", self.max_length, 8)
+        if self.data_files:
+            for split in [self.train_split, *self.eval_splits]:
+                path = self.data_files.get(split)
+                if path is None:
+                    raise UserError(f"task.data_files has no {split!r} file; it has {list(self.data_files)}")
+                if not Path(path).is_file():
+                    raise UserError(f"task {self.name}: data file {path!r} for split {split!r} does not exist")
+        elif not self.dataset:
+            raise UserError(f"task {self.name}: give task.dataset (a hub dataset) or task.data_files (local files)")
+
+
+@dataclass
+class ClassificationTaskConfig(TaskConfig):
+    """GLUE-style classification (``num_labels`` classes) or regression (one score)."""
+
+    text_fields: list[str] = field(default_factory=lambda: ["sentence"])  # one field, or two for pairs
+    label_field: str = "label"
+    num_labels: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        one_of("task.type", self.type, ("classification", "regression"))
+        if len(self.text_fields) not in (1, 2):
+            raise UserError(f"task.text_fields={list(self.text_fields)} must name one or two text columns")
+        at_least("task.num_labels", self.num_labels, 1 if self.type == "regression" else 2)
+        if "f1" in self.metrics and self.num_labels != 2:
+            raise UserError(f"task {self.name}: metric f1 is binary (F1 of class 1); task.num_labels={self.num_labels}")
+
+
+@dataclass
+class QuestionAnsweringTaskConfig(TaskConfig):
+    """SQuAD-style extractive QA: windows of ``max_length`` tokens with ``doc_stride`` overlap."""
+
+    version: str = "v1"
+    max_length: int = 384
+    doc_stride: int = 128
+    n_best: int = 20
+    max_answer_length: int = 30
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        one_of("task.type", self.type, ("extractive_qa",))
+        one_of("task.version", self.version, SQUAD_VERSIONS)
+        at_least("task.doc_stride", self.doc_stride, 1)
+        at_least("task.n_best", self.n_best, 1)
+        at_least("task.max_answer_length", self.max_answer_length, 1)
+        if self.doc_stride >= self.max_length:
+            raise UserError(f"task.doc_stride={self.doc_stride} must be below task.max_length={self.max_length}")
+
+
+@dataclass
+class MaskConfig:
+    """``mask/``: ordered ``rules``, or one ``policy`` on ``heads``; plan-level unit and renormalize."""
+
+    rules: list[Any] | None = field(default_factory=list)  # [{heads: SELECTOR, policy: POLICY}, ...]
+    policy: str | None = None
+    heads: Any = None  # a selector string, or a list of them (a union)
+    renormalize: bool = False
+    unit: str = "sentence"
+    clusters: str | None = None  # clusters JSON, for cluster:NAME
+    importance: str | None = None  # importance JSON, for top:K / bottom:K
+
+    def __post_init__(self) -> None:
+        one_of("mask.unit", self.unit, UNITS)
+        if self.policy is not None:
+            one_of("mask.policy", self.policy, POLICIES)
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer/``: ``lightning.pytorch.Trainer`` arguments (any of these as ``trainer.NAME=VALUE``)."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    max_epochs: int | None = 3
+    min_epochs: int | None = None
+    max_steps: int = -1
+    min_steps: int | None = None
+    max_time: str | None = None  # "DD:HH:MM:SS"
+    limit_train_batches: Any = None  # a fraction (float) or a number of batches (int)
+    limit_val_batches: Any = None
+    limit_test_batches: Any = None
+    overfit_batches: Any = 0.0
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str | None = None
+    val_check_interval: Any = None  # a fraction of an epoch (float) or a number of training batches (int)
+    check_val_every_n_epoch: int | None = 1
+    num_sanity_val_steps: int | None = None
+    log_every_n_steps: int | None = None
+    deterministic: Any | None = None  # true, false or "warn"
+    benchmark: bool | None = None
+    enable_progress_bar: bool | None = None
+    enable_model_summary: bool | None = None
+    fast_dev_run: Any = False
+    detect_anomaly: bool = False
+    profiler: str | None = None
+    sync_batchnorm: bool = False
+    reload_dataloaders_every_n_epochs: int = 0
+
+    def __post_init__(self) -> None:
+        one_of("trainer.precision", self.precision, PRECISIONS)
+        one_of("trainer.accelerator", self.accelerator, ACCELERATORS)
+        at_least("trainer.num_nodes", self.num_nodes, 1)
+        at_least("trainer.max_steps", self.max_steps, -1)
+        if self.max_epochs == -1:
+            if self.max_steps <= 0:
+                raise UserError("trainer.max_epochs=-1 (no epoch limit) needs trainer.max_steps > 0")
+        else:
+            at_least("trainer.max_epochs", self.max_epochs, 0, allow_none=True)
+        at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
+        at_least("trainer.gradient_clip_val", self.gradient_clip_val, 0, allow_none=True)
+        if self.gradient_clip_algorithm is not None:
+            one_of("trainer.gradient_clip_algorithm", self.gradient_clip_algorithm, ("norm", "value"))
+        at_least("trainer.check_val_every_n_epoch", self.check_val_every_n_epoch, 1, allow_none=True)
+        at_least("trainer.log_every_n_steps", self.log_every_n_steps, 1, allow_none=True)
+        for key in ("val_check_interval", "limit_train_batches", "limit_val_batches", "limit_test_batches"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise UserError(f"trainer.{key}={value!r} must be a fraction (float) or a number of batches (int)")
+
+
+@dataclass
+class DataConfig:
+    """``data/``: batching, the tokenisation cache and quick-run limits."""
+
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    num_workers: int = 0
+    cache_dir: str = ".cache/headlab"
+    max_train_examples: int | None = None  # the first N training examples
+    max_eval_examples: int | None = None  # the first N examples of each eval split
+
+    def __post_init__(self) -> None:
+        at_least("data.batch_size", self.batch_size, 1)
+        at_least("data.eval_batch_size", self.eval_batch_size, 1)
+        at_least("data.num_workers", self.num_workers, 0)
+        at_least("data.max_train_examples", self.max_train_examples, 1, allow_none=True)
+        at_least("data.max_eval_examples", self.max_eval_examples, 1, allow_none=True)
+
+
+@dataclass
+class OptimConfig:
+    """``optim/``: AdamW with linear warm-up then linear decay to 0."""
+
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    adam_eps: float = 1e-8
+    warmup_ratio: float = 0.1  # of all optimizer steps
+    warmup_steps: int | None = None  # overrides warmup_ratio
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise UserError(f"optim.lr={self.lr} must be > 0")
+        at_least("optim.weight_decay", self.weight_decay, 0)
+        if not self.adam_eps > 0:
+            raise UserError(f"optim.adam_eps={self.adam_eps} must be > 0")
+        within("optim.warmup_ratio", self.warmup_ratio, 0, 1)
+        at_least("optim.warmup_steps", self.warmup_steps, 0, allow_none=True)
+
+
+@dataclass
+class WandbLoggerConfig:
+    """``logger=wandb``: Weights & Biases (offline by default)."""
+
+    _target_: str = "lightning.pytorch.loggers.WandbLogger"
+    project: str = "headlab"
+    entity: str | None = None
+    offline: bool = True
+    group: str | None = None
+    job_type: str | None = None
+    name: str | None = None  # null: TASK-MODEL-HASH
+    id: str | None = None  # null: the job's config hash
+    tags: list[str] = field(default_factory=list)
+    save_dir: str = "."
+
+
+@dataclass
+class CSVLoggerConfig:
+    """``logger=csv``: metrics as CSV files in the job directory."""
+
+    _target_: str = "lightning.pytorch.loggers.CSVLogger"
+    save_dir: str = "."
+    name: str = "csv"
+
+
+@dataclass
+class NoLoggerConfig:
+    """``logger=none``."""
+
+    _target_: str | None = None
+
+
+# --------------------------------------------------------------------------- top level
+
+
+@dataclass
+class TrainConfig:
+    """``conf/train.yaml``."""
+
+    model: ModelConfig = MISSING
+    task: Any = MISSING  # a ClassificationTaskConfig or QuestionAnsweringTaskConfig
+    mask: MaskConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: Any = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    seed: int = 0
+    experiment: str = "finetune"  # W&B group
+    ckpt_path: str | None = None  # null (resume this job's last.ckpt if any), last, or a .ckpt path
+
+
+@dataclass
+class DemoConfig:
+    texts: list[str] = MISSING
+    text_pairs: list[str] = MISSING
+    plans: dict[str, Any] = field(default_factory=dict)  # name -> {rules, unit?, renormalize?}
+
+
+@dataclass
+class AblateConfig:
+    """``conf/ablate.yaml``."""
+
+    model: ModelConfig = MISSING
+    mask: MaskConfig = MISSING
+    mode: str = "demo"
+    seed: int = 0
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+
+SCHEMAS = {
+    "schema/task/classification": ClassificationTaskConfig,
+    "schema/task/extractive_qa": QuestionAnsweringTaskConfig,
+    "schema/logger/wandb": WandbLoggerConfig,
+    "schema/logger/csv": CSVLoggerConfig,
+    "schema/logger/none": NoLoggerConfig,
+    "train_schema": TrainConfig,
+    "ablate_schema": AblateConfig,
+}
+# Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
+CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim")
+
+
+def register_configs() -> None:
+    """Resolvers and schemas; call before Hydra composes (the entry scripts do, at import)."""
+    register_resolvers()
+    store = ConfigStore.instance()
+    for path, schema in SCHEMAS.items():
+        group, _, name = path.rpartition("/")
+        store.store(group=group or None, name=name, node=schema)
+
+
+def check_config(cfg: Any) -> None:
+    """Range and fixed-set checks of every group (``UserError``); types were checked by Hydra."""
+    for group in CHECKED_GROUPS:
+        if group in cfg:
+            OmegaConf.to_object(cfg[group])
+    if OmegaConf.get_type(cfg) is AblateConfig:
+        one_of("mode", cfg.mode, ABLATE_MODES)

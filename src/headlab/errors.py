@@ -1,0 +1,17 @@
+"""The one error type for bad input.
+
+``UserError`` means "the user asked for something that cannot be done": a bad config value, a
+missing or malformed file, a hub model that cannot be reached. The entry scripts print it as one
+line, ``error: ...``, and exit with status 2; every other exception is a bug and keeps its
+traceback. It subclasses ``ValueError`` so Python callers can catch either.
+"""
+
+
+class UserError(ValueError):
+    """Bad input: the message names the bad value and what is allowed (one line)."""
+
+
+def one_of(key: str, value: object, allowed: tuple | list) -> None:
+    """``UserError`` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")

