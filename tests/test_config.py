@@ -67,8 +67,8 @@ def test_mask_without_heads_is_a_clear_error():
         (["mask=prune", "mask.heads=L0:H1"], "unknown selector token 'L0:H1'"),
         (["mask=prune", "mask.heads=cluster:dense"], "needs a clusters file"),
         (["mask=prune", "mask.heads=top:5"], "needs an importance file"),
-        (["mask=prune", "mask.heads=all", "mask.policy=zero"], "mask.policy='zero' is not allowed; choose one of: keep, prune"),
-        (["mask=drop_inter", "mask.heads=all", "mask.unit=word"], "mask.unit='word' is not allowed; choose one of: sentence, segment"),
+        (["mask=prune", "mask.heads=all", "mask.policy=zero"], "mask.policy='zero' is not allowed; choose"),
+        (["mask=drop_inter", "mask.heads=all", "mask.unit=word"], "mask.unit='word' is not allowed; choose"),
     ],
 )
 def test_bad_mask_fails_before_any_model_loads(tmp_path, overrides, message):

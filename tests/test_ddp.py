@@ -12,6 +12,8 @@ from test_training import QUICK
 
 from headlab.training.datamodule import ExactlyOnceSampler
 
+DEMO_QA = ROOT / "src/headlab/tasks/data/demo_qa/validation.json"
+
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
 def test_shards_cover_every_row_once_and_keep_groups_whole(world_size):
@@ -45,6 +47,13 @@ def test_two_process_evaluation_equals_one_process(tmp_path, task, overrides):
     double = evaluate(2, task, tmp_path / "double.json", cache, *overrides)
     assert (single["world_size"], double["world_size"]) == (1, 2)
     assert single["evaluated"] == double["evaluated"] == {"validation": 41}  # no example twice, none left out
+    if task == "demo_qa":  # predictions_validation.json: every question once, as one process writes it
+        files = [json.loads((tmp_path / f"{run}_predictions/predictions_validation.json").read_text())
+                 for run in ("single", "double")]
+        ids = [article["paragraphs"] for article in json.loads(DEMO_QA.read_text())["data"]]
+        first_ids = [qa["id"] for paragraphs in ids for paragraph in paragraphs for qa in paragraph["qas"]][:41]
+        assert list(files[1]) == list(files[0]) == first_ids
+        assert files[1] == files[0]
     for name, value in single["metrics"]["validation"].items():
         # Sums in another order: the mean loss may differ in the last float32 bits, the rest must not.
         tolerance = 1e-6 if name == "loss" else 0

@@ -1,4 +1,4 @@
-"""Evaluate the tiny random BERT on a demo task with N CPU processes and write rank 0's metrics.
+"""Evaluate the tiny random BERT on a demo task with N CPU processes; rank 0 writes metrics (and predictions).
 
     python tests/scripts/ddp_eval.py DEVICES TASK OUT.json [OVERRIDE ...]
 
@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from headlab.cli.schema import register_configs
 from headlab.training.datamodule import TaskDataModule
+from headlab.training.finetune import write_predictions
 from headlab.training.modules import task_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ def main(devices: int, task: str, out: str, *overrides: str) -> None:
                          logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.validate(module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
+        write_predictions(module, Path(out).parent / f"{Path(out).stem}_predictions")
         Path(out).write_text(json.dumps({"world_size": trainer.world_size, "metrics": module.last_metrics,
                                            "evaluated": module.last_counts}))
 

@@ -100,14 +100,19 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             config=resolved,
         )
         if trainer.is_global_zero:
-            for split, answers in getattr(module, "predictions", {}).items():
-                write_json_atomic(output_dir / f"predictions_{split}.json", answers)
+            write_predictions(module, output_dir)
             result.write(results_path)
             _print_summary(result, output_dir, logger)
         failed = False
         return asdict(result)
     finally:
         finish_tracking(failed)
+
+
+def write_predictions(module: Any, output_dir: Path) -> list[Path]:
+    """``predictions_<split>.json`` (question id -> answer) of a QA module; call on rank 0 (answers are gathered)."""
+    return [write_json_atomic(output_dir / f"predictions_{split}.json", answers)
+            for split, answers in getattr(module, "predictions", {}).items()]
 
 
 def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
