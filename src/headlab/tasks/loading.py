@@ -38,7 +38,7 @@ def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.Datas
     if task.get("data_files"):
         data = datasets.DatasetDict({split: _load_local(task, split) for split in splits})
     elif task.get("dataset"):
-        loaded = datasets.load_dataset(task.dataset, task.get("subset"))
+        loaded = _load_hub_dataset(task)
         missing = [s for s in splits if s not in loaded]
         if missing:
             raise UserError(f"dataset {task.dataset} has no split(s) {missing}; it has {list(loaded)}")
@@ -53,6 +53,17 @@ def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.Datas
         else:
             _check_labels(task, dataset, split)
     return data
+
+
+def _load_hub_dataset(task: Any) -> datasets.DatasetDict:
+    try:
+        return datasets.load_dataset(task.dataset, task.get("subset"))
+    except (ConnectionError, FileNotFoundError) as error:  # offline, unreachable, or no such dataset
+        raise UserError(
+            f"task {task.name}: dataset {task.dataset!r} is neither in the Hugging Face cache nor reachable on the hub "
+            f"({type(error).__name__}); run once online to cache it, or give local files with "
+            "task.data_files='{train: PATH, validation: PATH}'"
+        ) from None
 
 
 def _load_local(task: Any, split: str) -> datasets.Dataset:

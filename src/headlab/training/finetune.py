@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -42,10 +43,16 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None
 
 
 def make_trainer(trainer_cfg: Any, checkpoint: ModelCheckpoint, logger: Any, output_dir: Path) -> pl.Trainer:
-    """A Lightning Trainer from the ``trainer`` group, with the checkpoint callback and the logger."""
+    """A Lightning Trainer from the ``trainer`` group, with the checkpoint callback and the logger.
+
+    Lightning checks its arguments here (devices, strategy, accelerator ...): what it rejects is bad input.
+    """
     callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
-    return pl.Trainer(**OmegaConf.to_container(trainer_cfg, resolve=True), callbacks=callbacks,
-                      logger=logger or False, default_root_dir=output_dir)
+    try:
+        return pl.Trainer(**OmegaConf.to_container(trainer_cfg, resolve=True), callbacks=callbacks,
+                          logger=logger or False, default_root_dir=output_dir)
+    except (ValueError, TypeError, MisconfigurationException) as error:
+        raise UserError(f"trainer: {error}") from None
 
 
 def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:

@@ -1,0 +1,139 @@
+"""Bad commands, as a new user types them: one ``error:`` line naming the bad value, exit status 2, no traceback.
+
+(Errors found once Lightning or the data loader has started come after their log lines; the error is still
+the one ``error:`` line and the last one.)
+
+Every case runs the real entry script in a fresh process, offline and with an empty Hugging Face
+cache, so a hub name cannot be found and nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+TINY = {"train.py": ["model=tiny_random", "logger=none", "task=demo_pairs"], "ablate.py": ["model=tiny_random"]}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Input files with something wrong in each."""
+    folder = tmp_path_factory.mktemp("bad_files")
+    (folder / "not_json.json").write_text("{labels: L0H0 -> dense")
+    (folder / "importance_3x3.json").write_text(json.dumps({"importance": [[0.1] * 3] * 3}))  # the model is 3 x 4
+    (folder / "clusters_l7.json").write_text(json.dumps({"labels": {"L7H0": "dense"}}))  # no layer 7
+    (folder / "clusters_ok.json").write_text(json.dumps({"labels": {"L0H0": "dense", "L1H1": "vertical"}}))
+    return folder
+
+
+# (script, overrides, text the error line must contain). FILES stands for the fixture's folder.
+CASES = [
+    # top level and typing at composition
+    ("train.py", ["seed=abc"], "'abc'"),
+    ("train.py", ["foo=1"], "'foo'"),
+    ("train.py", ["ckpt_path=/no/such.ckpt"], "/no/such.ckpt"),
+    ("ablate.py", ["mode=nope"], "mode='nope'"),
+    # model
+    ("train.py", ["model=nope"], "model/nope"),
+    ("train.py", ["model.random_init=false", "model.name_or_path=/no/such/model"], "/no/such/model"),
+    ("ablate.py", ["model=bert_base_uncased"], "google-bert/bert-base-uncased"),  # not cached, hub offline
+    # task
+    ("train.py", ["task=nope"], "task/nope"),
+    ("train.py", ["task.main_metric=pearson"], "pearson"),
+    ("train.py", ["task.data_files.train=/no/such.jsonl"], "/no/such.jsonl"),
+    ("train.py", ["task=demo_qa", "task.version=v3"], "v3"),
+    ("train.py", ["task=mrpc"], "nyu-mll/glue"),  # hub data set, not cached, hub offline
+    # mask: groups, values, the selector grammar, files
+    ("ablate.py", ["mask=zero"], "mask/zero"),
+    ("ablate.py", ["mask=prune"], "mask.heads"),
+    ("ablate.py", ["mask.unit=word"], "'word'"),
+    ("ablate.py", ["mask.renormalize=maybe"], "'maybe'"),
+    ("train.py", ["mask=rules", "mask.rules=[{heads: L0}]"], "{'heads': 'L0'}"),
+    ("train.py", ["mask=rules", "mask.rules=[{heads: L0, policy: zero}]"], "'zero'"),
+    ("ablate.py", ["mask=prune", "mask.heads=L9"], "layer 9"),
+    ("ablate.py", ["mask=uniform", "mask.heads=L0H7"], "head 7"),
+    ("ablate.py", ["mask=prune", "mask.heads=L0:H1"], "'L0:H1'"),
+    ("ablate.py", ["mask=prune", "mask.heads=L0H1,L2"], "mask.heads=L0H1,L2"),  # a sweep without -m
+    ("ablate.py", ["mask=prune", "mask.heads=top:5"], "top:5"),
+    ("ablate.py", ["mask=prune", "mask.heads=top:5", "mask.importance=FILES/importance_3x3.json"], "[3, 3]"),
+    ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/not_json.json"], "not_json.json"),
+    ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/missing.json"], "missing.json"),
+    ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/clusters_l7.json"], "'L7H0'"),
+    ("ablate.py", ["mask=prune", "mask.heads=cluster:diagonal", "mask.clusters=FILES/clusters_ok.json"], "'diagonal'"),
+    # trainer, logger, data, optim: types and ranges
+    ("train.py", ["trainer.precision=bf17"], "'bf17'"),
+    ("train.py", ["trainer.max_epochs=-3"], "max_epochs=-3"),
+    ("train.py", ["trainer.accelerator=tpu2"], "'tpu2'"),
+    ("train.py", ["trainer.devices=0"], "devices=0"),  # Lightning's own checks of its arguments
+    ("train.py", ["trainer.strategy=nope"], "'nope'"),
+    ("train.py", ["logger=wandb", "logger.offline=maybe"], "'maybe'"),
+    ("train.py", ["logger=nope"], "logger/nope"),
+    ("train.py", ["data.max_train_examples=0"], "max_train_examples=0"),
+    ("train.py", ["data.batch_size=-1"], "batch_size=-1"),
+    ("train.py", ["optim.lr=abc"], "'abc'"),
+    ("train.py", ["optim.lr=0"], "optim.lr=0.0"),
+    ("train.py", ["optim.warmup_ratio=1.5"], "warmup_ratio=1.5"),
+]
+
+
+def run(script, overrides, files, tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    overrides = [o.replace("FILES", str(files)) for o in overrides]
+    cache = [f"data.cache_dir={tmp_path / 'cache'}"] if script == "train.py" else []
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    command = [sys.executable, str(ROOT / script), *TINY[script], *overrides, *cache, run_dir]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("script", "overrides", "expected"), CASES, ids=[" ".join(c[1]) for c in CASES])
+def test_bad_command_prints_one_error_line(script, overrides, expected, files, tmp_path):
+    result = run(script, overrides, files, tmp_path)
+    output = result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr[-3000:]
+    assert expected in errors[0], errors[0]
+    assert not (tmp_path / "run/checkpoints").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_gpu_trainer_without_a_gpu(files, tmp_path):
+    result = run("train.py", ["trainer=gpu"], files, tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and last.startswith("error: trainer:") and "Traceback" not in result.stderr
+
+
+def test_bugs_keep_their_traceback_and_full_error_shows_all(files, tmp_path):
+    """HYDRA_FULL_ERROR=1 asks for the traceback of bad input too."""
+    env_result = subprocess.run(
+        [sys.executable, str(ROOT / "ablate.py"), "model=tiny_random", "mask.unit=word", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True, timeout=300)
+    assert env_result.returncode == 1 and "Traceback" in env_result.stderr and "UserError" in env_result.stderr
+
+
+def test_error_reporting_leaves_bugs_alone():
+    from hydra.errors import MissingConfigException
+
+    from headlab.cli.errors import user_error_message
+    from headlab.errors import UserError
+
+    assert user_error_message(KeyError("x")) is None and user_error_message(RuntimeError("shape")) is None
+    try:
+        try:
+            raise UserError("mask.unit='word' is not allowed;\nchoose one of: sentence, segment")
+        except UserError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert user_error_message(outer) == "mask.unit='word' is not allowed; choose one of: sentence, segment"
+    missing = MissingConfigException("In 'train': Could not find 'mask/x'\n\nAvailable options in 'mask':\n\ta",
+                                     missing_cfg_file="mask/x", options=["a", "b"])
+    assert user_error_message(missing) == "In 'train': Could not find 'mask/x'; available: a, b"

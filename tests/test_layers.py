@@ -1,0 +1,55 @@
+"""The package's layers import one way only, bottom up (README "Package map")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "src/headlab"
+# Lower number = lower layer; a module may import its own layer and the layers below.
+LAYERS = {"errors": 0, "files": 0, "core": 1, "tasks": 2, "reporting": 3, "training": 4, "analysis": 5, "cli": 6}
+
+
+def layer_of(module: str) -> int:
+    return LAYERS[module.split(".")[1]]
+
+
+def headlab_imports(path: Path) -> set[str]:
+    """Every headlab module ``path`` imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("headlab."):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("headlab.")}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("headlab."):
+            found.add(node.value.split(":")[0])  # lazy "module:function" references (cli/ablate.py MODES)
+    return {name for name in found if name.split(".")[1] in LAYERS}
+
+
+def test_every_module_belongs_to_a_layer():
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        assert parts == ("__init__",) or parts[0] in LAYERS, f"{path} is in no layer of {list(LAYERS)}"
+
+
+def test_imports_run_bottom_up():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(("headlab", *path.relative_to(PACKAGE).with_suffix("").parts))
+        if module == "headlab.__init__":
+            continue  # the public API re-exports (lazily) from every layer
+        upward += [f"{module} -> {name}" for name in headlab_imports(path) if layer_of(name) > layer_of(module)]
+    assert not upward, "imports that go up a layer: " + ", ".join(upward)
+
+
+def test_import_headlab_is_light():
+    """The command line checks configs before torch loads: ``import headlab`` must not pull it in."""
+    import subprocess
+    import sys
+
+    code = "import sys, headlab, headlab.cli.train, headlab.cli.ablate; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
