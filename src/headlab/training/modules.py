@@ -133,7 +133,7 @@ class QuestionAnsweringModule(TaskModule):
     """Extractive QA (SQuAD v1.1 / v2.0): span logits merged per question by ``headlab.tasks.squad``.
 
     Needs the data module's ``eval_examples`` (contexts and gold answers); ``predictions[split]``
-    holds the last predicted answer of every question id.
+    holds the last predicted answer of every question id, gathered from all processes.
     """
 
     head = "question_answering"
@@ -162,11 +162,23 @@ class QuestionAnsweringModule(TaskModule):
             self._log_split_metrics(split, self.metrics[split].compute())
             self.metrics[split].reset()
             ids = list(rows["id"])
-            self.predictions[split] = {ids[i]: text for i, text in sorted(answers.items())}
+            self.predictions[split] = {ids[i]: text for i, text in gather_answers(answers)}
             self.collectors[split] = AnswerCollector()
 
     test_step = validation_step
     on_test_epoch_end = on_validation_epoch_end
+
+
+def gather_answers(answers: dict[int, str]) -> list[tuple[int, str]]:
+    """``(question index, answer)`` of every process's questions, sorted; each question exactly once."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return sorted(answers.items())
+    shards: list[dict[int, str] | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(shards, answers)
+    merged = [item for shard in shards for item in shard.items()]
+    if len({index for index, _ in merged}) != len(merged):
+        raise RuntimeError("a question was answered on two processes; the evaluation sampler must shard questions")
+    return sorted(merged)
 
 
 MODULES = {"classification": ClassificationModule, "regression": ClassificationModule,
