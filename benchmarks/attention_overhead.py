@@ -1,91 +1,101 @@
-"""Forward-pass cost of headlab's patched attention vs stock SDPA on MiniLM.
+"""Forward-pass cost of headlab's patched attention vs stock SDPA, the plan entered per forward.
 
-    python benchmarks/attention_overhead.py [--batch 32] [--seq 128] [--rounds 15] [--heads H0-5]
+    python benchmarks/attention_overhead.py [--shape minilm|bert-base|bert-large] [--device cpu|cuda]
+        [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15]
 
-Half the heads (``--heads``, default H0-5 of every layer) get each policy in turn; every round
-times the stock model and each patched policy once, in alternating order, and the script
-prints the median time per forward and the median of the per-round ratios to stock SDPA.
+Random weights in the named shape (speed does not depend on them); rows padded to N/2..N tokens
+(``--no-padding``: full rows). Plans: the identity (every head ``keep``), one head (the middle
+layer's head 0) under prune / uniform / drop_intra, and half the heads of every layer under each
+policy. Each forward enters ``headlab.ablate`` as the Lightning module does per batch. Every round
+times the stock model and each plan once, in alternating order; the script prints the median time
+per forward and the median of the per-round ratios to stock SDPA, with the target.
 """
 
 from __future__ import annotations
 
-import argparse
-import platform
 import statistics
-import time
 
 import torch
-from omegaconf import OmegaConf
+from common import DTYPES, SHAPES, Parser, add_device_arguments, check_device, clock, machine, random_bert
 
 import headlab
-from headlab.cli.schema import register_configs
-from headlab.core.models import load_model
-
-TARGETS = {"keep": 1.05, "prune": 1.05, "uniform": 1.05, "drop_intra": 1.5, "drop_inter": 1.5}
 
 
-def make_batch(batch: int, seq: int, vocab: int, padded: bool):
+def plans(layers: int, heads: int) -> dict[str, tuple[list, bool, float]]:
+    """Plan name -> (rules, renormalize, target ratio to stock SDPA)."""
+    one, half = f"L{layers // 2}H0", f"H0-{heads // 2 - 1}"
+    table = {"identity (all keep)": ([], False, 1.02)}
+    for policy in ("prune", "uniform", "drop_intra"):
+        table[f"one head {policy}"] = ([{"heads": one, "policy": policy}], False, 1.03)
+    targets = {"prune": 1.02, "uniform": 1.05, "drop_intra": 1.25, "drop_inter": 1.25}
+    for policy, target in targets.items():
+        table[f"half {policy}"] = ([{"heads": half, "policy": policy}], False, target)
+    for policy in ("drop_intra", "drop_inter"):
+        table[f"half {policy} renorm"] = ([{"heads": half, "policy": policy}], True, 1.15)
+    return table
+
+
+def make_batch(batch: int, seq: int, vocab: int, padded: bool, device: torch.device):
     g = torch.Generator().manual_seed(0)
     input_ids = torch.randint(1000, vocab, (batch, seq), generator=g)
     lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g) if padded else torch.full((batch,), seq)
     attention_mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()  # [batch, seq]
-    input_ids = input_ids * attention_mask
     sentence_ids = torch.arange(seq)[None, :].expand(batch, seq) * 4 // lengths[:, None]  # 4 units per row
-    return {"input_ids": input_ids, "attention_mask": attention_mask}, sentence_ids
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    inputs = {"input_ids": input_ids * attention_mask, "attention_mask": attention_mask}
+    return {k: v.to(device) for k, v in inputs.items()}, sentence_ids.to(device)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=128)
+    parser = Parser(description=__doc__.splitlines()[0])
+    add_device_arguments(parser)
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    parser.add_argument("--batch", type=int, help="default: 32 (minilm, bert-large) or 64 (bert-base)")
+    parser.add_argument("--seq", type=int, help="default: 128, or 384 for bert-large")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--heads", default="H0-5")
-    parser.add_argument("--no-padding", action="store_true", help="full-length rows (the mask reaches SDPA as None)")
+    parser.add_argument("--repeat", type=int, default=1, help="forwards per timed sample (GPU: steadier timings)")
+    parser.add_argument("--no-padding", action="store_true", help="full-length rows")
     args = parser.parse_args()
+    device = check_device(parser, args.device)
+    *_, default_batch, default_seq = SHAPES[args.shape]
+    batch, seq = args.batch or default_batch, args.seq or default_seq
 
-    register_configs()
-    model = load_model(OmegaConf.load("conf/model/minilm.yaml"))
-    inputs, sentence_ids = make_batch(args.batch, args.seq, model.config.vocab_size, not args.no_padding)
-    plans = {
-        policy: headlab.HeadPlan.from_rules([{"heads": args.heads, "policy": policy}], 6, 12) for policy in TARGETS
-    }
+    model = random_bert(args.shape, device, DTYPES[args.dtype])
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    inputs, sentence_ids = make_batch(batch, seq, model.config.vocab_size, not args.no_padding, device)
+    table = plans(layers, heads)
 
     def stock():
         model(**inputs)
 
-    def patched(policy, renormalize=False):
+    def patched(rules, renormalize):
+        plan = headlab.HeadPlan.from_rules(rules, layers, heads)
+
         def run():
-            with headlab.ablate(model, plans[policy], renormalize=renormalize):
+            with headlab.ablate(model, plan, renormalize=renormalize):
                 model(**inputs, sentence_ids=sentence_ids)
 
         return run
 
-    runs = {"stock sdpa": stock, **{policy: patched(policy) for policy in TARGETS}}
-    runs |= {f"{policy}+renorm": patched(policy, True) for policy in ("drop_intra", "drop_inter")}
+    runs = {"stock sdpa": stock, **{name: patched(rules, renorm) for name, (rules, renorm, _) in table.items()}}
     times: dict[str, list[float]] = {name: [] for name in runs}
     with torch.inference_mode():
-        for run in runs.values():  # warm-up
-            run()
+        for run in runs.values():  # warm-up (and each plan's state is built once)
+            run(), run()
         for round_ in range(args.rounds):
-            order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
-            for name in order:
-                times[name].append(timed(runs[name]))
+            for name in list(runs) if round_ % 2 == 0 else list(reversed(runs)):
+                start = clock(device)
+                for _ in range(args.repeat):
+                    runs[name]()
+                times[name].append((clock(device) - start) / args.repeat)
 
-    print(f"MiniLM-L6 forward, batch {args.batch} x {args.seq} tokens, padded={not args.no_padding}, "
-          f"heads {args.heads} per policy, {args.rounds} alternating rounds")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
-    print(f"{'policy':<17} {'median ms':>10} {'ratio':>7} {'target':>7}")
+    print(f"{args.shape} ({layers} x {heads} heads) forward, {args.dtype}, batch {batch} x {seq} tokens, "
+          f"padded={not args.no_padding}, {args.rounds} rounds x {args.repeat} forwards; {machine(device)}")
+    print(f"{'plan':<24} {'median ms':>10} {'ratio':>7} {'target':>7}")
     for name, samples in times.items():
-        ratios = [t / s for t, s in zip(samples, times["stock sdpa"])]
-        target = TARGETS.get(name.removesuffix("+renorm"))
-        verdict = "" if target is None else ("ok" if statistics.median(ratios) <= target else "MISS")
-        print(f"{name:<17} {statistics.median(samples) * 1e3:>10.1f} {statistics.median(ratios):>7.3f} "
+        ratio = statistics.median(t / s for t, s in zip(samples, times["stock sdpa"]))
+        target = table[name][2] if name in table else None
+        verdict = "" if target is None else ("ok" if ratio <= target else "MISS")
+        print(f"{name:<24} {statistics.median(samples) * 1e3:>10.2f} {ratio:>7.3f} "
               f"{'' if target is None else f'<={target}':>7} {verdict}")
 
 

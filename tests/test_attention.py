@@ -166,7 +166,7 @@ def test_model_restored_on_exit_and_on_exception(tiny_model, inputs, sentence_id
         raise RuntimeError("boom")
     assert tiny_model.config._attn_implementation == before_impl == "sdpa"
     assert tiny_model.config.to_dict() == before_config
-    assert not [m for m in tiny_model.modules() if hasattr(m, "_headlab_ablation")]
+    assert tiny_model._headlab_controller.active is None  # the controller stays (installed once), inactive
     with torch.no_grad():
         assert torch.equal(tiny_model(**inputs).last_hidden_state, before)
 
@@ -209,17 +209,35 @@ def test_training_mode_with_dropout_is_finite_and_random(tiny_model, inputs, sen
         assert torch.isfinite(first).all() and not torch.equal(first, second)
 
 
-def test_uniform_under_dropout_is_uniform_in_expectation(tiny_model):
-    """Dropout acts on the 1/n weights: averaged over many draws the output is the eval output."""
-    from headlab.core.attention import _uniform
-
+def test_uniform_under_dropout_is_uniform_in_expectation(tiny_model, inputs):
+    """Dropout acts on the 1/n weights: averaged over many draws the context is the eval context (1/n mean)."""
+    tiny_model.config.attention_probs_dropout_prob = 0.3
+    contexts = []
+    self_attention = tiny_model.encoder.layer[0].attention.self
+    handle = self_attention.register_forward_hook(lambda module, args, output: contexts.append(output[0]))
+    plan = plan_of([{"heads": "L0", "policy": "uniform"}], tiny_model)
     torch.manual_seed(0)
-    v = torch.randn(1, 2, 5, 3, dtype=torch.float64)
-    valid = torch.tensor([True, True, True, False, False]).expand(1, 1, 5, 5)
-    exact = _uniform(v, v, v, valid, 0.0)
-    draws = torch.stack([_uniform(v, v, v, valid, 0.3) for _ in range(4000)]).mean(0)
-    torch.testing.assert_close(draws, exact, rtol=0, atol=0.05)
-    torch.testing.assert_close(exact[0, 0, 0], v[0, 0, :3].mean(0))
+    with torch.no_grad(), headlab.ablate(tiny_model, plan):
+        tiny_model.eval()(**inputs)
+        self_attention.train()  # dropout in this layer's attention only
+        for _ in range(2000):
+            tiny_model.encoder.layer[0](tiny_model.embeddings(inputs["input_ids"], inputs["token_type_ids"]),
+                                        attention_mask=_bool_mask(inputs["attention_mask"]))
+    handle.remove()
+    exact, draws = contexts[0], torch.stack(contexts[1:]).mean(0)  # [batch, seq, hidden]
+    valid = inputs["attention_mask"].bool()
+    torch.testing.assert_close(draws[valid], exact[valid], rtol=0, atol=0.03)
+    # and the eval context is the mean of the values over the row's non-padding keys
+    values = self_attention.value(tiny_model.embeddings(inputs["input_ids"], inputs["token_type_ids"]))
+    mean = (values * valid[..., None]).sum(1) / valid.sum(1, keepdim=True)  # [batch, hidden]
+    torch.testing.assert_close(exact[1, 0], mean[1], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(contexts[1], contexts[2])
+
+
+def _bool_mask(attention_mask):
+    """[batch, seq] padding mask -> the [batch, 1, seq, seq] boolean mask SDPA takes."""
+    n = attention_mask.shape[1]
+    return attention_mask.bool()[:, None, None, :].expand(-1, 1, n, n)
 
 
 @pytest.mark.parametrize("renormalize", [False, True])

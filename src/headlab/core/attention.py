@@ -1,18 +1,30 @@
 """Patched self-attention that applies a HeadPlan, and ``headlab.ablate`` (DESIGN.md sections 2-3).
 
 transformers 5 has no ``head_mask``; every BERT-family self-attention dispatches through
-``AttentionInterface``. We register one attention function (and the SDPA padding mask under
-the same name, or padding is silently lost) and switch a model to it inside ``ablate``.
+``AttentionInterface``. We register one attention function (and the SDPA padding mask under the
+same name, or padding is silently lost). A model gets a controller once, at its first ``ablate``:
+its self-attention modules and configs. What a plan needs per layer (boolean head masks on the
+model's device) is built once per (model, plan, renormalize) and cached, so entering a plan sets a
+few attributes; an all-``keep`` plan, and every all-``keep`` layer, runs stock SDPA.
 
-Per layer, heads are grouped by policy and each group takes its cheapest exact route:
+Per layer, the heads that keep, prune or take uniform attention share one SDPA call; ``drop_*``
+heads form one group per policy (a slice when contiguous, so no copy). No seq x seq weights are
+materialised and no branch depends on data (no host-device synchronisation; the forward compiles
+with ``fullgraph=True``):
 
-==============  =====================================================================
-keep            PyTorch SDPA on the group's heads (no seq x seq matrix)
-prune           context vector 0 (nothing is computed)
-uniform         mean of the values over non-padding keys (SDPA on a zero query under dropout)
-drop_*          renormalize=True: SDPA with the unit mask; False: eager softmax, then zeroing,
-                because the kept weights keep the full-row softmax normaliser
-==============  =====================================================================
+==========================  =====================================================================
+keep                        SDPA, unchanged
+prune                       the head's values are zeroed in that call: its context vector is 0
+uniform                     the head's query is zeroed: every score is 0, so the softmax gives 1/n
+                            to each valid key (dropout then acts on those weights)
+drop_*, renormalize=True    SDPA with the unit mask; a query with no allowed key attends anywhere
+                            and its output is zeroed
+drop_*, renormalize=False   SDPA over doubled keys ``[K; K]`` with values ``[V; 0]``: the first copy
+                            is masked to the allowed keys, the second to the other valid keys, so
+                            the softmax normaliser covers every valid key once and only allowed keys
+                            carry values: the full-row weights restricted to the allowed keys (0 for
+                            a query with none), differentiable as SDPA is
+==========================  =====================================================================
 """
 
 from __future__ import annotations
@@ -25,7 +37,12 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import (
+    AttentionMaskInterface,
+    bidirectional_mask_function,
+    prepare_padding_mask,
+    sdpa_mask,
+)
 
 from headlab.core.plans import HeadPlan
 from headlab.errors import UserError
@@ -33,33 +50,77 @@ from headlab.errors import UserError
 ATTENTION_NAME = "headlab"
 # Model types whose self-attention dispatches through AttentionInterface with one module per layer.
 BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")
-_STATE = "_headlab_ablation"  # attribute set on each self-attention module inside `ablate`
+_CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
+_CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
 
 
 @dataclass(frozen=True)
-class LayerAblation:
-    """What one layer's self-attention does under a plan: ``(policy, heads)`` groups."""
+class LayerState:
+    """One layer under a plan.
 
-    groups: tuple[tuple[str, slice | list[int]], ...]
+    ``shared``: the keep / prune / uniform heads (a slice or an index tensor; None if there are none),
+    with ``[1, heads in shared, 1, 1]`` masks of its pruned and uniform heads (None if none).
+    ``drops``: ``(policy, heads)`` of the ``drop_*`` groups.
+    """
+
+    shared: slice | torch.Tensor | None
+    prune: torch.Tensor | None
+    uniform: torch.Tensor | None
+    drops: tuple[tuple[str, slice | torch.Tensor], ...]
     renormalize: bool
 
     @classmethod
-    def from_plan(cls, plan: HeadPlan, layer: int, renormalize: bool) -> LayerAblation:
-        groups = tuple((policy, _as_index(heads)) for policy, heads in plan.layer_groups(layer).items())
-        return cls(groups=groups, renormalize=renormalize)
+    def build(cls, plan: HeadPlan, layer: int, renormalize: bool, device: torch.device) -> LayerState | None:
+        """The layer's state, or None when every head keeps its attention."""
+        groups = plan.layer_groups(layer)
+        if set(groups) == {"keep"}:
+            return None
+        shared = sorted(h for policy in ("keep", "prune", "uniform") for h in groups.get(policy, []))
 
-    @property
-    def is_identity(self) -> bool:
-        return all(policy == "keep" for policy, _ in self.groups)
+        def marks(policy: str) -> torch.Tensor | None:
+            chosen = [h in groups.get(policy, ()) for h in shared]
+            return torch.tensor(chosen, device=device).view(1, -1, 1, 1) if any(chosen) else None
 
-    @property
-    def needs_units(self) -> bool:
-        return any(policy.startswith("drop_") for policy, _ in self.groups)
+        drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
+        return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize)
 
 
-def _as_index(heads: list[int]) -> slice | list[int]:
-    """A slice (a view, no copy) when the heads are contiguous."""
-    return slice(heads[0], heads[-1] + 1) if heads == list(range(heads[0], heads[-1] + 1)) else heads
+def _as_index(heads: list[int], device: torch.device) -> slice | torch.Tensor:
+    """A slice when the heads are contiguous (a view, no copy), else an index tensor on the model's device."""
+    if heads == list(range(heads[0], heads[-1] + 1)):
+        return slice(heads[0], heads[-1] + 1)
+    return torch.tensor(heads, device=device)
+
+
+class Controller:
+    """What headlab keeps on a model: its self-attention modules and configs, the active plan, cached plan states."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.modules = self_attention_modules(model)
+        configs = [model.config, *(m.config for m in self.modules if hasattr(m, "config"))]
+        self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
+        self.active: tuple[LayerState | None, ...] | None = None
+        self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> Controller:
+        """The model's controller, installed on its first use."""
+        controller = model.__dict__.get(_CONTROLLER)
+        if controller is None:
+            register_attention()
+            controller = cls(model)
+            for owner in (model, *controller.modules):
+                owner.__dict__[_CONTROLLER] = controller
+        return controller
+
+    def states_for(self, plan: HeadPlan, renormalize: bool, device: torch.device) -> tuple[LayerState | None, ...]:
+        key = (plan, renormalize, device)
+        if key not in self.states:
+            if len(self.states) >= _CACHE_SIZE:
+                self.states.pop(next(iter(self.states)))
+            self.states[key] = tuple(LayerState.build(plan, layer, renormalize, device)
+                                     for layer in range(plan.num_layers))
+        return self.states[key]
 
 
 def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -67,35 +128,74 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
     Returns ``([batch, seq, heads, head_dim], None)`` like transformers' SDPA function.
     """
-    ablation: LayerAblation | None = getattr(module, _STATE, None)
-    if ablation is None or ablation.is_identity:
+    controller = module.__dict__.get(_CONTROLLER)
+    layer = None if controller is None or controller.active is None else controller.active[module.layer_idx]
+    if layer is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    bias, valid = _split_mask(attention_mask, query.dtype)
-    same_unit = _same_unit(kwargs.get("sentence_ids"), query) if ablation.needs_units else None
-    out = query.new_zeros(query.shape)  # [batch, heads, seq, head_dim]; pruned heads stay 0
-    for policy, heads in ablation.groups:
-        q, k, v = query[:, heads], key[:, heads], value[:, heads]
-        if policy == "keep":
-            out[:, heads] = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
-            )
-        elif policy == "uniform":
-            out[:, heads] = _uniform(q, k, v, valid, dropout)
-        elif policy in ("drop_intra", "drop_inter"):
-            allowed = ~same_unit if policy == "drop_intra" else same_unit  # [batch, 1, seq, seq]
-            out[:, heads] = _restricted(q, k, v, bias, valid, allowed, ablation.renormalize, dropout, scaling)
-    return out.transpose(1, 2).contiguous(), None
+    if not layer.drops:  # one SDPA call serves every head
+        return _shared(layer, query, key, value, attention_mask, dropout, scaling).transpose(1, 2).contiguous(), None
+    valid, bias = _validity(attention_mask, query)
+    same_unit = _same_unit(kwargs.get("sentence_ids"), query)  # [batch, 1, seq, seq]
+    out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
+    groups = [("shared", layer.shared)] if layer.shared is not None else []
+    for policy, heads in [*groups, *layer.drops]:
+        q, k, v = (_heads(x, heads) for x in (query, key, value))
+        if policy == "shared":
+            context = _shared(layer, q, k, v, attention_mask, dropout, scaling)
+        else:
+            allowed = ~same_unit if policy == "drop_intra" else same_unit
+            context = _restricted(q, k, v, valid, bias, allowed, layer.renormalize, dropout, scaling)
+        if isinstance(heads, slice):
+            out[:, heads] = context
+        else:
+            out.index_copy_(1, heads, context)
+    return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
 
 
-def _split_mask(attention_mask, dtype):
-    """(additive float bias or None, boolean key validity or None), both ``[batch, 1, seq, seq]``."""
+def _shared(layer: LayerState, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
+    """keep, prune and uniform heads in one SDPA call: pruned heads' values and uniform heads' queries zeroed."""
+    if layer.uniform is not None:
+        q = q.masked_fill(layer.uniform, 0.0)
+        valid, bias = _validity(attention_mask, q)
+        if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
+            attention_mask = torch.where(layer.uniform, _with_bias(valid, torch.zeros_like(bias)), bias)
+    if layer.prune is not None:
+        v = v.masked_fill(layer.prune, 0.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+
+
+def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
+    return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
+
+
+def _restricted(q, k, v, valid, bias, allowed, renormalize: bool, dropout: float, scaling) -> torch.Tensor:
+    """Attention limited to ``allowed`` keys (module docstring); a query with no allowed key outputs 0."""
+    keep = allowed & valid  # [batch, 1, seq, seq]
+    if renormalize:
+        has_key = keep.any(-1, keepdim=True)  # [batch, 1, seq, 1]
+        mask = _with_bias(keep | ~has_key, bias)  # a query with no allowed key attends anywhere, then is zeroed
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        return out.masked_fill(~has_key, 0.0)
+    rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
+    mask = torch.cat([_with_bias(keep, bias), _with_bias(rest, bias)], dim=-1)  # [batch, 1, seq, 2 seq]
+    keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling)
+
+
+def _validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(boolean key validity, additive float bias or None); validity broadcasts to ``[batch, 1, seq, seq]``."""
     if attention_mask is None:
-        return None, None
+        return torch.ones(1, 1, 1, query.shape[2], dtype=torch.bool, device=query.device), None
     if attention_mask.dtype == torch.bool:
-        return None, attention_mask
-    return attention_mask, attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        return attention_mask, None
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2, attention_mask
+
+
+def _with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """SDPA's ``attn_mask``: ``keep`` itself, or the bias with -inf where ``keep`` is False."""
+    return keep if bias is None else bias.masked_fill(~keep, float("-inf"))
 
 
 def _same_unit(sentence_ids, query) -> torch.Tensor:
@@ -114,52 +214,31 @@ def _same_unit(sentence_ids, query) -> torch.Tensor:
     return (sentence_ids[:, :, None] == sentence_ids[:, None, :]).unsqueeze(1)
 
 
-def _uniform(q, k, v, valid, dropout):
-    """Weight 1/n on each of the n valid keys of every query row."""
-    if dropout > 0:  # dropout acts on the uniform weights: SDPA with a zero query gives exactly them
-        return F.scaled_dot_product_attention(torch.zeros_like(q), k, v, attn_mask=valid, dropout_p=dropout)
-    if valid is None:
-        return v.mean(dim=2, keepdim=True).expand_as(v)
-    first_row = valid[:, :, :1]  # [batch, 1, 1, seq]
-    if valid.shape[2] == 1 or torch.equal(valid, first_row.expand_as(valid)):  # padding mask: same keys per query
-        valid = first_row
-    weights = valid.to(v.dtype)  # [batch, 1, 1 or seq, seq]
-    mean = (weights @ v) / weights.sum(-1, keepdim=True).clamp(min=1)
-    return mean.expand(-1, -1, v.shape[2], -1)
+def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                  attention_mask=None, **kwargs):
+    """transformers' SDPA mask without the host read: the plain bidirectional padding mask as a broadcast view.
 
-
-def _restricted(q, k, v, bias, valid, allowed, renormalize, dropout, scaling):
-    """Attention limited to ``allowed`` keys; a row with no allowed key outputs 0."""
-    keep = allowed if valid is None else allowed & valid  # [batch, 1, seq, seq]
-    if renormalize:  # mask the scores before the softmax: remaining weights sum to 1
-        has_key = keep.any(-1, keepdim=True)  # [batch, 1, seq, 1]
-        mask = keep | ~has_key  # empty rows attend anywhere (finite), then get zeroed
-        if bias is not None:
-            mask = bias.masked_fill(~mask, float("-inf"))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        return out * has_key
-    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = (q @ k.transpose(-1, -2)) * scale  # [batch, heads, seq, seq]
-    if bias is not None:
-        scores = scores + bias
-    if valid is not None:
-        scores = scores.masked_fill(~valid, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1) * keep
-    weights = F.dropout(weights, p=dropout, training=dropout > 0)
-    return weights @ v
+    ``sdpa_mask`` decides whether it may skip the mask by reading it (``padding_mask.all()``), a host-device
+    synchronisation on GPUs; here the mask is always given. Other mask kinds go to ``sdpa_mask``, materialised.
+    """
+    if mask_function is bidirectional_mask_function and attention_mask is not None and attention_mask.dim() == 2:
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)  # [batch, kv_length] bool
+        return padding[:, None, None, :].expand(batch_size, 1, q_length, kv_length)
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs)
 
 
 def register_attention() -> None:
     """Make ``attn_implementation="headlab"`` available (idempotent)."""
     AttentionInterface.register(ATTENTION_NAME, headlab_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    AttentionMaskInterface.register(ATTENTION_NAME, _padding_mask)
 
 
 # --------------------------------------------------------------------------- models
 
 
 def check_bert_family(config) -> None:
-    """ValueError unless the config is a BERT-family encoder headlab can patch."""
+    """UserError unless the config is a BERT-family encoder headlab can patch."""
     model_type = getattr(config, "model_type", None)
     if model_type not in BERT_FAMILY:
         raise UserError(
@@ -184,33 +263,40 @@ def self_attention_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
     return sorted(modules, key=lambda m: m.layer_idx)
 
 
+def _device(model: PreTrainedModel) -> torch.device:
+    return next(model.parameters()).device
+
+
 @contextmanager
 def ablate(model: PreTrainedModel, plan: HeadPlan, renormalize: bool = False) -> Iterator[PreTrainedModel]:
     """Run ``model`` under ``plan`` inside the block; restore it exactly on exit (also on error).
 
     ``model`` is any HF BERT-family model, bare or with a task head. Policies ``drop_*`` need
     ``sentence_ids=`` in the forward call. The attention implementation is switched on the
-    model's config object, so another model sharing that object switches too.
+    model's config object, so another model sharing that object switches too. Entering costs
+    microseconds after the first time a (model, plan, renormalize) is seen.
     """
     if not isinstance(renormalize, bool):
         raise UserError(f"renormalize must be true or false, got {renormalize!r}")
-    modules = self_attention_modules(model)
+    controller = Controller.of(model)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     if (plan.num_layers, plan.num_heads) != shape:
         raise UserError(
             f"plan is for {plan.num_layers} layers x {plan.num_heads} heads; the model has {shape[0]} x {shape[1]}"
         )
-    if any(hasattr(m, _STATE) for m in modules):
+    if controller.active is not None:
         raise ValueError("model is already inside headlab.ablate; nested ablation is not supported")
-    register_attention()
-    original = model.config._attn_implementation
+    states = controller.states_for(plan, renormalize, _device(model))
+    if all(state is None for state in states):  # all keep: the stock model, untouched
+        yield model
+        return
+    originals = [config._attn_implementation_internal for config in controller.configs]
     try:
-        for module in modules:
-            setattr(module, _STATE, LayerAblation.from_plan(plan, module.layer_idx, renormalize))
-        model.set_attn_implementation(ATTENTION_NAME)
+        controller.active = states
+        for config in controller.configs:
+            config._attn_implementation_internal = ATTENTION_NAME
         yield model
     finally:
-        model.set_attn_implementation(original)
-        for module in modules:
-            if hasattr(module, _STATE):
-                delattr(module, _STATE)
+        controller.active = None
+        for config, original in zip(controller.configs, originals):
+            config._attn_implementation_internal = original

@@ -287,6 +287,7 @@ class HeadPlan:
             check_policy(policy)
         self._policies = policies.copy()
         self._policies.setflags(write=False)
+        self._hash = hash(tuple(self._policies.flat))  # plans key caches: hash once
         self.rules = tuple(rules)
 
     @classmethod
@@ -368,7 +369,7 @@ class HeadPlan:
         return isinstance(other, HeadPlan) and np.array_equal(self._policies, other._policies)
 
     def __hash__(self) -> int:
-        return hash(tuple(self._policies.flat))
+        return self._hash
 
     def __repr__(self) -> str:
         return f"HeadPlan({self.num_layers}x{self.num_heads}: {self.describe()})"

@@ -1,0 +1,57 @@
+"""What the benchmarks share: one-line argument errors, model shapes, random-weight BERTs, a device clock."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+from transformers import BertConfig, BertModel
+
+# name -> (layers, heads, hidden size, default batch, default sequence length); feed-forward 4 x hidden
+SHAPES = {"minilm": (6, 12, 384, 32, 128), "bert-base": (12, 12, 768, 64, 128), "bert-large": (24, 16, 1024, 32, 384)}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with headlab's error style: one ``error: ...`` line, exit status 2."""
+
+    def error(self, message: str) -> None:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def add_device_arguments(parser: Parser) -> None:
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    parser.add_argument("--shape", default="minilm", choices=list(SHAPES), help="model shape (random weights)")
+
+
+def check_device(parser: Parser, device: str) -> torch.device:
+    if not (device == "cpu" or device.startswith("cuda")):
+        parser.error(f"--device {device!r} is not allowed; choose cpu or cuda[:N]")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__})")
+    return torch.device(device)
+
+
+def random_bert(shape: str, device: torch.device, dtype: torch.dtype = torch.float32, **config) -> BertModel:
+    """A BERT of the named shape with random weights (speed does not depend on the weights), in eval mode."""
+    torch.manual_seed(0)
+    layers, heads, hidden, _, _ = SHAPES[shape]
+    bert_config = BertConfig(num_hidden_layers=layers, num_attention_heads=heads, hidden_size=hidden,
+                             intermediate_size=4 * hidden, attn_implementation="sdpa", **config)
+    return BertModel(bert_config).to(device=device, dtype=dtype).eval()
+
+
+def clock(device: torch.device) -> float:
+    """Seconds, after the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    return f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}"

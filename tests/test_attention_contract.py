@@ -1,0 +1,91 @@
+"""The GPU contract of the patched attention (DESIGN.md section 3): exact in float64 too, plan states built
+once and cached, no host-device synchronisation (``torch.compile(fullgraph=True)`` finds no data-dependent
+branch; on CUDA, ``set_sync_debug_mode("error")``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close_rel
+from test_attention import MIXED_RULES, plan_of, reference
+
+import headlab
+from headlab.core.attention import Controller
+from headlab.core.plans import POLICIES
+
+PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy in POLICIES if policy != "keep"},
+         "mixed": MIXED_RULES}
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("name", list(PLANS))
+def test_float64_model_matches_reference_to_1e_10(tiny_model, inputs, sentence_ids, name, renormalize):
+    model = tiny_model.double()
+    plan = plan_of(PLANS[name], model)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
+        out = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    valid = inputs["attention_mask"].bool()
+    assert_close_rel(out[valid], reference(model, inputs, plan, sentence_ids, renormalize)[valid], rtol=1e-10)
+
+
+def test_plan_states_are_built_once_and_cached(tiny_model):
+    plan = plan_of(MIXED_RULES, tiny_model)
+    with headlab.ablate(tiny_model, plan):
+        controller = tiny_model._headlab_controller
+        first = controller.active
+    with headlab.ablate(tiny_model, plan_of(MIXED_RULES, tiny_model)):  # an equal plan: the same state objects
+        assert controller.active is first
+    assert Controller.of(tiny_model) is controller and controller.active is None
+    layer0, layer1 = first[0], first[1]  # L0: H0 prune, H1 uniform, H2 drop_intra, H3 drop_inter
+    assert layer0.shared == slice(0, 2) and layer0.prune.flatten().tolist() == [True, False]
+    assert list(layer0.drops) == [("drop_intra", slice(2, 3)), ("drop_inter", slice(3, 4))]
+    assert layer1.shared.tolist() == [1, 3] and layer1.uniform.flatten().tolist() == [True, True]  # non-contiguous
+    assert [state is None for state in controller.states_for(plan_of([], tiny_model), False, torch.device("cpu"))] \
+        == [True] * 3
+    with pytest.raises(ValueError, match="nested ablation"), headlab.ablate(tiny_model, plan), \
+            headlab.ablate(tiny_model, plan):
+        pass
+
+
+def compiled_equals_eager(model, inputs, sentence_ids, plan, renormalize, backend):
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=backend, dynamic=False)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
+        eager = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+        traced = compiled(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    valid = inputs["attention_mask"].bool()
+    assert_close_rel(traced[valid], eager[valid], rtol=1e-5)
+    assert_close_rel(traced[valid], reference(model, inputs, plan, sentence_ids, renormalize)[valid])
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("name", list(PLANS))
+def test_fullgraph_compile_finds_no_data_dependent_branch(tiny_model, inputs, sentence_ids, name, renormalize):
+    """A graph break under fullgraph=True raises: the forward has no branch on tensor data (no host sync)."""
+    compiled_equals_eager(tiny_model, inputs, sentence_ids, plan_of(PLANS[name], tiny_model), renormalize, "aot_eager")
+
+
+@pytest.mark.slow
+def test_inductor_compiled_mixed_plan_equals_eager(tiny_model, inputs, sentence_ids):
+    compiled_equals_eager(tiny_model, inputs, sentence_ids, plan_of(MIXED_RULES, tiny_model), False, "inductor")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("name", list(PLANS))
+def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormalize):
+    model = tiny_model.cuda()
+    inputs = {k: v.cuda() for k, v in inputs.items()}
+    units = sentence_ids.cuda()  # (a host-to-device copy synchronises: done before the check)
+    plan = plan_of(PLANS[name], model)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
+        model(**inputs, sentence_ids=units)  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = model(**inputs, sentence_ids=units).last_hidden_state
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    valid = inputs["attention_mask"].bool().cpu()
+    assert_close_rel(out.cpu()[valid], reference(model.cpu(), {k: v.cpu() for k, v in inputs.items()}, plan,
+                                                 sentence_ids, renormalize)[valid])
