@@ -137,3 +137,13 @@ def test_error_reporting_leaves_bugs_alone():
     missing = MissingConfigException("In 'train': Could not find 'mask/x'\n\nAvailable options in 'mask':\n\ta",
                                      missing_cfg_file="mask/x", options=["a", "b"])
     assert user_error_message(missing) == "In 'train': Could not find 'mask/x'; available: a, b"
+
+
+def test_compile_needs_a_recent_torch():
+    from headlab.cli.schema import check_compile_supported
+    from headlab.errors import UserError
+
+    for fine in ("2.4.0", "2.13.0+cu130"):
+        check_compile_supported(fine)
+    with pytest.raises(UserError, match=r"compile=true needs torch >= 2.4; this is torch 2.3.1"):
+        check_compile_supported("2.3.1")

@@ -185,3 +185,16 @@ def test_labels_out_of_range_fail_before_the_model_loads(tmp_path):
     result = train(tmp_path, "task=demo_pairs", f"task.data_files.train={bad}", check=False)
     assert result.returncode != 0 and "label(s) outside 0..1, e.g. row 0 has label 7" in result.stderr
     assert "BertForSequenceClassification" not in result.stdout  # no model summary: no model was built
+
+
+@pytest.mark.slow
+def test_compiled_fine_tune_and_evaluation_equal_eager(tmp_path):
+    """compile=true (torch.compile, inductor) under a plan: the same metrics as eager, to float tolerance."""
+    plan = ["task=demo_pairs", "mask=drop_intra", "mask.heads=L0-1H0-1"]
+    train(tmp_path, *plan, run_dir=tmp_path / "eager")
+    run = train(tmp_path, *plan, "compile=true", run_dir=tmp_path / "compiled")
+    assert "torch.compile compiles the model" in run.stdout + run.stderr
+    eager, compiled = results(tmp_path / "eager"), results(tmp_path / "compiled")
+    assert compiled["config"]["compile"] is True and compiled["global_step"] == eager["global_step"] == 4
+    for name, value in eager["metrics"]["validation"].items():
+        assert compiled["metrics"]["validation"][name] == pytest.approx(value, rel=1e-4, abs=1e-5), name

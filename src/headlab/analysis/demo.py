@@ -34,6 +34,8 @@ def run_demo(cfg: Any, output_dir: str | Path) -> list[dict[str, Any]]:
     plans = {name: plan_from_mask(mask, num_layers, num_heads) for name, mask in masks.items()}
 
     tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
+    if cfg.get("compile"):
+        model.compile()
     texts, pairs = list(cfg.demo.texts), list(cfg.demo.text_pairs)
     encoding = tokenizer(texts, pairs, padding=True, truncation=True, return_offsets_mapping=True, return_tensors="pt")
     inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}

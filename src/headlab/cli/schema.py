@@ -12,7 +12,9 @@ Group files pick their schema in their defaults list (``- /schema/task/classific
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from headlab.errors import UserError, one_of
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("demo",)
+MIN_COMPILE_TORCH = (2, 4)
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
@@ -296,6 +299,7 @@ class TrainConfig:
     seed: int = 0
     experiment: str = "finetune"  # W&B group
     ckpt_path: str | None = None  # null (resume this job's last.ckpt if any), last, or a .ckpt path
+    compile: bool = False  # torch.compile the model (fine-tuning and evaluation)
 
 
 @dataclass
@@ -313,6 +317,7 @@ class AblateConfig:
     mask: MaskConfig = MISSING
     mode: str = "demo"
     seed: int = 0
+    compile: bool = False  # torch.compile the model
     demo: DemoConfig = field(default_factory=DemoConfig)
 
 
@@ -345,3 +350,13 @@ def check_config(cfg: Any) -> None:
             OmegaConf.to_object(cfg[group])
     if OmegaConf.get_type(cfg) is AblateConfig:
         one_of("mode", cfg.mode, ABLATE_MODES)
+    if cfg.get("compile"):
+        check_compile_supported(version("torch"))
+
+
+def check_compile_supported(torch_version: str) -> None:
+    """``compile=true`` needs torch >= 2.4 (SDPA with boolean masks under ``torch.compile`` and ``Module.compile``)."""
+    major, minor = (int(part) for part in re.match(r"(\d+)\.(\d+)", torch_version).groups())
+    if (major, minor) < MIN_COMPILE_TORCH:
+        raise UserError(f"compile=true needs torch >= {'.'.join(map(str, MIN_COMPILE_TORCH))}; this is torch "
+                        f"{torch_version}: upgrade torch, or run with compile=false")

@@ -83,6 +83,9 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
                               **OmegaConf.to_container(cfg.data, resolve=True))
         data.setup()  # load, check and tokenise the data before the model
         module = task_module(cfg.model, cfg.task, cfg.mask, cfg.optim)
+        if cfg.compile:
+            module.model.compile()  # in place: state-dict keys and checkpoints stay those of the plain model
+            log.info("compile=true: torch.compile compiles the model on its first batches (and once more per plan)")
         if logger:
             logger.log_hyperparams(resolved)
         trainer.fit(module, datamodule=data, ckpt_path=resume)
