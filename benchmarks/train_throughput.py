@@ -6,7 +6,7 @@
 
 Both sides train the same model on the same tokenised data, batch size, precision, AdamW with
 linear warm-up and decay, and gradient clipping at 1.0. The plain side is the loop one writes by
-hand: a DataLoader, the transformers model (stock SDPA, no plan), forward (under autocast for
+hand: the same batches in the same order, the transformers model (stock SDPA, no plan), forward (under autocast for
 bf16-mixed), backward, clip, step. The headlab side fine-tunes under ``--plan``. ``--shape minilm``
 is the embedded MiniLM; the BERT shapes are random weights with the tiny tokenizer (speed does not
 depend on the weights). Each round runs both, order alternating; the first ``--warmup`` steps of
@@ -32,6 +32,15 @@ from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import MODEL_INPUTS, task_module
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class SameBatches(TaskDataModule):
+    """The task's data module with a fixed batch order, so both sides train on identical (equally padded) batches."""
+
+    def train_dataloader(self) -> DataLoader:
+        order = torch.Generator().manual_seed(0)
+        return DataLoader(self.train_features, batch_size=self.batch_size, shuffle=True, generator=order,
+                          collate_fn=self.collator)
 
 
 class StepTimer(pl.Callback):
@@ -67,7 +76,7 @@ def run_plain(cfg, data, warmup: int, steps: int, device: torch.device, precisio
         [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.optim.weight_decay},
          {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=cfg.optim.lr, eps=cfg.optim.adam_eps)
     scheduler = get_linear_schedule_with_warmup(optimizer, 2, warmup + steps)
-    loader = DataLoader(data.train_features, batch_size=cfg.data.batch_size, shuffle=True, collate_fn=data.collator)
+    loader = data.train_dataloader()
     start = 0.0
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     for step, batch in enumerate(loader):
@@ -114,7 +123,7 @@ def main() -> None:
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides(args.shape, args.plan, args.task, args.batch))
-    data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, **cfg.data)
+    data = SameBatches(cfg.task, cfg.model, unit=cfg.mask.unit, **cfg.data)
     data.setup()
     pl.seed_everything(0, verbose=False)
     rates = {"headlab": [], "plain": []}

@@ -89,3 +89,20 @@ def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormaliz
     valid = inputs["attention_mask"].bool().cpu()
     assert_close_rel(out.cpu()[valid], reference(model.cpu(), {k: v.cpu() for k, v in inputs.items()}, plan,
                                                  sentence_ids, renormalize)[valid])
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sentence_ids, renormalize):
+    """drop_* masks are built once per forward; a new forward (new tensors, or ids edited in place) rebuilds them."""
+    plan = plan_of(MIXED_RULES, tiny_model)
+    other = sentence_ids.flip(-1).clone()
+    valid = inputs["attention_mask"].bool()
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
+        for units in (sentence_ids, other, sentence_ids):
+            out = tiny_model(**inputs, sentence_ids=units).last_hidden_state
+            assert_close_rel(out[valid], reference(tiny_model, inputs, plan, units, renormalize)[valid])
+        units = sentence_ids.clone()
+        tiny_model(**inputs, sentence_ids=units)
+        units.copy_(other)  # the same tensor object, edited in place
+        out = tiny_model(**inputs, sentence_ids=units).last_hidden_state
+    assert_close_rel(out[valid], reference(tiny_model, inputs, plan, other, renormalize)[valid])

@@ -101,6 +101,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
+        self.masks: tuple | None = None  # (tensors, values, unit masks) of the latest forward with drop_* heads
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -112,6 +113,21 @@ class Controller:
             for owner in (model, *controller.modules):
                 owner.__dict__[_CONTROLLER] = controller
         return controller
+
+    def drop_masks(self, renormalize: bool, attention_mask, sentence_ids, query) -> dict[str, tuple]:
+        """``unit_masks`` of this forward, built by its first ``drop_*`` layer and reused by the others.
+
+        Every layer gets the same mask and unit-id tensor objects, so identity tells the forward apart (no data
+        is read). Under ``torch.compile`` nothing is kept: each layer builds them and the compiler fuses.
+        """
+        if torch.compiler.is_compiling():
+            return unit_masks(renormalize, attention_mask, sentence_ids, query)
+        tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
+        values = (renormalize, query.device, *(getattr(t, "_version", None) for t in tensors))  # in-place edits
+        cached = self.masks
+        if cached is None or any(a is not b for a, b in zip(cached[0], tensors)) or cached[1] != values:
+            self.masks = cached = (tensors, values, unit_masks(renormalize, attention_mask, sentence_ids, query))
+        return cached[2]
 
     def states_for(self, plan: HeadPlan, renormalize: bool, device: torch.device) -> tuple[LayerState | None, ...]:
         key = (plan, renormalize, device)
@@ -136,8 +152,7 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         )
     if not layer.drops:  # one SDPA call serves every head
         return _shared(layer, query, key, value, attention_mask, dropout, scaling).transpose(1, 2).contiguous(), None
-    valid, bias = _validity(attention_mask, query)
-    same_unit = _same_unit(kwargs.get("sentence_ids"), query)  # [batch, 1, seq, seq]
+    masks = controller.drop_masks(layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
     out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
     groups = [("shared", layer.shared)] if layer.shared is not None else []
     for policy, heads in [*groups, *layer.drops]:
@@ -145,8 +160,7 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         if policy == "shared":
             context = _shared(layer, q, k, v, attention_mask, dropout, scaling)
         else:
-            allowed = ~same_unit if policy == "drop_intra" else same_unit
-            context = _restricted(q, k, v, valid, bias, allowed, layer.renormalize, dropout, scaling)
+            context = _restricted(q, k, v, *masks[policy], dropout, scaling)
         if isinstance(heads, slice):
             out[:, heads] = context
         else:
@@ -157,29 +171,53 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 def _shared(layer: LayerState, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
     """keep, prune and uniform heads in one SDPA call: pruned heads' values and uniform heads' queries zeroed."""
     if layer.uniform is not None:
-        q = q.masked_fill(layer.uniform, 0.0)
+        q = _zero_heads(q, layer.uniform)
         valid, bias = _validity(attention_mask, q)
         if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
             attention_mask = torch.where(layer.uniform, _with_bias(valid, torch.zeros_like(bias)), bias)
     if layer.prune is not None:
-        v = v.masked_fill(layer.prune, 0.0)
+        v = _zero_heads(v, layer.prune)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+
+
+def _zero_heads(x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[batch, heads, seq, head_dim]`` with the marked heads zeroed, in ``x``'s own memory order.
+
+    The projections give ``[batch, seq, heads, head_dim]`` memory seen through a transpose; filling in that
+    order keeps it, so SDPA's output comes back in the layout the stock path gets (no extra copies).
+    """
+    return x.transpose(1, 2).masked_fill(heads.transpose(1, 2), 0.0).transpose(1, 2)
 
 
 def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
     return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
 
 
-def _restricted(q, k, v, valid, bias, allowed, renormalize: bool, dropout: float, scaling) -> torch.Tensor:
-    """Attention limited to ``allowed`` keys (module docstring); a query with no allowed key outputs 0."""
-    keep = allowed & valid  # [batch, 1, seq, seq]
-    if renormalize:
-        has_key = keep.any(-1, keepdim=True)  # [batch, 1, seq, 1]
-        mask = _with_bias(keep | ~has_key, bias)  # a query with no allowed key attends anywhere, then is zeroed
+def unit_masks(renormalize: bool, attention_mask, sentence_ids, query) -> dict[str, tuple]:
+    """Per ``drop_*`` policy: (SDPA mask, ``has_key`` ``[batch, 1, seq, 1]`` or None); the same for every layer.
+
+    renormalize: the allowed keys (a query with none attends anywhere; ``has_key`` zeroes it afterwards).
+    Otherwise ``[allowed | other valid keys]`` ``[batch, 1, seq, 2 seq]`` for the doubled keys.
+    """
+    valid, bias = _validity(attention_mask, query)
+    same_unit = _same_unit(sentence_ids, query)  # [batch, 1, seq, seq]
+    masks = {}
+    for policy, allowed in (("drop_intra", ~same_unit), ("drop_inter", same_unit)):
+        keep = allowed & valid
+        if renormalize:
+            has_key = keep.any(-1, keepdim=True)
+            masks[policy] = (_with_bias(keep | ~has_key, bias), has_key)
+        else:
+            rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
+            masks[policy] = (torch.cat([_with_bias(keep, bias), _with_bias(rest, bias)], dim=-1), None)
+    return masks
+
+
+def _restricted(q, k, v, mask, has_key, dropout: float, scaling) -> torch.Tensor:
+    """Attention limited to the allowed keys (module docstring); a query with no allowed key outputs 0."""
+    if has_key is not None:  # renormalize
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
         return out.masked_fill(~has_key, 0.0)
-    rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
-    mask = torch.cat([_with_bias(keep, bias), _with_bias(rest, bias)], dim=-1)  # [batch, 1, seq, 2 seq]
     keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
@@ -297,6 +335,6 @@ def ablate(model: PreTrainedModel, plan: HeadPlan, renormalize: bool = False) ->
             config._attn_implementation_internal = ATTENTION_NAME
         yield model
     finally:
-        controller.active = None
+        controller.active, controller.masks = None, None
         for config, original in zip(controller.configs, originals):
             config._attn_implementation_internal = original
