@@ -106,3 +106,7 @@ def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sen
         units.copy_(other)  # the same tensor object, edited in place
         out = tiny_model(**inputs, sentence_ids=units).last_hidden_state
     assert_close_rel(out[valid], reference(tiny_model, inputs, plan, other, renormalize)[valid])
+    with torch.inference_mode(), headlab.ablate(tiny_model, plan, renormalize=renormalize):  # as Lightning evaluates
+        for units in (sentence_ids.clone(), other.clone()):
+            out = tiny_model(**inputs, sentence_ids=units).last_hidden_state
+            assert_close_rel(out[valid], reference(tiny_model, inputs, plan, units, renormalize)[valid])

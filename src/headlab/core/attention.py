@@ -123,7 +123,7 @@ class Controller:
         if torch.compiler.is_compiling():
             return unit_masks(renormalize, attention_mask, sentence_ids, query)
         tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
-        values = (renormalize, query.device, *(getattr(t, "_version", None) for t in tensors))  # in-place edits
+        values = (renormalize, query.device, *(_version(t) for t in tensors))  # in-place edits
         cached = self.masks
         if cached is None or any(a is not b for a, b in zip(cached[0], tensors)) or cached[1] != values:
             self.masks = cached = (tensors, values, unit_masks(renormalize, attention_mask, sentence_ids, query))
@@ -191,6 +191,11 @@ def _zero_heads(x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
 
 def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
     return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
+
+
+def _version(tensor: torch.Tensor | None) -> int | None:
+    """The tensor's in-place edit counter; inference tensors have none (they are matched by identity only)."""
+    return None if tensor is None or tensor.is_inference() else tensor._version
 
 
 def unit_masks(renormalize: bool, attention_mask, sentence_ids, query) -> dict[str, tuple]:
