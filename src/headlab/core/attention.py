@@ -330,14 +330,13 @@ def ablate(model: PreTrainedModel, plan: HeadPlan, renormalize: bool = False) ->
     if controller.active is not None:
         raise ValueError("model is already inside headlab.ablate; nested ablation is not supported")
     states = controller.states_for(plan, renormalize, _device(model))
-    if all(state is None for state in states):  # all keep: the stock model, untouched
-        yield model
-        return
+    switch = any(state is not None for state in states)  # all keep: the stock model runs untouched
     originals = [config._attn_implementation_internal for config in controller.configs]
     try:
         controller.active = states
-        for config in controller.configs:
-            config._attn_implementation_internal = ATTENTION_NAME
+        if switch:
+            for config in controller.configs:
+                config._attn_implementation_internal = ATTENTION_NAME
         yield model
     finally:
         controller.active, controller.masks = None, None
