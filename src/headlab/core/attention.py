@@ -101,7 +101,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: tuple | None = None  # (tensors, values, unit masks) of the latest forward with drop_* heads
+        self.masks: tuple | None = None  # (tensors, values, unit inputs, {policy: mask}) of the latest forward
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -114,20 +114,23 @@ class Controller:
                 owner.__dict__[_CONTROLLER] = controller
         return controller
 
-    def drop_masks(self, renormalize: bool, attention_mask, sentence_ids, query) -> dict[str, tuple]:
-        """``unit_masks`` of this forward, built by its first ``drop_*`` layer and reused by the others.
+    def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
+        """``unit_mask`` of ``policy`` for this forward, built by its first layer with that policy, reused by the rest.
 
         Every layer gets the same mask and unit-id tensor objects, so identity tells the forward apart (no data
         is read). Under ``torch.compile`` nothing is kept: each layer builds them and the compiler fuses.
         """
         if torch.compiler.is_compiling():
-            return unit_masks(renormalize, attention_mask, sentence_ids, query)
+            return unit_mask(policy, renormalize, *_unit_inputs(attention_mask, sentence_ids, query))
         tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
         values = (renormalize, query.device, *(_version(t) for t in tensors))  # in-place edits
         cached = self.masks
         if cached is None or any(a is not b for a, b in zip(cached[0], tensors)) or cached[1] != values:
-            self.masks = cached = (tensors, values, unit_masks(renormalize, attention_mask, sentence_ids, query))
-        return cached[2]
+            self.masks = cached = (tensors, values, _unit_inputs(attention_mask, sentence_ids, query), {})
+        inputs, by_policy = cached[2], cached[3]
+        if policy not in by_policy:
+            by_policy[policy] = unit_mask(policy, renormalize, *inputs)
+        return by_policy[policy]
 
     def states_for(self, plan: HeadPlan, renormalize: bool, device: torch.device) -> tuple[LayerState | None, ...]:
         key = (plan, renormalize, device)
@@ -152,7 +155,6 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         )
     if not layer.drops:  # one SDPA call serves every head
         return _shared(layer, query, key, value, attention_mask, dropout, scaling).transpose(1, 2).contiguous(), None
-    masks = controller.drop_masks(layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
     out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
     groups = [("shared", layer.shared)] if layer.shared is not None else []
     for policy, heads in [*groups, *layer.drops]:
@@ -160,7 +162,8 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         if policy == "shared":
             context = _shared(layer, q, k, v, attention_mask, dropout, scaling)
         else:
-            context = _restricted(q, k, v, *masks[policy], dropout, scaling)
+            mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
+            context = _restricted(q, k, v, *mask, dropout, scaling)
         if isinstance(heads, slice):
             out[:, heads] = context
         else:
@@ -198,24 +201,24 @@ def _version(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None or tensor.is_inference() else tensor._version
 
 
-def unit_masks(renormalize: bool, attention_mask, sentence_ids, query) -> dict[str, tuple]:
-    """Per ``drop_*`` policy: (SDPA mask, ``has_key`` ``[batch, 1, seq, 1]`` or None); the same for every layer.
+def _unit_inputs(attention_mask, sentence_ids, query) -> tuple:
+    """(key validity, additive bias or None, same unit ``[batch, 1, seq, seq]``): what every unit mask starts from."""
+    return (*_validity(attention_mask, query), _same_unit(sentence_ids, query))
+
+
+def unit_mask(policy: str, renormalize: bool, valid, bias, same_unit) -> tuple:
+    """(SDPA mask, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for every layer.
 
     renormalize: the allowed keys (a query with none attends anywhere; ``has_key`` zeroes it afterwards).
     Otherwise ``[allowed | other valid keys]`` ``[batch, 1, seq, 2 seq]`` for the doubled keys.
     """
-    valid, bias = _validity(attention_mask, query)
-    same_unit = _same_unit(sentence_ids, query)  # [batch, 1, seq, seq]
-    masks = {}
-    for policy, allowed in (("drop_intra", ~same_unit), ("drop_inter", same_unit)):
-        keep = allowed & valid
-        if renormalize:
-            has_key = keep.any(-1, keepdim=True)
-            masks[policy] = (_with_bias(keep | ~has_key, bias), has_key)
-        else:
-            rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
-            masks[policy] = (torch.cat([_with_bias(keep, bias), _with_bias(rest, bias)], dim=-1), None)
-    return masks
+    allowed = ~same_unit if policy == "drop_intra" else same_unit
+    keep = allowed & valid
+    if renormalize:
+        has_key = keep.any(-1, keepdim=True)
+        return _with_bias(keep | ~has_key, bias), has_key
+    rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
+    return torch.cat([_with_bias(keep, bias), _with_bias(rest, bias)], dim=-1), None
 
 
 def _restricted(q, k, v, mask, has_key, dropout: float, scaling) -> torch.Tensor:
