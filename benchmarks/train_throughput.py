@@ -70,7 +70,7 @@ def run_headlab(cfg, data, warmup: int, steps: int, device: torch.device, precis
 
 
 def run_plain(cfg, data, warmup: int, steps: int, device: torch.device, precision: str) -> float:
-    model = load_model(cfg.model, "sequence_classification", num_labels=cfg.task.num_labels).to(device).train()
+    model = load_model(cfg.model, "sequence_classification", {"num_labels": cfg.task.num_labels}).to(device).train()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(
         [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.optim.weight_decay},

@@ -102,7 +102,7 @@ def test_the_mask_applies_during_training(tmp_path):
     they end where they started, while the other layers move."""
     train(tmp_path, "task=demo_pairs", "mask=prune", "mask.heads=L0", "optim.weight_decay=0", "optim.lr=1e-2")
     state = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=False)["state_dict"]
-    initial = load_model(compose_train().model, "sequence_classification", num_labels=2).state_dict()
+    initial = load_model(compose_train().model, "sequence_classification", {"num_labels": 2}).state_dict()
     for layer, same in ((0, True), (1, False)):
         name = f"bert.encoder.layer.{layer}.attention.self.query.weight"
         assert torch.equal(state[f"model.{name}"], initial[name]) is same

@@ -1,18 +1,77 @@
-"""``ablate.py``: ``mode=`` picks the analysis stage; each stage is one function in ``headlab.analysis``."""
+"""``ablate.py``: check the config (no weights read), then run the ``mode=`` stage (``headlab.analysis``)."""
 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
+
+from omegaconf import OmegaConf, open_dict
 
 from headlab.cli.hydra_glue import job_dir
 from headlab.cli.schema import check_config
+from headlab.core.masks import check_mask, plan_from_mask
+from headlab.errors import UserError, one_of
+
+log = logging.getLogger(__name__)
 
 # mode -> "module:function"; a stage's module (and torch) loads only when it runs.
-MODES = {"demo": "headlab.analysis.demo:run_demo"}
+MODES = {
+    "eval": "headlab.analysis.eval_run:run_eval",
+    "sweep_heads": "headlab.analysis.sweep_heads:run_sweep_heads",
+    "demo": "headlab.analysis.demo:run_demo",
+}
+EVALUATING = ("eval", "sweep_heads")  # modes that score a checkpoint on a task
+
+
+def job_mask(cfg: Any) -> Any:
+    """``mask`` with the fields of the named ``plan`` (a preset's plan) laid over it."""
+    if cfg.plan is None:
+        return cfg.mask
+    one_of("plan", cfg.plan, list(cfg.plans))
+    fields = OmegaConf.to_container(cfg.plans[cfg.plan], resolve=True)
+    if "rules" in fields:  # a plan gives rules, or one policy on heads: the other form is cleared
+        fields |= {"policy": None, "heads": None}
+    elif "policy" in fields:
+        fields |= {"rules": None}
+    return OmegaConf.merge(cfg.mask, fields)
+
+
+def check_ablate_config(cfg: Any) -> None:
+    """Every check that needs no weights: types, ranges, the plan against the model's shape, the checkpoint."""
+    check_config(cfg)
+    if cfg.mode not in EVALUATING:
+        return
+    with open_dict(cfg):
+        cfg.mask = job_mask(cfg)
+    if cfg.mode == "sweep_heads":
+        from headlab.analysis.sweep_plans import check_sweep_mask
+
+        check_sweep_mask(cfg.mask)
+    else:
+        check_mask(cfg.mask)
+    from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
+    from headlab.training.checkpoints import locate_checkpoint
+
+    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model)) if cfg.mode == "eval" else None
+    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    warn_about_plan(cfg, plan)
+
+
+def warn_about_plan(cfg: Any, plan: Any) -> None:
+    """Plans that run but are probably not what was meant."""
+    if plan is not None and plan.is_identity and any(rule.policy != "keep" for rule in plan.rules):
+        log.warning("the mask selects no head (every head keeps its attention): this job equals the baseline")
+    policies = [cfg.mask.policy] if plan is None else [p for p, n in plan.counts().items() if n]
+    single_segment = cfg.task.type != "extractive_qa" and len(cfg.task.text_fields) == 1
+    if cfg.mask.unit == "segment" and single_segment and any(str(p).startswith("drop_") for p in policies):
+        log.warning(f"unit=segment on task {cfg.task.name}, which has one segment: every key is intra-segment, so "
+                    "drop_intra equals prune and drop_inter changes nothing (use unit=sentence)")
 
 
 def run_ablate(cfg: Any) -> Any:
-    check_config(cfg)
+    check_ablate_config(cfg)
+    if cfg.mode not in MODES:
+        raise UserError(f"mode={cfg.mode!r} is not implemented; modes: {', '.join(MODES)}")
     module, _, function = MODES[cfg.mode].partition(":")
     return getattr(importlib.import_module(module), function)(cfg, job_dir())

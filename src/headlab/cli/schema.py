@@ -26,7 +26,8 @@ from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("demo",)
+ABLATE_MODES = ("eval", "sweep_heads", "demo")
+SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 MIN_COMPILE_TORCH = (2, 4)
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
@@ -297,7 +298,8 @@ class TrainConfig:
     data: DataConfig = MISSING
     optim: OptimConfig = MISSING
     seed: int = 0
-    experiment: str = "finetune"  # W&B group
+    experiment: str = "finetune"  # the experiment's name
+    group: str = "finetune"  # W&B group (conf/train.yaml: the experiment)
     ckpt_path: str | None = None  # null (resume this job's last.ckpt if any), last, or a .ckpt path
     compile: bool = False  # torch.compile the model (fine-tuning and evaluation)
 
@@ -310,14 +312,37 @@ class DemoConfig:
 
 
 @dataclass
+class SweepConfig:
+    """``mode=sweep_heads``: which family of plans, each under ``mask.policy``."""
+
+    family: str = "single_head"  # single_head: each head alone; all_but_one: per layer, all heads but one; layer
+    heads_per_batch: int = 0  # plans per batched forward (0: all plans of a layer)
+
+    def __post_init__(self) -> None:
+        one_of("sweep.family", self.family, SWEEP_FAMILIES)
+        at_least("sweep.heads_per_batch", self.heads_per_batch, 0)
+
+
+@dataclass
 class AblateConfig:
     """``conf/ablate.yaml``."""
 
     model: ModelConfig = MISSING
+    task: Any = MISSING  # a ClassificationTaskConfig or QuestionAnsweringTaskConfig
     mask: MaskConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: Any = MISSING
+    data: DataConfig = MISSING
     mode: str = "demo"
     seed: int = 0
     compile: bool = False  # torch.compile the model
+    group: str = "adhoc"  # the sweep's name: W&B group and sweep directory (the preset's name by default)
+    ckpt_path: str | None = None  # .ckpt, train.py job directory, save_pretrained directory, or null
+    allow_random_head: bool = False
+    baseline_dir: str = "outputs/baselines"
+    plan: str | None = None  # a name in ``plans``: its mask fields override ``mask``
+    plans: dict[str, Any] = field(default_factory=dict)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
 
@@ -331,7 +356,7 @@ SCHEMAS = {
     "ablate_schema": AblateConfig,
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
-CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim")
+CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep")
 
 
 def register_configs() -> None:

@@ -12,14 +12,17 @@ from headlab.errors import UserError
 
 def mask_rules(mask: Any) -> list[dict[str, Any]]:
     """The rules a ``mask`` config describes: its ``rules`` list, or one ``{heads, policy}`` rule."""
-    rules = mask.get("rules")
-    if rules is not None and mask.get("policy") is not None:
+    rules, policy, heads = mask.get("rules"), mask.get("policy"), mask.get("heads")
+    if rules and policy is not None:
         raise UserError("a mask config gives either mask.rules or mask.policy + mask.heads, not both")
-    if rules is None:
-        if mask.get("heads") is None:
-            raise UserError(f"mask.policy={mask.policy} needs mask.heads=SELECTOR, e.g. mask.heads=L0H1 or all")
-        rules = [{"heads": mask.heads, "policy": check_policy(mask.policy)}]
-    return _plain(rules)
+    if policy is None:
+        if heads is not None:
+            raise UserError(f"mask.heads={_plain(heads)!r} needs a policy: mask=prune|uniform|drop_intra|drop_inter "
+                            "(or mask.policy=POLICY)")
+        return _plain(rules) if rules is not None else []
+    if heads is None:
+        raise UserError(f"mask.policy={policy} needs mask.heads=SELECTOR, e.g. mask.heads=L0H1 or all")
+    return [{"heads": _plain(heads), "policy": check_policy(policy)}]
 
 
 def _plain(value: Any) -> Any:

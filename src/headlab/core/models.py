@@ -7,6 +7,7 @@ a small WordPiece tokenizer built in code so that tests need no download.
 
 from __future__ import annotations
 
+import hashlib
 import string
 from pathlib import Path
 from typing import Any
@@ -89,16 +90,36 @@ def load_tokenizer(cfg: Any):
     return tiny_tokenizer() if cfg.get("random_init") else from_hub_or_folder(AutoTokenizer, cfg.name_or_path)
 
 
-def load_model(cfg: Any, head: str | None = None, **overrides: Any):
-    """The model in eval mode; ``head`` picks a task head (see ``HEADS``)."""
+def load_model(cfg: Any, head: str | None = None, overrides: dict[str, Any] | None = None):
+    """The model in eval mode; ``head`` picks a task head (see ``HEADS``), ``overrides`` sets config fields."""
+    return load_model_reporting(cfg, head, overrides)[0]
+
+
+def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str, Any] | None = None):
+    """``(model, missing)``: ``load_model``'s model and the parameters the weights did not have (newly initialised;
+    every parameter of a ``random_init`` model). A size mismatch with the weights is a ``UserError``."""
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r}; valid heads: {', '.join(map(str, HEADS))}")
     config = model_config(cfg)
-    for name, value in overrides.items():
+    for name, value in (overrides or {}).items():
         setattr(config, name, value)
     if cfg.get("random_init"):
         torch.manual_seed(cfg.get("seed", 0))
         model = HEADS[head].from_config(config)
-    else:
-        model = HEADS[head].from_pretrained(cfg.name_or_path, config=config)
-    return model.eval()
+        return model.eval(), [name for name, _ in model.named_parameters()]
+    try:
+        model, info = HEADS[head].from_pretrained(cfg.name_or_path, config=config, output_loading_info=True)
+    except RuntimeError as error:  # ignore_mismatched_sizes=False: weights of another shape
+        raise UserError(f"the weights in {cfg.name_or_path!r} do not fit a {head or 'bare'} model with "
+                        f"{dict(overrides or {})}: {' '.join(str(error).split())[:300]}") from None
+    return model.eval(), list(info["missing_keys"])
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """Short sha256 of every tensor of the state dict (names, dtypes, shapes and bytes): which weights these are."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -60,3 +60,38 @@ class TrainResult:
 
     def write(self, path: str | Path) -> Path:
         return write_json_atomic(path, asdict(self))
+
+
+@dataclass
+class EvalResult:
+    """``results.json`` of an evaluation under a plan (``ablate.py mode=eval``, one per plan of ``sweep_heads``).
+
+    Metrics per eval split include ``loss`` (the mean per-example loss); ``delta`` = metrics - baseline.
+    ``records``: this job's per-example records (parquet, beside the file); ``baseline_records``: the baseline's.
+    """
+
+    mode: str
+    group: str
+    task: str
+    model: str
+    checkpoint: dict[str, Any]  # kind, path, weights_hash
+    seed: int
+    plan_name: str
+    plan: dict[str, Any]  # HeadPlan.to_dict(): rules and the policy of every changed head
+    policy: str  # the policies the plan uses, "+"-joined ("keep" for none)
+    unit: str
+    renormalize: bool
+    metrics: dict[str, dict[str, float]]  # split -> metric -> value
+    baseline: dict[str, dict[str, float]]
+    delta: dict[str, dict[str, float]]
+    num_examples: dict[str, int]
+    records: str
+    baseline_records: dict[str, str]  # split -> parquet file of the baseline's records
+    config_hash: str
+    config: dict[str, Any]
+    versions: dict[str, str] = field(default_factory=library_versions)
+    kind: str = "eval"
+    complete: bool = True
+
+    def write(self, path: str | Path) -> Path:
+        return write_json_atomic(path, asdict(self))

@@ -17,8 +17,10 @@ from headlab.core.units import unit_ids
 from headlab.files import config_hash
 from headlab.tasks.squad import tokenize_squad
 
+FEATURES_VERSION = 2  # part of the cache key: bump when the feature columns change
 
-def _encode_texts(batch, tokenizer, text_fields, label_field, max_length, unit):
+
+def _encode_texts(batch, indices, tokenizer, text_fields, label_field, max_length, unit):
     texts = batch[text_fields[0]]
     pairs = batch[text_fields[1]] if len(text_fields) == 2 else None
     enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, return_offsets_mapping=True)
@@ -26,6 +28,7 @@ def _encode_texts(batch, tokenizer, text_fields, label_field, max_length, unit):
     out = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
     out["sentence_ids"] = [row[: len(ids)].tolist() for row, ids in zip(units, enc["input_ids"])]
     out["labels"] = batch[label_field]
+    out["example_index"] = indices  # the row of the split (per-example records)
     return out
 
 
@@ -35,14 +38,14 @@ def tokenize_split(
 ) -> datasets.Dataset:
     """Model inputs and ``sentence_ids`` of one split, cached on disk.
 
-    Classification / regression: one row per example with ``labels``. Extractive QA
-    (``headlab.tasks.squad``): training features with ``start_positions`` / ``end_positions``, or
-    evaluation features with ``example_index`` and ``context_offsets``.
+    Classification / regression: one row per example with ``labels`` and ``example_index``.
+    Extractive QA (``headlab.tasks.squad``): features with ``start_positions`` / ``end_positions``;
+    evaluation features also with ``example_index`` and ``context_offsets``.
     """
     qa = task.type == "extractive_qa"
     layout = {"doc_stride": task.doc_stride, "training": training} if qa else {"text_fields": list(task.text_fields)}
-    key = config_hash([task.name, split, dataset._fingerprint, tokenizer.name_or_path, len(tokenizer), unit,
-                       task.max_length, layout])
+    key = config_hash([FEATURES_VERSION, task.name, split, dataset._fingerprint, tokenizer.name_or_path,
+                       len(tokenizer), unit, task.max_length, layout])
     path = Path(cache_dir) / task.name / f"{split}-{key}.arrow"
     path.parent.mkdir(parents=True, exist_ok=True)
     if qa:
@@ -50,6 +53,7 @@ def tokenize_split(
     return dataset.map(
         _encode_texts,
         batched=True,
+        with_indices=True,
         remove_columns=dataset.column_names,
         fn_kwargs={"tokenizer": tokenizer, "text_fields": list(task.text_fields), "label_field": task.label_field,
                    "max_length": task.max_length, "unit": unit},

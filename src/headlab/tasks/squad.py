@@ -2,10 +2,11 @@
 
 Features follow the standard preprocessing of BERT on SQuAD (Devlin et al.; HF ``run_qa.py``):
 question first, context second, the context cut into windows of ``max_length`` tokens that
-overlap by ``doc_stride`` tokens, so one question can have several features. Training features
-carry the answer's token span, or ``[CLS]`` (position 0) when the answer is not inside the window
-(and for unanswerable v2 questions). Evaluation features carry the index of their question and
-each token's character span in the context (``[-1, -1]`` outside the context).
+overlap by ``doc_stride`` tokens, so one question can have several features. Every feature
+carries the (first) answer's token span, or ``[CLS]`` (position 0) when the answer is not inside
+the window (and for unanswerable v2 questions): the training target and the eval loss's.
+Evaluation features also carry the index of their question and each token's character span in the
+context (``[-1, -1]`` outside the context).
 
 Post-processing (``best_spans`` + ``AnswerCollector``) merges the features of one question:
 
@@ -66,11 +67,10 @@ def encode_squad(batch, indices, tokenizer, max_length, doc_stride, unit, traini
         [list(offset) if segment == 1 else OUTSIDE for segment, offset in zip(enc.sequence_ids(row), offsets)]
         for row, offsets in enumerate(enc["offset_mapping"])
     ]
-    if training:
-        positions = [_answer_tokens(span, batch["answers"][sample]) for span, sample in zip(spans, samples)]
-        out["start_positions"] = [start for start, _ in positions]
-        out["end_positions"] = [end for _, end in positions]
-    else:
+    positions = [_answer_tokens(span, batch["answers"][sample]) for span, sample in zip(spans, samples)]
+    out["start_positions"] = [start for start, _ in positions]  # evaluation features too: the eval loss
+    out["end_positions"] = [end for _, end in positions]
+    if not training:
         out["example_index"] = [indices[sample] for sample in samples]
         out["context_offsets"] = spans
     return out

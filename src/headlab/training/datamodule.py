@@ -66,6 +66,7 @@ class TaskDataModule(pl.LightningDataModule):
         max_train_examples: int | None = None,
         max_eval_examples: int | None = None,
         seed: int = 0,
+        train: bool = True,
     ):
         super().__init__()
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
@@ -76,6 +77,7 @@ class TaskDataModule(pl.LightningDataModule):
         self.cache_dir, self.seed = Path(cache_dir), seed
         self.limits = {"train": max_train_examples, "eval": max_eval_examples}
         self.eval_splits = list(task.eval_splits)
+        self.with_train = train  # False: evaluation only (the training split is neither read nor tokenised)
 
     def prepare_data(self) -> None:
         self.setup()
@@ -86,14 +88,18 @@ class TaskDataModule(pl.LightningDataModule):
 
     def _build(self) -> None:
         tokenizer = load_tokenizer(self.model_cfg)
-        raw = load_task_data(self.task)
+        raw = load_task_data(self.task, [self.task.train_split, *self.eval_splits] if self.with_train
+                             else self.eval_splits)
         limit = lambda data, n: data if n is None else data.select(range(min(n, len(data))))  # noqa: E731
-        train = limit(raw[self.task.train_split], self.limits["train"])
         self.eval_examples = {split: limit(raw[split], self.limits["eval"]) for split in self.eval_splits}
-        self.num_examples = {self.task.train_split: len(train), **{s: len(d) for s, d in self.eval_examples.items()}}
+        self.num_examples = {s: len(d) for s, d in self.eval_examples.items()}
         tokenize = lambda data, split, training: tokenize_split(  # noqa: E731
             data, self.task, tokenizer, self.unit, self.cache_dir, split, training)
-        self.train_features = tokenize(train, self.task.train_split, True)
+        self.train_features = None
+        if self.with_train:
+            train = limit(raw[self.task.train_split], self.limits["train"])
+            self.num_examples = {self.task.train_split: len(train), **self.num_examples}
+            self.train_features = tokenize(train, self.task.train_split, True)
         self.eval_features = {split: tokenize(data, split, False) for split, data in self.eval_examples.items()}
         self.collator = Collator(tokenizer.pad_token_id, regression=self.task.type == "regression")
 

@@ -2,12 +2,14 @@
 
 The job directory is a pure function of the command line (Hydra's run dir, see conf/train.yaml).
 Rerunning a finished job prints its results and stops; rerunning a killed one resumes from its
-``checkpoints/last.ckpt``.
+``checkpoints/last.ckpt``. The final weights are also saved with ``save_pretrained`` (and the
+tokenizer) in ``model/``, readable by any Hugging Face tool and by ``ablate.py ckpt_path=JOB_DIR``.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,11 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from headlab.core.models import load_tokenizer
 from headlab.errors import UserError
 from headlab.files import config_hash, write_json_atomic
 from headlab.reporting.results import TrainResult, read_complete
+from headlab.training.checkpoints import FINAL_WEIGHTS
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_module
 from headlab.training.tracking import build_logger, finish_tracking
@@ -28,7 +32,7 @@ from headlab.training.tracking import build_logger, finish_tracking
 log = logging.getLogger(__name__)
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("ckpt_path", "logger", "experiment")
+RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group")
 
 
 def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
@@ -42,12 +46,11 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None
     return str(path)
 
 
-def make_trainer(trainer_cfg: Any, checkpoint: ModelCheckpoint, logger: Any, output_dir: Path) -> pl.Trainer:
-    """A Lightning Trainer from the ``trainer`` group, with the checkpoint callback and the logger.
+def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir: Path) -> pl.Trainer:
+    """A Lightning Trainer from the ``trainer`` group, with callbacks and the logger.
 
     Lightning checks its arguments here (devices, strategy, accelerator ...): what it rejects is bad input.
     """
-    callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
     try:
         return pl.Trainer(**OmegaConf.to_container(trainer_cfg, resolve=True), callbacks=callbacks,
                           logger=logger or False, default_root_dir=output_dir)
@@ -78,7 +81,8 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     try:
         checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=monitor, mode="max",
                                      save_last=True, auto_insert_metric_name=False)
-        trainer = make_trainer(cfg.trainer, checkpoint, logger, output_dir)
+        callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
+        trainer = make_trainer(cfg.trainer, callbacks, logger, output_dir)
         data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
                               **OmegaConf.to_container(cfg.data, resolve=True))
         data.setup()  # load, check and tokenise the data before the model
@@ -110,6 +114,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             config=resolved,
         )
         if trainer.is_global_zero:
+            save_final_weights(module.model, load_tokenizer(cfg.model), output_dir / FINAL_WEIGHTS)
             write_predictions(module, output_dir)
             result.write(results_path)
             _print_summary(result, output_dir, logger)
@@ -117,6 +122,17 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         return asdict(result)
     finally:
         finish_tracking(failed)
+
+
+def save_final_weights(model: Any, tokenizer: Any, folder: Path) -> Path:
+    """``save_pretrained`` of the model and tokenizer into ``folder``, atomically (a full folder or none)."""
+    staging = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder
 
 
 def write_predictions(module: Any, output_dir: Path) -> list[Path]:
@@ -131,6 +147,7 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
         console.print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
     console.print(f"results     {output_dir / 'results.json'}")
     console.print(f"checkpoint  {result.last_checkpoint} (best {result.main_metric}: {result.best_checkpoint})")
+    console.print(f"weights     {output_dir / FINAL_WEIGHTS} (save_pretrained; evaluate with ablate.py ckpt_path=DIR)")
     if logger is not None:
         console.print(f"logs        {logger.save_dir} ({type(logger).__name__})")
 

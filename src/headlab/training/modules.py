@@ -4,7 +4,8 @@ The plan (``mask`` config) applies in every forward pass, training included, so 
 with heads removed is the same switch as evaluating with them removed. Metrics are torchmetrics
 objects per eval split (exact across processes); after each validation epoch the module logs
 ``{split}/{metric}`` and keeps the values in ``last_metrics`` and the number of examples
-evaluated (over all processes) in ``last_counts``.
+evaluated (over all processes) in ``last_counts``. The per-example helpers below (losses, gathering)
+also serve evaluation under plans (``headlab.analysis.evaluation``).
 """
 
 from __future__ import annotations
@@ -36,13 +37,11 @@ class TaskModule(pl.LightningModule):
     checkpoints as hyper-parameters, so ``load_from_checkpoint`` rebuilds the module).
     """
 
-    head: str = ""
-
     def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
         super().__init__()
         self.save_hyperparameters()
         self.model_cfg, self.task, self.mask, self.optim = (OmegaConf.create(c) for c in (model, task, mask, optim))
-        self.model = load_model(self.model_cfg, self.head, **self.head_config()).train()  # Lightning keeps modes
+        self.model = load_model(self.model_cfg, *task_head(self.task)).train()  # Lightning keeps modes
         self.plan = plan_from_mask(self.mask, *model_shape(self.model_cfg))
         self.uses_units = any(count and policy.startswith("drop_") for policy, count in self.plan.counts().items())
         self.eval_splits = list(self.task.eval_splits)
@@ -50,9 +49,7 @@ class TaskModule(pl.LightningModule):
         self.last_metrics: dict[str, dict[str, float]] = {}
         self.last_counts: dict[str, int] = {}
         self.validated_step = -1  # global step of the last full validation
-
-    def head_config(self) -> dict[str, Any]:
-        return {}
+        self._pending: dict[str, list[tuple[torch.Tensor, ...]]] = {split: [] for split in self.eval_splits}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
         inputs = {name: batch[name] for name in MODEL_INPUTS if name in batch}
@@ -79,6 +76,15 @@ class TaskModule(pl.LightningModule):
         scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def _keep(self, split: str, *columns: torch.Tensor) -> None:
+        """Per-example values of one batch, kept on the CPU until the epoch ends."""
+        self._pending[split].append(tuple(c.detach().cpu() for c in columns))
+
+    def _take(self, split: str) -> list[tuple]:
+        """This process's kept rows of ``split`` (tuples, one value per column), and forget them."""
+        batches, self._pending[split] = self._pending[split], []
+        return [row for batch in batches for row in zip(*(c.tolist() for c in batch))]
+
     def _log_split_metrics(self, split: str, values: dict[str, torch.Tensor]) -> None:
         self.last_counts[split] = int(self.evaluated[split].compute())
         self.evaluated[split].reset()
@@ -91,8 +97,6 @@ class TaskModule(pl.LightningModule):
 class ClassificationModule(TaskModule):
     """Sequence classification (GLUE) and regression (STS-B: one output, MSE loss)."""
 
-    head = "sequence_classification"
-
     def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
         super().__init__(model, task, mask, optim)
         self.regression = self.task.type == "regression"
@@ -100,11 +104,6 @@ class ClassificationModule(TaskModule):
             {split: glue_metrics(list(self.task.metrics), self.task.num_labels) for split in self.eval_splits}
         )
         self.eval_loss = torch.nn.ModuleDict({split: MeanMetric() for split in self.eval_splits})
-
-    def head_config(self) -> dict[str, Any]:
-        if self.task.type == "regression":
-            return {"num_labels": 1, "problem_type": "regression"}
-        return {"num_labels": self.task.num_labels, "problem_type": "single_label_classification"}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.eval_splits[dataloader_idx]
@@ -129,6 +128,13 @@ class ClassificationModule(TaskModule):
     on_test_epoch_end = on_validation_epoch_end
 
 
+def example_losses(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
+    """``[batch]`` loss of each example, the terms of the model's mean loss (MSE or cross-entropy), in float32+."""
+    if regression:
+        return (logits[:, 0].double() - labels.double()) ** 2
+    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+
+
 class QuestionAnsweringModule(TaskModule):
     """Extractive QA (SQuAD v1.1 / v2.0): span logits merged per question by ``headlab.tasks.squad``.
 
@@ -136,19 +142,21 @@ class QuestionAnsweringModule(TaskModule):
     holds the last predicted answer of every question id, gathered from all processes.
     """
 
-    head = "question_answering"
-
     def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
         super().__init__(model, task, mask, optim)
         self.metrics = torch.nn.ModuleDict({split: SquadMetric(self.task.version) for split in self.eval_splits})
         self.collectors = {split: AnswerCollector() for split in self.eval_splits}
+        self.eval_loss = torch.nn.ModuleDict({split: MeanMetric() for split in self.eval_splits})
         self.predictions: dict[str, dict[str, str]] = {}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = self.eval_splits[dataloader_idx]
         out = self(batch)  # start_logits, end_logits: [batch, seq]
         spans = best_spans(out.start_logits, out.end_logits, batch["context_offsets"], self.task.n_best,
                            self.task.max_answer_length)
-        self.collectors[self.eval_splits[dataloader_idx]].add(batch["example_index"], spans)
+        self.collectors[split].add(batch["example_index"], spans)
+        self._keep(split, batch["example_index"], span_losses(out.start_logits, out.end_logits,
+                                                              batch["start_positions"], batch["end_positions"]))
 
     def on_validation_epoch_end(self) -> None:
         examples = self.trainer.datamodule.eval_examples
@@ -157,28 +165,54 @@ class QuestionAnsweringModule(TaskModule):
             answers = self.collectors[split].answers(list(rows["context"]), self.task.version)
             gold = list(rows["answers"])
             golds = [gold[i]["text"] for i in answers]
+            losses = question_losses(self._take(split))  # question -> mean loss of its features
             self.metrics[split].update(list(answers.values()), golds)
+            self.eval_loss[split].update(torch.tensor([losses[i] for i in answers], dtype=torch.float64))
             self.evaluated[split].update(len(answers))
-            self._log_split_metrics(split, self.metrics[split].compute())
+            values = {**self.metrics[split].compute(), "loss": self.eval_loss[split].compute()}
+            self._log_split_metrics(split, values)
             self.metrics[split].reset()
+            self.eval_loss[split].reset()
             ids = list(rows["id"])
-            self.predictions[split] = {ids[i]: text for i, text in gather_answers(answers)}
+            self.predictions[split] = {ids[i]: text for i, text in gather_rows(list(answers.items()))}
             self.collectors[split] = AnswerCollector()
 
     test_step = validation_step
     on_test_epoch_end = on_validation_epoch_end
 
 
-def gather_answers(answers: dict[int, str]) -> list[tuple[int, str]]:
-    """``(question index, answer)`` of every process's questions, sorted; each question exactly once."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return sorted(answers.items())
-    shards: list[dict[int, str] | None] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(shards, answers)
-    merged = [item for shard in shards for item in shard.items()]
-    if len({index for index, _ in merged}) != len(merged):
-        raise RuntimeError("a question was answered on two processes; the evaluation sampler must shard questions")
-    return sorted(merged)
+def span_losses(start_logits, end_logits, start_positions, end_positions) -> torch.Tensor:
+    """``[features]``: (cross-entropy of the start + of the end position) / 2, the terms of HF's QA loss."""
+    ce = lambda logits, target: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
+    return (ce(start_logits, start_positions) + ce(end_logits, end_positions)) / 2
+
+
+def question_losses(rows: list[tuple[int, float]]) -> dict[int, float]:
+    """Mean loss of each question's features, from ``(question, feature loss)`` rows."""
+    totals: dict[int, list[float]] = {}
+    for question, loss in rows:
+        totals.setdefault(question, []).append(loss)
+    return {question: math.fsum(losses) / len(losses) for question, losses in totals.items()}
+
+
+def gather_rows(rows: list[tuple]) -> list[tuple]:
+    """Every process's rows (tuples starting with an example index), sorted; each example exactly once."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        shards: list[list[tuple] | None] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(shards, rows)
+        rows = [row for shard in shards for row in shard]
+    if len({row[0] for row in rows}) != len(rows):
+        raise RuntimeError("an example was evaluated twice; the evaluation sampler must shard examples")
+    return sorted(rows, key=lambda row: row[0])
+
+
+def task_head(task: Any) -> tuple[str, dict[str, Any]]:
+    """The model head a task needs (``headlab.core.models.HEADS``) and its config fields."""
+    if task.type == "extractive_qa":
+        return "question_answering", {}
+    if task.type == "regression":
+        return "sequence_classification", {"num_labels": 1, "problem_type": "regression"}
+    return "sequence_classification", {"num_labels": task.num_labels, "problem_type": "single_label_classification"}
 
 
 MODULES = {"classification": ClassificationModule, "regression": ClassificationModule,

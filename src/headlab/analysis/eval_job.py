@@ -1,0 +1,189 @@
+"""What every evaluating job shares (``mode=eval``, ``mode=sweep_heads``): the checkpoint's model on the task's
+eval splits, a Lightning Trainer, the cached unablated baseline, results files and the one-line summary.
+
+The baseline of a checkpoint + task + split + data settings is computed once and cached under
+``baseline_dir/<key>/`` (``baseline.json`` + ``records.parquet``), the key a hash of exactly those,
+the weights' hash included. A file lock makes parallel jobs of a sweep compute it once: the first
+job evaluates the baseline together with its own plans (one pass over the data), the others wait and
+read it. Under DDP the processes Lightning starts inherit the first process's decision (an
+environment variable), so all of them run the same plans.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from headlab.analysis.evaluation import PlanEvaluator, Variant
+from headlab.core.models import weights_hash
+from headlab.core.plans import HeadPlan
+from headlab.files import config_hash, read_json, write_json_atomic
+from headlab.reporting.records import read_records, write_records
+from headlab.reporting.results import EvalResult, read_complete
+from headlab.tasks.record_metrics import metrics_from_records
+from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config
+from headlab.training.datamodule import TaskDataModule
+from headlab.training.finetune import make_trainer
+from headlab.training.tracking import build_logger
+
+# Keys that do not change what a job computes: left out of its config hash.
+RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo")
+BASELINE = "baseline"  # the name of the unablated variant
+
+
+def hashed_config(cfg: Any) -> tuple[dict[str, Any], str]:
+    """The resolved config and the hash of what it computes."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return resolved, config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS})
+
+
+def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:
+    """The complete results of this very config, announced, or None (missing, partial, corrupt or another config)."""
+    done = read_complete(results_path, job_hash)
+    if done is not None:
+        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
+    return done
+
+
+def policy_label(plan: HeadPlan) -> str:
+    """The policies a plan uses, ``+``-joined (``keep`` when it changes no head)."""
+    used = [policy for policy, count in plan.counts().items() if count and policy != "keep"]
+    return "+".join(used) or "keep"
+
+
+class EvalJob:
+    """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
+
+    def __init__(self, cfg: Any, output_dir: Path, job_hash: str, resolved: dict[str, Any]):
+        self.cfg, self.output_dir, self.job_hash, self.resolved = cfg, output_dir, job_hash, resolved
+        self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+        data_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
+                    if k not in ("batch_size", "max_train_examples")}
+        self.data = TaskDataModule(cfg.task, tokenizer_config(self.checkpoint, cfg.model), unit=cfg.mask.unit,
+                                   seed=cfg.seed, train=False, **data_cfg)
+        self.data.setup()  # load, check and tokenise the data before the weights
+        self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head)
+        if cfg.compile:
+            self.model.compile()
+        self.weights = weights_hash(self.model)
+        self.logger = build_logger(cfg.logger, run_id=job_hash,
+                                   run_name=f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
+        self.trainer = make_trainer(cfg.trainer, [], None, output_dir)
+        if self.logger:
+            self.logger.log_hyperparams(resolved)
+
+    # ------------------------------------------------------------------ baseline
+
+    def baseline_key(self, split: str) -> str:
+        data = {k: v for k, v in self.resolved["data"].items() if k not in ("num_workers", "cache_dir")}
+        return config_hash({"weights": self.weights, "task": self.resolved["task"], "split": split, "data": data,
+                            "precision": self.resolved["trainer"]["precision"]})
+
+    def _baseline_paths(self, split: str) -> tuple[Path, Path]:
+        folder = Path(self.cfg.baseline_dir) / self.baseline_key(split)
+        return folder / "baseline.json", folder / "records.parquet"
+
+    def _cached_baselines(self) -> dict[str, Any] | None:
+        """``{split: records}`` of the cached baseline, or None when a split is missing."""
+        cached = {}
+        for split in self.data.eval_splits:
+            summary, records = self._baseline_paths(split)
+            if not (summary.is_file() and records.is_file() and read_json(summary, "baseline").get("complete")):
+                return None
+            cached[split] = read_records(records)
+        return cached
+
+    def _write_baseline(self, split: str, records: list[dict[str, Any]]) -> None:
+        summary, path = self._baseline_paths(split)
+        write_records(path, records)
+        write_json_atomic(summary, {
+            "task": self.cfg.task.name, "model": self.cfg.model.name, "split": split,
+            "checkpoint": self.checkpoint_record(), "metrics": metrics_from_records(_frame(records), self.cfg.task),
+            "num_examples": len(records), "key": self.baseline_key(split), "complete": True})
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, variants: list[Variant]) -> tuple[dict[tuple[str, str], Any], dict[str, Any]]:
+        """Records of every variant and split, and the baseline's per split (``pandas.DataFrame`` each)."""
+        decision = f"HEADLAB_BASELINE_CACHED_{self.job_hash}"  # the first process's decision, for DDP children
+        first = decision not in os.environ
+        lock_path = Path(self.cfg.baseline_dir) / f"{self.weights}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(lock_path) if first else nullcontext():
+            cached = self._cached_baselines() if first or os.environ[decision] == "1" else None
+            os.environ[decision] = "0" if cached is None else "1"
+            identity = next((v for v in variants if v.plan.is_identity), None)
+            shape = variants[0].plan.num_layers, variants[0].plan.num_heads
+            extra = [] if cached is not None or identity else [Variant(BASELINE, HeadPlan.keep_all(*shape))]
+            evaluator = PlanEvaluator(self.model, self.cfg.task, [*variants, *extra], self.data.eval_examples)
+            self.trainer.validate(evaluator, datamodule=self.data, verbose=False)
+            if cached is None:
+                source = (identity or extra[0]).name
+                cached = {split: _frame(evaluator.records[(source, split)]) for split in self.data.eval_splits}
+                if self.trainer.is_global_zero:
+                    for split in self.data.eval_splits:
+                        self._write_baseline(split, evaluator.records[(source, split)])
+        records = {key: _frame(rows) for key, rows in evaluator.records.items()}
+        return records, cached
+
+    def checkpoint_record(self) -> dict[str, Any]:
+        return {"kind": self.checkpoint.kind, "path": self.checkpoint.path, "ckpt_path": self.cfg.ckpt_path,
+                "weights_hash": self.weights}
+
+    def result(self, variant: Variant, records: dict[str, Any], baseline: dict[str, Any],
+               folder: Path) -> EvalResult:
+        """Write ``variant``'s per-example records and ``results.json`` into ``folder`` (rank 0 only)."""
+        metrics = {split: metrics_from_records(records[split], self.cfg.task) for split in self.data.eval_splits}
+        base = {split: metrics_from_records(baseline[split], self.cfg.task) for split in self.data.eval_splits}
+        rows = [{"split": split, **row} for split in self.data.eval_splits
+                for row in records[split].to_dict("records")]
+        result = EvalResult(
+            mode=self.cfg.mode, group=self.cfg.group, task=self.cfg.task.name, model=self.cfg.model.name,
+            checkpoint=self.checkpoint_record(), seed=self.cfg.seed, plan_name=variant.name,
+            plan=variant.plan.to_dict(), policy=policy_label(variant.plan), unit=self.cfg.mask.unit,
+            renormalize=variant.renormalize, metrics=metrics, baseline=base,
+            delta={s: {m: metrics[s][m] - base[s][m] for m in metrics[s]} for s in metrics},
+            num_examples={split: len(records[split]) for split in self.data.eval_splits},
+            records="records.parquet",
+            baseline_records={split: str(self._baseline_paths(split)[1].absolute()) for split in base},
+            config_hash=self.job_hash, config=self.resolved,
+        )
+        if self.trainer.is_global_zero:
+            write_records(folder / "records.parquet", rows)
+            result.write(folder / "results.json")
+        return result
+
+    def log_metrics(self, result: EvalResult, prefix: str = "") -> None:
+        """The metrics, the baseline's and the deltas to the configured logger (W&B, CSV)."""
+        if not self.logger:
+            return
+        values = {}
+        for split, metrics in result.metrics.items():
+            for name, value in metrics.items():
+                values |= {f"{prefix}{split}/{name}": value, f"{prefix}{split}/{name}_baseline":
+                           result.baseline[split][name], f"{prefix}{split}/{name}_delta": result.delta[split][name]}
+        self.logger.log_metrics(values, step=0)
+
+    def finish(self) -> None:
+        if self.logger:
+            self.logger.finalize("success")
+
+
+def summary_line(result: EvalResult, main_metric: str, where: Path) -> str:
+    """``plan: split metric value (baseline b, delta d) -> results path``, one line per job."""
+    parts = [f"{split} {main_metric} {m[main_metric]:.4f} (baseline {result.baseline[split][main_metric]:.4f}, "
+             f"delta {result.delta[split][main_metric]:+.4f})" for split, m in result.metrics.items()]
+    return f"{result.plan_name} [{result.policy}]: " + "; ".join(parts) + f" -> {where}"
+
+
+def _frame(rows: list[dict[str, Any]]):
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+

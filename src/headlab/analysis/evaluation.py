@@ -1,0 +1,124 @@
+"""Evaluation under head plans: per-example records of several plans from one pass over the data.
+
+``PlanEvaluator`` is a LightningModule for ``Trainer.validate``: every batch runs once per plan
+(``Variant``), and each (variant, eval split) gets one record per example, gathered from every
+process in example order (the data module's sampler gives each process whole examples, once).
+The records hold what the task's metrics need (``headlab.tasks.record_metrics``), so results are
+computed from them, on all examples or, by the statistics, on any subset.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from headlab.core.attention import ablate
+from headlab.core.plans import HeadPlan
+from headlab.tasks.metrics import squad_scores
+from headlab.tasks.squad import AnswerCollector, best_spans
+from headlab.training.modules import example_losses, gather_rows, question_losses, span_losses
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the model: a plan and its ``renormalize`` (``name`` keys its records)."""
+
+    name: str
+    plan: HeadPlan
+    renormalize: bool = False
+
+    @property
+    def uses_units(self) -> bool:
+        return any(count and policy.startswith("drop_") for policy, count in self.plan.counts().items())
+
+
+class PlanEvaluator(pl.LightningModule):
+    """Scores ``model`` (a HF model with the task's head) under each variant on the eval splits.
+
+    ``examples[split]``: the raw eval rows (ids; SQuAD contexts and gold answers). After
+    ``Trainer.validate``, ``records[(variant name, split)]`` holds one dict per example.
+    """
+
+    def __init__(self, model: torch.nn.Module, task: Any, variants: list[Variant], examples: dict[str, Any]):
+        super().__init__()
+        self.model = model.eval()
+        self.task, self.variants = task, list(variants)
+        self.splits = list(task.eval_splits)
+        self.ids = {split: example_ids(examples[split]) for split in self.splits}
+        if task.type == "extractive_qa":  # contexts and gold answer texts, read once
+            self.contexts = {split: list(examples[split]["context"]) for split in self.splits}
+            self.golds = {split: [a["text"] for a in examples[split]["answers"]] for split in self.splits}
+        self.uses_units = any(v.uses_units for v in self.variants)
+        self.records: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._pending: dict[tuple[str, str], list] = {}
+
+    @torch.no_grad()
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = self.splits[dataloader_idx]
+        inputs = {name: batch[name] for name in MODEL_INPUTS if name in batch}
+        if self.uses_units:
+            inputs["sentence_ids"] = batch["sentence_ids"]
+        for variant in self.variants:
+            patched = nullcontext() if variant.plan.is_identity else ablate(self.model, variant.plan,
+                                                                            variant.renormalize)
+            with patched:
+                out = self.model(**inputs)
+            self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch))
+
+    def _batch_rows(self, out: Any, batch: dict[str, torch.Tensor]) -> Any:
+        """What one batch contributes: per-example columns (classification) or per-feature spans and losses (QA)."""
+        if self.task.type == "extractive_qa":  # start_logits, end_logits: [batch, seq]
+            spans = best_spans(out.start_logits, out.end_logits, batch["context_offsets"], self.task.n_best,
+                               self.task.max_answer_length)
+            losses = span_losses(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"])
+            return batch["example_index"], spans, losses.cpu()
+        regression = self.task.type == "regression"
+        logits = out.logits  # [batch, labels]
+        prediction = logits[:, 0].double() if regression else logits.argmax(dim=-1)
+        labels = batch["labels"]
+        columns = (batch["example_index"], labels, prediction, example_losses(logits, labels, regression))
+        return tuple(c.cpu().tolist() for c in columns)
+
+    def on_validation_epoch_end(self) -> None:
+        for (name, split), batches in self._pending.items():
+            rows = self._qa_rows(batches, split) if self.task.type == "extractive_qa" else [
+                row for batch in batches for row in zip(*batch)]
+            self.records[(name, split)] = self._records(gather_rows(rows), split)
+        self._pending = {}
+
+    def _qa_rows(self, batches: list, split: str) -> list[tuple]:
+        """``(question, answer, mean feature loss)`` of this process's questions."""
+        collector, losses = AnswerCollector(), []
+        for example_index, spans, feature_losses in batches:
+            collector.add(example_index, spans)
+            losses += zip(example_index.tolist(), feature_losses.tolist())
+        answers = collector.answers(self.contexts[split], self.task.version)
+        loss = question_losses(losses)
+        return [(question, text, loss[question]) for question, text in answers.items()]
+
+    def _records(self, rows: list[tuple], split: str) -> list[dict[str, Any]]:
+        ids = self.ids[split]
+        if self.task.type != "extractive_qa":
+            return [{"example": i, "id": ids[i], "label": label, "prediction": prediction, "loss": loss}
+                    for i, label, prediction, loss in rows]
+        records = []
+        for i, text, loss in rows:
+            golds = self.golds[split][i]
+            exact, f1 = squad_scores(text, golds, self.task.version)
+            records.append({"example": i, "id": ids[i], "prediction": text, "exact_match": exact, "f1": f1,
+                            "has_answer": len(golds) > 0, "loss": loss})
+        return records
+
+
+def example_ids(rows: Any) -> list[str]:
+    """Each example's id: the data's ``id`` or ``idx`` column, else its row number in the split."""
+    for column in ("id", "idx"):
+        if column in rows.column_names:
+            return [str(value) for value in rows[column]]
+    return [str(i) for i in range(len(rows))]

@@ -1,0 +1,127 @@
+"""What ``ckpt_path`` names (DESIGN.md section 6), checked before weights load, and the model with those weights.
+
+=====================  ==============================================================================
+``null``               the model config's own weights (hub models that are already fine-tuned)
+``*.ckpt``             a Lightning checkpoint written by ``train.py`` (its model and task must match)
+a ``train.py`` job     its final weights (``model/``, saved with ``save_pretrained``; model and task must
+                       match its ``results.json``)
+a folder               saved with ``save_pretrained`` (``config.json`` and weights; its tokenizer if saved)
+=====================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from headlab.core.models import load_model_reporting
+from headlab.errors import UserError
+from headlab.files import read_json
+from headlab.training.modules import task_head
+
+FINAL_WEIGHTS = "model"  # train.py saves its final weights (and tokenizer) in JOB_DIR/model
+KINDS = "a .ckpt from train.py, a train.py job directory, a save_pretrained directory, or null"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where the weights come from: ``kind`` (model, lightning, job, pretrained) and ``path`` (None: the model's)."""
+
+    kind: str
+    path: str | None
+
+    def describe(self) -> str:
+        return "the model's own weights" if self.path is None else f"{self.kind} {self.path}"
+
+
+def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> Checkpoint:
+    """Classify ``ckpt_path`` and check it was trained for ``model_cfg`` and ``task_cfg`` (UserError if not).
+
+    Reads no weights, except that a ``.ckpt`` file is read whole for its hyper-parameters.
+    """
+    if ckpt_path is None:
+        return Checkpoint("model", None)
+    path = Path(ckpt_path)
+    if not path.exists():
+        raise UserError(f"ckpt_path={ckpt_path!r}: no such file or directory; give {KINDS}")
+    if path.is_file():
+        if path.suffix != ".ckpt":
+            raise UserError(f"ckpt_path={ckpt_path!r} is a file but not a .ckpt; give {KINDS}")
+        hparams = _lightning_hparams(path)
+        _check_trained_for(ckpt_path, hparams["model"]["name"], hparams["task"]["name"], model_cfg, task_cfg)
+        return Checkpoint("lightning", str(path))
+    if (path / "results.json").is_file():
+        record = read_json(path / "results.json", "results")
+        if record.get("kind") != "train" or not record.get("complete"):
+            raise UserError(f"ckpt_path={ckpt_path!r}: its results.json is not a finished train.py job")
+        _check_trained_for(ckpt_path, record.get("model"), record.get("task"), model_cfg, task_cfg)
+        weights = path / FINAL_WEIGHTS
+        if not (weights / "config.json").is_file():
+            raise UserError(f"ckpt_path={ckpt_path!r}: the job has no final weights in {FINAL_WEIGHTS}/ (trained "
+                            "before headlab saved them); pass its checkpoints/last.ckpt instead")
+        return Checkpoint("job", str(weights))
+    if (path / "config.json").is_file():
+        return Checkpoint("pretrained", str(path))
+    raise UserError(f"ckpt_path={ckpt_path!r} is a directory with neither results.json (a train.py job) nor "
+                    f"config.json (save_pretrained); give {KINDS}")
+
+
+def _lightning_hparams(path: Path) -> dict[str, Any]:
+    try:
+        hparams = torch.load(path, map_location="cpu", weights_only=False).get("hyper_parameters", {})
+    except Exception as error:  # pickle, zip and torch errors alike: the file is not a checkpoint
+        raise UserError(f"ckpt_path={str(path)!r} is not a readable Lightning checkpoint: {error}") from None
+    if not {"model", "task"} <= set(hparams):
+        raise UserError(f"ckpt_path={str(path)!r} is a checkpoint without headlab's model and task hyper-parameters "
+                        "(not written by train.py)")
+    return hparams
+
+
+def _check_trained_for(ckpt_path: str, model: str | None, task: str | None, model_cfg: Any, task_cfg: Any) -> None:
+    differs = [f"{what}={trained} (this config: {what}={wanted})"
+               for what, trained, wanted in (("model", model, model_cfg.name), ("task", task, task_cfg.name))
+               if trained != wanted]
+    if differs:
+        raise UserError(f"ckpt_path={ckpt_path!r} was trained with " + " and ".join(differs))
+
+
+def weights_model_config(checkpoint: Checkpoint, model_cfg: Any) -> Any:
+    """The model config to load the weights (and tokenizer) of ``checkpoint`` with."""
+    if checkpoint.kind not in ("job", "pretrained"):
+        return model_cfg
+    return OmegaConf.merge(model_cfg, {"name_or_path": checkpoint.path, "random_init": False})
+
+
+def tokenizer_config(checkpoint: Checkpoint, model_cfg: Any) -> Any:
+    """The model config whose tokenizer goes with ``checkpoint``: its folder's own if it saved one."""
+    saved = checkpoint.path is not None and (Path(checkpoint.path) / "tokenizer_config.json").is_file()
+    return weights_model_config(checkpoint, model_cfg) if saved else model_cfg
+
+
+def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any,
+                    allow_random_head: bool = False) -> torch.nn.Module:
+    """The HF model with ``task_cfg``'s head and ``checkpoint``'s weights, in eval mode.
+
+    An untrained task head (weights without one, or a random model) is a UserError unless ``allow_random_head``.
+    """
+    head, overrides = task_head(task_cfg)
+    model, missing = load_model_reporting(weights_model_config(checkpoint, model_cfg), head, overrides)
+    if checkpoint.kind == "lightning":
+        state = torch.load(checkpoint.path, map_location="cpu", weights_only=False)["state_dict"]
+        weights = {name.removeprefix("model."): value for name, value in state.items() if name.startswith("model.")}
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as error:
+            raise UserError(f"ckpt_path={checkpoint.path!r} does not fit model {model_cfg.name} with the "
+                            f"{task_cfg.name} head: {' '.join(str(error).split())[:300]}") from None
+        missing = []
+    untrained = [name for name in missing if not name.startswith(model.base_model_prefix + ".")]
+    if untrained and not allow_random_head:
+        raise UserError(f"{checkpoint.describe()} has no trained {head} head for task {task_cfg.name} (randomly "
+                        f"initialised: {', '.join(untrained[:4])}); fine-tune first (train.py) and pass ckpt_path, "
+                        "or set allow_random_head=true")
+    return model.eval()
