@@ -72,7 +72,7 @@ def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
 def test_finetune_demo_qa_merges_windows_and_writes_predictions(tmp_path):
     train(tmp_path, "task=demo_qa", *SHORT_QA)
     record = results(tmp_path / "run")
-    assert set(record["metrics"]["validation"]) == {"exact_match", "f1"}
+    assert set(record["metrics"]["validation"]) == {"exact_match", "f1", "loss"}
     assert 0 <= record["metrics"]["validation"]["f1"] <= 100
     predictions = json.loads((tmp_path / "run/predictions_validation.json").read_text())
     assert len(predictions) == 40 and all(isinstance(text, str) for text in predictions.values())

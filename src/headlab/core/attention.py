@@ -25,14 +25,20 @@ drop_*, renormalize=False   SDPA over doubled keys ``[K; K]`` with values ``[V; 
                             carry values: the full-row weights restricted to the allowed keys (0 for
                             a query with none), differentiable as SDPA is
 ==========================  =====================================================================
+
+Per-row plans (``ablate(model, [plan_0, plan_1, ...])``, forward with ``plan_ids=LongTensor[batch]``):
+each layer keeps ``[plans, heads]`` tables of the policies; the rows pick theirs by ``plan_ids``. The
+keep / prune / uniform heads share one SDPA call as above (row-and-head masks), and each ``drop_*``
+policy some plan uses in the layer runs over all heads and is selected per row and head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
@@ -44,12 +50,11 @@ from transformers.masking_utils import (
     sdpa_mask,
 )
 
+from headlab.core.bert_family import self_attention_modules
 from headlab.core.plans import HeadPlan
 from headlab.errors import UserError
 
 ATTENTION_NAME = "headlab"
-# Model types whose self-attention dispatches through AttentionInterface with one module per layer.
-BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
 
@@ -83,6 +88,29 @@ class LayerState:
 
         drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
         return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize)
+
+
+@dataclass(frozen=True)
+class RowsState:
+    """One layer under per-row plans: ``[plans, heads]`` boolean tables per policy (None if no plan uses it)."""
+
+    prune: torch.Tensor | None
+    uniform: torch.Tensor | None
+    drops: tuple[tuple[str, torch.Tensor], ...]
+    renormalize: bool
+
+    @classmethod
+    def build(cls, plans: tuple[HeadPlan, ...], layer: int, renormalize: bool, device) -> RowsState | None:
+        """The layer's state, or None when every plan keeps every head of the layer."""
+        table = np.array([[plan.policy_of(layer, h) for h in range(plan.num_heads)] for plan in plans])
+        if (table == "keep").all():
+            return None
+
+        def chosen(policy: str) -> torch.Tensor | None:
+            return torch.tensor(table == policy, device=device) if (table == policy).any() else None
+
+        drops = tuple((p, chosen(p)) for p in ("drop_intra", "drop_inter") if chosen(p) is not None)
+        return cls(chosen("prune"), chosen("uniform"), drops, renormalize)
 
 
 def _as_index(heads: list[int], device: torch.device) -> slice | torch.Tensor:
@@ -132,13 +160,16 @@ class Controller:
             by_policy[policy] = unit_mask(policy, renormalize, *inputs)
         return by_policy[policy]
 
-    def states_for(self, plan: HeadPlan, renormalize: bool, device: torch.device) -> tuple[LayerState | None, ...]:
+    def states_for(self, plan: HeadPlan | tuple[HeadPlan, ...], renormalize: bool, device: torch.device) -> tuple:
+        """Per layer: a LayerState (one plan), a RowsState (a tuple of per-row plans) or None (all keep)."""
         key = (plan, renormalize, device)
         if key not in self.states:
             if len(self.states) >= _CACHE_SIZE:
                 self.states.pop(next(iter(self.states)))
-            self.states[key] = tuple(LayerState.build(plan, layer, renormalize, device)
-                                     for layer in range(plan.num_layers))
+            rows = isinstance(plan, tuple)
+            build = RowsState.build if rows else LayerState.build
+            self.states[key] = tuple(build(plan, layer, renormalize, device)
+                                     for layer in range((plan[0] if rows else plan).num_layers))
         return self.states[key]
 
 
@@ -153,14 +184,17 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    if isinstance(layer, RowsState):
+        return _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
     if not layer.drops:  # one SDPA call serves every head
-        return _shared(layer, query, key, value, attention_mask, dropout, scaling).transpose(1, 2).contiguous(), None
+        out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
+        return out.transpose(1, 2).contiguous(), None
     out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
     groups = [("shared", layer.shared)] if layer.shared is not None else []
     for policy, heads in [*groups, *layer.drops]:
         q, k, v = (_heads(x, heads) for x in (query, key, value))
         if policy == "shared":
-            context = _shared(layer, q, k, v, attention_mask, dropout, scaling)
+            context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling)
         else:
             mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
             context = _restricted(q, k, v, *mask, dropout, scaling)
@@ -171,16 +205,35 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
 
 
-def _shared(layer: LayerState, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
-    """keep, prune and uniform heads in one SDPA call: pruned heads' values and uniform heads' queries zeroed."""
-    if layer.uniform is not None:
-        q = _zero_heads(q, layer.uniform)
+def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
+    """keep, prune and uniform heads in one SDPA call: pruned heads' values and uniform heads' queries zeroed.
+
+    ``prune`` / ``uniform``: boolean marks ``[1 or batch, heads, 1, 1]`` (None: no such head).
+    """
+    if uniform is not None:
+        q = _zero_heads(q, uniform)
         valid, bias = _validity(attention_mask, q)
         if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
-            attention_mask = torch.where(layer.uniform, _with_bias(valid, torch.zeros_like(bias)), bias)
-    if layer.prune is not None:
-        v = _zero_heads(v, layer.prune)
+            attention_mask = torch.where(uniform, _with_bias(valid, torch.zeros_like(bias)), bias)
+    if prune is not None:
+        v = _zero_heads(v, prune)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+
+
+def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
+    """Each row under its own plan (``kwargs["plan_ids"]``); returns ``[batch, seq, heads, head_dim]``."""
+    plan_ids = kwargs.get("plan_ids")
+    if plan_ids is None:
+        raise ValueError("the model is under per-row plans: pass plan_ids=LongTensor[batch] to the forward")
+    if tuple(plan_ids.shape) != (query.shape[0],):
+        raise ValueError(f"plan_ids has shape {list(plan_ids.shape)}; expected [batch] = [{query.shape[0]}]")
+    plan_ids = plan_ids.to(query.device)
+    rows = lambda table: None if table is None else table[plan_ids][:, :, None, None]  # noqa: E731  [batch, heads, 1, 1]
+    out = _shared(rows(layer.prune), rows(layer.uniform), query, key, value, attention_mask, dropout, scaling)
+    for policy, table in layer.drops:
+        mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
+        out = torch.where(rows(table), _restricted(query, key, value, *mask, dropout, scaling), out)
+    return out.transpose(1, 2).contiguous()
 
 
 def _zero_heads(x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -280,56 +333,35 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, _padding_mask)
 
 
-# --------------------------------------------------------------------------- models
-
-
-def check_bert_family(config) -> None:
-    """UserError unless the config is a BERT-family encoder headlab can patch."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in BERT_FAMILY:
-        raise UserError(
-            f"model_type {model_type!r} is not a supported BERT-family encoder; supported: {', '.join(BERT_FAMILY)}"
-        )
-
-
-def self_attention_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
-    """The model's self-attention modules, one per layer, in layer order."""
-    if not isinstance(model, PreTrainedModel):
-        raise UserError(f"expected a Hugging Face PreTrainedModel, got {type(model).__name__}")
-    check_bert_family(model.config)
-    modules = [
-        m for m in model.modules() if type(m).__name__.endswith("SelfAttention") and hasattr(m, "layer_idx")
-    ]
-    layers = sorted(m.layer_idx for m in modules)
-    if layers != list(range(model.config.num_hidden_layers)):
-        raise UserError(
-            f"{type(model).__name__}: found self-attention layers {layers}, expected one for each of "
-            f"0..{model.config.num_hidden_layers - 1}"
-        )
-    return sorted(modules, key=lambda m: m.layer_idx)
-
-
 def _device(model: PreTrainedModel) -> torch.device:
     return next(model.parameters()).device
 
 
 @contextmanager
-def ablate(model: PreTrainedModel, plan: HeadPlan, renormalize: bool = False) -> Iterator[PreTrainedModel]:
+def ablate(
+    model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False
+) -> Iterator[PreTrainedModel]:
     """Run ``model`` under ``plan`` inside the block; restore it exactly on exit (also on error).
 
     ``model`` is any HF BERT-family model, bare or with a task head. Policies ``drop_*`` need
-    ``sentence_ids=`` in the forward call. The attention implementation is switched on the
-    model's config object, so another model sharing that object switches too. Entering costs
-    microseconds after the first time a (model, plan, renormalize) is seen.
+    ``sentence_ids=`` in the forward call. A sequence of plans gives each row its own: the forward
+    then takes ``plan_ids=LongTensor[batch]`` (indices into the sequence). The attention
+    implementation is switched on the model's config object, so another model sharing that object
+    switches too. Entering costs microseconds after the first time a (model, plan, renormalize) is seen.
     """
     if not isinstance(renormalize, bool):
         raise UserError(f"renormalize must be true or false, got {renormalize!r}")
     controller = Controller.of(model)
+    if not isinstance(plan, HeadPlan):
+        plan = tuple(plan)
+        if not plan or not all(isinstance(p, HeadPlan) for p in plan):
+            raise UserError("ablate takes a HeadPlan or a non-empty sequence of HeadPlans (per-row plans)")
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
-    if (plan.num_layers, plan.num_heads) != shape:
-        raise UserError(
-            f"plan is for {plan.num_layers} layers x {plan.num_heads} heads; the model has {shape[0]} x {shape[1]}"
-        )
+    for one in plan if isinstance(plan, tuple) else (plan,):
+        if (one.num_layers, one.num_heads) != shape:
+            raise UserError(
+                f"plan is for {one.num_layers} layers x {one.num_heads} heads; the model has {shape[0]} x {shape[1]}"
+            )
     if controller.active is not None:
         raise ValueError("model is already inside headlab.ablate; nested ablation is not supported")
     states = controller.states_for(plan, renormalize, _device(model))

@@ -24,7 +24,7 @@ from transformers import (
     PretrainedConfig,
 )
 
-from headlab.core.attention import check_bert_family
+from headlab.core.bert_family import check_bert_family
 from headlab.errors import UserError
 
 HEADS = {
