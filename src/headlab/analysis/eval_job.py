@@ -4,15 +4,14 @@ eval splits, a Lightning Trainer, the cached unablated baseline, results files a
 The baseline of a checkpoint + task + split + data settings is computed once and cached under
 ``baseline_dir/<key>/`` (``baseline.json`` + ``records.parquet``), the key a hash of exactly those,
 the weights' hash included. A file lock makes parallel jobs of a sweep compute it once: the first
-job evaluates the baseline together with its own plans (one pass over the data), the others wait and
-read it. Under DDP the processes Lightning starts inherit the first process's decision (an
-environment variable), so all of them run the same plans.
+job that misses it evaluates the baseline together with its own plans (one pass over the data) while
+holding the lock; the others wait, then read it. Under DDP the processes Lightning starts inherit the
+first process's decision (an environment variable), so all of them run the same plans.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -109,35 +108,52 @@ class EvalJob:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, variants: list[Variant]) -> tuple[dict[tuple[str, str], Any], dict[str, Any]]:
-        """Records of every variant and split, and the baseline's per split (``pandas.DataFrame`` each)."""
-        decision = f"HEADLAB_BASELINE_CACHED_{self.job_hash}"  # the first process's decision, for DDP children
-        first = decision not in os.environ
-        lock_path = Path(self.cfg.baseline_dir) / f"{self.weights}.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(lock_path) if first else nullcontext():
-            cached = self._cached_baselines() if first or os.environ[decision] == "1" else None
-            os.environ[decision] = "0" if cached is None else "1"
-            identity = next((v for v in variants if v.plan.is_identity), None)
-            shape = variants[0].plan.num_layers, variants[0].plan.num_heads
-            extra = [] if cached is not None or identity else [Variant(BASELINE, HeadPlan.keep_all(*shape))]
+    def evaluate(self, variants: list[Variant], make_evaluator=None) -> tuple[dict[tuple[str, str], Any], dict]:
+        """Records of every variant and split, and the baseline's per split (``pandas.DataFrame`` each).
+
+        ``make_evaluator(variants, extra)`` builds the LightningModule (default ``PlanEvaluator``); ``extra``
+        holds the baseline variant when the baseline must be computed in this pass.
+        """
+        self._calls = getattr(self, "_calls", 0) + 1
+        decision = f"HEADLAB_BASELINE_CACHED_{self.job_hash}_{self._calls}"  # read by DDP children
+        if decision in os.environ:
+            return self._run(variants, self._cached_baselines() if os.environ[decision] == "1" else None,
+                             make_evaluator)
+        cached = self._cached_baselines()
+        if cached is None:
+            lock_path = Path(self.cfg.baseline_dir) / f"{self.weights}.lock"
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(lock_path):  # held while this job computes the baseline; others wait, then read it
+                cached = self._cached_baselines()
+                if cached is None:
+                    os.environ[decision] = "0"
+                    return self._run(variants, None, make_evaluator)
+        os.environ[decision] = "1"
+        return self._run(variants, cached, make_evaluator)
+
+    def _run(self, variants: list[Variant], cached: dict[str, Any] | None, make_evaluator) -> tuple[dict, dict]:
+        identity = next((v for v in variants if v.plan.is_identity), None)
+        shape = variants[0].plan.num_layers, variants[0].plan.num_heads
+        extra = [] if cached is not None or identity else [Variant(BASELINE, HeadPlan.keep_all(*shape))]
+        if make_evaluator is None:
             evaluator = PlanEvaluator(self.model, self.cfg.task, [*variants, *extra], self.data.eval_examples)
-            self.trainer.validate(evaluator, datamodule=self.data, verbose=False)
-            if cached is None:
-                source = (identity or extra[0]).name
-                cached = {split: _frame(evaluator.records[(source, split)]) for split in self.data.eval_splits}
-                if self.trainer.is_global_zero:
-                    for split in self.data.eval_splits:
-                        self._write_baseline(split, evaluator.records[(source, split)])
-        records = {key: _frame(rows) for key, rows in evaluator.records.items()}
-        return records, cached
+        else:
+            evaluator = make_evaluator(variants, extra)
+        self.trainer.validate(evaluator, datamodule=self.data, verbose=False)
+        if cached is None:
+            source = (identity or extra[0]).name
+            cached = {split: _frame(evaluator.records[(source, split)]) for split in self.data.eval_splits}
+            if self.trainer.is_global_zero:
+                for split in self.data.eval_splits:
+                    self._write_baseline(split, evaluator.records[(source, split)])
+        return {key: _frame(rows) for key, rows in evaluator.records.items()}, cached
 
     def checkpoint_record(self) -> dict[str, Any]:
         return {"kind": self.checkpoint.kind, "path": self.checkpoint.path, "ckpt_path": self.cfg.ckpt_path,
                 "weights_hash": self.weights}
 
-    def result(self, variant: Variant, records: dict[str, Any], baseline: dict[str, Any],
-               folder: Path) -> EvalResult:
+    def result(self, variant: Variant, records: dict[str, Any], baseline: dict[str, Any], folder: Path,
+               job_hash: str | None = None) -> EvalResult:
         """Write ``variant``'s per-example records and ``results.json`` into ``folder`` (rank 0 only)."""
         metrics = {split: metrics_from_records(records[split], self.cfg.task) for split in self.data.eval_splits}
         base = {split: metrics_from_records(baseline[split], self.cfg.task) for split in self.data.eval_splits}
@@ -152,7 +168,7 @@ class EvalJob:
             num_examples={split: len(records[split]) for split in self.data.eval_splits},
             records="records.parquet",
             baseline_records={split: str(self._baseline_paths(split)[1].absolute()) for split in base},
-            config_hash=self.job_hash, config=self.resolved,
+            config_hash=job_hash or self.job_hash, config=self.resolved,
         )
         if self.trainer.is_global_zero:
             write_records(folder / "records.parquet", rows)

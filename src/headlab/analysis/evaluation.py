@@ -58,12 +58,16 @@ class PlanEvaluator(pl.LightningModule):
         self.records: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._pending: dict[tuple[str, str], list] = {}
 
-    @torch.no_grad()
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        split = self.splits[dataloader_idx]
+    def model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = {name: batch[name] for name in MODEL_INPUTS if name in batch}
         if self.uses_units:
             inputs["sentence_ids"] = batch["sentence_ids"]
+        return inputs
+
+    @torch.no_grad()
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = self.splits[dataloader_idx]
+        inputs = self.model_inputs(batch)
         for variant in self.variants:
             patched = nullcontext() if variant.plan.is_identity else ablate(self.model, variant.plan,
                                                                             variant.renormalize)

@@ -1,0 +1,167 @@
+"""``ablate.py mode=sweep_heads``: every plan of a family (each head alone, all heads but one, whole layers)
+under ``mask.policy``, in one job, exactly as separate ``mode=eval`` jobs would score them, but faster.
+
+A plan that changes only layer l leaves layers 0..l-1 unchanged, so per batch the input of layer l is
+computed once (unablated) and every plan of the layer starts from it; the plans of a layer share one
+batched forward, each row under its own plan (``plan_ids``). One pass over the data per layer: a
+layer's results are written when its pass ends, and a rerun skips the layers already written.
+
+Per plan, ``PLAN/results.json`` and ``PLAN/records.parquet`` in the job directory (the format of a
+``mode=eval`` job); the job's own ``results.json`` holds the layers x heads tables of metrics and deltas,
+also written as ``deltas_<split>.csv`` (the task's main metric).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from headlab.analysis.eval_job import EvalJob, already_done, hashed_config, summary_line
+from headlab.analysis.evaluation import PlanEvaluator, Variant
+from headlab.analysis.sweep_plans import family_plans
+from headlab.core.attention import ablate
+from headlab.core.bert_family import encoder_layers, start_at_layer
+from headlab.core.models import model_shape
+from headlab.files import config_hash, write_json_atomic
+from headlab.reporting.results import read_complete
+from headlab.training.tracking import finish_tracking
+
+
+class LayerSweepEvaluator(PlanEvaluator):
+    """Scores the plans of one layer (``variants``, each changing only heads of ``layer``) from its input."""
+
+    def __init__(self, model, task, layer: int, variants: list[Variant], examples: dict[str, Any],
+                 per_forward: int = 0, baseline: Variant | None = None):
+        super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples)
+        self.layer, self.sweep, self.baseline = layer, list(variants), baseline
+        self.per_forward = per_forward or len(variants)
+
+    @torch.no_grad()
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = self.splits[dataloader_idx]
+        inputs = self.model_inputs(batch)
+        hidden = self._layer_input(inputs, batch, split)  # [batch, seq, hidden], unablated
+        size = len(batch["input_ids"])
+        for start in range(0, len(self.sweep), self.per_forward):
+            chunk = self.sweep[start : start + self.per_forward]
+            many = {name: t.repeat(len(chunk), *[1] * (t.dim() - 1)) for name, t in inputs.items()}
+            plan_ids = torch.arange(len(chunk), device=hidden.device).repeat_interleave(size)
+            with ablate(self.model, [v.plan for v in chunk], chunk[0].renormalize), \
+                    start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)):
+                out = self.model(**many, plan_ids=plan_ids)
+            for i, variant in enumerate(chunk):
+                rows = SimpleNamespace(**{name: value[i * size : (i + 1) * size] for name, value in out.items()
+                                          if isinstance(value, torch.Tensor) and value.dim() > 0})
+                self._pending.setdefault((variant.name, split), []).append(self._batch_rows(rows, batch))
+
+    def _layer_input(self, inputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], split: str):
+        """The unablated input of ``self.layer`` ``[batch, seq, hidden]``; the layers above run only when the
+        baseline's records are wanted too."""
+        _, layers = encoder_layers(self.model)
+        seen = []
+
+        def record(module, args):
+            seen.append(args[0])
+            if self.baseline is None:
+                raise _Stopped  # nothing after this layer's input is needed
+
+        handle = layers[self.layer].register_forward_pre_hook(record)
+        plain = {name: t for name, t in inputs.items() if name != "sentence_ids"}
+        try:
+            out = self.model(**plain)
+            self._pending.setdefault((self.baseline.name, split), []).append(self._batch_rows(out, batch))
+        except _Stopped:
+            pass
+        finally:
+            handle.remove()
+        return seen[0]
+
+
+class _Stopped(Exception):
+    """Raised once the input of the swept layer is known."""
+
+
+def run_sweep_heads(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+    """Every plan of ``cfg.sweep.family`` under ``cfg.mask.policy``; ``cfg`` passed ``check_ablate_config``."""
+    output_dir = Path(output_dir)
+    resolved, job_hash = hashed_config(cfg)
+    done = already_done(output_dir / "results.json", job_hash)
+    if done is not None:
+        return done
+    num_layers, num_heads = model_shape(cfg.model)
+    plans = family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads)
+    plan_hash = lambda name: config_hash([job_hash, name])  # noqa: E731  each plan's results belong to this job
+    console, failed = Console(), True
+    try:
+        job = EvalJob(cfg, output_dir, job_hash, resolved)
+        results, baseline = {}, None
+        for layer in range(num_layers):
+            variants = [Variant(name, plan, cfg.mask.renormalize) for name, l, plan in plans if l == layer]
+            finished = {v.name: read_complete(output_dir / v.name / "results.json", plan_hash(v.name))
+                        for v in variants}
+            if all(finished.values()):
+                console.print(f"layer {layer}: already done", markup=False)
+                results |= finished
+                continue
+            records, baseline = job.evaluate(variants, lambda chosen, extra, layer=layer: LayerSweepEvaluator(
+                job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
+                extra[0] if extra else None))
+            for variant in variants:
+                mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
+                result = job.result(variant, mine, baseline, output_dir / variant.name, plan_hash(variant.name))
+                results[variant.name] = result.__dict__
+                job.log_metrics(result, prefix=f"{variant.name}/")
+                if job.trainer.is_global_zero:
+                    console.print(summary_line(result, cfg.task.main_metric, output_dir / variant.name),
+                                  markup=False, soft_wrap=True)
+        summary = sweep_summary(cfg, plans, results, num_layers, num_heads, job_hash, resolved)
+        if job.trainer.is_global_zero:
+            write_tables(summary, cfg.task.main_metric, output_dir)
+            write_json_atomic(output_dir / "results.json", summary)
+            console.print(f"sweep of {len(plans)} plans ({cfg.sweep.family}, {cfg.mask.policy}) -> "
+                          f"{output_dir / 'results.json'}", markup=False, soft_wrap=True)
+        job.finish()
+        failed = False
+        return summary
+    finally:
+        finish_tracking(failed)
+
+
+def sweep_summary(cfg, plans, results, num_layers, num_heads, job_hash, resolved) -> dict[str, Any]:
+    """The job's ``results.json``: per split and metric, a layers x heads (or layers x 1) table of values and deltas."""
+    columns = 1 if cfg.sweep.family == "layer" else num_heads
+    first = next(iter(results.values()))
+    tables: dict[str, dict[str, dict[str, list]]] = {}
+    for split, metrics in first["metrics"].items():
+        tables[split] = {}
+        for metric in metrics:
+            value = [[None] * columns for _ in range(num_layers)]
+            delta = [[None] * columns for _ in range(num_layers)]
+            for index, (name, layer, _) in enumerate(plans):
+                column = 0 if columns == 1 else index % num_heads
+                value[layer][column] = results[name]["metrics"][split][metric]
+                delta[layer][column] = results[name]["delta"][split][metric]
+            tables[split][metric] = {"value": value, "delta": delta, "baseline": first["baseline"][split][metric]}
+    return {"kind": "sweep_heads", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
+            "family": cfg.sweep.family, "policy": cfg.mask.policy, "unit": cfg.mask.unit,
+            "renormalize": cfg.mask.renormalize, "checkpoint": first["checkpoint"], "seed": cfg.seed,
+            "plans": [name for name, _, _ in plans], "tables": tables, "config_hash": job_hash,
+            "config": resolved, "versions": first["versions"], "complete": True}
+
+
+def write_tables(summary: dict[str, Any], metric: str, output_dir: Path) -> None:
+    """``deltas_<split>.csv``: the main metric's deltas, one row per layer, one column per head."""
+    import pandas as pd
+
+    for split, tables in summary["tables"].items():
+        delta = tables[metric]["delta"]
+        columns = ["layer"] if len(delta[0]) == 1 else [f"H{h}" for h in range(len(delta[0]))]
+        frame = pd.DataFrame(delta, columns=columns, index=[f"L{l}" for l in range(len(delta))])
+        path = output_dir / f"deltas_{split}.csv"
+        tmp = path.with_name(f".{path.name}.tmp")
+        frame.to_csv(tmp, index_label=f"{metric} delta")
+        tmp.replace(path)
