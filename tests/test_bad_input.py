@@ -18,7 +18,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-TINY = {"train.py": ["model=tiny_random", "logger=none", "task=demo_pairs"], "ablate.py": ["model=tiny_random"]}
+TINY = {"train.py": ["model=tiny_random", "logger=none", "task=demo_pairs"],
+        "ablate.py": ["model=tiny_random", "logger=none", "task=demo_pairs"]}
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,8 @@ def files(tmp_path_factory):
     (folder / "importance_3x3.json").write_text(json.dumps({"importance": [[0.1] * 3] * 3}))  # the model is 3 x 4
     (folder / "clusters_l7.json").write_text(json.dumps({"labels": {"L7H0": "dense"}}))  # no layer 7
     (folder / "clusters_ok.json").write_text(json.dumps({"labels": {"L0H0": "dense", "L1H1": "vertical"}}))
+    (folder / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
+    (folder / "empty_dir").mkdir()
     return folder
 
 
@@ -66,6 +69,19 @@ CASES = [
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/missing.json"], "missing.json"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/clusters_l7.json"], "'L7H0'"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:diagonal", "mask.clusters=FILES/clusters_ok.json"], "'diagonal'"),
+    # ablate.py mode=eval / sweep_heads: checkpoints, plans, presets (checked before weights load)
+    ("ablate.py", ["mode=eval", "ckpt_path=/no/such.ckpt"], "/no/such.ckpt"),
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/not_json.json"], "not a .ckpt"),
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/garbage.ckpt"], "not a readable Lightning checkpoint"),
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/empty_dir"], "neither results.json"),
+    ("ablate.py", ["mode=eval"], "allow_random_head=true"),  # tiny_random's own weights: no trained head
+    ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=L3H0"], "layer 3"),
+    ("ablate.py", ["mode=eval", "mask.heads=L0"], "needs a policy"),
+    ("ablate.py", ["mode=eval", "plan=nope"], "plan='nope'"),
+    ("ablate.py", ["experiment=nope"], "experiment/nope"),
+    ("ablate.py", ["mode=sweep_heads"], "mask.policy"),
+    ("ablate.py", ["mode=sweep_heads", "mask=prune", "mask.heads=L0"], "mask.heads='L0'"),
+    ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=rows"], "'rows'"),
     # trainer, logger, data, optim: types and ranges
     ("train.py", ["trainer.precision=bf17"], "'bf17'"),
     ("train.py", ["trainer.max_epochs=-3"], "max_epochs=-3"),
@@ -87,7 +103,9 @@ def run(script, overrides, files, tmp_path):
            "WANDB_MODE": "offline"}
     env.pop("HYDRA_FULL_ERROR", None)
     overrides = [o.replace("FILES", str(files)) for o in overrides]
-    cache = [f"data.cache_dir={tmp_path / 'cache'}"] if script == "train.py" else []
+    cache = [f"data.cache_dir={tmp_path / 'cache'}", f"data.max_eval_examples={8}"]
+    if script == "ablate.py":
+        cache.append(f"baseline_dir={tmp_path / 'baselines'}")
     run_dir = f"hydra.run.dir={tmp_path / 'run'}"
     command = [sys.executable, str(ROOT / script), *TINY[script], *overrides, *cache, run_dir]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,145 @@
+"""Evaluation under plans in-process: records, metrics recomputed from them, and head sweeps equal to separate
+evaluations for every policy (tiny random BERT, demo tasks, padded batches)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+from hydra import compose, initialize_config_dir
+
+from headlab.analysis.evaluation import PlanEvaluator, Variant
+from headlab.analysis.sweep_heads import LayerSweepEvaluator
+from headlab.analysis.sweep_plans import family_plans
+from headlab.cli.schema import register_configs
+from headlab.core.models import load_model
+from headlab.core.plans import HeadPlan
+from headlab.tasks.metrics import squad_scores
+from headlab.tasks.record_metrics import metrics_from_records
+from headlab.training.datamodule import TaskDataModule
+from headlab.training.modules import task_head
+
+register_configs()
+
+
+def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("ablate", overrides=["model=tiny_random", f"task={task}", "task.max_length=64",
+                                           *(["task.doc_stride=16"] if task == "demo_qa" else [])])
+    data = TaskDataModule(cfg.task, cfg.model, unit=unit, eval_batch_size=7, max_eval_examples=examples,
+                          cache_dir=tmp_path / "cache", train=False)
+    data.setup()
+    torch.manual_seed(1)
+    model = load_model(cfg.model, *task_head(cfg.task))
+    with torch.no_grad():  # sharper attention than a fresh init's (near uniform), so every policy changes outputs
+        for name, weight in model.named_parameters():
+            if name.endswith(("query.weight", "key.weight", "classifier.weight", "qa_outputs.weight")):
+                weight.mul_(12)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    return cfg, data, model, trainer
+
+
+def records_of(trainer, data, evaluator):
+    trainer.validate(evaluator, datamodule=data, verbose=False)
+    return evaluator.records
+
+
+@pytest.mark.parametrize("task", ["demo_pairs", "demo_qa"])
+@pytest.mark.parametrize(("policy", "renormalize"), [("prune", False), ("uniform", False), ("drop_intra", False),
+                                                     ("drop_inter", False), ("drop_intra", True)])
+def test_head_sweep_equals_separate_evaluations(task, policy, renormalize, tmp_path):
+    cfg, data, model, trainer = setup(task, tmp_path)
+    plans = family_plans("single_head", policy, 3, 4)
+    separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [
+        Variant("baseline", HeadPlan.keep_all(3, 4)), *(Variant(n, p, renormalize) for n, _, p in plans)],
+        data.eval_examples))
+    swept = {}
+    for layer in range(3):
+        variants = [Variant(n, p, renormalize) for n, l, p in plans if l == layer]
+        baseline = Variant("baseline", HeadPlan.keep_all(3, 4)) if layer == 1 else None
+        swept |= records_of(trainer, data, LayerSweepEvaluator(model, cfg.task, layer, variants,
+                                                               data.eval_examples, per_forward=3, baseline=baseline))
+    assert set(swept) == set(separate)
+    for key, rows in separate.items():
+        mine = swept[key]
+        assert [r["example"] for r in mine] == [r["example"] for r in rows] == list(range(len(rows)))
+        np.testing.assert_allclose([r["loss"] for r in mine], [r["loss"] for r in rows], rtol=2e-6, atol=1e-7)
+        assert [r["prediction"] for r in mine] == [r["prediction"] for r in rows]
+    base = np.array([r["loss"] for r in separate[("baseline", "validation")]])
+    moved = [np.abs(np.array([r["loss"] for r in rows]) - base).max() for key, rows in separate.items()
+             if key[0] != "baseline"]
+    assert min(moved) > 2e-5, "every ablation must change the losses, or the comparison proves nothing"
+
+
+@pytest.mark.parametrize("family", ["all_but_one", "layer"])
+def test_other_families_equal_separate_evaluations(family, tmp_path):
+    cfg, data, model, trainer = setup("demo_pairs", tmp_path)
+    plans = family_plans(family, "uniform", 3, 4)
+    assert len(plans) == (12 if family == "all_but_one" else 3)
+    separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [Variant(n, p) for n, _, p in plans],
+                                                       data.eval_examples))
+    for layer in range(3):
+        variants = [Variant(n, p) for n, l, p in plans if l == layer]
+        swept = records_of(trainer, data, LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples))
+        for variant in variants:
+            key = (variant.name, "validation")
+            np.testing.assert_allclose([r["loss"] for r in swept[key]], [r["loss"] for r in separate[key]],
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_family_plans_change_the_right_heads():
+    by_name = {name: plan for name, _, plan in family_plans("all_but_one", "prune", 2, 3)}
+    assert by_name["L1H2"].heads_with("prune") == [(1, 0), (1, 1)]
+    assert [name for name, _, _ in family_plans("layer", "uniform", 2, 3)] == ["L0", "L1"]
+    assert family_plans("single_head", "prune", 2, 3)[4][2].heads_with("prune") == [(1, 1)]
+
+
+def test_classification_records_and_metrics_from_them(tmp_path):
+    cfg, data, model, trainer = setup("demo_pairs", tmp_path, examples=30)
+    rows = records_of(trainer, data, PlanEvaluator(model, cfg.task, [Variant("p", HeadPlan.from_rules(
+        [{"heads": "L0", "policy": "prune"}], 3, 4))], data.eval_examples))[("p", "validation")]
+    # An independent forward of each example alone: label, argmax and cross-entropy.
+    raw = data.eval_examples["validation"]
+    with torch.no_grad():
+        for row, example in zip(rows, raw):
+            enc = tokenizer_of(cfg)(example["sentence1"], example["sentence2"], truncation=True, max_length=64,
+                                    return_tensors="pt")
+            from headlab.core.attention import ablate
+
+            with ablate(model, HeadPlan.from_rules([{"heads": "L0", "policy": "prune"}], 3, 4)):
+                logits = model(**enc).logits[0].double()
+            assert row["label"] == example["label"] and row["prediction"] == int(logits.argmax())
+            assert row["loss"] == pytest.approx(float(torch.logsumexp(logits, 0) - logits[example["label"]]),
+                                                rel=1e-5)
+    label = np.array([r["label"] for r in rows])
+    pred = np.array([r["prediction"] for r in rows])
+    tp, fp = ((pred == 1) & (label == 1)).sum(), ((pred == 1) & (label == 0)).sum()
+    fn = ((pred == 0) & (label == 1)).sum()
+    metrics = metrics_from_records({k: [r[k] for r in rows] for k in rows[0]}, cfg.task)
+    assert metrics["accuracy"] == pytest.approx((label == pred).mean())
+    assert metrics["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    assert metrics["loss"] == pytest.approx(np.mean([r["loss"] for r in rows]))
+
+
+def test_qa_records_score_each_question_once(tmp_path):
+    cfg, data, model, trainer = setup("demo_qa", tmp_path, examples=20)
+    rows = records_of(trainer, data, PlanEvaluator(model, cfg.task, [Variant("b", HeadPlan.keep_all(3, 4))],
+                                                   data.eval_examples))[("b", "validation")]
+    raw = data.eval_examples["validation"]
+    assert [r["id"] for r in rows] == list(raw["id"])  # every question once, in order
+    features = data.eval_features["validation"]
+    assert len(features) > len(raw), "contexts must span several windows"
+    for row, example in zip(rows, raw):
+        exact, f1 = squad_scores(row["prediction"], example["answers"]["text"])
+        assert (row["exact_match"], row["f1"]) == (exact, f1)
+        assert row["prediction"] == "" or row["prediction"] in example["context"]
+    metrics = metrics_from_records({k: [r[k] for r in rows] for k in rows[0]}, cfg.task)
+    assert metrics["f1"] == pytest.approx(100 * np.mean([r["f1"] for r in rows]))
+
+
+def tokenizer_of(cfg):
+    from headlab.core.models import load_tokenizer
+
+    return load_tokenizer(cfg.model)
