@@ -58,9 +58,8 @@ def test_per_row_plans_need_plan_ids_of_the_batch_size(tiny_model, inputs, sente
             tiny_model(**inputs)
         with pytest.raises(ValueError, match="plan_ids has shape"):
             tiny_model(**inputs, plan_ids=torch.tensor([0, 1]))
-    with pytest.raises(UserError, match="non-empty sequence of HeadPlans"):
-        with headlab.ablate(tiny_model, []):
-            pass
+    with pytest.raises(UserError, match="non-empty sequence of HeadPlans"), headlab.ablate(tiny_model, []):
+        pass
 
 
 @pytest.mark.parametrize("layer", [0, 1, 2])

@@ -1,0 +1,215 @@
+"""ablate.py mode=eval / sweep_heads end to end on a tiny BERT fine-tuned by train.py: checkpoints of every kind,
+the cached baseline, per-example records, resumable sweeps, presets and launchers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT
+from hydra import compose, initialize_config_dir
+
+from headlab.cli.schema import register_configs
+
+register_configs()
+COMMON = ["model=tiny_random", "task=demo_pairs", "logger=csv", "trainer.enable_progress_bar=false",
+          "data.max_eval_examples=40"]
+
+
+def run(script, *overrides, cwd_tmp, check=True):
+    flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides
+    overrides = [o for o in overrides if not o.startswith("-")]
+    command = [sys.executable, str(ROOT / script), *flags, *COMMON, f"data.cache_dir={cwd_tmp / 'cache'}",
+               *overrides]
+    if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
+        command.append(f"baseline_dir={cwd_tmp / 'baselines'}")
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A train.py job on demo_pairs (a few steps): its directory and results."""
+    root = tmp_path_factory.mktemp("ablate")
+    run("train.py", "data.batch_size=16", "data.max_train_examples=400", "trainer.max_steps=25",
+        "trainer.val_check_interval=25", "optim.lr=2e-3", f"hydra.run.dir={root / 'train'}", cwd_tmp=root)
+    return root, json.loads((root / "train/results.json").read_text())
+
+
+def results(folder):
+    return json.loads((folder / "results.json").read_text())
+
+
+def flat(nested):
+    """``{split: {metric: v}}`` -> ``{"split/metric": v}`` (pytest.approx compares flat mappings)."""
+    return {f"{outer}/{inner}": v for outer, values in nested.items() for inner, v in values.items()}
+
+
+def test_eval_reads_every_checkpoint_kind_and_its_baseline_equals_training(trained):
+    root, train_result = trained
+    job = root / "train"
+    plan = ["mode=eval", "mask=prune", "mask.heads=[L0H1,L2]"]
+    out = {}
+    for kind, path in (("job", job), ("lightning", job / "checkpoints/last.ckpt"), ("pretrained", job / "model")):
+        result = run("ablate.py", *plan, f"ckpt_path={path}", f"hydra.run.dir={root / kind}", cwd_tmp=root)
+        out[kind] = results(root / kind)
+        assert out[kind]["checkpoint"]["kind"] == kind and "prune L0H1,L2 [prune]" in result.stdout
+    assert len({r["checkpoint"]["weights_hash"] for r in out.values()}) == 1  # the same weights, three ways
+    record = out["job"]
+    # The baseline is the fine-tuned model's score, computed by the training module's torchmetrics: another path.
+    for metric, value in train_result["metrics"]["validation"].items():
+        assert record["baseline"]["validation"][metric] == pytest.approx(value, rel=1e-5, abs=1e-6)
+    assert record["plan"]["policies"] == {"L0H1": "prune", **{f"L2H{h}": "prune" for h in range(4)}}
+    assert (record["policy"], record["unit"], record["renormalize"]) == ("prune", "sentence", False)
+    assert record["num_examples"] == {"validation": 40} and record["complete"] and len(record["config_hash"]) == 16
+    for metric in record["metrics"]["validation"]:
+        delta = record["metrics"]["validation"][metric] - record["baseline"]["validation"][metric]
+        assert record["delta"]["validation"][metric] == pytest.approx(delta)
+    for other in ("lightning", "pretrained"):
+        assert flat(out[other]["metrics"]) == pytest.approx(flat(record["metrics"]))
+    # Per-example records: recompute the metrics by hand from the rows.
+    rows = pd.read_parquet(root / "job/records.parquet")
+    assert list(rows["example"]) == list(range(40)) and set(rows["split"]) == {"validation"}
+    correct = rows["label"] == rows["prediction"]
+    assert record["metrics"]["validation"]["accuracy"] == pytest.approx(correct.mean())
+    tp = ((rows.prediction == 1) & (rows.label == 1)).sum()
+    f1 = 2 * tp / (2 * tp + (rows.prediction != rows.label).sum())
+    assert record["metrics"]["validation"]["f1"] == pytest.approx(f1)
+    assert record["metrics"]["validation"]["loss"] == pytest.approx(rows["loss"].mean())
+    baseline_rows = pd.read_parquet(record["baseline_records"]["validation"])
+    assert record["baseline"]["validation"]["loss"] == pytest.approx(baseline_rows["loss"].mean())
+
+
+def test_rerun_skips_a_done_job_and_reruns_a_corrupt_one(trained):
+    root, _ = trained
+    args = ["mode=eval", "mask=uniform", "mask.heads=L1", f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'u'}"]
+    run("ablate.py", *args, cwd_tmp=root)
+    first = results(root / "u")
+    again = run("ablate.py", *args, cwd_tmp=root)
+    assert "already done" in again.stdout
+    (root / "u/results.json").write_text('{"complete": tr')  # a partial write
+    rerun = run("ablate.py", *args, cwd_tmp=root)
+    assert "already done" not in rerun.stdout and results(root / "u")["metrics"] == first["metrics"]
+
+
+def test_baseline_is_computed_once_per_checkpoint(trained):
+    root, _ = trained
+    baselines = root / "baselines"
+    for heads in ("L0", "L1"):
+        run("ablate.py", "mode=eval", "mask=prune", f"mask.heads={heads}", f"ckpt_path={root / 'train'}",
+            f"hydra.run.dir={root / ('b' + heads)}", cwd_tmp=root)
+    summaries = sorted(baselines.glob("*/baseline.json"))
+    stamps = [p.stat().st_mtime_ns for p in summaries]
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L2", f"ckpt_path={root / 'train'}",
+        f"hydra.run.dir={root / 'bL2'}", cwd_tmp=root)
+    assert [p.stat().st_mtime_ns for p in sorted(baselines.glob("*/baseline.json"))] == stamps  # reused
+    # Other weights (the untrained model): another key, never the cached baseline of the fine-tuned weights.
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L2", "allow_random_head=true",
+        f"hydra.run.dir={root / 'random'}", cwd_tmp=root)
+    assert len(list(baselines.glob("*/baseline.json"))) == len(summaries) + 1
+    assert results(root / "random")["baseline"] != results(root / "bL2")["baseline"]
+
+
+def test_multirun_sweep_resumes_where_it_stopped(trained):
+    root, _ = trained
+    args = ["-m", "mode=eval", "mask=prune", "mask.heads=L0H0,L1,L2H3", f"ckpt_path={root / 'train'}",
+            f"hydra.sweep.dir={root / 'sweep'}"]
+    run("ablate.py", *args, cwd_tmp=root)
+    jobs = sorted((root / "sweep/eval").iterdir())
+    assert [j.name for j in jobs] == [f"data.max_eval_examples=40,mask.heads={h},mask=prune" for h in ("L0H0", "L1",
+                                                                                                      "L2H3")]
+    before = {j.name: results(j) for j in jobs}
+    (jobs[1] / "results.json").unlink()  # as if the sweep had been killed during this job
+    (jobs[2] / "results.json").write_text("{")
+    again = run("ablate.py", *args, cwd_tmp=root)
+    assert again.stdout.count("already done") == 1
+    after = {j.name: results(j) for j in jobs}
+    for name in before:
+        assert flat(after[name]["metrics"]) == pytest.approx(flat(before[name]["metrics"]))
+
+
+def test_sweep_heads_equals_separate_eval_jobs(trained):
+    root, _ = trained
+    run("ablate.py", "mode=sweep_heads", "mask.policy=drop_inter", "sweep.heads_per_batch=3",
+        f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'heads'}", cwd_tmp=root)
+    summary = results(root / "heads")
+    assert summary["kind"] == "sweep_heads" and len(summary["plans"]) == 12
+    deltas = pd.read_csv(root / "heads/deltas_validation.csv", index_col=0)
+    assert deltas.shape == (3, 4) and list(deltas.columns) == ["H0", "H1", "H2", "H3"]
+    for layer, head in ((0, 3), (2, 1)):
+        run("ablate.py", "mode=eval", "mask=drop_inter", f"mask.heads=L{layer}H{head}", f"ckpt_path={root / 'train'}",
+            f"hydra.run.dir={root / f'single{layer}{head}'}", cwd_tmp=root)
+        single = results(root / f"single{layer}{head}")
+        swept = results(root / f"heads/L{layer}H{head}")
+        assert swept["kind"] == "eval" and swept["plan"]["policies"] == single["plan"]["policies"]
+        assert flat(swept["metrics"]) == pytest.approx(flat(single["metrics"]), rel=1e-5)
+        table = summary["tables"]["validation"]["loss"]["delta"]
+        assert table[layer][head] == pytest.approx(single["delta"]["validation"]["loss"], rel=1e-4, abs=1e-7)
+        a = pd.read_parquet(root / f"heads/L{layer}H{head}/records.parquet")
+        b = pd.read_parquet(root / f"single{layer}{head}/records.parquet")
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+    # Resumable per layer: a rerun with one plan's results gone redoes that layer only.
+    (root / "heads/results.json").unlink()
+    (root / "heads/L1H2/results.json").unlink()
+    again = run("ablate.py", "mode=sweep_heads", "mask.policy=drop_inter", "sweep.heads_per_batch=3",
+                f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'heads'}", cwd_tmp=root)
+    assert again.stdout.count("already done") == 2 and "L1H2 [drop_inter]" in again.stdout
+    redone = results(root / "heads")["tables"]["validation"]["loss"]["delta"]
+    np.testing.assert_allclose(redone, summary["tables"]["validation"]["loss"]["delta"], rtol=1e-6)
+
+
+def compose_ablate(*overrides, hydra=False):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("ablate", overrides=["model=tiny_random", *overrides], return_hydra_config=hydra)
+
+
+@pytest.mark.parametrize(("preset", "mode", "count"), [("guan2020_table2", "eval", 11), ("guan2020_table3", "eval", 8),
+                                                       ("single_head", "sweep_heads", 0), ("all_but_one",
+                                                       "sweep_heads", 0), ("layer_uniform", "sweep_heads", 0),
+                                                       ("single_head_uniform", "sweep_heads", 0)])
+def test_presets_compose_and_name_the_group(preset, mode, count):
+    cfg = compose_ablate(f"experiment={preset}", hydra=True)
+    assert cfg.mode == mode and cfg.hydra.runtime.choices.experiment == preset
+    if count:
+        swept = cfg.hydra.sweeper.params.plan.split(",")
+        assert len(swept) == count and set(swept) == set(cfg.plans) and cfg.hydra.mode.name == "MULTIRUN"
+    else:
+        assert cfg.mask.policy in ("prune", "uniform") and cfg.sweep.family in ("single_head", "all_but_one", "layer")
+
+
+def test_table2_plans_select_the_paper_head_types(tmp_path):
+    from headlab.cli.ablate import job_mask
+    from headlab.core.masks import plan_from_mask
+
+    clusters = tmp_path / "clusters.json"  # a hand-written clusters file, as mode=cluster will write
+    clusters.write_text(json.dumps({"labels": {"L0H0": "dense", "L0H1": "diagonal", "L1H0": "dense_vertical",
+                                               "L1H1": "vertical"}}))
+    cfg = compose_ablate("experiment=guan2020_table2", "plan=prune_dense_vertical+vertical",
+                         f"mask.clusters={clusters}")
+    plan = plan_from_mask(job_mask(cfg), 3, 4)
+    assert plan.heads_with("prune") == [(1, 0), (1, 1)]
+    cfg = compose_ablate("experiment=guan2020_table3", "plan=drop_inter_all_but_diagonal", f"mask.clusters={clusters}")
+    assert plan_from_mask(job_mask(cfg), 3, 4).heads_with("drop_inter") == [(0, 0), (1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize(("launcher", "target"), [("joblib", "JoblibLauncher"), ("submitit_slurm", "SlurmLauncher")])
+def test_parallel_and_cluster_launchers_compose(launcher, target):
+    cfg = compose_ablate("experiment=guan2020_table2", f"hydra/launcher={launcher}", hydra=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+
+
+def test_parallel_jobs_compute_the_baseline_once(trained, tmp_path):
+    """Two jobs at once (joblib) on a fresh baseline cache: one computes it under the lock, the other reads it."""
+    root, _ = trained
+    run("ablate.py", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "mode=eval", "mask=uniform",
+        "mask.heads=L0,L2", f"ckpt_path={root / 'train'}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"baseline_dir={tmp_path / 'baselines'}", cwd_tmp=root)
+    assert len(list((tmp_path / "baselines").glob("*/baseline.json"))) == 1
+    jobs = [results(job) for job in sorted((tmp_path / "sweep/eval").iterdir())]
+    assert len(jobs) == 2 and jobs[0]["baseline"] == jobs[1]["baseline"]
