@@ -213,3 +213,13 @@ def test_parallel_jobs_compute_the_baseline_once(trained, tmp_path):
     assert len(list((tmp_path / "baselines").glob("*/baseline.json"))) == 1
     jobs = [results(job) for job in sorted((tmp_path / "sweep/eval").iterdir())]
     assert len(jobs) == 2 and jobs[0]["baseline"] == jobs[1]["baseline"]
+
+
+def test_each_job_is_one_offline_wandb_run_in_the_sweeps_group(trained, tmp_path):
+    root, _ = trained
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L1H0", "logger=wandb", "group=my_sweep",
+        f"ckpt_path={root / 'train'}", f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=root)
+    runs = list((tmp_path / "job/wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    log = next(runs[0].glob("*.wandb")).read_bytes()  # the offline run's protobuf records hold strings verbatim
+    assert b"my_sweep" in log and b"validation/accuracy_delta" in log and b"L1H0" in log

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 from conftest import ROOT
 from test_training import QUICK
@@ -72,3 +73,32 @@ def test_train_py_fine_tunes_on_two_cpu_processes(tmp_path):
     record = json.loads((run / "results.json").read_text())
     assert record["num_evaluated"] == {"validation": 41} and record["global_step"] == 4
     assert record["config"]["trainer"]["devices"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "mode"), [("demo_pairs", ["mode=eval", "mask=drop_intra", "mask.heads=L0-1H1-2"]),
+                                            ("demo_qa", ["mode=sweep_heads", "mask.policy=prune", "task.max_length=64",
+                                                         "task.doc_stride=16"])])
+def test_ablate_py_on_two_cpu_processes_equals_one(tmp_path, task, mode):
+    """ablate.py under trainer=ddp: every example scored once, the records and metrics of one process."""
+    def ablate(name, *ddp):
+        command = [sys.executable, str(ROOT / "ablate.py"), "model=tiny_random", f"task={task}", "logger=none",
+                   "allow_random_head=true", "trainer.enable_progress_bar=false", "data.eval_batch_size=1",
+                   "data.max_eval_examples=23", f"data.cache_dir={tmp_path / 'cache'}", *mode,
+                   f"baseline_dir={tmp_path / name / 'baselines'}", f"hydra.run.dir={tmp_path / name}", *ddp]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return tmp_path / name
+
+    single = ablate("single")
+    double = ablate("double", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                    "trainer.precision=32-true")
+    folder = "L1H2" if "mode=sweep_heads" in mode else "."
+    one, two = (json.loads((run / folder / "results.json").read_text()) for run in (single, double))
+    assert one["num_examples"] == two["num_examples"] == {"validation": 23}
+    for part in ("metrics", "baseline"):
+        for name, value in one[part]["validation"].items():
+            assert two[part]["validation"][name] == pytest.approx(value, rel=1e-6 if name == "loss" else 0, abs=0)
+    rows = [pd.read_parquet(run / folder / "records.parquet") for run in (single, double)]
+    assert list(rows[1]["example"]) == list(rows[0]["example"]) == list(range(23))
+    assert list(rows[1]["prediction"]) == list(rows[0]["prediction"])
