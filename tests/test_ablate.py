@@ -223,3 +223,16 @@ def test_each_job_is_one_offline_wandb_run_in_the_sweeps_group(trained, tmp_path
     assert len(runs) == 1
     log = next(runs[0].glob("*.wandb")).read_bytes()  # the offline run's protobuf records hold strings verbatim
     assert b"my_sweep" in log and b"validation/accuracy_delta" in log and b"L1H0" in log
+
+
+@pytest.mark.parametrize("target", ["job", "ckpt"])
+def test_a_checkpoint_of_another_task_or_model_is_refused_before_loading(trained, target):
+    root, _ = trained
+    path = root / "train" if target == "job" else root / "train/checkpoints/last.ckpt"
+    for override, named in (("task=demo_qa", "task=demo_pairs (this config: task=demo_qa)"),
+                            ("model.name=other", "model=tiny_random (this config: model=other)")):
+        result = run("ablate.py", "mode=eval", override, f"ckpt_path={path}", f"hydra.run.dir={root / 'x'}",
+                     cwd_tmp=root, check=False)
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 2 and last.startswith("error: ") and named in last, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr

@@ -5,6 +5,8 @@ A plan that changes only layer l leaves layers 0..l-1 unchanged, so per batch th
 computed once (unablated) and every plan of the layer starts from it; the plans of a layer share one
 batched forward, each row under its own plan (``plan_ids``). One pass over the data per layer: a
 layer's results are written when its pass ends, and a rerun skips the layers already written.
+``sweep.heads_per_batch`` plans share a forward (0: all of a layer's on a GPU, one at a time on a CPU,
+where larger batches run slower per row; see BENCHMARKS.md).
 
 Per plan, ``PLAN/results.json`` and ``PLAN/records.parquet`` in the job directory (the format of a
 ``mode=eval`` job); the job's own ``results.json`` holds the layers x heads tables of metrics and deltas,
@@ -38,7 +40,11 @@ class LayerSweepEvaluator(PlanEvaluator):
                  per_forward: int = 0, baseline: Variant | None = None):
         super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples)
         self.layer, self.sweep, self.baseline = layer, list(variants), baseline
-        self.per_forward = per_forward or len(variants)
+        self.per_forward = per_forward  # 0: chosen by device in the first step
+
+    def on_validation_start(self) -> None:
+        if not self.per_forward:  # on CPUs a bigger batch is not faster per row (measured: slower); GPUs gain
+            self.per_forward = len(self.sweep) if self.device.type == "cuda" else 1
 
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -48,11 +54,16 @@ class LayerSweepEvaluator(PlanEvaluator):
         size = len(batch["input_ids"])
         for start in range(0, len(self.sweep), self.per_forward):
             chunk = self.sweep[start : start + self.per_forward]
-            many = {name: t.repeat(len(chunk), *[1] * (t.dim() - 1)) for name, t in inputs.items()}
-            plan_ids = torch.arange(len(chunk), device=hidden.device).repeat_interleave(size)
-            with ablate(self.model, [v.plan for v in chunk], chunk[0].renormalize), \
-                    start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)):
-                out = self.model(**many, plan_ids=plan_ids)
+            if len(chunk) == 1:  # one plan: its own fused path, no per-row selection
+                with ablate(self.model, chunk[0].plan, chunk[0].renormalize), \
+                        start_at_layer(self.model, self.layer, hidden):
+                    out = self.model(**inputs)
+            else:
+                many = {name: t.repeat(len(chunk), *[1] * (t.dim() - 1)) for name, t in inputs.items()}
+                plan_ids = torch.arange(len(chunk), device=hidden.device).repeat_interleave(size)
+                with ablate(self.model, [v.plan for v in chunk], chunk[0].renormalize), \
+                        start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)):
+                    out = self.model(**many, plan_ids=plan_ids)
             for i, variant in enumerate(chunk):
                 rows = SimpleNamespace(**{name: value[i * size : (i + 1) * size] for name, value in out.items()
                                           if isinstance(value, torch.Tensor) and value.dim() > 0})

@@ -316,7 +316,7 @@ class SweepConfig:
     """``mode=sweep_heads``: which family of plans, each under ``mask.policy``."""
 
     family: str = "single_head"  # single_head: each head alone; all_but_one: per layer, all heads but one; layer
-    heads_per_batch: int = 0  # plans per batched forward (0: all plans of a layer)
+    heads_per_batch: int = 0  # plans per batched forward (0: all of a layer's on GPU, one on CPU)
 
     def __post_init__(self) -> None:
         one_of("sweep.family", self.family, SWEEP_FAMILIES)

@@ -1,0 +1,141 @@
+"""Evaluation speed: ``mode=eval`` vs a plain loop, and ``mode=sweep_heads`` vs separate evaluations.
+
+    python benchmarks/eval_speed.py throughput [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
+    python benchmarks/eval_speed.py sweep [--shape minilm|bert-base] [--task demo_qa] [--examples 32]
+        [--policy prune] [--rounds 3]
+
+``throughput``: what ``mode=eval`` runs once the baseline is cached (``Trainer.validate`` of a
+``PlanEvaluator`` under a keep plan: forward, predictions, per-example losses and records, gathered)
+against the loop one writes by hand: the same model over the same batches, forward and the logits
+to the CPU. Examples/s of each side, order alternating per round; the ratio is headlab / plain.
+
+``sweep``: every single-head ablation of the model under ``--policy`` (L x H plans) as one
+``mode=sweep_heads`` job runs them (one ``LayerSweepEvaluator`` pass per layer) against L x H
+separate evaluations as ``mode=eval`` runs each (one ``PlanEvaluator`` pass per plan; model, data
+and trainer built once, process start excluded). The ratio is sweep seconds / separate seconds.
+``--shape minilm`` is the embedded MiniLM; ``bert-base`` a random BERT-base-sized model with the
+tiny tokenizer (speed does not depend on the weights).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from common import SHAPES, Parser, machine
+from hydra import compose, initialize_config_dir
+
+from headlab.analysis.evaluation import MODEL_INPUTS, PlanEvaluator, Variant
+from headlab.analysis.sweep_heads import LayerSweepEvaluator
+from headlab.analysis.sweep_plans import family_plans
+from headlab.cli.schema import register_configs
+from headlab.core.models import load_model
+from headlab.core.plans import HeadPlan
+from headlab.training.datamodule import TaskDataModule
+from headlab.training.modules import task_head
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def setup(shape: str, task: str, examples: int, batch: int):
+    layers, heads, hidden, _, _ = SHAPES[shape]
+    model = ["model=minilm"] if shape == "minilm" else [
+        "model=tiny_random", f"model.config.num_hidden_layers={layers}", f"model.config.num_attention_heads={heads}",
+        f"model.config.hidden_size={hidden}", f"model.config.intermediate_size={4 * hidden}"]
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("ablate", overrides=[*model, f"task={task}"])
+    data = TaskDataModule(cfg.task, cfg.model, eval_batch_size=batch, max_eval_examples=examples, train=False)
+    data.setup()
+    model = load_model(cfg.model, *task_head(cfg.task))
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    return cfg, data, model, trainer
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def throughput(args) -> None:
+    cfg, data, model, trainer = setup(args.shape, args.task, args.examples, args.batch)
+    keep = Variant("baseline", HeadPlan.keep_all(model.config.num_hidden_layers, model.config.num_attention_heads))
+    batches = list(data.eval_dataloader("validation"))
+    rows = sum(len(b["input_ids"]) for b in batches)
+
+    def plain():
+        with torch.no_grad():
+            for batch in batches:
+                out = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+                [value.cpu() for value in out.values() if isinstance(value, torch.Tensor)]
+
+    sides = {"headlab": lambda: trainer.validate(PlanEvaluator(model, cfg.task, [keep], data.eval_examples),
+                                                 datamodule=data, verbose=False), "plain": plain}
+    report(args, sides, lambda seconds: rows / seconds, "examples/s", f"{rows} rows, batch {args.batch}",
+           target=">= 0.95", higher_is_better=True)
+
+
+def sweep(args) -> None:
+    cfg, data, model, trainer = setup(args.shape, args.task, args.examples, args.batch)
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    plans = family_plans("single_head", args.policy, layers, heads)
+
+    def separate():
+        for name, _, plan in plans:
+            trainer.validate(PlanEvaluator(model, cfg.task, [Variant(name, plan)], data.eval_examples),
+                             datamodule=data, verbose=False)
+
+    def swept():
+        for layer in range(layers):
+            variants = [Variant(name, plan) for name, l, plan in plans if l == layer]
+            trainer.validate(LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples,
+                                                 args.per_forward), datamodule=data, verbose=False)
+
+    bound = (layers + 1) / (2 * layers)
+    report(args, {"sweep_heads": swept, "separate": separate}, lambda seconds: seconds, "s",
+           f"{len(plans)} plans ({args.policy}), {len(data.eval_features['validation'])} features, batch {args.batch}, "
+           f"{args.per_forward or 'auto (1 on CPU)'} plans per forward; layer-reuse bound (L+1)/2L = {bound:.3f}",
+           target="<= 0.6", higher_is_better=False)
+
+
+def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
+    names = list(sides)
+    results: dict[str, list[float]] = {name: [] for name in names}
+    ratios = []
+    for round_ in range(args.rounds):
+        this = {}
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            this[name] = value(timed(sides[name]))
+            results[name].append(this[name])
+        ratios.append(this[names[0]] / this[names[1]])
+        print(f"round {round_}: " + ", ".join(f"{n} {this[n]:.2f} {unit}" for n in names)
+              + f", ratio {ratios[-1]:.3f}", flush=True)
+    print(f"\n{machine(torch.device('cpu'))}; {args.shape} on {args.task}: {what}; {args.rounds} rounds")
+    print("median " + ", ".join(f"{n} {statistics.median(results[n]):.2f} {unit}" for n in names)
+          + f"; median ratio {names[0]} / {names[1]} {statistics.median(ratios):.3f} (target {target})")
+
+
+def main() -> None:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["throughput", "sweep"])
+    parser.add_argument("--shape", default="minilm", choices=["minilm", "bert-base"])
+    parser.add_argument("--task", default="demo_qa", choices=["demo_qa", "demo_pairs"])
+    parser.add_argument("--examples", type=int, default=None, help="eval examples (default 200 / 32)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--policy", default="prune", choices=["prune", "uniform", "drop_intra", "drop_inter"])
+    parser.add_argument("--per-forward", type=int, default=0, help="sweep: plans per batched forward (0: a layer's)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5 / 3)")
+    args = parser.parse_args()
+    args.examples = args.examples or (200 if args.what == "throughput" else 32)
+    args.rounds = args.rounds or (5 if args.what == "throughput" else 3)
+    if args.examples < 1 or args.batch < 1 or args.rounds < 1:
+        parser.error("--examples, --batch and --rounds must be positive")
+    (throughput if args.what == "throughput" else sweep)(args)
+
+
+if __name__ == "__main__":
+    main()
