@@ -89,13 +89,16 @@ class EvalJob:
         return folder / "baseline.json", folder / "records.parquet"
 
     def _cached_baselines(self) -> dict[str, Any] | None:
-        """``{split: records}`` of the cached baseline, or None when a split is missing."""
+        """``{split: records}`` of the cached baseline, or None when a split is missing (read once per job)."""
+        if getattr(self, "_baseline", None) is not None:
+            return self._baseline
         cached = {}
         for split in self.data.eval_splits:
             summary, records = self._baseline_paths(split)
             if not (summary.is_file() and records.is_file() and read_json(summary, "baseline").get("complete")):
                 return None
             cached[split] = read_records(records)
+        self._baseline = cached
         return cached
 
     def _write_baseline(self, split: str, records: list[dict[str, Any]]) -> None:
