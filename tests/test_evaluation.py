@@ -143,3 +143,13 @@ def tokenizer_of(cfg):
     from headlab.core.models import load_tokenizer
 
     return load_tokenizer(cfg.model)
+
+
+def test_layer_sweep_refuses_plans_outside_its_layer_or_mixing_policies(tmp_path):
+    cfg, data, model, _ = setup("demo_pairs", tmp_path, examples=4)
+    other_layer = Variant("L2H0", HeadPlan.from_rules([{"heads": "L2H0", "policy": "prune"}], 3, 4))
+    mixed = [Variant(n, p) for n, _, p in family_plans("single_head", "prune", 3, 4)[4:5]]
+    mixed.append(Variant("u", HeadPlan.from_rules([{"heads": "L1H2", "policy": "uniform"}], 3, 4)))
+    for variants in ([other_layer], mixed):
+        with pytest.raises(ValueError, match="change only layer 1, with one policy"):
+            LayerSweepEvaluator(model, cfg.task, 1, variants, data.eval_examples)

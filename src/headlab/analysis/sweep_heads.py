@@ -1,12 +1,15 @@
 """``ablate.py mode=sweep_heads``: every plan of a family (each head alone, all heads but one, whole layers)
 under ``mask.policy``, in one job, exactly as separate ``mode=eval`` jobs would score them, but faster.
 
-A plan that changes only layer l leaves layers 0..l-1 unchanged, so per batch the input of layer l is
-computed once (unablated) and every plan of the layer starts from it; the plans of a layer share one
-batched forward, each row under its own plan (``plan_ids``). One pass over the data per layer: a
-layer's results are written when its pass ends, and a rerun skips the layers already written.
-``sweep.heads_per_batch`` plans share a forward (0: all of a layer's on a GPU, one at a time on a CPU,
-where larger batches run slower per row; see BENCHMARKS.md).
+A plan that changes only layer l leaves layers 0..l-1 unchanged, and in layer l only its heads'
+columns of the self-attention output (heads are computed independently). So per batch, layer l's
+input and its self-attention output are computed twice, once unablated and once with every head of
+the layer under the policy; each plan's output takes its heads' columns from the second and the rest
+from the first, is replayed in place of layer l's self-attention (no query, key or value projections)
+and the forward runs from there: the plans differ only from layer l's output projection on. One pass
+over the data per layer: a layer's results are written when its pass ends, and a rerun skips the
+layers already written. ``sweep.heads_per_batch`` plans share a forward (0: all of a layer's on a GPU,
+one at a time on a CPU, where larger batches run slower per row; see BENCHMARKS.md).
 
 Per plan, ``PLAN/results.json`` and ``PLAN/records.parquet`` in the job directory (the format of a
 ``mode=eval`` job); the job's own ``results.json`` holds the layers x heads tables of metrics and deltas,
@@ -26,74 +29,96 @@ from headlab.analysis.eval_job import EvalJob, already_done, hashed_config, summ
 from headlab.analysis.evaluation import PlanEvaluator, Variant
 from headlab.analysis.sweep_plans import family_plans
 from headlab.core.attention import ablate
-from headlab.core.bert_family import encoder_layers, start_at_layer
+from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
 from headlab.core.models import model_shape
+from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, write_json_atomic
 from headlab.reporting.results import read_complete
 from headlab.training.tracking import finish_tracking
 
 
 class LayerSweepEvaluator(PlanEvaluator):
-    """Scores the plans of one layer (``variants``, each changing only heads of ``layer``) from its input."""
+    """Scores the plans of one layer (``variants``: each puts some heads of ``layer`` under one common policy)."""
 
     def __init__(self, model, task, layer: int, variants: list[Variant], examples: dict[str, Any],
                  per_forward: int = 0, baseline: Variant | None = None):
         super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples)
         self.layer, self.sweep, self.baseline = layer, list(variants), baseline
         self.per_forward = per_forward  # 0: chosen by device in the first step
+        self.every_head = _every_head_plan(layer, self.sweep)  # each head as the plans ablate it
+        head_dim = model.config.hidden_size // model.config.num_attention_heads
+        self.columns = torch.tensor([[v.plan.policy_of(layer, h) != "keep" for h in range(v.plan.num_heads)]
+                                     for v in self.sweep]).repeat_interleave(head_dim, dim=1)  # [plans, heads * dim]
 
     def on_validation_start(self) -> None:
         if not self.per_forward:  # on CPUs a bigger batch is not faster per row (measured: slower); GPUs gain
             self.per_forward = len(self.sweep) if self.device.type == "cuda" else 1
+        self.columns = self.columns.to(self.device)
 
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.splits[dataloader_idx]
         inputs = self.model_inputs(batch)
-        hidden = self._layer_input(inputs, batch, split)  # [batch, seq, hidden], unablated
+        plain = {name: t for name, t in inputs.items() if name != "sentence_ids"}  # the stock model's inputs
+        hidden, kept = self._layer_input(plain, batch, split)  # [batch, seq, hidden], [batch, seq, heads * dim]
+        ablated = self._ablated_output(inputs, hidden)  # [batch, seq, heads * dim]
         size = len(batch["input_ids"])
         for start in range(0, len(self.sweep), self.per_forward):
             chunk = self.sweep[start : start + self.per_forward]
-            if len(chunk) == 1:  # one plan: its own fused path, no per-row selection
-                with ablate(self.model, chunk[0].plan, chunk[0].renormalize), \
-                        start_at_layer(self.model, self.layer, hidden):
-                    out = self.model(**inputs)
-            else:
-                many = {name: t.repeat(len(chunk), *[1] * (t.dim() - 1)) for name, t in inputs.items()}
-                plan_ids = torch.arange(len(chunk), device=hidden.device).repeat_interleave(size)
-                with ablate(self.model, [v.plan for v in chunk], chunk[0].renormalize), \
-                        start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)):
-                    out = self.model(**many, plan_ids=plan_ids)
+            columns = self.columns[start : start + len(chunk), None, None]  # [plans, 1, 1, heads * dim]
+            output = torch.where(columns, ablated, kept).flatten(0, 1)  # [plans * batch, seq, heads * dim]
+            many = {name: t.repeat(len(chunk), *[1] * (t.dim() - 1)) for name, t in plain.items()}
+            with start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)), \
+                    replay_self_attention(self.model, self.layer, output):
+                out = self.model(**many)
             for i, variant in enumerate(chunk):
                 rows = SimpleNamespace(**{name: value[i * size : (i + 1) * size] for name, value in out.items()
                                           if isinstance(value, torch.Tensor) and value.dim() > 0})
                 self._pending.setdefault((variant.name, split), []).append(self._batch_rows(rows, batch))
 
-    def _layer_input(self, inputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], split: str):
-        """The unablated input of ``self.layer`` ``[batch, seq, hidden]``; the layers above run only when the
-        baseline's records are wanted too."""
+    def _layer_input(self, plain: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], split: str):
+        """The unablated input of ``self.layer`` and its self-attention output; the layers above run only when
+        the baseline's records are wanted too."""
         _, layers = encoder_layers(self.model)
         seen = []
-
-        def record(module, args):
-            seen.append(args[0])
-            if self.baseline is None:
-                raise _Stopped  # nothing after this layer's input is needed
-
-        handle = layers[self.layer].register_forward_pre_hook(record)
-        plain = {name: t for name, t in inputs.items() if name != "sentence_ids"}
+        handle = layers[self.layer].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        stop = None if self.baseline is not None else _Stopped  # else nothing after the self-attention is needed
         try:
-            out = self.model(**plain)
+            with self_attention_output(self.model, self.layer, stop) as kept:
+                out = self.model(**plain)
             self._pending.setdefault((self.baseline.name, split), []).append(self._batch_rows(out, batch))
         except _Stopped:
             pass
         finally:
             handle.remove()
+        return seen[0], kept[0]
+
+    def _ablated_output(self, inputs: dict[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+        """The swept layer's self-attention output with every head under the plans' policy: heads are computed
+        independently, so a plan's output takes its heads' columns from here and the others' from the kept one."""
+        try:
+            with ablate(self.model, self.every_head, self.sweep[0].renormalize), \
+                    start_at_layer(self.model, self.layer, hidden), \
+                    self_attention_output(self.model, self.layer, _Stopped) as seen:
+                self.model(**inputs)
+        except _Stopped:
+            pass
         return seen[0]
 
 
 class _Stopped(Exception):
-    """Raised once the input of the swept layer is known."""
+    """Raised once the swept layer's self-attention output is known."""
+
+
+def _every_head_plan(layer: int, variants: list[Variant]) -> HeadPlan:
+    """Every head of ``layer`` under the one policy the variants use; they may change no other layer."""
+    first = variants[0].plan
+    policies = {policy for v in variants for policy, count in v.plan.counts().items() if count and policy != "keep"}
+    changed = {l for v in variants for policy in policies for l, _ in v.plan.heads_with(policy)}
+    if len(policies) != 1 or changed != {layer} or len({v.renormalize for v in variants}) != 1:
+        raise ValueError(f"a layer sweep needs plans that change only layer {layer}, with one policy and one "
+                         f"renormalize; got policies {sorted(policies)} in layers {sorted(changed)}")
+    return HeadPlan.from_rules([{"heads": f"L{layer}", "policy": policies.pop()}], first.num_layers, first.num_heads)
 
 
 def run_sweep_heads(cfg: Any, output_dir: str | Path) -> dict[str, Any]:

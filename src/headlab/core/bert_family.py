@@ -2,8 +2,10 @@
 
 ``layer_inputs`` records the hidden states entering each layer during a forward; ``start_at_layer``
 runs a forward from a given layer's input, skipping the layers below it (they would compute the
-same thing again). Head sweeps combine the two: an ablation in layer l leaves layers 0..l-1 as they
-were, so its forward can start from layer l.
+same thing again); ``self_attention_output`` records what a layer's self-attention returns and
+``replay_self_attention`` makes it return a given tensor instead of computing it. Head sweeps combine
+them: an ablation in layer l leaves layers 0..l-1 as they were, so its forward can start from layer l,
+and it changes only some heads' columns of layer l's self-attention output.
 """
 
 from __future__ import annotations
@@ -32,9 +34,7 @@ def self_attention_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
     if not isinstance(model, PreTrainedModel):
         raise UserError(f"expected a Hugging Face PreTrainedModel, got {type(model).__name__}")
     check_bert_family(model.config)
-    modules = [
-        m for m in model.modules() if type(m).__name__.endswith("SelfAttention") and hasattr(m, "layer_idx")
-    ]
+    modules = [m for m in model.modules() if _is_self_attention(m)]
     layers = sorted(m.layer_idx for m in modules)
     if layers != list(range(model.config.num_hidden_layers)):
         raise UserError(
@@ -43,6 +43,18 @@ def self_attention_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
         )
     return sorted(modules, key=lambda m: m.layer_idx)
 
+
+
+def _is_self_attention(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("SelfAttention") and hasattr(module, "layer_idx")
+
+
+def self_attention_of(model: PreTrainedModel, layer: int) -> torch.nn.Module:
+    """Layer ``layer``'s self-attention module (also inside ``start_at_layer``, where fewer layers are listed)."""
+    found = [m for m in model.modules() if _is_self_attention(m) and m.layer_idx == layer]
+    if len(found) != 1:
+        raise UserError(f"{type(model).__name__}: found {len(found)} self-attention modules for layer {layer}")
+    return found[0]
 
 
 def encoder_layers(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
@@ -66,6 +78,37 @@ def layer_inputs(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def self_attention_output(model: PreTrainedModel, layer: int, stop: type[Exception] | None = None) -> Iterator[list]:
+    """A list that the next forward fills with layer ``layer``'s self-attention output
+    ``[batch, seq, heads * head_dim]`` (the heads' context vectors side by side, before the output
+    projection); ``stop``: raised right after it."""
+    seen: list[torch.Tensor] = []
+
+    def record(module, args, output):
+        seen.append(output[0])
+        if stop is not None:
+            raise stop
+
+    handle = self_attention_of(model, layer).register_forward_hook(record)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def replay_self_attention(model: PreTrainedModel, layer: int, output: torch.Tensor) -> Iterator[PreTrainedModel]:
+    """Inside the block, layer ``layer``'s self-attention returns ``output`` ``[batch, seq, heads * head_dim]``
+    without computing anything (no query, key or value projections)."""
+    module = self_attention_of(model, layer)
+    module.forward = lambda *args, **kwargs: (output, None)  # an instance attribute shadows the class's forward
+    try:
+        yield model
+    finally:
+        del module.forward
 
 
 @contextmanager

@@ -1,0 +1,250 @@
+"""Paired statistics of ablation deltas over examples: bootstrap CIs, permutation p-values, corrections.
+
+One baseline and several ablated runs (the plans of a sweep) scored on the same examples. For each
+run, the delta = metric(ablated) - metric(baseline), with
+
+- a paired bootstrap CI: resample the examples (the same resample for both sides), recompute the
+  metric on each; ``percentile``, ``basic`` or ``bca`` (default) as ``scipy.stats.bootstrap``, whose
+  index stream is reproduced exactly (``numpy.random.default_rng(seed).integers(0, n, (batch, n))``
+  per batch), so the intervals equal scipy's for the same seed and batch (tested);
+- a paired permutation p-value: swap each example's ablated and baseline records with probability
+  1/2 (all 2^n swaps when that is at most ``permutations``), two-sided, counted as
+  ``scipy.stats.permutation_test(permutation_type="samples")`` does (tested against it).
+
+The runs of a sweep share resamples: one matrix product per batch serves every run
+(``headlab.reporting.metric_sums``), which is what makes a 72-plan report cheap (BENCHMARKS.md).
+Corrections across plans: Holm or Benjamini-Hochberg (``statsmodels.stats.multitest``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.stats
+from scipy.special import ndtr, ndtri
+
+from headlab.errors import UserError
+from headlab.reporting.metric_sums import Columns, RankMetric, SumMetric, metric_for
+
+CI_METHODS = ("bca", "percentile", "basic")
+CORRECTIONS = {"holm": "holm", "bh": "fdr_bh", "none": None}
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How the statistics resample: recorded with every report."""
+
+    resamples: int = 10_000  # bootstrap resamples
+    permutations: int = 10_000  # random swaps for the permutation test (exact when 2^n is at most this)
+    confidence: float = 0.95
+    method: str = "bca"
+    seed: int = 0
+    batch: int = 500  # resamples per matrix product (memory: batch x examples float64)
+
+    def __post_init__(self):
+        if self.method not in CI_METHODS:
+            raise UserError(f"CI method {self.method!r} is not one of {', '.join(CI_METHODS)}")
+        if not 0 < self.confidence < 1:
+            raise UserError(f"confidence must be between 0 and 1, got {self.confidence}")
+        for name in ("resamples", "permutations", "batch"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be a positive integer, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """One delta with its CI and p-value (``ci_low``/``ci_high``/``p_value`` NaN when not computed)."""
+
+    metric: str
+    value: float
+    baseline: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    n: int
+
+
+class _Deltas:
+    """``delta(weights or swaps)`` of every run at once: ``[batch, runs]``."""
+
+    def __init__(self, metric: SumMetric | RankMetric, runs: Sequence[Columns], baseline: Columns):
+        self.metric, self.runs = metric, len(runs)
+        if isinstance(metric, SumMetric):
+            self.base = metric.features(baseline)  # [n, k]
+            self.features = np.stack([metric.features(run) for run in runs], axis=1)  # [n, runs, k]
+        else:
+            self.base = np.stack(metric.columns(baseline))  # [2, n]: prediction, label
+            self.features = np.stack([np.stack(metric.columns(run)) for run in runs])  # [runs, 2, n]
+        self.n = self.base.shape[-1] if isinstance(metric, RankMetric) else len(self.base)
+
+    def observed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ablated values [runs], baseline value [])."""
+        if isinstance(self.metric, RankMetric):
+            return self.metric.statistic(*np.moveaxis(self.features, 1, 0)), self.metric.statistic(*self.base)
+        count = np.asarray(float(self.n))
+        return self.metric.finish(self.features.sum(0), count), self.metric.finish(self.base.sum(0), count)
+
+    def resampled(self, index: np.ndarray) -> np.ndarray:
+        """Deltas of bootstrap resamples ``index`` ``[batch, n]`` (example indices): ``[batch, runs]``."""
+        if isinstance(self.metric, RankMetric):
+            base = self.metric.statistic(*self.base[:, index])  # [batch]
+            runs = self.metric.statistic(*np.moveaxis(self.features[:, :, index], 1, 0))  # [runs, batch]
+            return runs.T - base[:, None]
+        batch = len(index)
+        rows = (np.arange(batch)[:, None] * self.n + index).ravel()
+        weights = np.bincount(rows, minlength=batch * self.n).reshape(batch, self.n).astype(np.float64)
+        return self._weighted(weights, np.full(batch, float(self.n)))
+
+    def _weighted(self, weights: np.ndarray, count: np.ndarray) -> np.ndarray:
+        k = self.base.shape[1]
+        sums = weights @ np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
+        runs = self.metric.finish(sums[:, :-k].reshape(len(weights), self.runs, k), count[:, None])
+        return runs - self.metric.finish(sums[:, -k:], count)[:, None]
+
+    def jackknife(self) -> np.ndarray:
+        """Deltas with each example left out in turn: ``[n, runs]``."""
+        if isinstance(self.metric, RankMetric):
+            keep = ~np.eye(self.n, dtype=bool)
+            return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
+        total = np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
+        k, count = self.base.shape[1], np.asarray(float(self.n - 1))
+        left_out = total.sum(0) - total  # [n, runs * k + k]
+        runs = self.metric.finish(left_out[:, :-k].reshape(self.n, self.runs, k), count)
+        return runs - self.metric.finish(left_out[:, -k:], count)[:, None]
+
+    def swapped(self, swaps: np.ndarray) -> np.ndarray:
+        """Deltas with the examples where ``swaps`` ``[batch, n]`` is True swapped between the sides:
+        ``[batch, runs]``."""
+        if isinstance(self.metric, RankMetric):
+            out = []
+            for run in self.features:  # [2, n]
+                ablated = np.where(swaps[None], self.base[:, None], run[:, None])  # [2, batch, n]
+                baseline = np.where(swaps[None], run[:, None], self.base[:, None])
+                out.append(self.metric.statistic(*ablated) - self.metric.statistic(*baseline))
+            return np.stack(out, axis=1)
+        k, count = self.base.shape[1], np.asarray(float(self.n))
+        difference = (self.base[:, None, :] - self.features).reshape(self.n, -1)  # [n, runs * k]
+        moved = (swaps.astype(np.float64) @ difference).reshape(len(swaps), self.runs, k)
+        runs = self.metric.finish(self.features.sum(0) + moved, count)
+        return runs - self.metric.finish(self.base.sum(0) - moved, count)
+
+
+def bootstrap_distribution(deltas: _Deltas, config: Resampling) -> np.ndarray:
+    """``[runs, resamples]``, drawn as ``scipy.stats.bootstrap(paired=True, batch=config.batch)`` draws."""
+    rng = np.random.default_rng(config.seed)
+    out = []
+    for start in range(0, config.resamples, config.batch):
+        size = min(config.batch, config.resamples - start)
+        out.append(deltas.resampled(rng.integers(0, deltas.n, (size, deltas.n))))
+    return np.concatenate(out).T
+
+
+def confidence_intervals(deltas: _Deltas, observed: np.ndarray, config: Resampling) -> np.ndarray:
+    """``[runs, 2]`` (low, high) of each run's delta, as ``scipy.stats.bootstrap`` computes them."""
+    theta = bootstrap_distribution(deltas, config)  # [runs, resamples]
+    alpha = (1 - config.confidence) / 2
+    if config.method == "bca":
+        below = ((theta < observed[:, None]).sum(1) + (theta <= observed[:, None]).sum(1)) / (2 * theta.shape[1])
+        z0 = ndtri(below)
+        jack = deltas.jackknife().T  # [runs, n]
+        u = (deltas.n - 1) * (jack.mean(1, keepdims=True) - jack)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = (u**3).sum(1) / deltas.n**3 / 6 / ((u**2).sum(1) / deltas.n**2) ** 1.5
+            z = ndtri(alpha)
+            levels = np.stack([ndtr(z0 + (z0 + q) / (1 - a * (z0 + q))) for q in (z, -z)], axis=1)  # [runs, 2]
+        out = np.full((len(theta), 2), np.nan)
+        for run, level in enumerate(levels):
+            if np.isfinite(level).all():
+                out[run] = np.quantile(theta[run], level)
+        degenerate = (theta == theta[:, :1]).all(1)  # no variation: the interval is the point
+        out[degenerate] = theta[degenerate, :1]
+        return out
+    out = np.quantile(theta, [alpha, 1 - alpha], axis=1).T
+    if config.method == "basic":
+        out = 2 * observed[:, None] - out[:, ::-1]
+    return out
+
+
+def permutation_p_values(deltas: _Deltas, observed: np.ndarray, config: Resampling) -> np.ndarray:
+    """Two-sided p ``[runs]`` of swapping each example's sides, counted as ``scipy.stats.permutation_test``."""
+    exact = deltas.n < 63 and 2**deltas.n <= config.permutations
+    rng = np.random.default_rng(config.seed)
+    null = []
+    if exact:
+        every = np.array(list(itertools.product([False, True], repeat=deltas.n)))
+        for start in range(0, len(every), config.batch):
+            null.append(deltas.swapped(every[start : start + config.batch]))
+    else:
+        for start in range(0, config.permutations, config.batch):
+            size = min(config.batch, config.permutations - start)
+            null.append(deltas.swapped(rng.random((size, deltas.n)) < 0.5))
+    null = np.concatenate(null)  # [permutations, runs]
+    gamma = np.abs(np.finfo(np.float64).eps * 100 * observed)
+    adjustment = 0 if exact else 1
+    less = ((null <= observed + gamma).sum(0) + adjustment) / (len(null) + adjustment)
+    greater = ((null >= observed - gamma).sum(0) + adjustment) / (len(null) + adjustment)
+    return np.clip(2 * np.minimum(less, greater), 0.0, 1.0)
+
+
+def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config: Resampling = Resampling()
+                 ) -> list[PairedResult]:
+    """Each run's delta against ``baseline`` on ``metric``, with CI and p-value; the runs' records and the
+    baseline's list the same examples in the same order."""
+    n = len(baseline[next(iter(baseline.keys()))]) if len(baseline) else 0
+    if n < 2:
+        raise UserError(f"a paired bootstrap needs at least 2 examples; the records have {n}")
+    for run in runs:
+        size = len(run[next(iter(run.keys()))])
+        if size != n:
+            raise UserError(f"paired statistics need the same examples on both sides: {size} vs {n} records")
+    everything = pd.concat([pd.DataFrame(dict(c)) for c in (*runs, baseline)], ignore_index=True)
+    deltas = _Deltas(metric_for(metric, everything), runs, baseline)
+    ablated, base = deltas.observed()
+    observed = ablated - base
+    ci = confidence_intervals(deltas, observed, config)
+    p = permutation_p_values(deltas, observed, config)
+    return [PairedResult(metric, float(a), float(base), float(d), float(lo), float(hi), float(q), n)
+            for a, d, (lo, hi), q in zip(ablated, observed, ci, p)]
+
+
+def paired_ci(ablated: Columns, baseline: Columns, metric: str = "accuracy", *, resamples: int = 10_000,
+              permutations: int = 10_000, confidence: float = 0.95, method: str = "bca", seed: int = 0
+              ) -> PairedResult:
+    """The delta metric(ablated) - metric(baseline) with a paired bootstrap CI and a permutation p-value.
+
+    ``ablated`` / ``baseline``: per-example records of the same examples in the same order (the
+    ``records.parquet`` of ``ablate.py`` jobs, as DataFrames or dicts of columns). ``metric``: a
+    task metric (accuracy, f1, matthews, pearson, spearman, exact_match, loss, ...).
+    """
+    config = Resampling(resamples, permutations, confidence, method, seed)
+    return paired_tests(metric, [ablated], baseline, config)[0]
+
+
+def adjust_p_values(p_values: Sequence[float], correction: str = "holm") -> np.ndarray:
+    """Adjusted p-values across a family of plans (NaN stays NaN): ``holm``, ``bh`` or ``none``."""
+    from statsmodels.stats.multitest import multipletests
+
+    if correction not in CORRECTIONS:
+        raise UserError(f"correction {correction!r} is not one of {', '.join(CORRECTIONS)}")
+    p = np.asarray(p_values, dtype=np.float64)
+    out = p.copy()
+    present = ~np.isnan(p)
+    if CORRECTIONS[correction] and present.any():
+        out[present] = multipletests(p[present], method=CORRECTIONS[correction])[1]
+    return out
+
+
+def across_seeds(values: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
+    """Mean, standard deviation and Student-t CI of one quantity over fine-tuning seeds."""
+    x = np.asarray(values, dtype=np.float64)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return {"mean": mean, "std": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "seeds": len(x)}
+    std = float(x.std(ddof=1))
+    low, high = scipy.stats.t.interval(confidence, len(x) - 1, loc=mean, scale=std / np.sqrt(len(x)))
+    return {"mean": mean, "std": std, "ci_low": float(low), "ci_high": float(high), "seeds": len(x)}
