@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,31 @@ def assert_close_rel(actual, expected, rtol=1e-5):
     expected = expected.double()
     scale = expected.abs().max().clamp(min=1.0)
     torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=rtol * scale)
+
+
+# ablate.py end to end (tests/test_ablate.py, tests/test_report.py)
+COMMON = ["model=tiny_random", "task=demo_pairs", "logger=csv", "trainer.enable_progress_bar=false",
+          "data.max_eval_examples=40"]
+
+
+def run(script, *overrides, cwd_tmp, check=True):
+    """An entry script on the tiny BERT and demo_pairs (caches under ``cwd_tmp``), in a subprocess."""
+    flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides
+    overrides = [o for o in overrides if not o.startswith("-")]
+    command = [sys.executable, str(ROOT / script), *flags, *COMMON, f"data.cache_dir={cwd_tmp / 'cache'}",
+               *overrides]
+    if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
+        command.append(f"baseline_dir={cwd_tmp / 'baselines'}")
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A train.py job on demo_pairs (a few steps): its directory and results."""
+    root = tmp_path_factory.mktemp("ablate")
+    run("train.py", "data.batch_size=16", "data.max_train_examples=400", "trainer.max_steps=25",
+        "trainer.val_check_interval=25", "optim.lr=2e-3", f"hydra.run.dir={root / 'train'}", cwd_tmp=root)
+    return root, json.loads((root / "train/results.json").read_text())

@@ -4,42 +4,16 @@ the cached baseline, per-example records, resumable sweeps, presets and launcher
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run
 from hydra import compose, initialize_config_dir
 
 from headlab.cli.schema import register_configs
 
 register_configs()
-COMMON = ["model=tiny_random", "task=demo_pairs", "logger=csv", "trainer.enable_progress_bar=false",
-          "data.max_eval_examples=40"]
-
-
-def run(script, *overrides, cwd_tmp, check=True):
-    flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides
-    overrides = [o for o in overrides if not o.startswith("-")]
-    command = [sys.executable, str(ROOT / script), *flags, *COMMON, f"data.cache_dir={cwd_tmp / 'cache'}",
-               *overrides]
-    if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
-        command.append(f"baseline_dir={cwd_tmp / 'baselines'}")
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A train.py job on demo_pairs (a few steps): its directory and results."""
-    root = tmp_path_factory.mktemp("ablate")
-    run("train.py", "data.batch_size=16", "data.max_train_examples=400", "trainer.max_steps=25",
-        "trainer.val_check_interval=25", "optim.lr=2e-3", f"hydra.run.dir={root / 'train'}", cwd_tmp=root)
-    return root, json.loads((root / "train/results.json").read_text())
 
 
 def results(folder):

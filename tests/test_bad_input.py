@@ -82,6 +82,13 @@ CASES = [
     ("ablate.py", ["mode=sweep_heads"], "mask.policy"),
     ("ablate.py", ["mode=sweep_heads", "mask=prune", "mask.heads=L0"], "mask.heads='L0'"),
     ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=rows"], "'rows'"),
+    # ablate.py mode=report
+    ("ablate.py", ["mode=report"], "sweep_dir=DIR"),
+    ("ablate.py", ["mode=report", "sweep_dir=/no/such/sweep"], "/no/such/sweep"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir"], "holds no finished evaluation"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.ci_method=normal"], "'normal'"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.correction=bonferroni"], "'bonferroni'"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.formats=[gif]"], "'gif'"),
     # trainer, logger, data, optim: types and ranges
     ("train.py", ["trainer.precision=bf17"], "'bf17'"),
     ("train.py", ["trainer.max_epochs=-3"], "max_epochs=-3"),

@@ -25,10 +25,12 @@ _EXPORTS = {
     "split_sentences": "headlab.core.units",
     "unit_ids": "headlab.core.units",
     "UserError": "headlab.errors",
+    "load_sweep": "headlab.reporting.sweep_table",
+    "paired_ci": "headlab.reporting.statistics",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
     "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention",
-    "split_sentences", "unit_ids", "UserError",
+    "split_sentences", "unit_ids", "UserError", "load_sweep", "paired_ci",
 ]
 
 if TYPE_CHECKING:
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, head_name, select_heads
     from headlab.core.units import split_sentences, unit_ids
     from headlab.errors import UserError
+    from headlab.reporting.statistics import paired_ci
+    from headlab.reporting.sweep_table import load_sweep
 
 
 def __getattr__(name: str) -> Any:

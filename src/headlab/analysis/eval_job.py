@@ -32,7 +32,7 @@ from headlab.training.finetune import make_trainer
 from headlab.training.tracking import build_logger
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo")
+RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir")  # not what a job computes
 BASELINE = "baseline"  # the name of the unablated variant
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf, open_dict
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 MODES = {
     "eval": "headlab.analysis.eval_run:run_eval",
     "sweep_heads": "headlab.analysis.sweep_heads:run_sweep_heads",
+    "report": "headlab.analysis.report_run:run_report",
     "demo": "headlab.analysis.demo:run_demo",
 }
 EVALUATING = ("eval", "sweep_heads")  # modes that score a checkpoint on a task
@@ -40,6 +42,8 @@ def job_mask(cfg: Any) -> Any:
 def check_ablate_config(cfg: Any) -> None:
     """Every check that needs no weights: types, ranges, the plan against the model's shape, the checkpoint."""
     check_config(cfg)
+    if cfg.mode == "report":
+        check_sweep_dir(cfg.sweep_dir)
     if cfg.mode not in EVALUATING:
         return
     with open_dict(cfg):
@@ -56,6 +60,14 @@ def check_ablate_config(cfg: Any) -> None:
     plan = plan_from_mask(cfg.mask, *model_shape(cfg.model)) if cfg.mode == "eval" else None
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     warn_about_plan(cfg, plan)
+
+
+def check_sweep_dir(sweep_dir: str | None) -> None:
+    """``mode=report`` needs an existing directory of ablate.py results."""
+    if sweep_dir is None:
+        raise UserError("mode=report needs sweep_dir=DIR: a directory of ablate.py results (a sweep's hydra.sweep.dir)")
+    if not Path(sweep_dir).is_dir():
+        raise UserError(f"sweep_dir={sweep_dir!r}: no such directory")
 
 
 def warn_about_plan(cfg: Any, plan: Any) -> None:

@@ -1,12 +1,14 @@
-"""Hydra glue: the resolvers the configs use and the running job's directory."""
+"""Hydra glue: the resolvers the configs use, the running job's directory, the report at a multirun's end."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from headlab.files import package_dir
 
@@ -38,3 +40,18 @@ def checkpoint_tag(ckpt_path: str | None) -> str:
 def job_dir() -> Path:
     """The running Hydra job's output directory (``hydra.run.dir``, or the sweep's subdir)."""
     return Path(HydraConfig.get().runtime.output_dir)
+
+
+class ReportOnMultirunEnd(Callback):
+    """Hydra callback (``conf/ablate.yaml``): when a multirun of ``mode=eval`` or ``mode=sweep_heads`` ends and
+    ``report.auto`` is true, ``mode=report`` runs on the sweep directory."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("mode") not in ("eval", "sweep_heads") or not config.report.auto:
+            return
+        from headlab.analysis.report_run import run_report  # pandas, scipy and matplotlib load only here
+
+        cfg = OmegaConf.masked_copy(config, ["report", "logger"])
+        OmegaConf.set_struct(cfg, False)
+        cfg.sweep_dir = config.hydra.sweep.dir
+        run_report(cfg)

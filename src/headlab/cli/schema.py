@@ -24,9 +24,10 @@ from omegaconf import MISSING, OmegaConf
 from headlab.cli.hydra_glue import register_resolvers
 from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
+from headlab.reporting.settings import CI_METHODS, CORRECTIONS, FIGURE_FORMATS
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("eval", "sweep_heads", "demo")
+ABLATE_MODES = ("eval", "sweep_heads", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 MIN_COMPILE_TORCH = (2, 4)
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
@@ -324,6 +325,30 @@ class SweepConfig:
 
 
 @dataclass
+class ReportConfig:
+    """``mode=report`` (and the report at the end of a multirun): statistics, correction, figure formats."""
+
+    auto: bool = True  # report the sweep directory when a multirun of mode=eval / sweep_heads ends
+    resamples: int = 10_000  # paired bootstrap resamples per delta
+    permutations: int = 10_000  # paired permutation test swaps (exact when 2^examples is at most this)
+    confidence: float = 0.95
+    ci_method: str = "bca"  # bca | percentile | basic (as scipy.stats.bootstrap)
+    correction: str = "holm"  # holm | bh (Benjamini-Hochberg) | none, across the plans of a sweep
+    seed: int = 0
+    formats: list[str] = field(default_factory=lambda: ["png"])  # png, pdf, svg
+
+    def __post_init__(self) -> None:
+        at_least("report.resamples", self.resamples, 1)
+        at_least("report.permutations", self.permutations, 1)
+        if not 0 < self.confidence < 1:
+            raise UserError(f"report.confidence={self.confidence} must be between 0 and 1 (e.g. 0.95)")
+        one_of("report.ci_method", self.ci_method, CI_METHODS)
+        one_of("report.correction", self.correction, CORRECTIONS)
+        for extension in self.formats:
+            one_of("report.formats", extension, FIGURE_FORMATS)
+
+
+@dataclass
 class AblateConfig:
     """``conf/ablate.yaml``."""
 
@@ -343,6 +368,8 @@ class AblateConfig:
     plan: str | None = None  # a name in ``plans``: its mask fields override ``mask``
     plans: dict[str, Any] = field(default_factory=dict)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    sweep_dir: str | None = None  # mode=report: the sweep directory to collect
+    report: ReportConfig = field(default_factory=ReportConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
 
@@ -356,7 +383,7 @@ SCHEMAS = {
     "ablate_schema": AblateConfig,
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
-CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep")
+CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "report")
 
 
 def register_configs() -> None:

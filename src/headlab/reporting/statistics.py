@@ -29,9 +29,7 @@ from scipy.special import ndtr, ndtri
 
 from headlab.errors import UserError
 from headlab.reporting.metric_sums import Columns, RankMetric, SumMetric, metric_for
-
-CI_METHODS = ("bca", "percentile", "basic")
-CORRECTIONS = {"holm": "holm", "bh": "fdr_bh", "none": None}
+from headlab.reporting.settings import CI_METHODS, CORRECTIONS
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,9 @@ class Resampling:
         for name in ("resamples", "permutations", "batch"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be a positive integer, got {getattr(self, name)}")
+
+
+DEFAULT_RESAMPLING = Resampling()
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def permutation_p_values(deltas: _Deltas, observed: np.ndarray, config: Resampli
     return np.clip(2 * np.minimum(less, greater), 0.0, 1.0)
 
 
-def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config: Resampling = Resampling()
+def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config: Resampling = DEFAULT_RESAMPLING
                  ) -> list[PairedResult]:
     """Each run's delta against ``baseline`` on ``metric``, with CI and p-value; the runs' records and the
     baseline's list the same examples in the same order."""

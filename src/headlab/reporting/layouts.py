@@ -1,0 +1,103 @@
+"""The seeds' table layouts from the tidy table (``load_sweep``), as DataFrames, markdown and LaTeX.
+
+- ``plan_grid``: Guan et al. 2020 Tables 2 and 3: one row per plan; one column per head selector the
+  plans use (``cluster:diagonal`` -> ``diagonal``) with what the plan does to those heads (``✓`` keep,
+  ``✗`` prune, ``1/L`` uniform, ``-intra`` / ``-inter``); then each metric as
+  ``value (delta [CI low, CI high])`` with ``*`` (adjusted p < 0.05) or ``**`` (< 0.01).
+- ``head_grid``: a head sweep as layers x heads of the delta, significance marked the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+SYMBOLS = {"keep": "✓", "prune": "✗", "uniform": "1/L", "drop_intra": "-intra", "drop_inter": "-inter"}
+
+
+def significance(p_adjusted: float) -> str:
+    if not np.isfinite(p_adjusted):
+        return ""
+    return "**" if p_adjusted < 0.01 else "*" if p_adjusted < 0.05 else ""
+
+
+def _digits(values: pd.Series) -> int:
+    """2 decimals for scores in percent (SQuAD's), 4 for scores in [0, 1] and losses."""
+    return 2 if values.abs().max() > 1.5 else 4
+
+
+def describe_cell(row: pd.Series, digits: int) -> str:
+    """``value (delta [low, high])*``; the baseline plan shows its value only."""
+    if row["heads"] == 0:
+        return f"{row['value']:.{digits}f}"
+    ci = f" [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}]" if np.isfinite(row["ci_low"]) else ""
+    return f"{row['value']:.{digits}f} ({row['delta']:+.{digits}f}{ci}){significance(row['p_adjusted'])}"
+
+
+def _rules(readable: str) -> list[tuple[str, list[str]]]:
+    """``[(policy, [selector tokens])]`` of ``readable_rules`` text."""
+    if readable == "keep":
+        return []
+    out = []
+    for part in readable.split("; "):
+        policy, _, heads = part.partition(" ")
+        out.append((policy, heads.split(",")))
+    return out
+
+
+def plan_grid(frame: pd.DataFrame, split: str, metrics: list[str]) -> pd.DataFrame:
+    """One row per plan of ``frame`` (one checkpoint's evaluation jobs, in the frame's order) on ``split``."""
+    rows = frame[(frame["split"] == split) & (frame["family"] == "")]
+    plans = list(dict.fromkeys(rows["plan"]))
+    tokens = list(dict.fromkeys(t for r in dict.fromkeys(rows["rules"]) for _, ts in _rules(r) for t in ts))
+    table = []
+    for number, plan in enumerate(plans, start=1):
+        mine = rows[rows["plan"] == plan]
+        first = mine.iloc[0]
+        line = {"id": number, "plan": plan}
+        done = {t: p for p, ts in _rules(first["rules"]) for t in ts}
+        line |= {t.removeprefix("cluster:"): SYMBOLS.get(done.get(t, "keep"), done.get(t)) for t in tokens}
+        for metric in metrics:
+            cells = mine[mine["metric"] == metric]
+            if len(cells):
+                line[metric] = describe_cell(cells.iloc[0], _digits(rows.loc[rows["metric"] == metric, "value"]))
+        table.append(line)
+    return pd.DataFrame(table)
+
+
+def head_grid(frame: pd.DataFrame, split: str, metric: str, column: str = "delta") -> pd.DataFrame:
+    """Layers x heads (or x 1 for whole layers) of ``column`` with significance marks, as text cells."""
+    rows = frame[(frame["split"] == split) & (frame["metric"] == metric) & (frame["family"] != "")]
+    digits = _digits(rows["value"])
+    whole_layers = rows["head"].isna().all()
+    layers = sorted(int(x) for x in rows["layer"].unique())
+    heads = [0] if whole_layers else sorted(int(x) for x in rows["head"].unique())
+    grid = pd.DataFrame("", index=[f"L{l}" for l in layers], columns=["layer"] if whole_layers else
+                        [f"H{h}" for h in heads])
+    for _, row in rows.iterrows():
+        column_name = "layer" if whole_layers else f"H{int(row['head'])}"
+        grid.loc[f"L{int(row['layer'])}", column_name] = f"{row[column]:+.{digits}f}{significance(row['p_adjusted'])}"
+    return grid
+
+
+def head_matrix(frame: pd.DataFrame, split: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(deltas, significant) ``[layers, heads or 1]`` of a head sweep, NaN / False where a plan is missing."""
+    rows = frame[(frame["split"] == split) & (frame["metric"] == metric) & (frame["family"] != "")]
+    whole_layers = rows["head"].isna().all()
+    shape = (int(rows["layer"].max()) + 1, 1 if whole_layers else int(rows["head"].max()) + 1)
+    delta, significant = np.full(shape, np.nan), np.zeros(shape, dtype=bool)
+    for _, row in rows.iterrows():
+        at = (int(row["layer"]), 0 if whole_layers else int(row["head"]))
+        delta[at] = row["delta"]
+        significant[at] = np.isfinite(row["p_adjusted"]) and row["p_adjusted"] < 0.05
+    return delta, significant
+
+
+def to_markdown(table: pd.DataFrame, index: bool = False) -> str:
+    return table.to_markdown(index=index, disable_numparse=True) + "\n"  # cells are formatted text
+
+
+def to_latex(table: pd.DataFrame, caption: str, index: bool = False) -> str:
+    """A ``table`` environment (booktabs) with the text escaped for LaTeX."""
+    text = table.to_latex(index=index, escape=True, caption=caption, position="t")
+    return text.replace("✓", r"\checkmark{}").replace("✗", r"$\times$")

@@ -1,0 +1,90 @@
+"""Report figures (matplotlib, headless): head-sweep heatmaps, plan bars with CIs, metric vs heads ablated.
+
+Deltas use a diverging colour map centred on 0 (red: the metric fell); cells and bars whose adjusted
+p-value is below 0.05 are marked. Every function writes one file per requested format and returns
+the paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import TwoSlopeNorm
+
+
+def _save(figure, path: Path, formats: Sequence[str]) -> list[Path]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for extension in formats:
+        target = path.parent / f"{path.name}.{extension}"
+        tmp = target.with_name(f".{target.name}.tmp.{extension}")
+        figure.savefig(tmp, dpi=150, bbox_inches="tight")
+        tmp.replace(target)
+        out.append(target)
+    plt.close(figure)
+    return out
+
+
+def head_heatmap(delta: np.ndarray, significant: np.ndarray, metric: str, title: str, path: Path,
+                 formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Layers (rows) x heads (columns) of a metric's delta; ``*`` marks significant cells."""
+    layers, heads = delta.shape
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.5 * heads + 2.0), max(3.0, 0.4 * layers + 1.5)))
+    limit = float(np.nanmax(np.abs(delta))) if np.isfinite(delta).any() else 1.0
+    limit = limit or 1.0
+    image = axes.imshow(delta, cmap="RdBu", norm=TwoSlopeNorm(0.0, -limit, limit), aspect="auto")
+    for layer, head in zip(*np.nonzero(significant)):
+        axes.text(head, layer, "*", ha="center", va="center", fontsize=11, color="black")
+    axes.set_xticks(range(heads), [f"H{h}" for h in range(heads)] if heads > 1 else ["layer"])
+    axes.set_yticks(range(layers), [f"L{layer}" for layer in range(layers)])
+    axes.set_xlabel("head")
+    axes.set_ylabel("layer")
+    axes.set_title(title)
+    figure.colorbar(image, ax=axes, label=f"{metric} delta (ablated - baseline)")
+    return _save(figure, path, formats)
+
+
+def plan_bars(rows: pd.DataFrame, metric: str, title: str, path: Path, formats: Sequence[str] = ("png",)
+              ) -> list[Path]:
+    """One bar per plan: its delta with the CI as an error bar; ``*`` above significant ones."""
+    rows = rows.reset_index(drop=True)
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.6 * len(rows) + 1.5), 4.0))
+    low = (rows["delta"] - rows["ci_low"]).clip(lower=0).fillna(0)
+    high = (rows["ci_high"] - rows["delta"]).clip(lower=0).fillna(0)
+    colours = ["#b2182b" if d < 0 else "#2166ac" for d in rows["delta"]]
+    axes.bar(range(len(rows)), rows["delta"], yerr=[low, high], capsize=3, color=colours)
+    for i, row in rows.iterrows():
+        if np.isfinite(row["p_adjusted"]) and row["p_adjusted"] < 0.05:
+            top = row["ci_high"] if np.isfinite(row["ci_high"]) else row["delta"]
+            axes.annotate("*", (i, max(top, 0)), ha="center", va="bottom", fontsize=12)
+    axes.axhline(0.0, color="black", linewidth=0.8)
+    axes.set_xticks(range(len(rows)), rows["plan"], rotation=45, ha="right")
+    axes.set_ylabel(f"{metric} delta (ablated - baseline)")
+    axes.set_title(title)
+    return _save(figure, path, formats)
+
+
+def heads_curve(rows: pd.DataFrame, metric: str, title: str, path: Path, formats: Sequence[str] = ("png",)
+                ) -> list[Path]:
+    """The metric against the number of heads a plan changes, one line per policy (CIs as bands)."""
+    figure, axes = plt.subplots(figsize=(5.5, 4.0))
+    for policy, group in rows.groupby("policy"):
+        group = group.sort_values("heads")
+        axes.plot(group["heads"], group["value"], marker="o", label=policy)
+        if group["ci_low"].notna().all():  # the CI of the delta, moved to the metric's scale
+            axes.fill_between(group["heads"], group["baseline"] + group["ci_low"],
+                              group["baseline"] + group["ci_high"], alpha=0.2)
+    baseline = rows["baseline"].iloc[0]
+    axes.axhline(baseline, color="grey", linestyle="--", linewidth=0.8, label="baseline")
+    axes.set_xlabel("heads ablated")
+    axes.set_ylabel(metric)
+    axes.set_title(title)
+    axes.legend()
+    return _save(figure, path, formats)

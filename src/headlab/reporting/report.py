@@ -1,0 +1,160 @@
+"""A sweep's report on disk: the tidy table, the seeds' table layouts, plots, seeds, and what is missing.
+
+``write_report(sweep_dir, settings)`` writes into ``sweep_dir/report/``:
+
+==========================================  =====================================================
+``table.csv``, ``table.parquet``             the tidy table (``load_sweep``), every job x split x metric
+``problems.csv``                             jobs that failed, were killed or never ran
+``plans_<split>.md`` / ``.tex``              plan grids in Guan et al.'s Table 2/3 layout
+``bars_<split>_<metric>.png``                each plan's delta with its CI
+``curve_<split>_<metric>.png``               the metric against the number of heads ablated
+``heads_<sweep>_<split>.md`` / ``.tex``      a head sweep as layers x heads of the main metric's delta
+``heatmap_<sweep>_<split>_<metric>.png``     the same as a heatmap, significant cells marked
+``seeds.csv`` / ``.md``                      mean, sd and t-CI over fine-tuning seeds (when several)
+``report.json``                              the statistics' settings, counts and the files above
+==========================================  =====================================================
+
+Jobs of several models, tasks or checkpoints in one directory get one set of files each, prefixed
+``<task>_<model>_<checkpoint>_``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from headlab.files import write_json_atomic
+from headlab.reporting import layouts, plots
+from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, across_seeds
+from headlab.reporting.sweep_table import load_sweep
+
+SEED_KEYS = ["model", "task", "experiment", "plan", "rules", "policy", "unit", "renormalize", "split", "metric"]
+
+
+@dataclass
+class Report:
+    """What ``write_report`` produced: the tidy table, the files, printable tables, the problems."""
+
+    frame: pd.DataFrame
+    folder: Path
+    files: list[Path] = field(default_factory=list)
+    printed: list[str] = field(default_factory=list)  # markdown tables, for the console
+    images: dict[str, Path] = field(default_factory=dict)  # W&B key -> PNG
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
+
+
+def _atomic_text(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def _atomic_frame(frame: pd.DataFrame, path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(tmp, index=False) if path.suffix == ".parquet" else frame.to_csv(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9=+-]+", "_", text).strip("_")
+
+
+def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING, correction: str = "holm",
+                 formats: tuple[str, ...] = ("png",)) -> Report:
+    """Collect ``sweep_dir`` and write its report (module docstring); returns what was written."""
+    frame = load_sweep(sweep_dir, resampling=resampling, correction=correction)
+    report = Report(frame, Path(sweep_dir) / "report")
+    report.folder.mkdir(parents=True, exist_ok=True)
+    for name in ("table.csv", "table.parquet"):
+        report.files.append(_atomic_frame(frame, report.folder / name))
+    report.tables["table"] = frame
+    problems = pd.DataFrame(frame.attrs["problems"], columns=["job", "reason"])
+    report.files.append(_atomic_frame(problems, report.folder / "problems.csv"))
+    sections = list(frame.groupby(["task", "model", "checkpoint"], sort=False))
+    for (task, model, checkpoint), section in sections:
+        prefix = f"{task}_{model}_{checkpoint[:8]}_" if len(sections) > 1 else ""
+        _section(report, section.reset_index(drop=True), prefix, f"{model} on {task}", formats)
+    _seeds(report, frame)
+    summary = {"sweep_dir": str(sweep_dir), "jobs": int(frame["job"].nunique()), "rows": len(frame),
+               "statistics": frame.attrs["statistics"], "problems": frame.attrs["problems"],
+               "files": [str(p.relative_to(report.folder)) for p in report.files]}
+    write_json_atomic(report.folder / "report.json", summary)
+    return report
+
+
+def _section(report: Report, frame: pd.DataFrame, prefix: str, title: str, formats: tuple[str, ...]) -> None:
+    metrics = [m for m in dict.fromkeys(frame["metric"]) if m != "loss"] or ["loss"]
+    for split in dict.fromkeys(frame["split"]):
+        grid_rows = frame[(frame["split"] == split) & (frame["family"] == "")]
+        if len(grid_rows):
+            _plan_grid(report, grid_rows, split, metrics, f"{prefix}", f"{title}, {split}", formats)
+        sweeps = frame[(frame["split"] == split) & (frame["family"] != "")]
+        for sweep, rows in sweeps.groupby(sweeps["job"].map(lambda job: str(Path(job).parent)), sort=False):
+            first = rows.iloc[0]
+            name = f"{prefix}{_slug(sweep) or _slug(first['family'] + '_' + first['policy'])}_{split}"
+            grid = layouts.head_grid(rows, split, metrics[0])
+            _tables(report, grid, f"heads_{name}", f"{title}: {metrics[0]} delta per head ({sweep})", index=True)
+            for metric in metrics:
+                delta, significant = layouts.head_matrix(rows, split, metric)
+                label = f"{title}: {first['family']} {first['policy']}"
+                paths = plots.head_heatmap(delta, significant, metric, label,
+                                           report.folder / f"heatmap_{name}_{metric}", formats)
+                _images(report, paths)
+
+
+def _plan_grid(report, rows, split, metrics, prefix, title, formats) -> None:
+    grid = layouts.plan_grid(rows, split, metrics)
+    _tables(report, grid, f"{prefix}plans_{split}", f"{title}: value (delta [95% CI]); * adjusted p < 0.05")
+    for metric in metrics:
+        mine = rows[(rows["metric"] == metric) & (rows["heads"] > 0)]
+        if len(mine):
+            _images(report, plots.plan_bars(mine, metric, f"{title}: {metric}",
+                                            report.folder / f"{prefix}bars_{split}_{metric}", formats))
+        counts = mine.groupby("policy")["heads"].nunique()
+        if len(counts) and counts.max() >= 3:  # a curve needs several sizes of one policy
+            _images(report, plots.heads_curve(mine, metric, f"{title}: {metric}",
+                                              report.folder / f"{prefix}curve_{split}_{metric}", formats))
+
+
+def _tables(report: Report, table: pd.DataFrame, name: str, caption: str, index: bool = False) -> None:
+    markdown = layouts.to_markdown(table, index=index)
+    report.files.append(_atomic_text(report.folder / f"{name}.md", markdown))
+    report.files.append(_atomic_text(report.folder / f"{name}.tex", layouts.to_latex(table, caption, index=index)))
+    report.printed.append(f"{caption}\n{markdown}")
+    report.tables[name] = table.reset_index() if index else table
+
+
+def _images(report: Report, paths: list[Path]) -> None:
+    report.files.extend(paths)
+    report.images |= {p.stem: p for p in paths if p.suffix == ".png"}
+
+
+def _seeds(report: Report, frame: pd.DataFrame) -> None:
+    """Mean, sd and t-CI of each value and delta over the checkpoints (seeds) of one configuration."""
+    rows = []
+    for key, group in frame.groupby(SEED_KEYS, sort=False):
+        if group["checkpoint"].nunique() < 2:
+            continue
+        value, delta = across_seeds(group["value"]), across_seeds(group["delta"])
+        rows.append({**dict(zip(SEED_KEYS, key)), "seeds": value["seeds"],
+                     **{f"value_{k}": v for k, v in value.items() if k != "seeds"},
+                     **{f"delta_{k}": v for k, v in delta.items() if k != "seeds"}})
+    if rows:
+        seeds = pd.DataFrame(rows)
+        report.files.append(_atomic_frame(seeds, report.folder / "seeds.csv"))
+        report.files.append(_atomic_text(report.folder / "seeds.md", layouts.to_markdown(seeds)))
+        report.tables["seeds"] = seeds
+        report.printed.append(f"Across fine-tuning seeds (mean, sd, 95% t-CI)\n{layouts.to_markdown(seeds)}")
+
+
+def report_settings(options: Any) -> tuple[Resampling, str, tuple[str, ...]]:
+    """(resampling, correction, formats) from a ``report`` config section."""
+    resampling = Resampling(options.resamples, options.permutations, options.confidence, options.ci_method,
+                            options.seed)
+    return resampling, options.correction, tuple(options.formats)

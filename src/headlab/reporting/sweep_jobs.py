@@ -1,0 +1,76 @@
+"""The jobs of a sweep directory: finished results, and the jobs that failed, were killed or never ran.
+
+A Hydra job directory has ``.hydra/overrides.yaml`` from the moment it starts; it is finished when
+its ``results.json`` is complete. A ``mode=sweep_heads`` job's plans are ``PLAN/results.json`` in
+its directory. The jobs that never started are found from the sweep's ``multirun.yaml``: its sweep
+parameters are expanded as Hydra's basic sweeper does, and each job's overrides looked for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from headlab.errors import UserError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A job the report cannot use: where, and why."""
+
+    job: str
+    reason: str
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def collect_results(directory: str | Path) -> tuple[list[tuple[Path, dict[str, Any]]], list[Problem]]:
+    """``[(results path, results)]`` of every finished evaluation under ``directory`` (the plans of head
+    sweeps included) and the problems: job directories without complete results, jobs never run."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise UserError(f"sweep_dir={str(directory)!r} is not a directory")
+    results, problems = [], []
+    for path in sorted(root.rglob("results.json")):
+        data = _read(path)
+        if data is None or not data.get("complete"):
+            problems.append(Problem(str(path.parent.relative_to(root)), "results.json unreadable or incomplete"))
+        elif data.get("kind") == "eval":
+            results.append((path, data))
+    for job in sorted(p.parent.parent for p in root.rglob(".hydra/overrides.yaml")):
+        if not (job / "results.json").is_file():
+            problems.append(Problem(str(job.relative_to(root)) if job != root else ".",
+                                    "no results.json: the job failed or was killed (rerun the sweep to finish it)"))
+    problems.extend(Problem(job, "never ran (rerun the sweep to run it)") for job in never_started(root))
+    return results, problems
+
+
+def never_started(root: Path) -> list[str]:
+    """The override lists (``a=1,b=2``) of the sweep's jobs that have no directory, from ``multirun.yaml``."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    multirun = root / "multirun.yaml"
+    if not multirun.is_file():
+        return []
+    config = OmegaConf.load(multirun)
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [f"{key}={value}" for key, value in params.items()]
+    arguments += list(OmegaConf.select(config, "hydra.overrides.task") or [])
+    try:
+        overrides = OverridesParser.create().parse_overrides(arguments)
+        expected = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    except Exception:
+        return []
+    found = {frozenset(OmegaConf.load(p)) for p in root.rglob(".hydra/overrides.yaml")}
+    return [",".join(job) for job in expected if frozenset(job) not in found]

@@ -1,0 +1,142 @@
+"""``load_sweep``: every evaluation under a sweep directory as one tidy table, with paired statistics.
+
+One row per job x split x metric. Columns: ``job`` (its folder), ``experiment`` (the sweep's group),
+``model``, ``task``, ``checkpoint`` (weights hash), ``seed`` (the fine-tuning seed when the checkpoint
+is a train.py job, else the job's), ``plan``, ``rules`` (readable), ``heads`` (how many heads the plan
+changes), ``policy``, ``unit``, ``renormalize``, ``family`` / ``layer`` / ``head`` (plans of a
+``sweep_heads`` job), ``split``, ``metric``, ``value``, ``baseline``, ``delta``, ``ci_low``, ``ci_high``,
+``p_value``, ``p_adjusted``, ``n`` (examples), ``note`` (why a statistic is missing).
+
+The statistics (``headlab.reporting.statistics``) pair each job's per-example records with its
+baseline's; jobs sharing a baseline (checkpoint, task, split, data settings) share resamples. Every
+non-identity plan of a (model, task, checkpoint, split, metric) is one family for the correction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from headlab.errors import UserError
+from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, adjust_p_values, paired_tests
+from headlab.reporting.sweep_jobs import Problem, collect_results
+
+STAT_COLUMNS = ["ci_low", "ci_high", "p_value", "p_adjusted"]
+HEAD_PLAN = re.compile(r"^L(\d+)(?:H(\d+))?$")
+
+
+def readable_rules(plan: dict[str, Any]) -> str:
+    """``policy heads`` per rule, ``; ``-joined (``keep`` when there are none)."""
+    rules = plan.get("rules") or []
+    parts = []
+    for rule in rules:
+        heads = rule["heads"] if isinstance(rule["heads"], str) else ",".join(rule["heads"])
+        parts.append(f"{rule['policy']} {heads}")
+    return "; ".join(parts) or "keep"
+
+
+def _training_seed(result: dict[str, Any]) -> int:
+    """The seed the checkpoint was fine-tuned with (a train.py job's), else the evaluation's."""
+    ckpt = result["checkpoint"].get("ckpt_path")
+    if ckpt and (Path(ckpt) / "results.json").is_file():
+        try:
+            return int(json.loads((Path(ckpt) / "results.json").read_text())["seed"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return int(result["seed"])
+
+
+def _job_rows(root: Path, path: Path, result: dict[str, Any]) -> list[dict[str, Any]]:
+    family = result["config"]["sweep"]["family"] if result["mode"] == "sweep_heads" else ""
+    preset = list(result["config"].get("plans") or {})  # a preset's plans, in its order (Guan et al.'s ids)
+    match = HEAD_PLAN.match(result["plan_name"]) if family else None
+    job = {
+        "job": str(path.parent.relative_to(root)), "experiment": result["group"], "model": result["model"],
+        "task": result["task"], "checkpoint": result["checkpoint"]["weights_hash"],
+        "seed": _training_seed(result), "plan": result["plan_name"], "rules": readable_rules(result["plan"]),
+        "heads": len(result["plan"]["policies"]),  # the heads whose policy is not keep
+        "policy": result["policy"], "unit": result["unit"], "renormalize": result["renormalize"],
+        "family": family, "layer": int(match[1]) if match else np.nan,
+        "head": int(match[2]) if match and match[2] is not None else np.nan,
+        "_order": preset.index(result["plan_name"]) if result["plan_name"] in preset else len(preset),
+    }
+    return [{**job, "split": split, "metric": metric, "value": value, "baseline": result["baseline"][split][metric],
+             "delta": result["delta"][split][metric], "n": result["num_examples"][split],
+             "_records": path.parent / result["records"], "_baseline_records": result["baseline_records"][split]}
+            for split, metrics in result["metrics"].items() for metric, value in metrics.items()]
+
+
+def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Resampling = DEFAULT_RESAMPLING,
+               correction: str = "holm") -> pd.DataFrame:
+    """The tidy table of every finished evaluation under ``directory`` (see the module docstring).
+
+    ``statistics=False`` skips the CIs and p-values (NaN). The jobs that failed or never ran are in
+    ``frame.attrs["problems"]`` (``[{"job", "reason"}]``), never silently dropped.
+    """
+    root = Path(directory)
+    results, problems = collect_results(root)
+    if not results:
+        listed = "; ".join(f"{p.job}: {p.reason}" for p in problems[:5])
+        raise UserError(f"sweep_dir={str(directory)!r} holds no finished evaluation (results.json of ablate.py "
+                        f"mode=eval or sweep_heads)" + (f"; found {listed}" if listed else ""))
+    frame = pd.DataFrame([row for path, result in results for row in _job_rows(root, path, result)])
+    frame = frame.sort_values(["model", "task", "checkpoint", "_order", "job"], kind="stable", ignore_index=True)
+    for column in STAT_COLUMNS:
+        frame[column] = np.nan
+    frame["note"] = ""
+    if statistics:
+        _add_statistics(frame, resampling)
+        frame["p_adjusted"] = np.nan
+        families = frame[frame["heads"] > 0].groupby(["model", "task", "checkpoint", "split", "metric"]).groups
+        for index in families.values():
+            frame.loc[index, "p_adjusted"] = adjust_p_values(frame.loc[index, "p_value"].to_numpy(), correction)
+    frame.attrs["problems"] = [p.__dict__ for p in problems]
+    frame.attrs["statistics"] = {**resampling.__dict__, "correction": correction} if statistics else None
+    return frame.drop(columns=["_records", "_baseline_records", "_order"]).reset_index(drop=True)
+
+
+def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
+    """CI and p-value of every row whose job and baseline records can be read (else a note says why)."""
+    cache: dict[str, pd.DataFrame | None] = {}
+
+    def records(path: Path | str, split: str) -> pd.DataFrame | None:
+        key = f"{path}::{split}"
+        if key not in cache:
+            try:
+                table = pd.read_parquet(path)
+                cache[key] = table[table["split"] == split].reset_index(drop=True) if "split" in table else table
+            except (OSError, ValueError):
+                cache[key] = None
+        return cache[key]
+
+    for (baseline_path, split, metric), rows in frame.groupby(["_baseline_records", "split", "metric"]).groups.items():
+        base = records(baseline_path, split)
+        if base is None:
+            frame.loc[rows, "note"] = f"baseline records missing ({baseline_path}): delta without CI"
+            continue
+        usable, runs = [], []
+        for index in rows:
+            run = records(frame.at[index, "_records"], split)
+            if run is None:
+                frame.at[index, "note"] = "per-example records missing: delta without CI"
+            elif len(run) != len(base) or not (run["example"].to_numpy() == base["example"].to_numpy()).all():
+                frame.at[index, "note"] = "records list other examples than the baseline's: delta without CI"
+            else:
+                usable.append(index)
+                runs.append(run)
+        if not usable:
+            continue
+        if len(base) < 2:
+            frame.loc[usable, "note"] = "fewer than 2 examples: no bootstrap"
+            continue
+        for index, result in zip(usable, paired_tests(metric, runs, base, resampling)):
+            frame.loc[index, ["ci_low", "ci_high", "p_value"]] = [result.ci_low, result.ci_high, result.p_value]
+
+
+def problems_of(frame: pd.DataFrame) -> list[Problem]:
+    return [Problem(**p) for p in frame.attrs.get("problems", [])]

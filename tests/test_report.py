@@ -1,0 +1,118 @@
+"""mode=report end to end over real tiny_random sweeps: the tidy table, statistics recomputed from the records
+with scipy directly, the seeds' layouts, plots, W&B, missing jobs, several tasks in one directory, the API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import scipy.stats
+from conftest import run
+from sklearn.metrics import f1_score
+
+import headlab
+from headlab.reporting.statistics import Resampling
+
+COLUMNS = ["job", "experiment", "model", "task", "checkpoint", "seed", "plan", "rules", "policy", "unit",
+           "renormalize", "split", "metric", "value", "baseline", "delta", "ci_low", "ci_high", "p_value",
+           "p_adjusted", "n"]
+FAST = ["report.resamples=400", "report.permutations=400"]
+
+
+def holm(p):
+    order, m, out, running = np.argsort(p), len(p), np.empty(len(p)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained, tmp_path):
+    root, train_result = trained
+    sweep = tmp_path / "sweep"
+    out = run("ablate.py", "-m", "mode=eval", "mask=prune", "mask.heads=L0,L1H0,L2", f"ckpt_path={root / 'train'}",
+              f"hydra.sweep.dir={sweep}", *FAST, cwd_tmp=root)
+    assert "| plan " in out.stdout and "prune_" not in out.stdout and "prune L1H0" in out.stdout  # the grid
+    table = pd.read_parquet(sweep / "report/table.parquet")
+    assert set(COLUMNS) <= set(table.columns)
+    assert len(table) == 3 * 3  # jobs x (accuracy, f1, loss) on the one eval split
+    assert (table["seed"] == train_result["seed"]).all() and (table["heads"] == [4] * 3 + [1] * 3 + [4] * 3).all()
+    assert pd.read_csv(sweep / "report/table.csv").shape == table.shape
+
+    # Each CI from scipy.stats.bootstrap on the job's and the baseline's records (same seed and batch).
+    job = sweep / "eval" / table.loc[table["rules"] == "prune L1H0", "job"].iloc[0].removeprefix("eval/")
+    mine = pd.read_parquet(job / "records.parquet")
+    result = headlab.load_sweep(sweep, resampling=Resampling(400, 400))
+    base_path = json.loads((job / "results.json").read_text())["baseline_records"]["validation"]
+    base = pd.read_parquet(base_path)
+    for metric, statistic in (("accuracy", lambda y, p: np.mean(y == p)), ("f1", f1_score)):
+        reference = scipy.stats.bootstrap(
+            (mine["label"], mine["prediction"], base["label"], base["prediction"]),
+            lambda y1, p1, y0, p0, s=statistic: s(y1, p1) - s(y0, p0), paired=True, vectorized=False,
+            n_resamples=400, batch=500, method="bca", rng=np.random.default_rng(0)).confidence_interval
+        row = table[(table["rules"] == "prune L1H0") & (table["metric"] == metric)].iloc[0]
+        if np.isfinite(reference.low):
+            assert np.allclose([row["ci_low"], row["ci_high"]], [reference.low, reference.high], atol=1e-12)
+        expected = statistic(mine["label"], mine["prediction"]) - statistic(base["label"], base["prediction"])
+        assert abs(row["delta"] - expected) < 1e-12
+    for metric in ("accuracy", "f1", "loss"):
+        rows = table[table["metric"] == metric]
+        np.testing.assert_allclose(rows["p_adjusted"], holm(rows["p_value"].to_numpy()))
+    pd.testing.assert_frame_equal(result, table, check_dtype=False)
+
+    # The seeds' layout and plots.
+    grid = (sweep / "report/plans_validation.md").read_text()
+    assert grid.count("\n") == 2 + 3 and "✗" in grid and "accuracy" in grid
+    assert "\\begin{table}" in (sweep / "report/plans_validation.tex").read_text()
+    for name in ("bars_validation_accuracy.png", "bars_validation_f1.png"):
+        assert (sweep / "report" / name).stat().st_size > 5000
+
+    # Missing pieces are listed, not dropped: a killed job, a job that never ran, lost records.
+    jobs = sorted((sweep / "eval").iterdir())
+    (jobs[0] / "results.json").unlink()
+    shutil.rmtree(jobs[1])
+    (jobs[2] / "records.parquet").unlink()
+    again = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+                cwd_tmp=root)
+    assert "failed or was killed" in again.stdout and "never ran" in again.stdout
+    assert "mask.heads=L1H0" in again.stdout  # the job that never ran, by its overrides
+    problems = pd.read_csv(sweep / "report/problems.csv")
+    assert len(problems) == 2
+    table = pd.read_parquet(sweep / "report/table.parquet")
+    assert len(table) == 3 and table["ci_low"].isna().all()
+    assert table["note"].str.contains("records missing").all()
+
+
+def test_a_head_sweep_report_has_its_heatmap_and_a_wandb_report_run(trained, tmp_path):
+    root, _ = trained
+    run("ablate.py", "mode=sweep_heads", "mask.policy=uniform", f"ckpt_path={root / 'train'}",
+        f"hydra.run.dir={tmp_path / 'heads'}", cwd_tmp=root)
+    run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'heads'}", "logger=wandb", *FAST,
+        f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
+    report = tmp_path / "heads/report"
+    grid = (report / "heads_single_head_uniform_validation.md").read_text()
+    assert grid.count("\n") == 2 + 3 and "H3" in grid  # 3 layers x 4 heads
+    assert (report / "heatmap_single_head_uniform_validation_accuracy.png").stat().st_size > 5000
+    table = pd.read_parquet(report / "table.parquet")
+    assert len(table) == 12 * 3 and set(table["layer"]) == {0, 1, 2} and set(table["head"]) == {0, 1, 2, 3}
+    runs = list((report / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    log = next(runs[0].glob("*.wandb")).read_bytes()
+    assert b"report" in log and b"heatmap_single_head_uniform_validation_accuracy" in log
+
+
+def test_jobs_of_two_tasks_in_one_directory_are_reported_separately(trained, tmp_path):
+    root, _ = trained
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L0", f"ckpt_path={root / 'train'}",
+        f"hydra.run.dir={tmp_path / 'mixed/pairs'}", cwd_tmp=root)
+    run("ablate.py", "mode=eval", "task=demo_qa", "task.max_length=64", "task.doc_stride=16", "mask=prune",
+        "mask.heads=L0", "allow_random_head=true", f"hydra.run.dir={tmp_path / 'mixed/qa'}", cwd_tmp=root)
+    run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'mixed'}", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+        cwd_tmp=root)
+    names = {p.name for p in (tmp_path / "mixed/report").iterdir()}
+    assert any(n.startswith("demo_pairs_tiny_random_") and n.endswith("plans_validation.md") for n in names)
+    assert any(n.startswith("demo_qa_tiny_random_") and n.endswith("plans_validation.md") for n in names)
+    table = pd.read_parquet(tmp_path / "mixed/report/table.parquet")
+    assert set(table["task"]) == {"demo_pairs", "demo_qa"} and table["ci_low"].notna().all()
