@@ -22,9 +22,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from headlab.cli.hydra_glue import register_resolvers
+from headlab.cli.report_schema import ReportConfig
 from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
-from headlab.reporting.settings import CI_METHODS, CORRECTIONS, FIGURE_FORMATS
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("eval", "sweep_heads", "report", "demo")
@@ -322,30 +322,6 @@ class SweepConfig:
     def __post_init__(self) -> None:
         one_of("sweep.family", self.family, SWEEP_FAMILIES)
         at_least("sweep.heads_per_batch", self.heads_per_batch, 0)
-
-
-@dataclass
-class ReportConfig:
-    """``mode=report`` (and the report at the end of a multirun): statistics, correction, figure formats."""
-
-    auto: bool = True  # report the sweep directory when a multirun of mode=eval / sweep_heads ends
-    resamples: int = 10_000  # paired bootstrap resamples per delta
-    permutations: int = 10_000  # paired permutation test swaps (exact when 2^examples is at most this)
-    confidence: float = 0.95
-    ci_method: str = "bca"  # bca | percentile | basic (as scipy.stats.bootstrap)
-    correction: str = "holm"  # holm | bh (Benjamini-Hochberg) | none, across the plans of a sweep
-    seed: int = 0
-    formats: list[str] = field(default_factory=lambda: ["png"])  # png, pdf, svg
-
-    def __post_init__(self) -> None:
-        at_least("report.resamples", self.resamples, 1)
-        at_least("report.permutations", self.permutations, 1)
-        if not 0 < self.confidence < 1:
-            raise UserError(f"report.confidence={self.confidence} must be between 0 and 1 (e.g. 0.95)")
-        one_of("report.ci_method", self.ci_method, CI_METHODS)
-        one_of("report.correction", self.correction, CORRECTIONS)
-        for extension in self.formats:
-            one_of("report.formats", extension, FIGURE_FORMATS)
 
 
 @dataclass
