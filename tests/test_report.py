@@ -116,3 +116,29 @@ def test_jobs_of_two_tasks_in_one_directory_are_reported_separately(trained, tmp
     assert any(n.startswith("demo_qa_tiny_random_") and n.endswith("plans_validation.md") for n in names)
     table = pd.read_parquet(tmp_path / "mixed/report/table.parquet")
     assert set(table["task"]) == {"demo_pairs", "demo_qa"} and table["ci_low"].notna().all()
+
+
+def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(trained, tmp_path):
+    root, _ = trained
+    run("train.py", "data.batch_size=16", "data.max_train_examples=400", "trainer.max_steps=25",
+        "trainer.val_check_interval=25", "optim.lr=2e-3", "seed=1", f"hydra.run.dir={tmp_path / 'train1'}",
+        cwd_tmp=root)
+    for name, checkpoint in (("seed0", root / "train"), ("seed1", tmp_path / "train1")):
+        run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L0", f"ckpt_path={checkpoint}",
+            f"hydra.run.dir={tmp_path / 'seeds' / name}", cwd_tmp=root)
+    run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'seeds'}", "report.formats=[png,pdf]", *FAST,
+        f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
+    report = tmp_path / "seeds/report"
+    table = pd.read_parquet(report / "table.parquet")
+    assert table["checkpoint"].nunique() == 2
+    seeds = pd.read_csv(report / "seeds.csv")
+    assert len(seeds) == 3 and (seeds["seeds"] == 2).all()  # accuracy, f1, loss
+    for _, row in seeds.iterrows():
+        deltas = table.loc[table["metric"] == row["metric"], "delta"].to_numpy()
+        mean, sd = deltas.mean(), abs(deltas[0] - deltas[1]) / np.sqrt(2)  # sd of two values
+        half = scipy.stats.t.ppf(0.975, 1) * sd / np.sqrt(2)
+        assert np.allclose([row["delta_mean"], row["delta_std"], row["delta_ci_low"], row["delta_ci_high"]],
+                           [mean, sd, mean - half, mean + half], atol=1e-12, equal_nan=True)
+    pdfs = list(report.glob("*.pdf"))
+    assert pdfs and all(p.read_bytes().startswith(b"%PDF") and p.stat().st_size > 1000 for p in pdfs)
+    assert {p.stem for p in pdfs} == {p.stem for p in report.glob("*bars_*.png")} and len(pdfs) == 4

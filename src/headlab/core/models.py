@@ -104,8 +104,9 @@ def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str,
     for name, value in (overrides or {}).items():
         setattr(config, name, value)
     if cfg.get("random_init"):
-        torch.manual_seed(cfg.get("seed", 0))
-        model = HEADS[head].from_config(config)
+        with torch.random.fork_rng(devices=[]):  # the weights' own seed; the caller's RNG (its seed) is untouched
+            torch.manual_seed(cfg.get("seed", 0))
+            model = HEADS[head].from_config(config)
         return model.eval(), [name for name, _ in model.named_parameters()]
     try:
         model, info = HEADS[head].from_pretrained(cfg.name_or_path, config=config, output_loading_info=True)

@@ -247,5 +247,7 @@ def across_seeds(values: Sequence[float], confidence: float = 0.95) -> dict[str,
     if len(x) < 2:
         return {"mean": mean, "std": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "seeds": len(x)}
     std = float(x.std(ddof=1))
+    if std == 0:  # every seed gave the same value (scipy's interval is NaN for a zero scale)
+        return {"mean": mean, "std": 0.0, "ci_low": mean, "ci_high": mean, "seeds": len(x)}
     low, high = scipy.stats.t.interval(confidence, len(x) - 1, loc=mean, scale=std / np.sqrt(len(x)))
     return {"mean": mean, "std": std, "ci_low": float(low), "ci_high": float(high), "seeds": len(x)}
