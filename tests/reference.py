@@ -65,10 +65,15 @@ def head_attention(scores, valid, units, policy, renormalize):
 
 
 def bert_forward(params, config, input_ids, attention_mask, token_type_ids, policy_of, sentence_ids=None,
-                 renormalize=False):
+                 renormalize=False, gates=None, record=None):
     """Last hidden states ``[batch, seq, hidden]`` in float64; ``policy_of(layer, head) -> policy``.
 
     ``attention_mask``: ``[batch, seq]`` (1 = real token) or ``[batch, seq, seq]`` (query x key).
+    ``gates`` ``[batch, layers, heads]``: multiply each head's context vector. ``record``: a dict; its
+    ``"contexts"`` list gets each layer's (gated) context ``[batch, seq, hidden]``, the graph node, and for
+    every other key (a policy) each layer's context with every head under that policy, on the same input;
+    an ``"attention"`` list gets ``(layer, example, head, zeros [n, n])``: leaves added to each attention
+    matrix, so their gradients are those of the attention weights.
     """
     p = params
     eps = config.layer_norm_eps
@@ -90,6 +95,7 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
 
         q, k, v = (lin(x, f"attention.self.{m}") for m in ("query", "key", "value"))
         context = torch.zeros_like(x)
+        others = {policy: torch.zeros_like(x) for policy in record or () if policy not in ("contexts", "attention")}
         for b in range(batch):
             valid = attention_mask[b].bool()
             valid = valid.expand(n, n) if valid.dim() == 1 else valid
@@ -98,7 +104,19 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
                 cols = slice(h * head_dim, (h + 1) * head_dim)
                 scores = q[b, :, cols] @ k[b, :, cols].T / math.sqrt(head_dim)
                 attention = head_attention(scores, valid, units, policy_of(layer, h), renormalize)
-                context[b, :, cols] = attention @ v[b, :, cols]
+                if record is not None and "attention" in record:  # + a zero leaf: d loss / d it = d loss / d A
+                    nudge = torch.zeros_like(attention, requires_grad=True)
+                    attention = attention + nudge
+                    record["attention"].append((layer, b, h, nudge))
+                gate = 1.0 if gates is None else gates[b, layer, h]
+                context[b, :, cols] = gate * (attention @ v[b, :, cols])
+                for policy, other in others.items():
+                    with torch.no_grad():
+                        other[b, :, cols] = head_attention(scores, valid, units, policy, renormalize) @ v[b, :, cols]
+        if record is not None:
+            record.setdefault("contexts", []).append(context)
+            for policy, other in others.items():
+                record[policy].append(other)
         x = _layer_norm(lin(context, "attention.output.dense") + x,
                         p[pre + "attention.output.LayerNorm.weight"], p[pre + "attention.output.LayerNorm.bias"], eps)
         ffn = lin(_gelu(lin(x, "intermediate.dense")), "output.dense")

@@ -1,0 +1,193 @@
+"""Per-example head gradients from one forward and one backward pass (DESIGN.md section 4).
+
+Inside ``gradient_probe(model, ...)`` every self-attention runs through one more attention function
+(``headlab_probe``): it computes the heads' context vectors as ``headlab.ablate`` would (the plan of an
+enclosing ``ablate`` applies), multiplies them by gates ``[batch, layers, heads]`` of ones, and keeps,
+per layer, what the first-order estimates need:
+
+* ``z``: the context vectors ``[batch, seq, heads, head_dim]`` (the graph node the gradient is taken at);
+* ``z' - z`` for each requested policy, where ``z'`` is the context vector the policy gives on the same
+  layer input (computed without gradient, with the functions ``ablate`` uses, so the estimate and the
+  measured ablation share one definition); ``prune`` needs none (``z' = 0``);
+* the values ``[batch, heads, seq, head_dim]``, for the gradient with respect to the attention weights:
+  with ``z_i = sum_j A_ij v_j`` (``A`` after the softmax, before dropout), ``d loss / d A_ij = g_i . v_j``.
+
+``probe.gradients(loss)`` then takes one backward pass to the gates and the context vectors. The loss
+must be a sum over examples, so that ``d loss / d gate[b]`` is example b's own gradient. The model's
+parameters are frozen inside the probe (no weight gradients are computed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface
+
+from headlab.core.attention import Controller, _padding_mask, _restricted, _shared, headlab_attention
+
+PROBE_NAME = "headlab_probe"
+_PROBE = "_headlab_probe"  # attribute on the self-attention modules while a probe is active
+ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter")  # policies with a first-order estimate
+KEY_TYPES = ("cls", "sep", "punct", "other")
+
+
+@dataclass
+class BatchGradients:
+    """One batch's per-example values, each ``[batch, layers, heads]`` float64 on the CPU.
+
+    ``gate``: d loss_b / d gate[b, l, h]. ``token_abs``: sum over tokens of |g . z| (Michel et al.'s code).
+    ``estimates[policy]``: sum over tokens of g . (z' - z). ``key_types[type]``: mean |d loss_b / d A[i, j]|
+    over the valid queries i and the keys j of that type (NaN where the example has no such key).
+    """
+
+    gate: torch.Tensor
+    token_abs: torch.Tensor
+    estimates: dict[str, torch.Tensor]
+    key_types: dict[str, torch.Tensor]
+
+
+class GradientProbe:
+    """What one forward under ``gradient_probe`` keeps per layer, and its backward pass."""
+
+    def __init__(self, controller: Controller, num_layers: int, policies: Sequence[str], renormalize: bool,
+                 values: bool):
+        unknown = sorted(set(policies) - set(ESTIMABLE))
+        if unknown:
+            raise ValueError(f"no first-order estimate for policies {unknown}; estimable: {', '.join(ESTIMABLE)}")
+        self.controller, self.num_layers = controller, num_layers
+        self.policies, self.renormalize, self.keep_values = tuple(policies), renormalize, values
+        self._clear()
+
+    def _clear(self) -> None:
+        self.gates: torch.Tensor | None = None  # [batch, layers, heads], requires grad
+        self.contexts: list[torch.Tensor | None] = [None] * self.num_layers  # [batch, seq, heads, head_dim]
+        self.deltas: dict[str, list[torch.Tensor | None]] = {p: [None] * self.num_layers for p in self.policies}
+        self.values: list[torch.Tensor | None] = [None] * self.num_layers  # [batch, heads, seq, head_dim]
+
+    def capture(self, layer: int, out, query, key, value, attention_mask, scaling, sentence_ids) -> torch.Tensor:
+        """Gate the layer's context vectors ``out`` ``[batch, seq, heads, head_dim]`` and keep what is needed."""
+        if layer == 0 or self.gates is None:  # a new forward
+            self._clear()
+            batch, _, heads, _ = out.shape
+            self.gates = torch.ones(batch, self.num_layers, heads, dtype=out.dtype, device=out.device,
+                                    requires_grad=True)
+        gated = out * self.gates[:, layer, None, :, None]
+        self.contexts[layer] = gated
+        with torch.no_grad():
+            z = out.detach()
+            for policy in self.policies:
+                if policy != "prune":
+                    alternative = self._alternative(policy, query, key, value, attention_mask, scaling, sentence_ids)
+                    self.deltas[policy][layer] = alternative.transpose(1, 2) - z
+            if self.keep_values:
+                self.values[layer] = value.detach()
+        return gated
+
+    def _alternative(self, policy, query, key, value, attention_mask, scaling, sentence_ids) -> torch.Tensor:
+        """``z'``: every head of the layer under ``policy``, ``[batch, heads, seq, head_dim]`` (no dropout)."""
+        if policy == "uniform":
+            every_head = torch.ones(1, query.shape[1], 1, 1, dtype=torch.bool, device=query.device)
+            return _shared(None, every_head, query, key, value, attention_mask, 0.0, scaling)
+        mask = self.controller.drop_mask(policy, self.renormalize, attention_mask, sentence_ids, query)
+        return _restricted(query, key, value, *mask, 0.0, scaling)
+
+    def gradients(self, loss: torch.Tensor, key_masks: dict[str, torch.Tensor] | None = None,
+                  query_valid: torch.Tensor | None = None) -> BatchGradients:
+        """One backward pass of ``loss`` (a sum over examples) to this forward's gates and context vectors.
+
+        ``key_masks[type]``: ``[batch, seq]`` booleans of the keys of each type, ``query_valid`` ``[batch, seq]``
+        the non-padding queries (both needed for ``key_types``; the probe must keep values).
+        """
+        if self.gates is None or any(c is None for c in self.contexts):
+            raise RuntimeError("gradient_probe: run one full forward of the model before asking for gradients")
+        gate, *grads = torch.autograd.grad(loss, [self.gates, *self.contexts])
+        per_layer = lambda f: torch.stack([f(layer, g) for layer, g in enumerate(grads)], dim=1)  # noqa: E731
+        z = lambda layer: self.contexts[layer].detach()  # noqa: E731
+        token_abs = per_layer(lambda layer, g: (g * z(layer)).sum(-1).abs().sum(1))  # [batch, layers, heads]
+        estimates = {}
+        for policy in self.policies:
+            delta = (lambda layer: -z(layer)) if policy == "prune" else (lambda layer, p=policy: self.deltas[p][layer])
+            estimates[policy] = per_layer(lambda layer, g, d=delta: (g * d(layer)).sum((1, 3)))
+        key_types = {}
+        if key_masks is not None:
+            if not self.keep_values:
+                raise ValueError("gradient_probe(values=True) is needed for gradients by key type")
+            for kind, keys in key_masks.items():
+                key_types[kind] = per_layer(lambda layer, g, k=keys: _mean_abs_to_keys(g, self.values[layer], k,
+                                                                                      query_valid))
+        self._clear()
+        cpu = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
+        return BatchGradients(cpu(gate), cpu(token_abs), {p: cpu(e) for p, e in estimates.items()},
+                              {k: cpu(v) for k, v in key_types.items()})
+
+
+def _mean_abs_to_keys(grad, values, keys, query_valid) -> torch.Tensor:
+    """``[batch, heads]``: mean over valid queries i and keys j in ``keys`` of |g_i . v_j| (NaN: no such key).
+
+    grad ``[batch, seq, heads, head_dim]``, values ``[batch, heads, seq, head_dim]``, keys / query_valid
+    ``[batch, seq]`` booleans.
+    """
+    weight_grads = (grad.transpose(1, 2) @ values.transpose(-1, -2)).abs()  # [batch, heads, seq, seq]
+    keys, queries = keys.to(grad.dtype), query_valid.to(grad.dtype)
+    to_keys = (weight_grads @ keys[:, None, :, None]).squeeze(-1)  # [batch, heads, seq]: summed over keys
+    total = (to_keys * queries[:, None, :]).sum(-1)  # [batch, heads]
+    pairs = queries.sum(-1) * keys.sum(-1)  # [batch]
+    return total / pairs[:, None]  # 0 / 0 = NaN where the example has no key of the type
+
+
+def probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """AttentionInterface function: ``headlab_attention`` (the active plan), then the probe's gates and capture."""
+    out, _ = headlab_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    probe = module.__dict__.get(_PROBE)
+    if probe is None:
+        return out, None
+    return probe.capture(module.layer_idx, out, query, key, value, attention_mask, scaling,
+                         kwargs.get("sentence_ids")), None
+
+
+def key_type_masks(input_ids: torch.Tensor, attention_mask: torch.Tensor, cls_id: int, sep_id: int,
+                   punct_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """``{type: [batch, seq] bool}`` of the keys [CLS], [SEP], ``.``/``,`` and every other non-padding token."""
+    valid = attention_mask.bool()
+    masks = {"cls": input_ids == cls_id, "sep": input_ids == sep_id, "punct": torch.isin(
+        input_ids, torch.tensor(list(punct_ids), device=input_ids.device))}
+    masks = {kind: mask & valid for kind, mask in masks.items()}
+    masks["other"] = valid & ~(masks["cls"] | masks["sep"] | masks["punct"])
+    return masks
+
+
+@contextmanager
+def gradient_probe(model: PreTrainedModel, policies: Sequence[str] = (), renormalize: bool = False,
+                   values: bool = False) -> Iterator[GradientProbe]:
+    """Inside the block, forwards gate and capture every head (module docstring); the model is restored on exit.
+
+    Use it inside ``headlab.ablate`` to score heads under a plan. ``policies``: those whose ``z' - z`` is kept
+    (``drop_*`` need ``sentence_ids`` in the forward); ``values``: keep the values for key-type gradients.
+    """
+    controller = Controller.of(model)
+    AttentionInterface.register(PROBE_NAME, probe_attention)
+    AttentionMaskInterface.register(PROBE_NAME, _padding_mask)
+    probe = GradientProbe(controller, model.config.num_hidden_layers, policies, renormalize, values)
+    originals = [config._attn_implementation_internal for config in controller.configs]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for module in controller.modules:
+            module.__dict__[_PROBE] = probe
+        for config in controller.configs:
+            config._attn_implementation_internal = PROBE_NAME
+        for parameter in trainable:
+            parameter.requires_grad_(False)
+        yield probe
+    finally:
+        for parameter in trainable:
+            parameter.requires_grad_(True)
+        for config, original in zip(controller.configs, originals):
+            config._attn_implementation_internal = original
+        for module in controller.modules:
+            module.__dict__.pop(_PROBE, None)
+        if controller.active is None:
+            controller.masks = None
