@@ -29,19 +29,21 @@ _EXPORTS = {
     "ablation_estimate": "headlab.core.importance",
     "key_type_gradients": "headlab.core.importance",
     "head_gradients": "headlab.core.importance",
+    "prune_heads": "headlab.core.pruning",
     "load_sweep": "headlab.reporting.sweep_table",
     "paired_ci": "headlab.reporting.statistics",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
     "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention",
     "split_sentences", "unit_ids", "UserError", "head_importance", "ablation_estimate", "key_type_gradients",
-    "head_gradients", "load_sweep", "paired_ci",
+    "head_gradients", "prune_heads", "load_sweep", "paired_ci",
 ]
 
 if TYPE_CHECKING:
     from headlab.core.attention import ablate, register_attention
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, head_name, select_heads
+    from headlab.core.pruning import prune_heads
     from headlab.core.units import split_sentences, unit_ids
     from headlab.errors import UserError
     from headlab.reporting.statistics import paired_ci

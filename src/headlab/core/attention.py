@@ -52,6 +52,7 @@ from transformers.masking_utils import (
 
 from headlab.core.bert_family import self_attention_modules
 from headlab.core.plans import HeadPlan
+from headlab.core.pruning import pruned_heads_of
 from headlab.errors import UserError
 
 ATTENTION_NAME = "headlab"
@@ -364,6 +365,8 @@ def ablate(
             )
     if controller.active is not None:
         raise ValueError("model is already inside headlab.ablate; nested ablation is not supported")
+    if pruned_heads_of(model):
+        raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
     states = controller.states_for(plan, renormalize, _device(model))
     switch = any(state is not None for state in states)  # all keep: the stock model runs untouched
     originals = [config._attn_implementation_internal for config in controller.configs]

@@ -137,7 +137,7 @@ def score_batch(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], probe
 
 
 def _unit_ids(batch: Mapping[str, torch.Tensor], unit: str | None) -> torch.Tensor:
-    """The unit ids of ``drop_*``: the batch's ``sentence_ids``, or its segments (``token_type_ids``) for ``segment``."""
+    """``drop_*`` unit ids: the batch's ``sentence_ids``, or its segments (``token_type_ids``) for ``segment``."""
     if unit is not None:
         check_unit(unit)
     if unit == "segment":

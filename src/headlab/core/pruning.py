@@ -1,0 +1,91 @@
+"""Physical head removal: ``headlab.prune_heads(model, plan)`` (transformers 5 has no ``prune_heads``).
+
+The pruned heads' rows of the query, key and value projections and their columns of the attention output
+projection are sliced out, so the model computes the same as under the ``prune`` plan (a pruned head's
+context vector is 0, so its output-projection columns contribute nothing; the bias, residual and LayerNorm
+stay) with fewer multiplications. A layer that loses every head skips attention altogether: its
+self-attention returns a zero-width context and the output projection gives its bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import skip_init
+from transformers import PreTrainedModel
+
+from headlab.core.bert_family import encoder_layers, self_attention_modules
+from headlab.core.plans import HeadPlan
+from headlab.errors import UserError
+
+PRUNED = "_headlab_pruned_heads"  # {layer: [heads removed]} on a physically pruned model
+
+
+def pruned_heads_of(model: PreTrainedModel) -> dict[int, list[int]]:
+    """``{layer: [heads]}`` physically removed from ``model`` by ``prune_heads`` (empty if none)."""
+    return model.__dict__.get(PRUNED, {})
+
+
+def _keep_rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
+    """A Linear with only the output features ``rows``."""
+    out = skip_init(nn.Linear, linear.in_features, len(rows), bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(linear.weight[rows])
+        if linear.bias is not None:
+            out.bias.copy_(linear.bias[rows])
+    return out.train(linear.training)
+
+
+def _keep_columns(linear: nn.Linear, columns: torch.Tensor) -> nn.Linear:
+    """A Linear with only the input features ``columns``."""
+    out = skip_init(nn.Linear, len(columns), linear.out_features, bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(linear.weight[:, columns])
+        if linear.bias is not None:
+            out.bias.copy_(linear.bias)
+    return out.train(linear.training)
+
+
+def _no_heads(hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
+    """Self-attention of a layer without heads: a zero-width context ``[batch, seq, 0]``."""
+    return hidden_states.new_zeros(*hidden_states.shape[:-1], 0), None
+
+
+def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
+    """Remove the heads ``plan`` prunes from ``model``, in place; returns the model.
+
+    The plan may only keep or prune. Outputs equal those under ``headlab.ablate(model, plan)``. The pruned
+    model cannot be ablated further (its layers have fewer heads) nor loaded by ``from_pretrained``.
+    """
+    other = sorted({policy for policy, count in plan.counts().items() if count} - {"keep", "prune"})
+    if other:
+        raise UserError(f"prune_heads removes pruned heads only; the plan also uses {', '.join(other)}")
+    shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
+    if (plan.num_layers, plan.num_heads) != shape:
+        raise UserError(f"plan is for {plan.num_layers} layers x {plan.num_heads} heads; the model has "
+                        f"{shape[0]} x {shape[1]}")
+    if pruned_heads_of(model):
+        raise UserError("the model is already physically pruned; prune a fresh copy with the combined plan")
+    _, layers = encoder_layers(model)
+    removed = {}
+    for layer, attention in enumerate(self_attention_modules(model)):
+        heads = plan.layer_groups(layer).get("prune", [])
+        if not heads:
+            continue
+        removed[layer] = heads
+        width = attention.attention_head_size
+        kept = [h for h in range(attention.num_attention_heads) if h not in heads]
+        index = torch.tensor([h * width + i for h in kept for i in range(width)], dtype=torch.long,
+                             device=attention.query.weight.device)
+        for name in ("query", "key", "value"):
+            setattr(attention, name, _keep_rows(getattr(attention, name), index))
+        output = layers[layer].attention.output
+        output.dense = _keep_columns(output.dense, index)
+        attention.num_attention_heads = len(kept)
+        attention.all_head_size = len(kept) * width
+        if not kept:
+            attention.forward = _no_heads  # an instance attribute shadows the class's forward
+    model.__dict__[PRUNED] = removed
+    return model
