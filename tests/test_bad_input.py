@@ -82,6 +82,16 @@ CASES = [
     ("ablate.py", ["mode=sweep_heads"], "mask.policy"),
     ("ablate.py", ["mode=sweep_heads", "mask=prune", "mask.heads=L0"], "mask.heads='L0'"),
     ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=rows"], "'rows'"),
+    # ablate.py mode=importance / prune_curve
+    ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.split=test"], "'test'"),
+    ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.sweep=/no/such/sweep"], "/no/such/sweep"),
+    ("ablate.py", ["mode=importance", "importance.granularity=per_token"], "'per_token'"),
+    ("ablate.py", ["mode=importance", "importance.policies=[keep]"], "'keep'"),
+    ("ablate.py", ["mode=importance", "importance.max_examples=0"], "importance.max_examples=0"),
+    ("ablate.py", ["mode=prune_curve", "prune_curve.step=0"], "prune_curve.step=0"),
+    ("ablate.py", ["mode=prune_curve", "prune_curve.estimator=random"], "'random'"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=top:2",
+                   "mask.importance=FILES/importance_3x3.json", "mask.importance_estimator=fisher"], "'fisher'"),
     # ablate.py mode=report
     ("ablate.py", ["mode=report"], "sweep_dir=DIR"),
     ("ablate.py", ["mode=report", "sweep_dir=/no/such/sweep"], "/no/such/sweep"),

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT
@@ -102,3 +103,26 @@ def test_ablate_py_on_two_cpu_processes_equals_one(tmp_path, task, mode):
     rows = [pd.read_parquet(run / folder / "records.parquet") for run in (single, double)]
     assert list(rows[1]["example"]) == list(rows[0]["example"]) == list(range(23))
     assert list(rows[1]["prediction"]) == list(rows[0]["prediction"])
+
+
+@pytest.mark.slow
+def test_importance_on_two_cpu_processes_equals_one(tmp_path):
+    """mode=importance under trainer=ddp: each process scores its share, the per-example rows are gathered."""
+    def importance(name, *ddp):
+        command = [sys.executable, str(ROOT / "ablate.py"), "mode=importance", "model=tiny_random", "task=demo_qa",
+                   "task.max_length=64", "task.doc_stride=16", "logger=none", "allow_random_head=true",
+                   "trainer.enable_progress_bar=false", "data.eval_batch_size=4", "importance.max_examples=23",
+                   f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *ddp]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads((tmp_path / name / "importance.json").read_text())
+
+    one = importance("single")
+    two = importance("double", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                     "trainer.precision=32-true")
+    assert one["settings"]["num_examples"] == two["settings"]["num_examples"] > 23  # features: windows of questions
+    for name, scores in one["raw"].items():
+        if name != "batch":  # HF's granularity depends on which examples share a batch
+            np.testing.assert_allclose(two["raw"][name], scores, rtol=1e-5, atol=1e-9, err_msg=name)
+    for kind, scores in one["key_types"].items():
+        np.testing.assert_allclose(two["key_types"][kind], scores, rtol=1e-5, atol=1e-9, err_msg=kind)

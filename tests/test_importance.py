@@ -14,9 +14,10 @@ from reference import bert_forward, classifier_logits, params_of, qa_logits
 
 import headlab
 from headlab.core.bert_family import self_attention_of
-from headlab.core.head_gradients import ESTIMABLE, gradient_probe
+from headlab.core.head_gradients import gradient_probe
 from headlab.core.importance import head_gradients, normalize_importance
 from headlab.core.models import load_model
+from headlab.core.plans import ESTIMABLE
 from headlab.errors import UserError
 
 LABELS = torch.tensor([2, 0, 1])

@@ -50,6 +50,14 @@ def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:
     return done
 
 
+def estimation_task(task: Any, split: str) -> Any:
+    """The task with ``split`` as its only evaluation split (``train``: the task's training split)."""
+    split = task.train_split if split == "train" else split
+    estimation = OmegaConf.create(OmegaConf.to_container(task, resolve=True))
+    estimation.eval_splits = [split]
+    return estimation
+
+
 def policy_label(plan: HeadPlan) -> str:
     """The policies a plan uses, ``+``-joined (``keep`` when it changes no head)."""
     used = [policy for policy, count in plan.counts().items() if count and policy != "keep"]
@@ -59,21 +67,30 @@ def policy_label(plan: HeadPlan) -> str:
 class EvalJob:
     """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
 
-    def __init__(self, cfg: Any, output_dir: Path, job_hash: str, resolved: dict[str, Any]):
+    def __init__(self, cfg: Any, output_dir: Path, job_hash: str, resolved: dict[str, Any], *,
+                 estimation: Any = None, before_model: Any = None):
+        """``estimation``: the ``importance`` config section; the job then scores heads by gradients on its
+        estimation split (``estimation_task``) instead of evaluating. ``before_model()`` runs once the data is
+        loaded, before the weights (e.g. to load a second data module)."""
         self.cfg, self.output_dir, self.job_hash, self.resolved = cfg, output_dir, job_hash, resolved
         self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
         data_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
                     if k not in ("batch_size", "max_train_examples")}
-        self.data = TaskDataModule(cfg.task, tokenizer_config(self.checkpoint, cfg.model), unit=cfg.mask.unit,
+        task = cfg.task
+        if estimation is not None:
+            task, data_cfg["max_eval_examples"] = estimation_task(cfg.task, estimation.split), estimation.max_examples
+        self.data = TaskDataModule(task, tokenizer_config(self.checkpoint, cfg.model), unit=cfg.mask.unit,
                                    seed=cfg.seed, train=False, **data_cfg)
         self.data.setup()  # load, check and tokenise the data before the weights
+        if before_model is not None:
+            before_model()
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head)
         if cfg.compile:
             self.model.compile()
         self.weights = weights_hash(self.model)
         self.logger = build_logger(cfg.logger, run_id=job_hash,
                                    run_name=f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
-        self.trainer = make_trainer(cfg.trainer, [], None, output_dir)
+        self.trainer = make_trainer(cfg.trainer, [], None, output_dir, inference_mode=estimation is None)
         if self.logger:
             self.logger.log_hyperparams(resolved)
 

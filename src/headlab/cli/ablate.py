@@ -20,10 +20,11 @@ log = logging.getLogger(__name__)
 MODES = {
     "eval": "headlab.analysis.eval_run:run_eval",
     "sweep_heads": "headlab.analysis.sweep_heads:run_sweep_heads",
+    "importance": "headlab.analysis.importance_run:run_importance",
     "report": "headlab.analysis.report_run:run_report",
     "demo": "headlab.analysis.demo:run_demo",
 }
-EVALUATING = ("eval", "sweep_heads")  # modes that score a checkpoint on a task
+EVALUATING = ("eval", "sweep_heads", "importance", "prune_curve")  # modes that score a checkpoint on a task
 
 
 def job_mask(cfg: Any) -> Any:
@@ -54,12 +55,27 @@ def check_ablate_config(cfg: Any) -> None:
         check_sweep_mask(cfg.mask)
     else:
         check_mask(cfg.mask)
+    if cfg.mode in ("importance", "prune_curve"):
+        check_estimation(cfg)
     from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
     from headlab.training.checkpoints import locate_checkpoint
 
-    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model)) if cfg.mode == "eval" else None
+    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model)) if cfg.mode != "sweep_heads" else None
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     warn_about_plan(cfg, plan)
+
+
+def check_estimation(cfg: Any) -> None:
+    """The estimation split exists; the evaluation split only when asked for (selection bias); sweeps exist."""
+    split = cfg.importance.split
+    one_of("importance.split", split, ["train", cfg.task.train_split, *cfg.task.eval_splits])
+    if split in cfg.task.eval_splits and split != cfg.task.train_split:
+        log.warning(f"importance.split={split}: heads are scored on the evaluation split, so evaluating a mask "
+                    "chosen by this importance on it is biased (the default estimates on a training subset)")
+    sweeps = cfg.importance.sweep
+    for sweep in [] if sweeps is None else [sweeps] if isinstance(sweeps, str) else list(sweeps):
+        if not Path(sweep).exists():
+            raise UserError(f"importance.sweep={sweep!r}: no such mode=sweep_heads job directory")
 
 
 def check_sweep_dir(sweep_dir: str | None) -> None:

@@ -22,12 +22,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from headlab.cli.hydra_glue import register_resolvers
+from headlab.cli.importance_schema import ImportanceConfig, PruneCurveConfig
 from headlab.cli.report_schema import ReportConfig
 from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("eval", "sweep_heads", "report", "demo")
+ABLATE_MODES = ("eval", "sweep_heads", "importance", "prune_curve", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 MIN_COMPILE_TORCH = (2, 4)
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
@@ -149,6 +150,7 @@ class MaskConfig:
     unit: str = "sentence"
     clusters: str | None = None  # clusters JSON, for cluster:NAME
     importance: str | None = None  # importance JSON, for top:K / bottom:K
+    importance_estimator: str | None = None  # which of the file's estimators top:/bottom: use (null: "importance")
 
     def __post_init__(self) -> None:
         one_of("mask.unit", self.unit, UNITS)
@@ -344,6 +346,8 @@ class AblateConfig:
     plan: str | None = None  # a name in ``plans``: its mask fields override ``mask``
     plans: dict[str, Any] = field(default_factory=dict)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    importance: ImportanceConfig = field(default_factory=ImportanceConfig)
+    prune_curve: PruneCurveConfig = field(default_factory=PruneCurveConfig)
     sweep_dir: str | None = None  # mode=report: the sweep directory to collect
     report: ReportConfig = field(default_factory=ReportConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -359,7 +363,7 @@ SCHEMAS = {
     "ablate_schema": AblateConfig,
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
-CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "report")
+CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "importance", "prune_curve", "report")
 
 
 def register_configs() -> None:

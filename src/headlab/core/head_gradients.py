@@ -28,10 +28,10 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
 from headlab.core.attention import Controller, _padding_mask, _restricted, _shared, headlab_attention
+from headlab.core.plans import ESTIMABLE
 
 PROBE_NAME = "headlab_probe"
 _PROBE = "_headlab_probe"  # attribute on the self-attention modules while a probe is active
-ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter")  # policies with a first-order estimate
 KEY_TYPES = ("cls", "sep", "punct", "other")
 
 

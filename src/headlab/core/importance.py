@@ -32,11 +32,10 @@ import torch
 from transformers import PreTrainedModel
 
 from headlab.core.attention import ablate
-from headlab.core.head_gradients import ESTIMABLE, KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
-from headlab.core.plans import HeadPlan, check_unit
+from headlab.core.head_gradients import KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
+from headlab.core.plans import ESTIMABLE, GRANULARITIES, HeadPlan, check_unit
 from headlab.errors import UserError, one_of
 
-GRANULARITIES = ("example", "token", "batch", "fisher")
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LABELS = (("labels",), ("start_positions", "end_positions"))  # classification / regression, extractive QA
 PUNCTUATION = (".", ",")  # Clark et al. 2019: exactly these tokens

@@ -40,5 +40,6 @@ def check_mask(mask: Any) -> None:
 
 def plan_from_mask(mask: Any, num_layers: int, num_heads: int) -> HeadPlan:
     return HeadPlan.from_rules(
-        mask_rules(mask), num_layers, num_heads, clusters=mask.get("clusters"), importance=mask.get("importance")
+        mask_rules(mask), num_layers, num_heads, clusters=mask.get("clusters"), importance=mask.get("importance"),
+        estimator=mask.get("importance_estimator"),
     )

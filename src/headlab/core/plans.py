@@ -31,6 +31,8 @@ from headlab.files import read_json
 
 POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter")
 UNITS = ("sentence", "segment")
+ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter")  # policies with a first-order estimate (section 4)
+GRANULARITIES = ("example", "token", "batch", "fisher")  # gradient importance estimators (section 4)
 
 _RANGE_TOKEN = re.compile(r"^(?:L(\d+)(?:-(\d+))?)?(?:H(\d+)(?:-(\d+))?)?$")
 _HEAD_NAME = re.compile(r"^L(\d+)H(\d+)$")
@@ -211,13 +213,21 @@ def load_clusters(source: str | Path | Mapping[str, Any]) -> dict[str, str]:
     return dict(labels)
 
 
-def load_importance(source: str | Path | Mapping[str, Any] | Sequence, num_layers: int, num_heads: int) -> np.ndarray:
+def load_importance(source: str | Path | Mapping[str, Any] | Sequence, num_layers: int, num_heads: int,
+                    estimator: str | None = None) -> np.ndarray:
     """``[num_layers, num_heads]`` float array from an importance file or an in-memory value.
 
-    Accepts ``{"importance": [[...per head...] per layer], ...}``, the bare nested list, or an array.
+    Accepts ``{"importance": [[...per head...] per layer], "estimators": {NAME: [[...]]}, ...}``, the bare
+    nested list, or an array; ``estimator`` picks one of ``estimators`` (None: ``importance``).
     """
     data = _read_json(source, "importance")
     values = data.get("importance") if isinstance(data, Mapping) else data
+    if estimator is not None:
+        estimators = data.get("estimators", {}) if isinstance(data, Mapping) else {}
+        if estimator not in estimators:
+            raise UserError(f"importance estimator {estimator!r} is not in {_describe(source)}; it has: "
+                            f"{', '.join(estimators) or 'none (only importance)'}")
+        values = estimators[estimator]
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as error:
@@ -298,14 +308,18 @@ class HeadPlan:
         num_heads: int,
         clusters: str | Path | Mapping[str, Any] | None = None,
         importance: str | Path | Mapping[str, Any] | Sequence | None = None,
+        estimator: str | None = None,
     ) -> HeadPlan:
-        """Apply ``rules`` in order to an all-``keep`` plan (later rules win)."""
+        """Apply ``rules`` in order to an all-``keep`` plan (later rules win).
+
+        ``estimator``: which of the importance file's ``estimators`` ``top:``/``bottom:`` use (None: ``importance``).
+        """
         rules = check_rules(rules)
         labels = None if clusters is None else load_clusters(clusters)
         if labels is not None:
             for head in labels:
                 head_index(head, num_layers, num_heads)
-        scores = None if importance is None else load_importance(importance, num_layers, num_heads)
+        scores = None if importance is None else load_importance(importance, num_layers, num_heads, estimator)
         policies = np.full((num_layers, num_heads), "keep", dtype=object)
         for rule in rules:
             policies[select_heads(rule.heads, num_layers, num_heads, labels, scores)] = rule.policy

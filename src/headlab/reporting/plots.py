@@ -88,3 +88,37 @@ def heads_curve(rows: pd.DataFrame, metric: str, title: str, path: Path, formats
     axes.set_title(title)
     axes.legend()
     return _save(figure, path, formats)
+
+
+def score_heatmap(scores: np.ndarray, label: str, title: str, path: Path, formats: Sequence[str] = ("png",),
+                  signed: bool = False) -> list[Path]:
+    """Layers x heads of per-head scores: a sequential map, or for signed values one centred on 0."""
+    layers, heads = scores.shape
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.5 * heads + 2.0), max(3.0, 0.4 * layers + 1.5)))
+    if signed:
+        limit = float(np.nanmax(np.abs(scores))) or 1.0
+        image = axes.imshow(scores, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -limit, limit), aspect="auto")
+    else:
+        image = axes.imshow(scores, cmap="viridis", aspect="auto")
+    axes.set_xticks(range(heads), [f"H{h}" for h in range(heads)])
+    axes.set_yticks(range(layers), [f"L{layer}" for layer in range(layers)])
+    axes.set_xlabel("head")
+    axes.set_ylabel("layer")
+    axes.set_title(title)
+    figure.colorbar(image, ax=axes, label=label)
+    return _save(figure, path, formats)
+
+
+def estimate_scatter(estimate: np.ndarray, measured: np.ndarray, xlabel: str, ylabel: str, title: str, path: Path,
+                     formats: Sequence[str] = ("png",)) -> list[Path]:
+    """One point per head: an estimator against the measured ablation, with the line y = x."""
+    figure, axes = plt.subplots(figsize=(4.5, 4.5))
+    x, y = np.ravel(estimate), np.ravel(measured)
+    axes.scatter(x, y, s=14, alpha=0.8)
+    low, high = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
+    axes.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--", label="y = x")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend(loc="best")
+    return _save(figure, path, formats)

@@ -46,14 +46,16 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None
     return str(path)
 
 
-def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir: Path) -> pl.Trainer:
+def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir: Path,
+                 inference_mode: bool = True) -> pl.Trainer:
     """A Lightning Trainer from the ``trainer`` group, with callbacks and the logger.
 
     Lightning checks its arguments here (devices, strategy, accelerator ...): what it rejects is bad input.
+    ``inference_mode=False`` for gradient scoring (Lightning validates under ``torch.inference_mode``).
     """
     try:
         return pl.Trainer(**OmegaConf.to_container(trainer_cfg, resolve=True), callbacks=callbacks,
-                          logger=logger or False, default_root_dir=output_dir)
+                          logger=logger or False, default_root_dir=output_dir, inference_mode=inference_mode)
     except (ValueError, TypeError, MisconfigurationException) as error:
         raise UserError(f"trainer: {error}") from None
 

@@ -1,0 +1,196 @@
+"""``ablate.py mode=importance``: every head scored by gradients on an estimation split (DESIGN.md section 4).
+
+The estimation data is ``importance.split`` (the task's training split by default, its first
+``importance.max_examples`` examples), never the evaluation split unless asked. One forward and one backward
+per batch under ``mask`` (heads it prunes score 0, and the job says so). The job directory gets:
+
+=========================  ==============================================================================
+``importance.json``        the importance file of DESIGN.md section 5: ``importance`` (``importance.granularity``,
+                           normalised as configured), ``estimators`` {example, token, batch, fisher (normalised),
+                           estimate_<policy> (raw: the first-order mean loss change of ablating the head alone)},
+                           ``raw`` (every estimator before normalisation), ``key_types``, the settings
+``per_example.parquet``    one row per estimation example and quantity (gate, token_abs, estimate_<policy>,
+                           key_<type>), one column per head
+``key_types.csv`` / .md    per head: mean |d loss / d attention weight| to [CLS], [SEP], ./, and other keys
+``*.png``                  layers x heads heatmaps of every estimator and key type
+``agreement.csv`` / .md    with ``importance.sweep``: Spearman, Kendall, top-k overlap against measured deltas,
+                           and a scatter plot per policy
+``results.json``           the summary; a complete one for the same config makes a rerun skip the job
+=========================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+
+from headlab.analysis.eval_job import EvalJob, already_done, hashed_config
+from headlab.analysis.scoring import HeadScorer
+from headlab.core.importance import HeadGradients, normalize_importance, punctuation_ids
+from headlab.core.masks import plan_from_mask
+from headlab.core.models import load_tokenizer, model_shape
+from headlab.core.plans import GRANULARITIES, HeadPlan, head_name
+from headlab.files import write_json_atomic
+from headlab.reporting import plots
+from headlab.reporting.agreement import agreement_table, read_head_sweep
+from headlab.reporting.layouts import to_markdown
+from headlab.reporting.results import library_versions
+from headlab.training.checkpoints import tokenizer_config
+from headlab.training.tracking import finish_tracking
+
+log = logging.getLogger(__name__)
+
+
+def score_heads(job: EvalJob, plan: HeadPlan, options: Any) -> HeadGradients:
+    """Per-example head gradients of the job's model on its estimation split, under ``plan``."""
+    cfg = job.cfg
+    key_ids = punctuation_ids(load_tokenizer(tokenizer_config(job.checkpoint, cfg.model))) if options.key_types \
+        else None
+    scorer = HeadScorer(job.model, plan, tuple(options.policies), cfg.mask.renormalize, None, key_ids)
+    job.trainer.validate(scorer, datamodule=job.data, verbose=False)
+    scorer.gradients.settings["unit"] = cfg.mask.unit
+    return scorer.gradients
+
+
+def estimators_of(gradients: HeadGradients, options: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(estimators as written, raw): granularities normalised as configured, estimates raw."""
+    raw = {g: gradients.importance(g) for g in GRANULARITIES}
+    raw |= {f"estimate_{p}": gradients.estimate(p) for p in gradients.estimates}
+    written = {name: normalize_importance(scores, options.normalize_layer, options.normalize_global)
+               if name in GRANULARITIES else scores for name, scores in raw.items()}
+    return written, raw
+
+
+def run_importance(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+    """Score ``cfg.ckpt_path``'s heads on ``cfg.importance.split``; ``cfg`` passed ``check_ablate_config``."""
+    output_dir = Path(output_dir)
+    resolved, job_hash = hashed_config(cfg)
+    done = already_done(output_dir / "results.json", job_hash)
+    if done is not None:
+        return done
+    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model))
+    pruned = [head_name(layer, head) for layer, head in plan.heads_with("prune")]
+    if pruned:
+        Console().print(f"note: the mask prunes {', '.join(pruned)}: their importance is 0", markup=False)
+    failed = True
+    try:
+        job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance)
+        gradients = score_heads(job, plan, cfg.importance)
+        summary = {}
+        if job.trainer.is_global_zero:
+            summary = write_importance(cfg, job, gradients, pruned, output_dir)
+            write_json_atomic(output_dir / "results.json", summary)
+            Console().print(f"importance of every head from {gradients.num_examples} examples of "
+                            f"{job.data.eval_splits[0]} -> "
+                            f"{output_dir / 'importance.json'}", markup=False, soft_wrap=True)
+        job.finish()
+        failed = False
+        return summary
+    finally:
+        finish_tracking(failed)
+
+
+def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: list[str],
+                     output_dir: Path) -> dict[str, Any]:
+    """Every file of the module docstring; returns the summary for ``results.json``."""
+    options, formats = cfg.importance, tuple(cfg.report.formats)
+    written, raw = estimators_of(gradients, options)
+    key_types = gradients.key_type_means()
+    listed = lambda scores: np.asarray(scores).tolist()  # noqa: E731
+    settings = {"split": job.data.eval_splits[0], "num_examples": gradients.num_examples,
+                "granularity": options.granularity, "normalize_layer": options.normalize_layer,
+                "normalize_global": options.normalize_global, **gradients.settings, "pruned_by_mask": pruned}
+    write_json_atomic(output_dir / "importance.json", {
+        "model": cfg.model.name, "task": cfg.task.name, "checkpoint": job.checkpoint_record(),
+        "importance": listed(written[options.granularity]), "estimators": {k: listed(v) for k, v in written.items()},
+        "raw": {k: listed(v) for k, v in raw.items()}, "key_types": {k: listed(v) for k, v in key_types.items()},
+        "settings": settings})
+    _per_example(gradients, output_dir / "per_example.parquet")
+    files = ["importance.json", "per_example.parquet"]
+    if key_types:
+        table = _head_table(key_types)
+        _atomic_write(output_dir / "key_types.csv", table.to_csv(index=False))
+        _atomic_write(output_dir / "key_types.md", to_markdown(table.round(6)))
+        files += ["key_types.csv", "key_types.md"]
+    images = {}
+    for name, scores in written.items():
+        signed = name.startswith("estimate_")
+        label = "first-order loss change" if signed else f"{name} importance"
+        images[name] = plots.score_heatmap(scores, label, f"{cfg.model.name} on {cfg.task.name}: {name}",
+                                           output_dir / f"importance_{name}", formats, signed)[0]
+    for kind, scores in key_types.items():
+        images[f"key_{kind}"] = plots.score_heatmap(scores, f"mean |dL/dA| to {kind}", f"gradient to {kind} keys",
+                                                    output_dir / f"key_{kind}", formats)[0]
+    agreement = _agreement(cfg, job, raw, output_dir, formats, images) if options.sweep else None
+    files += [p.name for p in images.values()] + (["agreement.csv", "agreement.md"] if agreement is not None else [])
+    _log(job, images, _head_table(key_types) if key_types else None, agreement)
+    return {"kind": "importance", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
+            "checkpoint": job.checkpoint_record(), "seed": cfg.seed, "settings": settings, "files": files,
+            "agreement": None if agreement is None else agreement.to_dict("records"),
+            "config_hash": job.job_hash, "config": job.resolved, "versions": library_versions(), "complete": True}
+
+
+def _agreement(cfg, job, raw, output_dir, formats, images) -> pd.DataFrame:
+    """Agreement of every estimator with each measured head sweep (``importance.sweep``: one or several)."""
+    sources = [cfg.importance.sweep] if isinstance(cfg.importance.sweep, str) else list(cfg.importance.sweep)
+    tables = []
+    for source in sources:
+        sweep = read_head_sweep(source, job.weights)
+        tables.append(agreement_table(raw, sweep, cfg.task.main_metric, cfg.importance.top_k))
+        policy = sweep["policy"]
+        if f"estimate_{policy}" in raw:
+            measured = np.array(next(iter(sweep["tables"].values()))["loss"]["delta"], dtype=float)
+            images[f"agreement_{policy}"] = plots.estimate_scatter(
+                raw[f"estimate_{policy}"], measured, f"first-order estimate ({policy})", "measured loss change",
+                f"{policy}: estimate vs ablation", output_dir / f"agreement_{policy}", formats)[0]
+    table = pd.concat(tables, ignore_index=True)
+    _atomic_write(output_dir / "agreement.csv", table.to_csv(index=False))
+    text = to_markdown(table.round(3))
+    _atomic_write(output_dir / "agreement.md", text)
+    Console().print(f"Agreement with measured single-head ablations\n{text}", markup=False, soft_wrap=True)
+    return table
+
+
+def _head_table(per_head: dict[str, np.ndarray]) -> pd.DataFrame:
+    """One row per head, one column per entry of ``per_head`` (each ``[layers, heads]``)."""
+    layers, heads = next(iter(per_head.values())).shape
+    rows = [{"head": head_name(layer, head), **{k: float(v[layer, head]) for k, v in per_head.items()}}
+            for layer in range(layers) for head in range(heads)]
+    return pd.DataFrame(rows)
+
+
+def _per_example(gradients: HeadGradients, path: Path) -> None:
+    """``per_example.parquet``: (example, quantity) rows, one column per head."""
+    layers, heads = gradients.gate.shape[1:]
+    quantities = {"gate": gradients.gate, "token_abs": gradients.token_abs,
+                  **{f"estimate_{p}": v for p, v in gradients.estimates.items()},
+                  **{f"key_{k}": v for k, v in gradients.key_types.items()}}
+    columns = [head_name(layer, head) for layer in range(layers) for head in range(heads)]
+    frames = [pd.DataFrame(values.reshape(len(values), -1), columns=columns).assign(
+        example=gradients.order[:, 0], quantity=name) for name, values in quantities.items()]
+    frame = pd.concat(frames, ignore_index=True)[["example", "quantity", *columns]]
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _log(job: EvalJob, images: dict[str, Path], key_types: pd.DataFrame | None, agreement: pd.DataFrame | None):
+    """Heatmaps as images, the key-type and agreement tables as tables, to the job's logger (W&B)."""
+    if not job.logger or not hasattr(job.logger, "log_image"):
+        return
+    for key, path in images.items():
+        job.logger.log_image(key=key, images=[str(path)])
+    for key, table in (("key_types", key_types), ("agreement", agreement)):
+        if table is not None and len(table):
+            job.logger.log_table(key=key, dataframe=table)

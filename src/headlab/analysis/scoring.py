@@ -1,0 +1,67 @@
+"""Gradient scoring of heads as a LightningModule: ``Trainer.validate`` over an estimation split.
+
+Each process scores its share of the examples (the exactly-once sampler), one forward and one backward per
+batch under the plan (``headlab.core.importance``); at the end the per-example rows of every process are
+gathered and sorted, so the estimators are sums in one order whatever the number of processes. The Trainer
+must run with ``inference_mode=False`` (Lightning validates under ``torch.inference_mode`` otherwise).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from headlab.core.attention import ablate
+from headlab.core.head_gradients import gradient_probe
+from headlab.core.importance import HeadGradients, batch_rows, score_batch
+from headlab.core.plans import HeadPlan
+
+
+class HeadScorer(pl.LightningModule):
+    """Per-example head gradients of ``model`` over the validation dataloader; ``gradients`` after validate."""
+
+    def __init__(self, model: torch.nn.Module, plan: HeadPlan, policies: tuple[str, ...], renormalize: bool,
+                 unit: str, key_ids: tuple | None):
+        super().__init__()
+        self.model = model.eval()
+        self.plan, self.policies, self.renormalize, self.unit, self.key_ids = plan, policies, renormalize, unit, key_ids
+        self.gradients: HeadGradients | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        config = self.model.config
+        self._rows: list[tuple] = []
+        self._batch_abs = np.zeros((config.num_hidden_layers, config.num_attention_heads))
+        self._position = 0
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset()
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        patched = nullcontext() if self.plan.is_identity else ablate(self.model, self.plan, self.renormalize)
+        with torch.enable_grad(), patched, gradient_probe(self.model, self.policies, self.renormalize,
+                                                          values=self.key_ids is not None) as probe:
+            grads = score_batch(self.model, batch, probe, self.unit, self.key_ids)
+        start = self._position + 1_000_000_000 * self.global_rank  # positions order rows within one example
+        self._rows += batch_rows(grads, batch, start)
+        self._batch_abs += grads.gate.sum(0).abs().numpy()
+        self._position += len(grads.gate)
+
+    def on_validation_epoch_end(self) -> None:
+        rows, batch_abs = [self._rows], [self._batch_abs]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            rows, batch_abs = [None] * world, [None] * world
+            torch.distributed.all_gather_object(rows, self._rows)
+            torch.distributed.all_gather_object(batch_abs, self._batch_abs)
+        settings = {"policies": list(self.policies), "renormalize": self.renormalize, "unit": self.unit,
+                    "plan": self.plan.to_dict()}
+        self.gradients = HeadGradients.from_rows([row for shard in rows for row in shard], sum(batch_abs), settings)
+        self._reset()
+
+    def configure_optimizers(self) -> Any:
+        return None
