@@ -3,6 +3,7 @@
     python benchmarks/eval_speed.py throughput [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
     python benchmarks/eval_speed.py sweep [--shape minilm|bert-base] [--task demo_qa] [--examples 32]
         [--policy prune] [--rounds 3]
+    python benchmarks/eval_speed.py importance [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
 
 ``throughput``: what ``mode=eval`` runs once the baseline is cached (``Trainer.validate`` of a
 ``PlanEvaluator`` under a keep plan: forward, predictions, per-example losses and records, gathered)
@@ -13,6 +14,11 @@ to the CPU. Examples/s of each side, order alternating per round; the ratio is h
 ``mode=sweep_heads`` job runs them (one ``LayerSweepEvaluator`` pass per layer) against L x H
 separate evaluations as ``mode=eval`` runs each (one ``PlanEvaluator`` pass per plan; model, data
 and trainer built once, process start excluded). The ratio is sweep seconds / separate seconds.
+``importance``: what ``mode=importance`` runs (``Trainer.validate`` of a ``HeadScorer``: one forward and one
+backward per batch giving every estimator, the first-order estimates of all four policies and the key-type
+gradients) against plain evaluation of the same batches (``throughput``'s ``PlanEvaluator``). The ratio is
+importance seconds / evaluation seconds.
+
 ``--shape minilm`` is the embedded MiniLM; ``bert-base`` a random BERT-base-sized model with the
 tiny tokenizer (speed does not depend on the weights).
 """
@@ -29,11 +35,13 @@ from common import SHAPES, Parser, machine
 from hydra import compose, initialize_config_dir
 
 from headlab.analysis.evaluation import MODEL_INPUTS, PlanEvaluator, Variant
+from headlab.analysis.scoring import HeadScorer
 from headlab.analysis.sweep_heads import LayerSweepEvaluator
 from headlab.analysis.sweep_plans import family_plans
 from headlab.cli.schema import register_configs
-from headlab.core.models import load_model
-from headlab.core.plans import HeadPlan
+from headlab.core.importance import punctuation_ids
+from headlab.core.models import load_model, load_tokenizer
+from headlab.core.plans import ESTIMABLE, HeadPlan
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_head
 
@@ -102,6 +110,26 @@ def sweep(args) -> None:
            target="<= 0.6", higher_is_better=False)
 
 
+def importance(args) -> None:
+    cfg, data, model, trainer = setup(args.shape, args.task, args.examples, args.batch)
+    scoring = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         inference_mode=False)
+    keep = HeadPlan.keep_all(model.config.num_hidden_layers, model.config.num_attention_heads)
+    tokenizer = load_tokenizer(cfg.model)
+
+    def scored():
+        scoring.validate(HeadScorer(model, keep, ESTIMABLE, False, None, punctuation_ids(tokenizer)),
+                         datamodule=data, verbose=False)
+
+    def evaluated():
+        trainer.validate(PlanEvaluator(model, cfg.task, [Variant("baseline", keep)], data.eval_examples),
+                         datamodule=data, verbose=False)
+
+    report(args, {"importance": scored, "evaluation": evaluated}, lambda seconds: seconds, "s",
+           f"{len(data.eval_features['validation'])} features, batch {args.batch}; every estimator, "
+           f"estimates of {', '.join(ESTIMABLE)}, key types", target="<= 3", higher_is_better=False)
+
+
 def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
     names = list(sides)
     results: dict[str, list[float]] = {name: [] for name in names}
@@ -121,7 +149,7 @@ def report(args, sides: dict, value, unit: str, what: str, target: str, higher_i
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["throughput", "sweep"])
+    parser.add_argument("what", choices=["throughput", "sweep", "importance"])
     parser.add_argument("--shape", default="minilm", choices=["minilm", "bert-base"])
     parser.add_argument("--task", default="demo_qa", choices=["demo_qa", "demo_pairs"])
     parser.add_argument("--examples", type=int, default=None, help="eval examples (default 200 / 32)")
@@ -130,11 +158,11 @@ def main() -> None:
     parser.add_argument("--per-forward", type=int, default=0, help="sweep: plans per batched forward (0: a layer's)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5 / 3)")
     args = parser.parse_args()
-    args.examples = args.examples or (200 if args.what == "throughput" else 32)
-    args.rounds = args.rounds or (5 if args.what == "throughput" else 3)
+    args.examples = args.examples or (32 if args.what == "sweep" else 200)
+    args.rounds = args.rounds or (3 if args.what == "sweep" else 5)
     if args.examples < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--examples, --batch and --rounds must be positive")
-    (throughput if args.what == "throughput" else sweep)(args)
+    {"throughput": throughput, "sweep": sweep, "importance": importance}[args.what](args)
 
 
 if __name__ == "__main__":
