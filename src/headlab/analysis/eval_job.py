@@ -68,10 +68,9 @@ class EvalJob:
     """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
 
     def __init__(self, cfg: Any, output_dir: Path, job_hash: str, resolved: dict[str, Any], *,
-                 estimation: Any = None, before_model: Any = None):
+                 estimation: Any = None):
         """``estimation``: the ``importance`` config section; the job then scores heads by gradients on its
-        estimation split (``estimation_task``) instead of evaluating. ``before_model()`` runs once the data is
-        loaded, before the weights (e.g. to load a second data module)."""
+        estimation split (``estimation_task``) instead of evaluating (a Trainer without inference mode)."""
         self.cfg, self.output_dir, self.job_hash, self.resolved = cfg, output_dir, job_hash, resolved
         self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
         data_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
@@ -82,8 +81,6 @@ class EvalJob:
         self.data = TaskDataModule(task, tokenizer_config(self.checkpoint, cfg.model), unit=cfg.mask.unit,
                                    seed=cfg.seed, train=False, **data_cfg)
         self.data.setup()  # load, check and tokenise the data before the weights
-        if before_model is not None:
-            before_model()
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head)
         if cfg.compile:
             self.model.compile()
