@@ -1,4 +1,5 @@
-"""Files headlab reads and writes: atomic JSON, JSON input with clear errors, config hashes, package folders."""
+"""Files headlab reads and writes: atomic JSON, text and tables; JSON input with clear errors; config hashes;
+package folders."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never a partial file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def write_frame_atomic(frame: Any, path: str | Path) -> Path:
+    """A pandas DataFrame as parquet or CSV (by the suffix), written atomically, without the index."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(tmp, index=False) if path.suffix == ".parquet" else frame.to_csv(tmp, index=False)
+    tmp.replace(path)
     return path
 
 

@@ -35,7 +35,7 @@ from headlab.core.importance import HeadGradients, normalize_importance, punctua
 from headlab.core.masks import plan_from_mask
 from headlab.core.models import load_tokenizer, model_shape
 from headlab.core.plans import GRANULARITIES, HeadPlan, head_name
-from headlab.files import write_json_atomic
+from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.agreement import agreement_table, read_head_sweep
 from headlab.reporting.layouts import to_markdown
@@ -114,8 +114,8 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
     files = ["importance.json", "per_example.parquet"]
     if key_types:
         table = _head_table(key_types)
-        _atomic_write(output_dir / "key_types.csv", table.to_csv(index=False))
-        _atomic_write(output_dir / "key_types.md", to_markdown(table.round(6)))
+        write_frame_atomic(table, output_dir / "key_types.csv")
+        write_text_atomic(output_dir / "key_types.md", to_markdown(table.round(6)))
         files += ["key_types.csv", "key_types.md"]
     images = {}
     for name, scores in written.items():
@@ -149,9 +149,9 @@ def _agreement(cfg, job, raw, output_dir, formats, images) -> pd.DataFrame:
                 raw[f"estimate_{policy}"], measured, f"first-order estimate ({policy})", "measured loss change",
                 f"{policy}: estimate vs ablation", output_dir / f"agreement_{policy}", formats)[0]
     table = pd.concat(tables, ignore_index=True)
-    _atomic_write(output_dir / "agreement.csv", table.to_csv(index=False))
+    write_frame_atomic(table, output_dir / "agreement.csv")
     text = to_markdown(table.round(3))
-    _atomic_write(output_dir / "agreement.md", text)
+    write_text_atomic(output_dir / "agreement.md", text)
     Console().print(f"Agreement with measured single-head ablations\n{text}", markup=False, soft_wrap=True)
     return table
 
@@ -173,16 +173,7 @@ def _per_example(gradients: HeadGradients, path: Path) -> None:
     columns = [head_name(layer, head) for layer in range(layers) for head in range(heads)]
     frames = [pd.DataFrame(values.reshape(len(values), -1), columns=columns).assign(
         example=gradients.order[:, 0], quantity=name) for name, values in quantities.items()]
-    frame = pd.concat(frames, ignore_index=True)[["example", "quantity", *columns]]
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_frame_atomic(pd.concat(frames, ignore_index=True)[["example", "quantity", *columns]], path)
 
 
 def _log(job: EvalJob, images: dict[str, Path], key_types: pd.DataFrame | None, agreement: pd.DataFrame | None):

@@ -12,12 +12,11 @@ from contextlib import nullcontext
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 
 from headlab.core.attention import ablate
 from headlab.core.head_gradients import gradient_probe
-from headlab.core.importance import HeadGradients, batch_rows, score_batch
+from headlab.core.importance import GradientRows, HeadGradients, score_batch
 from headlab.core.plans import HeadPlan
 
 
@@ -33,10 +32,8 @@ class HeadScorer(pl.LightningModule):
         self._reset()
 
     def _reset(self) -> None:
-        config = self.model.config
-        self._rows: list[tuple] = []
-        self._batch_abs = np.zeros((config.num_hidden_layers, config.num_attention_heads))
-        self._position = 0
+        shape = (self.model.config.num_hidden_layers, self.model.config.num_attention_heads)
+        self._rows = GradientRows(*shape, offset=1_000_000_000 * self.global_rank)  # ranks' positions apart
 
     def on_validation_epoch_start(self) -> None:
         self._reset()
@@ -45,19 +42,15 @@ class HeadScorer(pl.LightningModule):
         patched = nullcontext() if self.plan.is_identity else ablate(self.model, self.plan, self.renormalize)
         with torch.enable_grad(), patched, gradient_probe(self.model, self.policies, self.renormalize,
                                                           values=self.key_ids is not None) as probe:
-            grads = score_batch(self.model, batch, probe, self.unit, self.key_ids)
-        start = self._position + 1_000_000_000 * self.global_rank  # positions order rows within one example
-        self._rows += batch_rows(grads, batch, start)
-        self._batch_abs += grads.gate.sum(0).abs().numpy()
-        self._position += len(grads.gate)
+            self._rows.add(score_batch(self.model, batch, probe, self.unit, self.key_ids), batch)
 
     def on_validation_epoch_end(self) -> None:
-        rows, batch_abs = [self._rows], [self._batch_abs]
+        rows, batch_abs = [self._rows.rows], [self._rows.batch_abs]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
             rows, batch_abs = [None] * world, [None] * world
-            torch.distributed.all_gather_object(rows, self._rows)
-            torch.distributed.all_gather_object(batch_abs, self._batch_abs)
+            torch.distributed.all_gather_object(rows, self._rows.rows)
+            torch.distributed.all_gather_object(batch_abs, self._rows.batch_abs)
         settings = {"policies": list(self.policies), "renormalize": self.renormalize, "unit": self.unit,
                     "plan": self.plan.to_dict()}
         self.gradients = HeadGradients.from_rows([row for shard in rows for row in shard], sum(batch_abs), settings)

@@ -147,13 +147,25 @@ def _unit_ids(batch: Mapping[str, torch.Tensor], unit: str | None) -> torch.Tens
     return batch["sentence_ids"]
 
 
-def batch_rows(grads: BatchGradients, batch: Mapping[str, torch.Tensor], start: int) -> list[tuple]:
-    """Per-example rows of ``HeadGradients.from_rows``; ``start``: the batch's first position in the stream."""
-    size = len(grads.gate)
-    index = batch["example_index"].tolist() if "example_index" in batch else list(range(start, start + size))
-    return [(index[b], start + b, grads.gate[b].numpy(), grads.token_abs[b].numpy(),
-             {p: e[b].numpy() for p, e in grads.estimates.items()},
-             {k: v[b].numpy() for k, v in grads.key_types.items()}) for b in range(size)]
+class GradientRows:
+    """Per-example rows (for ``HeadGradients.from_rows``) and the ``batch`` granularity's sum, batch by batch.
+
+    ``offset``: added to stream positions (a process's share under DDP), which order a question's features.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, offset: int = 0):
+        self.rows: list[tuple] = []
+        self.batch_abs = np.zeros((num_layers, num_heads))
+        self.offset, self.position = offset, 0
+
+    def add(self, grads: BatchGradients, batch: Mapping[str, torch.Tensor]) -> None:
+        start, size = self.offset + self.position, len(grads.gate)
+        index = batch["example_index"].tolist() if "example_index" in batch else list(range(start, start + size))
+        self.rows += [(index[b], start + b, grads.gate[b].numpy(), grads.token_abs[b].numpy(),
+                       {p: e[b].numpy() for p, e in grads.estimates.items()},
+                       {k: v[b].numpy() for k, v in grads.key_types.items()}) for b in range(size)]
+        self.batch_abs += grads.gate.sum(0).abs().numpy()
+        self.position += size
 
 
 def head_gradients(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tensor]], *,
@@ -166,23 +178,19 @@ def head_gradients(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.
     """
     policies = tuple(policies)
     key_ids = None if tokenizer is None else punctuation_ids(tokenizer)
-    shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
-    rows, batch_abs, position, training = [], np.zeros(shape), 0, model.training
+    rows, training = GradientRows(model.config.num_hidden_layers, model.config.num_attention_heads), model.training
     patched = nullcontext() if plan is None or plan.is_identity else ablate(model, plan, renormalize)
     try:
         model.eval()
         with torch.enable_grad(), patched, gradient_probe(model, policies, renormalize, values=key_ids is not None) \
                 as probe:
             for batch in batches:
-                grads = score_batch(model, batch, probe, unit, key_ids)
-                rows += batch_rows(grads, batch, position)
-                batch_abs += grads.gate.sum(0).abs().numpy()
-                position += len(grads.gate)
+                rows.add(score_batch(model, batch, probe, unit, key_ids), batch)
     finally:
         model.train(training)
     settings = {"policies": list(policies), "renormalize": renormalize, "unit": unit,
                 "plan": None if plan is None else plan.to_dict()}
-    return HeadGradients.from_rows(rows, batch_abs, settings)
+    return HeadGradients.from_rows(rows.rows, rows.batch_abs, settings)
 
 
 def head_importance(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tensor]], *,

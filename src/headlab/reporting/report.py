@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from headlab.files import write_json_atomic
+from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import layouts, plots
 from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, across_seeds
 from headlab.reporting.sweep_table import load_sweep
@@ -47,20 +47,6 @@ class Report:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
 
 
-def _atomic_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
-
-
-def _atomic_frame(frame: pd.DataFrame, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(tmp, index=False) if path.suffix == ".parquet" else frame.to_csv(tmp, index=False)
-    tmp.replace(path)
-    return path
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9=+-]+", "_", text).strip("_")
 
@@ -72,10 +58,10 @@ def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPL
     report = Report(frame, Path(sweep_dir) / "report")
     report.folder.mkdir(parents=True, exist_ok=True)
     for name in ("table.csv", "table.parquet"):
-        report.files.append(_atomic_frame(frame, report.folder / name))
+        report.files.append(write_frame_atomic(frame, report.folder / name))
     report.tables["table"] = frame
     problems = pd.DataFrame(frame.attrs["problems"], columns=["job", "reason"])
-    report.files.append(_atomic_frame(problems, report.folder / "problems.csv"))
+    report.files.append(write_frame_atomic(problems, report.folder / "problems.csv"))
     sections = list(frame.groupby(["task", "model", "checkpoint"], sort=False))
     for (task, model, checkpoint), section in sections:
         prefix = f"{task}_{model}_{checkpoint[:8]}_" if len(sections) > 1 else ""
@@ -124,8 +110,8 @@ def _plan_grid(report, rows, split, metrics, prefix, title, formats) -> None:
 
 def _tables(report: Report, table: pd.DataFrame, name: str, caption: str, index: bool = False) -> None:
     markdown = layouts.to_markdown(table, index=index)
-    report.files.append(_atomic_text(report.folder / f"{name}.md", markdown))
-    report.files.append(_atomic_text(report.folder / f"{name}.tex", layouts.to_latex(table, caption, index=index)))
+    report.files.append(write_text_atomic(report.folder / f"{name}.md", markdown))
+    report.files.append(write_text_atomic(report.folder / f"{name}.tex", layouts.to_latex(table, caption, index=index)))
     report.printed.append(f"{caption}\n{markdown}")
     report.tables[name] = table.reset_index() if index else table
 
@@ -147,8 +133,8 @@ def _seeds(report: Report, frame: pd.DataFrame) -> None:
                      **{f"delta_{k}": v for k, v in delta.items() if k != "seeds"}})
     if rows:
         seeds = pd.DataFrame(rows)
-        report.files.append(_atomic_frame(seeds, report.folder / "seeds.csv"))
-        report.files.append(_atomic_text(report.folder / "seeds.md", layouts.to_markdown(seeds)))
+        report.files.append(write_frame_atomic(seeds, report.folder / "seeds.csv"))
+        report.files.append(write_text_atomic(report.folder / "seeds.md", layouts.to_markdown(seeds)))
         report.tables["seeds"] = seeds
         report.printed.append(f"Across fine-tuning seeds (mean, sd, 95% t-CI)\n{layouts.to_markdown(seeds)}")
 
