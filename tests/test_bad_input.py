@@ -90,6 +90,9 @@ CASES = [
     ("ablate.py", ["mode=importance", "importance.max_examples=0"], "importance.max_examples=0"),
     ("ablate.py", ["mode=prune_curve", "prune_curve.step=0"], "prune_curve.step=0"),
     ("ablate.py", ["mode=prune_curve", "prune_curve.estimator=random"], "'random'"),
+    ("ablate.py", ["mode=prune_curve", "allow_random_head=true", "mask=prune", "mask.heads=L0"], "use mask=none"),
+    ("ablate.py", ["mode=prune_curve", "allow_random_head=true", "prune_curve.min_heads_per_layer=4"],
+     "min_heads_per_layer=4"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=top:2",
                    "mask.importance=FILES/importance_3x3.json", "mask.importance_estimator=fisher"], "'fisher'"),
     # ablate.py mode=report
@@ -102,6 +105,7 @@ CASES = [
     # trainer, logger, data, optim: types and ranges
     ("train.py", ["trainer.precision=bf17"], "'bf17'"),
     ("train.py", ["trainer.max_epochs=-3"], "max_epochs=-3"),
+    ("train.py", ["trainer.val_check_interval=5000"], "val_check_interval=5000"),
     ("train.py", ["trainer.accelerator=tpu2"], "'tpu2'"),
     ("train.py", ["trainer.devices=0"], "devices=0"),  # Lightning's own checks of its arguments
     ("train.py", ["trainer.strategy=nope"], "'nope'"),

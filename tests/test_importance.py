@@ -6,6 +6,8 @@ on every head, and one backward pass per example; the estimators are reductions 
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -192,6 +194,16 @@ def test_heads_a_plan_prunes_score_zero(classifier, batch):
     assert (raw[0, 1] == 0) and (raw[2] == 0).all() and (raw[0, [0, 2, 3]] > 0).all() and (raw[1] > 0).all()
     assert (scores.estimate("prune")[2] == 0).all()  # z = 0 already: nothing left to remove
     assert (np.abs(scores.estimate("uniform")[2]) > 0).all()  # uniform attention would give them a context again
+
+
+def test_a_plan_first_used_while_evaluating_can_be_scored(classifier, batch):
+    """The plan's cached tensors, built under ``torch.inference_mode`` (Lightning's validate), must serve autograd."""
+    plan = headlab.HeadPlan.from_rules([{"heads": "L0H1,L2", "policy": "prune"}], 3, 4)
+    expected = head_gradients(copy.deepcopy(classifier), [batch], plan=plan).importance("example")
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "sentence_ids")}
+    with torch.inference_mode(), headlab.ablate(classifier, plan):
+        classifier(**inputs)
+    np.testing.assert_array_equal(head_gradients(classifier, [batch], plan=plan).importance("example"), expected)
 
 
 def test_normalisations_as_defined():

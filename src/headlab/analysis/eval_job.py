@@ -68,28 +68,40 @@ class EvalJob:
     """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
 
     def __init__(self, cfg: Any, output_dir: Path, job_hash: str, resolved: dict[str, Any], *,
-                 estimation: Any = None):
-        """``estimation``: the ``importance`` config section; the job then scores heads by gradients on its
-        estimation split (``estimation_task``) instead of evaluating (a Trainer without inference mode)."""
+                 estimation: Any = None, evaluation: bool = True):
+        """``evaluation``: the task's eval splits (``data``) and a Trainer for them (``trainer``); ``estimation``
+        (the ``importance`` config section): its estimation split (``estimation_data``, ``estimation_task``) and a
+        Trainer without inference mode for gradient scoring (``scoring_trainer``). Either or both."""
         self.cfg, self.output_dir, self.job_hash, self.resolved = cfg, output_dir, job_hash, resolved
         self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
-        data_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
-                    if k not in ("batch_size", "max_train_examples")}
-        task = cfg.task
-        if estimation is not None:
-            task, data_cfg["max_eval_examples"] = estimation_task(cfg.task, estimation.split), estimation.max_examples
-        self.data = TaskDataModule(task, tokenizer_config(self.checkpoint, cfg.model), unit=cfg.mask.unit,
-                                   seed=cfg.seed, train=False, **data_cfg)
-        self.data.setup()  # load, check and tokenise the data before the weights
+        # load, check and tokenise the data before the weights
+        self.data = self._data_module(cfg.task) if evaluation else None
+        self.estimation_data = None if estimation is None else self._data_module(
+            estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples)
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head)
         if cfg.compile:
             self.model.compile()
         self.weights = weights_hash(self.model)
         self.logger = build_logger(cfg.logger, run_id=job_hash,
                                    run_name=f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
-        self.trainer = make_trainer(cfg.trainer, [], None, output_dir, inference_mode=estimation is None)
+        self.trainer = make_trainer(cfg.trainer, [], None, output_dir) if evaluation else None
+        self.scoring_trainer = None if estimation is None else make_trainer(cfg.trainer, [], None, output_dir,
+                                                                            inference_mode=False)
         if self.logger:
             self.logger.log_hyperparams(resolved)
+
+    def _data_module(self, task: Any, **overrides: Any) -> TaskDataModule:
+        """``task``'s eval splits under the ``data`` settings (``overrides`` win), loaded and tokenised."""
+        data_cfg = {k: v for k, v in OmegaConf.to_container(self.cfg.data, resolve=True).items()
+                    if k not in ("batch_size", "max_train_examples")}
+        data = TaskDataModule(task, tokenizer_config(self.checkpoint, self.cfg.model), unit=self.cfg.mask.unit,
+                              seed=self.cfg.seed, train=False, **data_cfg | overrides)
+        data.setup()
+        return data
+
+    @property
+    def is_global_zero(self) -> bool:
+        return (self.trainer or self.scoring_trainer).is_global_zero
 
     # ------------------------------------------------------------------ baseline
 
@@ -160,7 +172,7 @@ class EvalJob:
         if cached is None:
             source = (identity or extra[0]).name
             cached = {split: _frame(evaluator.records[(source, split)]) for split in self.data.eval_splits}
-            if self.trainer.is_global_zero:
+            if self.is_global_zero:
                 for split in self.data.eval_splits:
                     self._write_baseline(split, evaluator.records[(source, split)])
         return {key: _frame(rows) for key, rows in evaluator.records.items()}, cached
@@ -187,7 +199,7 @@ class EvalJob:
             baseline_records={split: str(self._baseline_paths(split)[1].absolute()) for split in base},
             config_hash=job_hash or self.job_hash, config=self.resolved,
         )
-        if self.trainer.is_global_zero:
+        if self.is_global_zero:
             write_records(folder / "records.parquet", rows)
             result.write(folder / "results.json")
         return result

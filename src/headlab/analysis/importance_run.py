@@ -46,13 +46,13 @@ from headlab.training.tracking import finish_tracking
 log = logging.getLogger(__name__)
 
 
-def score_heads(job: EvalJob, plan: HeadPlan, options: Any) -> HeadGradients:
-    """Per-example head gradients of the job's model on its estimation split, under ``plan``."""
+def score_heads(job: EvalJob, plan: HeadPlan, policies: tuple[str, ...], key_types: bool) -> HeadGradients:
+    """Per-example head gradients of the job's model on its estimation split, under ``plan``: the gate
+    gradients, first-order estimates of ``policies``, and with ``key_types`` the gradients by key type."""
     cfg = job.cfg
-    key_ids = punctuation_ids(load_tokenizer(tokenizer_config(job.checkpoint, cfg.model))) if options.key_types \
-        else None
-    scorer = HeadScorer(job.model, plan, tuple(options.policies), cfg.mask.renormalize, None, key_ids)
-    job.trainer.validate(scorer, datamodule=job.data, verbose=False)
+    key_ids = punctuation_ids(load_tokenizer(tokenizer_config(job.checkpoint, cfg.model))) if key_types else None
+    scorer = HeadScorer(job.model, plan, policies, cfg.mask.renormalize, None, key_ids)
+    job.scoring_trainer.validate(scorer, datamodule=job.estimation_data, verbose=False)
     scorer.gradients.settings["unit"] = cfg.mask.unit
     return scorer.gradients
 
@@ -79,14 +79,14 @@ def run_importance(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         Console().print(f"note: the mask prunes {', '.join(pruned)}: their importance is 0", markup=False)
     failed = True
     try:
-        job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance)
-        gradients = score_heads(job, plan, cfg.importance)
+        job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance, evaluation=False)
+        gradients = score_heads(job, plan, tuple(cfg.importance.policies), cfg.importance.key_types)
         summary = {}
-        if job.trainer.is_global_zero:
+        if job.is_global_zero:
             summary = write_importance(cfg, job, gradients, pruned, output_dir)
             write_json_atomic(output_dir / "results.json", summary)
             Console().print(f"importance of every head from {gradients.num_examples} examples of "
-                            f"{job.data.eval_splits[0]} -> "
+                            f"{job.estimation_data.eval_splits[0]} -> "
                             f"{output_dir / 'importance.json'}", markup=False, soft_wrap=True)
         job.finish()
         failed = False
@@ -102,7 +102,7 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
     written, raw = estimators_of(gradients, options)
     key_types = gradients.key_type_means()
     listed = lambda scores: np.asarray(scores).tolist()  # noqa: E731
-    settings = {"split": job.data.eval_splits[0], "num_examples": gradients.num_examples,
+    settings = {"split": job.estimation_data.eval_splits[0], "num_examples": gradients.num_examples,
                 "granularity": options.granularity, "normalize_layer": options.normalize_layer,
                 "normalize_global": options.normalize_global, **gradients.settings, "pruned_by_mask": pruned}
     write_json_atomic(output_dir / "importance.json", {

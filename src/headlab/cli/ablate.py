@@ -21,6 +21,7 @@ MODES = {
     "eval": "headlab.analysis.eval_run:run_eval",
     "sweep_heads": "headlab.analysis.sweep_heads:run_sweep_heads",
     "importance": "headlab.analysis.importance_run:run_importance",
+    "prune_curve": "headlab.analysis.prune_curve:run_prune_curve",
     "report": "headlab.analysis.report_run:run_report",
     "demo": "headlab.analysis.demo:run_demo",
 }
@@ -62,6 +63,8 @@ def check_ablate_config(cfg: Any) -> None:
 
     plan = plan_from_mask(cfg.mask, *model_shape(cfg.model)) if cfg.mode != "sweep_heads" else None
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    if cfg.mode == "prune_curve":
+        check_prune_curve(cfg, plan)
     warn_about_plan(cfg, plan)
 
 
@@ -76,6 +79,16 @@ def check_estimation(cfg: Any) -> None:
     for sweep in [] if sweeps is None else [sweeps] if isinstance(sweeps, str) else list(sweeps):
         if not Path(sweep).exists():
             raise UserError(f"importance.sweep={sweep!r}: no such mode=sweep_heads job directory")
+
+
+def check_prune_curve(cfg: Any, plan: Any) -> None:
+    """A prune curve starts from the full model and must be able to prune a head."""
+    if not plan.is_identity:
+        raise UserError(f"mode=prune_curve starts from the full model; the mask changes heads ({plan.describe()}): "
+                        "use mask=none")
+    if cfg.prune_curve.min_heads_per_layer >= plan.num_heads:
+        raise UserError(f"prune_curve.min_heads_per_layer={cfg.prune_curve.min_heads_per_layer}: the model has "
+                        f"{plan.num_heads} heads per layer, so none could be pruned (allowed: 0-{plan.num_heads - 1})")
 
 
 def check_sweep_dir(sweep_dir: str | None) -> None:

@@ -169,8 +169,9 @@ class Controller:
                 self.states.pop(next(iter(self.states)))
             rows = isinstance(plan, tuple)
             build = RowsState.build if rows else LayerState.build
-            self.states[key] = tuple(build(plan, layer, renormalize, device)
-                                     for layer in range((plan[0] if rows else plan).num_layers))
+            with torch.inference_mode(False):  # normal tensors: a state built while evaluating serves autograd too
+                self.states[key] = tuple(build(plan, layer, renormalize, device)
+                                         for layer in range((plan[0] if rows else plan).num_layers))
         return self.states[key]
 
 

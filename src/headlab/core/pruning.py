@@ -9,6 +9,8 @@ self-attention returns a zero-width context and the output projection gives its 
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn.utils import skip_init
@@ -26,10 +28,17 @@ def pruned_heads_of(model: PreTrainedModel) -> dict[int, list[int]]:
     return model.__dict__.get(PRUNED, {})
 
 
+def _uninitialised_linear(*args, **kwargs) -> nn.Linear:
+    """``nn.Linear(*args, **kwargs)`` without initialisation (its weights are copied in next)."""
+    with warnings.catch_warnings():  # a layer left without heads has zero-width weights: torch warns on their init
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op")
+        return skip_init(nn.Linear, *args, **kwargs)
+
+
 def _keep_rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
     """A Linear with only the output features ``rows``."""
-    out = skip_init(nn.Linear, linear.in_features, len(rows), bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    out = _uninitialised_linear(linear.in_features, len(rows), bias=linear.bias is not None,
+                                device=linear.weight.device, dtype=linear.weight.dtype)
     with torch.no_grad():
         out.weight.copy_(linear.weight[rows])
         if linear.bias is not None:
@@ -39,8 +48,8 @@ def _keep_rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
 
 def _keep_columns(linear: nn.Linear, columns: torch.Tensor) -> nn.Linear:
     """A Linear with only the input features ``columns``."""
-    out = skip_init(nn.Linear, len(columns), linear.out_features, bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    out = _uninitialised_linear(len(columns), linear.out_features, bias=linear.bias is not None,
+                                device=linear.weight.device, dtype=linear.weight.dtype)
     with torch.no_grad():
         out.weight.copy_(linear.weight[:, columns])
         if linear.bias is not None:

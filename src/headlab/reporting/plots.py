@@ -1,4 +1,5 @@
-"""Report figures (matplotlib, headless): head-sweep heatmaps, plan bars with CIs, metric vs heads ablated.
+"""Report figures (matplotlib, headless): head-sweep heatmaps, plan bars with CIs, metric vs heads ablated,
+importance heatmaps and scatter plots, prune curves.
 
 Deltas use a diverging colour map centred on 0 (red: the metric fell); cells and bars whose adjusted
 p-value is below 0.05 are marked. Every function writes one file per requested format and returns
@@ -121,4 +122,25 @@ def estimate_scatter(estimate: np.ndarray, measured: np.ndarray, xlabel: str, yl
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.legend(loc="best")
+    return _save(figure, path, formats)
+
+
+def prune_curve(rows: pd.DataFrame, metric: str, threshold: float, title: str, path: Path,
+                formats: Sequence[str] = ("png",)) -> list[Path]:
+    """The metric against heads pruned: the importance order, each random order (thin) and their mean."""
+    figure, axes = plt.subplots(figsize=(5.5, 4.0))
+    random = rows[rows["order"] == "random"]
+    for _, group in random.groupby("seed"):
+        axes.plot(group["heads_pruned"], group[metric], color="grey", alpha=0.4, linewidth=0.8)
+    if len(random):
+        mean = random.groupby("heads_pruned")[metric].mean()
+        axes.plot(mean.index, mean.values, color="grey", linestyle="--", marker=".",
+                  label=f"random order (mean of {random['seed'].nunique()})")
+    ordered = rows[rows["order"] == "importance"].sort_values("heads_pruned")
+    axes.plot(ordered["heads_pruned"], ordered[metric], marker="o", label="by importance")
+    axes.axhline(threshold, color="#b2182b", linestyle=":", linewidth=0.8, label="stop threshold")
+    axes.set_xlabel("heads pruned")
+    axes.set_ylabel(metric)
+    axes.set_title(title)
+    axes.legend()
     return _save(figure, path, formats)

@@ -9,6 +9,7 @@ tokenizer) in ``model/``, readable by any Hugging Face tool and by ``ablate.py c
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -88,6 +89,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
                               **OmegaConf.to_container(cfg.data, resolve=True))
         data.setup()  # load, check and tokenise the data before the model
+        check_val_check_interval(cfg.trainer, len(data.train_features), data.batch_size, trainer.world_size)
         module = task_module(cfg.model, cfg.task, cfg.mask, cfg.optim)
         if cfg.compile:
             module.model.compile()  # in place: state-dict keys and checkpoints stay those of the plain model
@@ -124,6 +126,23 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         return asdict(result)
     finally:
         finish_tracking(failed)
+
+
+def check_val_check_interval(trainer_cfg: Any, num_train: int, batch_size: int, world_size: int) -> None:
+    """An integer ``val_check_interval`` must fit in an epoch unless it counts across epochs (Lightning says so
+    only once the model is loaded, with a traceback)."""
+    interval, limit = trainer_cfg.val_check_interval, trainer_cfg.limit_train_batches
+    if not isinstance(interval, int) or isinstance(interval, bool) or trainer_cfg.check_val_every_n_epoch is None:
+        return
+    batches = math.ceil(math.ceil(num_train / world_size) / batch_size)  # per process, as the sampler shards
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        batches = min(batches, limit)
+    elif isinstance(limit, float):
+        batches = int(batches * limit)
+    if interval > batches:
+        raise UserError(f"trainer.val_check_interval={interval} is more than the {batches} training batches of an "
+                        f"epoch: use at most {batches}, a fraction of an epoch (e.g. 0.5), or "
+                        "trainer.check_val_every_n_epoch=null to count batches across epochs")
 
 
 def save_final_weights(model: Any, tokenizer: Any, folder: Path) -> Path:

@@ -1,0 +1,278 @@
+"""``ablate.py mode=prune_curve``: heads pruned step by step in order of importance (Michel et al. 2019).
+
+Each step scores the heads by gradients on the estimation split (``importance.split``, a training subset by
+default) under the current mask, prunes the ``prune_curve.step`` fraction of all heads that score lowest
+(``prune_curve.estimator``: a granularity normalised as ``importance`` says, or ``estimate_prune``, the
+first-order loss change; never a layer below ``min_heads_per_layer``), and evaluates the mask on the eval
+splits with the ``prune`` plan, exactly as ``mode=eval`` would. It stops after the step whose main metric on
+the first eval split falls below ``stop_below`` x the baseline, or when no head may be pruned any more. With
+``recompute=false`` the full model's importance orders every step. Random pruning orders (one per
+``random_seeds`` entry, evaluated at the same head counts) are the baseline curves.
+
+The final mask is the last step at or above the threshold (HF run_bertology's choice); it is timed physically
+pruned (``headlab.prune_heads``) against the full model on the eval batches, alternating rounds, medians.
+
+=============================  ==============================================================================
+``prune_curve.csv`` / .md      one row per curve (importance, random seed), step and eval split: heads pruned,
+                               every metric, the main metric relative to the baseline
+``prune_curve.png``            the main metric against heads pruned: importance, each random order, their mean
+``final_mask.json``            the final mask (``rules`` as ``mask.rules`` takes them), its metrics, timing
+``steps.json``                 progress after every step (scores, heads, metrics): a killed job resumes there
+``results.json``               the summary; a complete one for the same config makes a rerun skip the job
+=============================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+
+from headlab.analysis.eval_job import EvalJob, already_done, hashed_config
+from headlab.analysis.evaluation import Variant
+from headlab.analysis.importance_run import score_heads
+from headlab.analysis.timing import forward_seconds
+from headlab.core.importance import normalize_importance
+from headlab.core.plans import GRANULARITIES, HeadPlan, head_name, parse_head_name
+from headlab.core.pruning import prune_heads
+from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.reporting import plots
+from headlab.reporting.layouts import to_markdown
+from headlab.reporting.results import library_versions
+from headlab.tasks.record_metrics import metrics_from_records
+from headlab.training.tracking import finish_tracking
+
+log = logging.getLogger(__name__)
+
+
+def lowest_heads(scores: np.ndarray, pruned: list[str], count: int, min_heads_per_layer: int) -> list[str]:
+    """Up to ``count`` more heads to prune: the lowest scores first (ties: lower layer, then head), skipping
+    heads already pruned and heads whose layer would fall below ``min_heads_per_layer``."""
+    num_layers, num_heads = scores.shape
+    gone = {parse_head_name(name) for name in pruned}
+    left = [num_heads - sum(layer == i for layer, _ in gone) for i in range(num_layers)]
+    chosen = []
+    for flat in np.argsort(scores, axis=None, kind="stable"):
+        layer, head = divmod(int(flat), num_heads)
+        if len(chosen) == count:
+            break
+        if (layer, head) in gone or left[layer] <= min_heads_per_layer:
+            continue
+        chosen.append(head_name(layer, head))
+        left[layer] -= 1
+    return chosen
+
+
+def random_heads(seed: int, shape: tuple[int, int], count: int, min_heads_per_layer: int) -> list[str]:
+    """The first ``count`` heads of seed ``seed``'s random pruning order (same layer floor as the curve)."""
+    ranks = np.empty(shape[0] * shape[1])
+    ranks[np.random.default_rng(seed).permutation(ranks.size)] = np.arange(ranks.size)
+    return lowest_heads(ranks.reshape(shape), [], count, min_heads_per_layer)
+
+
+def prune_plan(heads: list[str], shape: tuple[int, int]) -> HeadPlan:
+    return HeadPlan.from_rules([{"heads": heads, "policy": "prune"}] if heads else [], *shape)
+
+
+class PruneCurve:
+    """The importance curve of one job, resumable from ``steps.json``."""
+
+    def __init__(self, job: EvalJob):
+        self.job, self.options = job, job.cfg.prune_curve
+        config = job.model.config
+        self.shape = (config.num_hidden_layers, config.num_attention_heads)
+        self.per_step = max(1, round(self.options.step * self.shape[0] * self.shape[1]))
+        self.split, self.metric = job.data.eval_splits[0], job.cfg.task.main_metric
+        self.path = job.output_dir / "steps.json"
+        saved = read_json(self.path, "prune curve progress") if self.path.is_file() else {}
+        if saved.get("config_hash") != job.job_hash:
+            saved = {}
+        self.steps: list[dict[str, Any]] = saved.get("steps", [])
+        self.baseline: dict[str, dict[str, float]] | None = saved.get("baseline")
+        self.stopped: str | None = saved.get("stopped")
+        if self.steps:
+            Console().print(f"resuming after step {len(self.steps)} ({self.path})", markup=False)
+
+    @property
+    def threshold(self) -> float:
+        return self.options.stop_below * self.baseline[self.split][self.metric]
+
+    def run(self) -> None:
+        """Score, prune, evaluate, until the metric falls below the threshold or no head may go."""
+        while self.stopped is None:
+            pruned = self.steps[-1]["pruned"] if self.steps else []
+            scores = self._scores(pruned)
+            new = lowest_heads(scores, pruned, self.per_step, self.options.min_heads_per_layer)
+            if not new:
+                self.stopped = "no head left to prune"
+            else:
+                heads = pruned + new
+                metrics = self.evaluate({"curve": heads})["curve"]
+                self.steps.append({"step": len(self.steps) + 1, "heads_pruned": len(heads), "new": new,
+                                   "pruned": heads, "scores": scores.tolist(), "metrics": metrics})
+                self._announce(self.steps[-1])
+                if metrics[self.split][self.metric] < self.threshold:
+                    self.stopped = f"{self.metric} below {self.options.stop_below:g} x the baseline"
+            if self.job.is_global_zero:
+                write_json_atomic(self.path, {"config_hash": self.job.job_hash, "baseline": self.baseline,
+                                              "steps": self.steps, "stopped": self.stopped})
+
+    def _scores(self, pruned: list[str]) -> np.ndarray:
+        """``[layers, heads]`` scores of the estimator under the mask pruning ``pruned`` (lowest go first)."""
+        if self.steps and not self.options.recompute:
+            return np.array(self.steps[0]["scores"])
+        estimator, importance = self.options.estimator, self.job.cfg.importance
+        policies = ("prune",) if estimator == "estimate_prune" else ()
+        gradients = score_heads(self.job, prune_plan(pruned, self.shape), policies, key_types=False)
+        if estimator in GRANULARITIES:
+            return normalize_importance(gradients.importance(estimator), importance.normalize_layer,
+                                        importance.normalize_global)
+        return gradients.estimate("prune")
+
+    def evaluate(self, masks: dict[str, list[str]]) -> dict[str, dict[str, dict[str, float]]]:
+        """``{name: {split: metrics}}`` of each mask (pruned head names), in one pass over the eval data."""
+        variants = [Variant(name, prune_plan(heads, self.shape)) for name, heads in masks.items()]
+        records, baseline = self.job.evaluate(variants)
+        task = self.job.cfg.task
+        if self.baseline is None:
+            self.baseline = {split: metrics_from_records(rows, task) for split, rows in baseline.items()}
+        return {v.name: {split: metrics_from_records(records[(v.name, split)], task) for split in baseline}
+                for v in variants}
+
+    def random_curves(self) -> dict[int, list[dict[str, Any]]]:
+        """Per random seed, one point per step of the importance curve: the same number of heads, random ones."""
+        counts = [step["heads_pruned"] for step in self.steps]
+        masks = {f"random{seed}_{count}": random_heads(seed, self.shape, count, self.options.min_heads_per_layer)
+                 for seed in self.options.random_seeds for count in counts}
+        metrics = self.evaluate(masks) if masks else {}
+        return {seed: [{"step": i + 1, "heads_pruned": count, "pruned": masks[f"random{seed}_{count}"],
+                        "metrics": metrics[f"random{seed}_{count}"]} for i, count in enumerate(counts)]
+                for seed in self.options.random_seeds}
+
+    def final_step(self) -> dict[str, Any]:
+        """The last step at or above the threshold (step 0, nothing pruned, if even the first fell below)."""
+        kept = [s for s in self.steps if s["metrics"][self.split][self.metric] >= self.threshold]
+        return kept[-1] if kept else {"step": 0, "heads_pruned": 0, "pruned": [], "metrics": self.baseline}
+
+    def _announce(self, step: dict[str, Any]) -> None:
+        if not self.job.is_global_zero:
+            return
+        value, base = step["metrics"][self.split][self.metric], self.baseline[self.split][self.metric]
+        total = self.shape[0] * self.shape[1]
+        Console().print(f"step {step['step']}: {step['heads_pruned']}/{total} heads pruned, {self.split} "
+                        f"{self.metric} {value:.4f} ({value / base:.1%} of the baseline {base:.4f})", markup=False)
+        if self.job.logger:
+            self.job.logger.log_metrics({f"prune_curve/{self.split}/{self.metric}": value,
+                                         "prune_curve/heads_pruned": step["heads_pruned"]}, step=step["step"])
+
+
+def time_final_mask(job: EvalJob, heads: list[str], shape: tuple[int, int], rounds: int) -> dict[str, Any] | None:
+    """Forward seconds over the first eval split, physically pruned vs full model (None if nothing is pruned)."""
+    if not heads:
+        return None
+    split = job.data.eval_splits[0]
+    batches = list(job.data.eval_dataloader(split))
+    device = job.trainer.strategy.root_device
+    pruned = prune_heads(copy.deepcopy(job.model), prune_plan(heads, shape))
+    seconds = forward_seconds({"full": job.model, "pruned": pruned}, batches, rounds, device)
+    full, fewer = (statistics.median(seconds[name]) for name in ("full", "pruned"))
+    return {"split": split, "examples": sum(len(b["input_ids"]) for b in batches), "device": str(device),
+            "rounds": rounds, "full_seconds": full, "pruned_seconds": fewer, "speedup": full / fewer,
+            "seconds": seconds}
+
+
+def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> pd.DataFrame:
+    """One row per curve, step and split; step 0 is the baseline."""
+    total = curve.shape[0] * curve.shape[1]
+    start = {"step": 0, "heads_pruned": 0, "metrics": curve.baseline}
+    curves = [("importance", None, curve.steps)] + [("random", seed, points) for seed, points in random.items()]
+    rows = []
+    for order, seed, points in curves:
+        for point in [start, *points]:
+            for split, metrics in point["metrics"].items():
+                rows.append({"order": order, "seed": seed, "step": point["step"],
+                             "heads_pruned": point["heads_pruned"], "fraction_pruned": point["heads_pruned"] / total,
+                             "split": split, **metrics,
+                             "relative": metrics[curve.metric] / curve.baseline[split][curve.metric]})
+    return pd.DataFrame(rows).astype({"seed": "Int64"})
+
+
+def run_prune_curve(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+    """The prune curve of ``cfg.ckpt_path`` on ``cfg.task``; ``cfg`` passed ``check_ablate_config``."""
+    output_dir = Path(output_dir)
+    resolved, job_hash = hashed_config(cfg)
+    done = already_done(output_dir / "results.json", job_hash)
+    if done is not None:
+        return done
+    failed = True
+    try:
+        job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance)
+        curve = PruneCurve(job)
+        curve.run()
+        random = curve.random_curves()
+        summary = {}
+        if job.is_global_zero:
+            final = curve.final_step()
+            timing = time_final_mask(job, final["pruned"], curve.shape, cfg.prune_curve.timing_rounds)
+            summary = write_prune_curve(cfg, job, curve, random, final, timing)
+        job.finish()
+        failed = False
+        return summary
+    finally:
+        finish_tracking(failed)
+
+
+def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, final: dict[str, Any],
+                      timing: dict[str, Any] | None) -> dict[str, Any]:
+    """The files of the module docstring; prints the final mask and how to evaluate it with ``mode=eval``."""
+    output_dir, formats = job.output_dir, tuple(cfg.report.formats)
+    table = curve_table(curve, random)
+    write_frame_atomic(table, output_dir / "prune_curve.csv")
+    write_text_atomic(output_dir / "prune_curve.md", to_markdown(table.round(4)))
+    main = table[table["split"] == curve.split]
+    image = plots.prune_curve(main, curve.metric, curve.threshold,
+                              f"{cfg.model.name} on {cfg.task.name}: pruning by {cfg.prune_curve.estimator}",
+                              output_dir / "prune_curve", formats)[0]
+    rules = [{"heads": final["pruned"], "policy": "prune"}] if final["pruned"] else []
+    override = f"'mask.rules=[{{heads: [{','.join(final['pruned'])}], policy: prune}}]'" if rules else "mask=none"
+    final_record = {"rules": rules, "step": final["step"], "heads_pruned": final["heads_pruned"],
+                    "metrics": final["metrics"], "baseline": curve.baseline, "timing": timing,
+                    "eval_override": override}
+    write_json_atomic(output_dir / "final_mask.json", final_record)
+    if job.logger and hasattr(job.logger, "log_image"):
+        job.logger.log_image(key="prune_curve", images=[str(image)])
+        job.logger.log_table(key="prune_curve", dataframe=table)
+    summary = {"kind": "prune_curve", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
+               "checkpoint": job.checkpoint_record(), "seed": cfg.seed, "settings": dict(
+                   estimator=cfg.prune_curve.estimator, per_step=curve.per_step, stopped=curve.stopped,
+                   threshold=curve.threshold, split=curve.split, metric=curve.metric),
+               "baseline": curve.baseline,
+               "steps": [{k: v for k, v in step.items() if k != "scores"} for step in curve.steps],
+               "random": random, "final": final_record,
+               "files": ["prune_curve.csv", "prune_curve.md", image.name, "final_mask.json", "steps.json"],
+               "config_hash": job.job_hash, "config": job.resolved, "versions": library_versions(), "complete": True}
+    write_json_atomic(output_dir / "results.json", summary)
+    _print_final(curve, final_record, output_dir)
+    return summary
+
+
+def _print_final(curve: PruneCurve, final: dict[str, Any], output_dir: Path) -> None:
+    value = final["metrics"][curve.split][curve.metric]
+    lines = [f"stopped: {curve.stopped}",
+             f"final mask: {final['heads_pruned']} heads pruned (step {final['step']}), {curve.split} {curve.metric} "
+             f"{value:.4f} (baseline {curve.baseline[curve.split][curve.metric]:.4f})"]
+    if final["timing"]:
+        timing = final["timing"]
+        lines.append(f"physically pruned: {timing['pruned_seconds'] * 1e3:.1f} ms vs full "
+                     f"{timing['full_seconds'] * 1e3:.1f} ms per pass over {timing['examples']} {timing['split']} "
+                     f"examples ({timing['speedup']:.2f}x, "
+                     f"median of {timing['rounds']} alternating rounds, {timing['device']})")
+    lines.append(f"evaluate it: python ablate.py mode=eval ... {final['eval_override']}")
+    lines.append(f"-> {output_dir / 'prune_curve.csv'}, {output_dir / 'final_mask.json'}")
+    Console().print("\n".join(lines), markup=False, soft_wrap=True)

@@ -1,0 +1,109 @@
+"""ablate.py mode=prune_curve on a tiny_random checkpoint: each step prunes the heads the importance of the
+current mask ranks lowest, random orders at the same counts, the final mask reproduced by mode=eval, resuming."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from conftest import run
+
+from headlab.analysis.prune_curve import lowest_heads, random_heads
+
+CURVE = ("mode=prune_curve", "prune_curve.step=0.25", "prune_curve.min_heads_per_layer=1", "prune_curve.stop_below=1",
+         "prune_curve.random_seeds=[3,4]", "prune_curve.timing_rounds=2", "importance.max_examples=30")
+
+
+def bottom(scores, pruned, count):
+    """The ``count`` lowest heads of ``scores`` ([3, 4]) not in ``pruned``, never a layer's last head, by hand."""
+    left = {layer: 4 - sum(name.startswith(f"L{layer}H") for name in pruned) for layer in range(3)}
+    chosen = []
+    for flat in np.argsort(np.ravel(scores), kind="stable"):
+        name = f"L{flat // 4}H{flat % 4}"
+        if name not in pruned and left[flat // 4] > 1 and len(chosen) < count:
+            chosen.append(name)
+            left[flat // 4] -= 1
+    return chosen
+
+
+def importance_under(root, tmp_path, name, pruned):
+    """The example importance of mode=importance run on its own, under a mask pruning ``pruned``."""
+    mask = ["mask=prune", f"mask.heads=[{','.join(pruned)}]"] if pruned else []
+    run("ablate.py", "mode=importance", *mask, f"ckpt_path={root / 'train'}", "importance.max_examples=30",
+        "importance.key_types=false", "importance.policies=[]", f"hydra.run.dir={tmp_path / name}", cwd_tmp=root)
+    return np.array(json.loads((tmp_path / name / "importance.json").read_text())["importance"])
+
+
+def test_prune_curve_follows_recomputed_importance_and_its_final_mask_reproduces(trained, tmp_path):
+    root, _ = trained
+    out = tmp_path / "curve"
+    args = (*CURVE, f"ckpt_path={root / 'train'}", f"hydra.run.dir={out}")
+    printed = run("ablate.py", *args, cwd_tmp=root).stdout
+    results = json.loads((out / "results.json").read_text())
+    steps = results["steps"]
+    assert [s["heads_pruned"] for s in steps] == [3, 6, 9] and results["settings"]["per_step"] == 3
+    assert results["settings"]["stopped"] == "no head left to prune"  # every layer is down to its last head
+    assert "stopped: no head left to prune" in printed
+
+    # every step prunes the lowest heads of the importance recomputed under the previous step's mask
+    pruned = []
+    for step in steps:
+        scores = importance_under(root, tmp_path, f"importance{step['step']}", pruned)
+        np.testing.assert_allclose(json.loads((out / "steps.json").read_text())["steps"][step["step"] - 1]["scores"],
+                                   scores, rtol=1e-9, atol=1e-12)
+        assert step["new"] == bottom(scores, pruned, 3)
+        pruned = pruned + step["new"]
+        assert step["pruned"] == pruned
+    assert {name[:2] for name in set(f"L{i}H{j}" for i in range(3) for j in range(4)) - set(pruned)} == {
+        "L0", "L1", "L2"}
+
+    table = pd.read_csv(out / "prune_curve.csv")
+    assert len(table) == 3 * 4 and set(table["order"]) == {"importance", "random"}
+    assert list(table[table["order"] == "importance"]["heads_pruned"]) == [0, 3, 6, 9]
+    assert sorted(table["seed"].dropna().unique()) == [3, 4]
+    assert (table[table["heads_pruned"] == 0]["accuracy"] == results["baseline"]["validation"]["accuracy"]).all()
+    assert (out / "prune_curve.png").stat().st_size > 5000
+
+    # a random point is the metric of those random heads under mode=eval
+    heads = results["random"]["4"][1]["pruned"]
+    assert heads == random_heads(4, (3, 4), 6, 1) and len(heads) == 6
+    evaluated = tmp_path / "random_eval"
+    run("ablate.py", "mode=eval", "mask=prune", f"mask.heads=[{','.join(heads)}]", f"ckpt_path={root / 'train'}",
+        f"hydra.run.dir={evaluated}", cwd_tmp=root)
+    measured = json.loads((evaluated / "results.json").read_text())["metrics"]["validation"]
+    assert measured == results["random"]["4"][1]["metrics"]["validation"]
+
+    # the final mask reproduces its metric under mode=eval, given as the printed override
+    final = json.loads((out / "final_mask.json").read_text())
+    assert final["rules"] == [{"heads": pruned, "policy": "prune"}] and final["heads_pruned"] == 9
+    override = final["eval_override"].strip("'")
+    assert f"evaluate it: python ablate.py mode=eval ... {final['eval_override']}" in printed
+    evaluated = tmp_path / "final_eval"
+    run("ablate.py", "mode=eval", override, f"ckpt_path={root / 'train'}", f"hydra.run.dir={evaluated}", cwd_tmp=root)
+    result = json.loads((evaluated / "results.json").read_text())
+    assert set(result["plan"]["policies"]) == set(pruned)
+    assert result["metrics"]["validation"] == final["metrics"]["validation"] == steps[-1]["metrics"]["validation"]
+    timing = final["timing"]
+    assert timing["examples"] == 40 and len(timing["seconds"]["full"]) == 2 and timing["speedup"] > 0
+
+    # a rerun is skipped; a job killed after step 1 resumes there and ends the same
+    assert "already done" in run("ablate.py", *args, cwd_tmp=root).stdout
+    progress = json.loads((out / "steps.json").read_text())
+    (out / "results.json").unlink()
+    (out / "steps.json").write_text(json.dumps({**progress, "steps": progress["steps"][:1], "stopped": None}))
+    assert "resuming after step 1" in run("ablate.py", *args, cwd_tmp=root).stdout
+    again = json.loads((out / "results.json").read_text())
+    assert again["steps"] == results["steps"] and again["random"] == results["random"]
+
+
+def test_lowest_heads_skip_pruned_heads_and_keep_the_layer_floor():
+    scores = np.array([[0.5, 0.1, 0.9], [0.0, 0.2, 0.3]])
+    assert lowest_heads(scores, [], 2, 0) == ["L1H0", "L0H1"]
+    assert lowest_heads(scores, ["L1H0"], 3, 0) == ["L0H1", "L1H1", "L1H2"]
+    assert lowest_heads(scores, ["L1H0"], 3, 1) == ["L0H1", "L1H1", "L0H0"]  # L1 keeps its last head
+    assert lowest_heads(scores, ["L0H1", "L1H0", "L1H1"], 5, 1) == ["L0H0"]  # all that may still go
+    assert lowest_heads(np.zeros((2, 2)), [], 3, 0) == ["L0H0", "L0H1", "L1H0"]  # ties: layer, then head
+    order = random_heads(7, (2, 3), 6, 0)
+    assert sorted(order) == sorted(f"L{i}H{j}" for i in range(2) for j in range(3))
+    assert random_heads(7, (2, 3), 2, 0) == order[:2] and random_heads(8, (2, 3), 6, 0) != order
