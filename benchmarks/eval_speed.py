@@ -4,6 +4,7 @@
     python benchmarks/eval_speed.py sweep [--shape minilm|bert-base] [--task demo_qa] [--examples 32]
         [--policy prune] [--rounds 3]
     python benchmarks/eval_speed.py importance [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
+    python benchmarks/eval_speed.py pruned [--shape minilm|bert-base] [--task demo_qa] [--examples 200] [--rounds 5]
 
 ``throughput``: what ``mode=eval`` runs once the baseline is cached (``Trainer.validate`` of a
 ``PlanEvaluator`` under a keep plan: forward, predictions, per-example losses and records, gathered)
@@ -18,6 +19,9 @@ and trainer built once, process start excluded). The ratio is sweep seconds / se
 backward per batch giving every estimator, the first-order estimates of all four policies and the key-type
 gradients) against plain evaluation of the same batches (``throughput``'s ``PlanEvaluator``). The ratio is
 importance seconds / evaluation seconds.
+``pruned``: the forward pass over the same batches of the model with half of its heads (a random half, seed 0)
+removed by ``headlab.prune_heads`` against the full model (what ``mode=prune_curve`` times for its final mask),
+and the same half pruned by the ``prune`` plan (masked, not removed). The ratio is pruned seconds / full seconds.
 
 ``--shape minilm`` is the embedded MiniLM; ``bert-base`` a random BERT-base-sized model with the
 tiny tokenizer (speed does not depend on the weights).
@@ -25,6 +29,8 @@ tiny tokenizer (speed does not depend on the weights).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -35,13 +41,16 @@ from common import SHAPES, Parser, machine
 from hydra import compose, initialize_config_dir
 
 from headlab.analysis.evaluation import MODEL_INPUTS, PlanEvaluator, Variant
+from headlab.analysis.prune_curve import prune_plan, random_heads
 from headlab.analysis.scoring import HeadScorer
 from headlab.analysis.sweep_heads import LayerSweepEvaluator
 from headlab.analysis.sweep_plans import family_plans
 from headlab.cli.schema import register_configs
+from headlab.core.attention import ablate
 from headlab.core.importance import punctuation_ids
 from headlab.core.models import load_model, load_tokenizer
 from headlab.core.plans import ESTIMABLE, HeadPlan
+from headlab.core.pruning import prune_heads
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_head
 
@@ -130,6 +139,25 @@ def importance(args) -> None:
            f"estimates of {', '.join(ESTIMABLE)}, key types", target="<= 3", higher_is_better=False)
 
 
+def pruned(args) -> None:
+    _, data, model, _ = setup(args.shape, args.task, args.examples, args.batch)
+    shape = model.config.num_hidden_layers, model.config.num_attention_heads
+    half = prune_plan(random_heads(0, shape, shape[0] * shape[1] // 2, 0), shape)
+    removed = prune_heads(copy.deepcopy(model), half).eval()
+    model.eval()
+    batches = [{k: b[k] for k in MODEL_INPUTS if k in b} for b in data.eval_dataloader("validation")]
+
+    def forward(net, plan=None):
+        with torch.no_grad(), ablate(net, plan) if plan is not None else contextlib.nullcontext():
+            for batch in batches:
+                net(**batch)
+
+    report(args, {"pruned": lambda: forward(removed), "full": lambda: forward(model),
+                  "masked": lambda: forward(model, half)}, lambda seconds: seconds, "s",
+           f"{len(data.eval_features['validation'])} features, batch {args.batch}; "
+           f"{half.counts()['prune']} of {shape[0] * shape[1]} heads removed", target="< 1", higher_is_better=False)
+
+
 def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
     names = list(sides)
     results: dict[str, list[float]] = {name: [] for name in names}
@@ -149,7 +177,7 @@ def report(args, sides: dict, value, unit: str, what: str, target: str, higher_i
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["throughput", "sweep", "importance"])
+    parser.add_argument("what", choices=["throughput", "sweep", "importance", "pruned"])
     parser.add_argument("--shape", default="minilm", choices=["minilm", "bert-base"])
     parser.add_argument("--task", default="demo_qa", choices=["demo_qa", "demo_pairs"])
     parser.add_argument("--examples", type=int, default=None, help="eval examples (default 200 / 32)")
@@ -162,7 +190,7 @@ def main() -> None:
     args.rounds = args.rounds or (3 if args.what == "sweep" else 5)
     if args.examples < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--examples, --batch and --rounds must be positive")
-    {"throughput": throughput, "sweep": sweep, "importance": importance}[args.what](args)
+    {"throughput": throughput, "sweep": sweep, "importance": importance, "pruned": pruned}[args.what](args)
 
 
 if __name__ == "__main__":

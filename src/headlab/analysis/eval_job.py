@@ -1,5 +1,6 @@
-"""What every evaluating job shares (``mode=eval``, ``mode=sweep_heads``): the checkpoint's model on the task's
-eval splits, a Lightning Trainer, the cached unablated baseline, results files and the one-line summary.
+"""What every job on a checkpoint shares (``mode=eval``, ``sweep_heads``, ``importance``, ``prune_curve``): the
+checkpoint's model on the task's eval splits and a Lightning Trainer, or on an estimation split and a Trainer
+for gradient scoring, or both; the cached unablated baseline, results files and the one-line summary.
 
 The baseline of a checkpoint + task + split + data settings is computed once and cached under
 ``baseline_dir/<key>/`` (``baseline.json`` + ``records.parquet``), the key a hash of exactly those,
