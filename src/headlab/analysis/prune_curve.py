@@ -166,7 +166,8 @@ class PruneCurve:
         value, base = step["metrics"][self.split][self.metric], self.baseline[self.split][self.metric]
         total = self.shape[0] * self.shape[1]
         Console().print(f"step {step['step']}: {step['heads_pruned']}/{total} heads pruned, {self.split} "
-                        f"{self.metric} {value:.4f} ({value / base:.1%} of the baseline {base:.4f})", markup=False)
+                        f"{self.metric} {value:.4f} ({value / base:.1%} of the baseline {base:.4f})", markup=False,
+                        soft_wrap=True)
         if self.job.logger:
             self.job.logger.log_metrics({f"prune_curve/{self.split}/{self.metric}": value,
                                          "prune_curve/heads_pruned": step["heads_pruned"]}, step=step["step"])
@@ -181,9 +182,10 @@ def time_final_mask(job: EvalJob, heads: list[str], shape: tuple[int, int], roun
     device = job.trainer.strategy.root_device
     pruned = prune_heads(copy.deepcopy(job.model), prune_plan(heads, shape))
     seconds = forward_seconds({"full": job.model, "pruned": pruned}, batches, rounds, device)
-    full, fewer = (statistics.median(seconds[name]) for name in ("full", "pruned"))
+    speedups = [full / fewer for full, fewer in zip(seconds["full"], seconds["pruned"])]  # paired by round
     return {"split": split, "examples": sum(len(b["input_ids"]) for b in batches), "device": str(device),
-            "rounds": rounds, "full_seconds": full, "pruned_seconds": fewer, "speedup": full / fewer,
+            "rounds": rounds, "full_seconds": statistics.median(seconds["full"]),
+            "pruned_seconds": statistics.median(seconds["pruned"]), "speedup": statistics.median(speedups),
             "seconds": seconds}
 
 
@@ -237,7 +239,7 @@ def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, f
     write_text_atomic(output_dir / "prune_curve.md", to_markdown(table.round(4)))
     main = table[table["split"] == curve.split]
     image = plots.prune_curve(main, curve.metric, curve.threshold,
-                              f"{cfg.model.name} on {cfg.task.name}: pruning by {cfg.prune_curve.estimator}",
+                              f"{cfg.model.name} on {cfg.task.name}: pruned by {cfg.prune_curve.estimator} importance",
                               output_dir / "prune_curve", formats)[0]
     rules = [{"heads": final["pruned"], "policy": "prune"}] if final["pruned"] else []
     override = f"'mask.rules=[{{heads: [{','.join(final['pruned'])}], policy: prune}}]'" if rules else "mask=none"
@@ -271,8 +273,8 @@ def _print_final(curve: PruneCurve, final: dict[str, Any], output_dir: Path) -> 
         timing = final["timing"]
         lines.append(f"physically pruned: {timing['pruned_seconds'] * 1e3:.1f} ms vs full "
                      f"{timing['full_seconds'] * 1e3:.1f} ms per pass over {timing['examples']} {timing['split']} "
-                     f"examples ({timing['speedup']:.2f}x, "
-                     f"median of {timing['rounds']} alternating rounds, {timing['device']})")
+                     f"examples (medians of {timing['rounds']} alternating rounds; speedup "
+                     f"{timing['speedup']:.2f}x, the median of the rounds' ratios; {timing['device']})")
     lines.append(f"evaluate it: python ablate.py mode=eval ... {final['eval_override']}")
     lines.append(f"-> {output_dir / 'prune_curve.csv'}, {output_dir / 'final_mask.json'}")
     Console().print("\n".join(lines), markup=False, soft_wrap=True)
