@@ -73,7 +73,8 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
     ``"contexts"`` list gets each layer's (gated) context ``[batch, seq, hidden]``, the graph node, and for
     every other key (a policy) each layer's context with every head under that policy, on the same input;
     an ``"attention"`` list gets ``(layer, example, head, zeros [n, n])``: leaves added to each attention
-    matrix, so their gradients are those of the attention weights.
+    matrix, so their gradients are those of the attention weights; a ``"weights"`` list gets
+    ``(layer, example, head, weights [n, n])`` (after the policy, detached).
     """
     p = params
     eps = config.layer_norm_eps
@@ -95,7 +96,8 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
 
         q, k, v = (lin(x, f"attention.self.{m}") for m in ("query", "key", "value"))
         context = torch.zeros_like(x)
-        others = {policy: torch.zeros_like(x) for policy in record or () if policy not in ("contexts", "attention")}
+        others = {policy: torch.zeros_like(x) for policy in record or ()
+                  if policy not in ("contexts", "attention", "weights")}
         for b in range(batch):
             valid = attention_mask[b].bool()
             valid = valid.expand(n, n) if valid.dim() == 1 else valid
@@ -104,6 +106,8 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
                 cols = slice(h * head_dim, (h + 1) * head_dim)
                 scores = q[b, :, cols] @ k[b, :, cols].T / math.sqrt(head_dim)
                 attention = head_attention(scores, valid, units, policy_of(layer, h), renormalize)
+                if record is not None and "weights" in record:
+                    record["weights"].append((layer, b, h, attention.detach().clone()))
                 if record is not None and "attention" in record:  # + a zero leaf: d loss / d it = d loss / d A
                     nudge = torch.zeros_like(attention, requires_grad=True)
                     attention = attention + nudge

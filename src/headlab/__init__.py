@@ -32,16 +32,22 @@ _EXPORTS = {
     "prune_heads": "headlab.core.pruning",
     "load_sweep": "headlab.reporting.sweep_table",
     "paired_ci": "headlab.reporting.statistics",
+    "observe_attention": "headlab.core.observe",
+    "attention_features": "headlab.analysis.features",
+    "AttentionFeatures": "headlab.analysis.features",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
     "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention",
     "split_sentences", "unit_ids", "UserError", "head_importance", "ablation_estimate", "key_type_gradients",
-    "head_gradients", "prune_heads", "load_sweep", "paired_ci",
+    "head_gradients", "prune_heads", "load_sweep", "paired_ci", "observe_attention", "attention_features",
+    "AttentionFeatures",
 ]
 
 if TYPE_CHECKING:
+    from headlab.analysis.features import AttentionFeatures, attention_features
     from headlab.core.attention import ablate, register_attention
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients
+    from headlab.core.observe import observe_attention
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, head_name, select_heads
     from headlab.core.pruning import prune_heads
     from headlab.core.units import split_sentences, unit_ids

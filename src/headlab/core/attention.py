@@ -131,6 +131,7 @@ class Controller:
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
         self.masks: tuple | None = None  # (tensors, values, unit inputs, {policy: mask}) of the latest forward
+        self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -181,6 +182,8 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     Returns ``([batch, seq, heads, head_dim], None)`` like transformers' SDPA function.
     """
     controller = module.__dict__.get(_CONTROLLER)
+    if controller is not None and controller.observer is not None:
+        controller.observer(module.layer_idx, query, key, attention_mask, scaling)
     layer = None if controller is None or controller.active is None else controller.active[module.layer_idx]
     if layer is None:
         return sdpa_attention_forward(
@@ -369,15 +372,23 @@ def ablate(
     if pruned_heads_of(model):
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
     states = controller.states_for(plan, renormalize, _device(model))
-    switch = any(state is not None for state in states)  # all keep: the stock model runs untouched
+    controller.active = states
+    try:  # all keep: the stock model runs untouched
+        with headlab_implementation(controller, switch=any(state is not None for state in states)):
+            yield model
+    finally:
+        controller.active, controller.masks = None, None
+
+
+@contextmanager
+def headlab_implementation(controller: Controller, switch: bool = True) -> Iterator[None]:
+    """Inside the block the controller's configs use headlab's attention (when ``switch``); restored on exit."""
     originals = [config._attn_implementation_internal for config in controller.configs]
     try:
-        controller.active = states
         if switch:
             for config in controller.configs:
                 config._attn_implementation_internal = ATTENTION_NAME
-        yield model
+        yield
     finally:
-        controller.active, controller.masks = None, None
         for config, original in zip(controller.configs, originals):
             config._attn_implementation_internal = original

@@ -1,0 +1,52 @@
+"""The model's own attention weights, layer by layer, whatever attention implementation it was loaded with.
+
+``observe_attention(model, observer)``: inside the block every forward calls ``observer(layer, weights)``
+once per layer with ``softmax(q k^T * scaling + mask)`` computed from the query and key that the patched
+attention function receives (float32, ``[batch, heads, seq, seq]``, 0 on padding keys). The forward's
+outputs are unchanged; the weights are built one layer at a time and dropped after the call, so a
+consumer that reduces them as they come holds one layer's maps at most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import PreTrainedModel
+
+from headlab.core.attention import Controller, _validity, headlab_implementation
+from headlab.core.pruning import pruned_heads_of
+from headlab.errors import UserError
+
+Observer = Callable[[int, torch.Tensor], None]
+
+
+def attention_weights(query: torch.Tensor, key: torch.Tensor, attention_mask, scaling: float | None) -> torch.Tensor:
+    """``[batch, heads, seq, seq]`` float32 softmax weights; query and key ``[batch, heads, seq, head_dim]``."""
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale  # [batch, heads, seq, seq]
+    valid, bias = _validity(attention_mask, query)
+    if bias is not None:
+        scores = scores + bias.float()
+    return scores.masked_fill(~valid, float("-inf")).softmax(dim=-1)
+
+
+@contextmanager
+def observe_attention(model: PreTrainedModel, observer: Observer) -> Iterator[PreTrainedModel]:
+    """Call ``observer(layer, weights)`` for every layer of every forward inside the block (module docstring)."""
+    controller = Controller.of(model)
+    if controller.active is not None or controller.observer is not None:
+        raise ValueError("the model is inside headlab.ablate or already observed; observe it on its own")
+    if pruned_heads_of(model):
+        raise UserError("the model's heads were physically removed (headlab.prune_heads): features need every head")
+
+    def call(layer: int, query, key, attention_mask, scaling) -> None:
+        observer(layer, attention_weights(query, key, attention_mask, scaling))
+
+    controller.observer = call
+    try:
+        with headlab_implementation(controller):
+            yield model
+    finally:
+        controller.observer = None
