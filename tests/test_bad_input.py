@@ -32,6 +32,7 @@ def files(tmp_path_factory):
     (folder / "clusters_ok.json").write_text(json.dumps({"labels": {"L0H0": "dense", "L1H1": "vertical"}}))
     (folder / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
     (folder / "empty_dir").mkdir()
+    (folder / "blank.txt").write_text("\n  \n\n")
     return folder
 
 
@@ -95,6 +96,13 @@ CASES = [
      "min_heads_per_layer=4"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=top:2",
                    "mask.importance=FILES/importance_3x3.json", "mask.importance_estimator=fisher"], "'fisher'"),
+    # ablate.py mode=features
+    ("ablate.py", ["mode=features", "features.text_file=/no/such.txt"], "/no/such.txt"),
+    ("ablate.py", ["mode=features", "features.text_file=FILES/blank.txt"], "is empty"),
+    ("ablate.py", ["mode=features", "features.split=test"], "'test'"),
+    ("ablate.py", ["mode=features", "features.families=[distance,syntax]"], "'syntax'"),
+    ("ablate.py", ["mode=features", "features.max_sequences=0"], "features.max_sequences=0"),
+    ("ablate.py", ["mode=features", "features.sieve_correction=bonferroni"], "'bonferroni'"),
     # ablate.py mode=report
     ("ablate.py", ["mode=report"], "sweep_dir=DIR"),
     ("ablate.py", ["mode=report", "sweep_dir=/no/such/sweep"], "/no/such/sweep"),

@@ -272,3 +272,19 @@ def test_features_leave_the_model_as_it_was(tiny_model, tokenizer, inputs):
     attention_features(tiny_model, tokenizer, [inputs], families=("distance",))
     torch.testing.assert_close(tiny_model(**inputs).last_hidden_state, before, rtol=0, atol=0)
     assert DISTANCE_BINS[0] == "self" and len(DISTANCE_BINS) == 21
+
+
+def test_js_over_the_first_sequences_only_when_limited():
+    sequences = hand_made(np.random.default_rng(3), layers=1, heads=3)
+    limited = accumulate(sequences, [1, 2, 1], families=("distance", "js"))
+    layers, heads = 1, 3
+    acc = FeatureAccumulator(layers, heads, ("distance", "js"), KINDS, torch.device("cpu"), js_max_sequences=2)
+    for start, size in ((0, 1), (1, 2), (3, 1)):  # the limit falls inside the second batch
+        ids, mask, weights = padded(sequences[start:start + size])
+        acc.begin(ids, mask)
+        acc.layer(0, weights[:, 0])
+        acc.end()
+    first_two = acc.result()
+    assert (first_two.js_sequences, limited.js_sequences) == (2, 4)
+    np.testing.assert_allclose(first_two.js, reference(sequences[:2])[3], atol=1e-6)
+    np.testing.assert_array_equal(first_two.distance, limited.distance)  # the other families use every sequence

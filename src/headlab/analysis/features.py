@@ -36,6 +36,7 @@ SIEVES = ("local", "delimiter", "delimiter_cls", "delimiter_sep", "block")
 _NEXT, _PREV = len(DISTANCE_BINS), len(DISTANCE_BINS) + 1  # columns after the 21 bins
 _DOCUMENT_COLUMNS = len(DISTANCE_BINS) + 2
 _JS_CHUNK = 1 << 24  # elements of the pairwise buffer
+_TINY = 1e-30  # p ln(p + tiny): 0 for p = 0, p ln p to float32 precision otherwise (twice as fast as xlogy)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class AttentionFeatures:
     clark: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [L, H]
     sieve: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [num_sequences, L, H] (NaN: empty sieve)
     js: np.ndarray | None = None  # [L*H, L*H], head index l*H + h
+    js_sequences: int = 0  # the first sequences JS averages over (all unless limited)
 
     def head_names(self) -> list[str]:
         return [head_name(layer, head) for layer in range(self.num_layers) for head in range(self.num_heads)]
@@ -87,7 +89,7 @@ class AttentionFeatures:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Flat name -> array mapping (``np.savez``), inverted by ``from_arrays``."""
-        arrays = {"shape": np.array([self.num_layers, self.num_heads, self.num_sequences]),
+        arrays = {"shape": np.array([self.num_layers, self.num_heads, self.num_sequences, self.js_sequences]),
                   "families": np.array(self.families)}
         if self.distance is not None:
             arrays["distance"] = self.distance
@@ -98,24 +100,25 @@ class AttentionFeatures:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> AttentionFeatures:
-        layers, heads, sequences = (int(v) for v in arrays["shape"])
+        layers, heads, sequences, js_sequences = (int(v) for v in arrays["shape"])
         prefixed = lambda prefix: {k.removeprefix(prefix): np.asarray(v) for k, v in arrays.items()  # noqa: E731
                                    if k.startswith(prefix)}
         return cls(layers, heads, sequences, tuple(str(f) for f in arrays["families"]),
-                   arrays.get("distance"), prefixed("clark/"), prefixed("sieve/"), arrays.get("js"))
+                   arrays.get("distance"), prefixed("clark/"), prefixed("sieve/"), arrays.get("js"), js_sequences)
 
 
 def attention_features(model, tokenizer, batches: Iterable[Mapping[str, torch.Tensor]],
-                       families: Iterable[str] = FAMILIES) -> AttentionFeatures:
+                       families: Iterable[str] = FAMILIES, js_max_sequences: int | None = None) -> AttentionFeatures:
     """Per-head attention statistics of ``model`` over ``batches`` (dicts with ``input_ids``, ``attention_mask``
-    and optionally ``token_type_ids``), in one pass; ``tokenizer`` names the [CLS], [SEP], ``,`` and ``.`` ids."""
+    and optionally ``token_type_ids``), in one pass; ``tokenizer`` names the [CLS], [SEP], ``,`` and ``.`` ids.
+    ``js_max_sequences``: JS over the first N sequences only (the other families use all)."""
     families = tuple(dict.fromkeys(families))
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families:
         raise UserError(f"unknown attention feature families {unknown or '[]'}; allowed: {', '.join(FAMILIES)}")
     config = model.config
     accumulator = FeatureAccumulator(config.num_hidden_layers, config.num_attention_heads, families,
-                                     TokenKinds.of(tokenizer), next(model.parameters()).device)
+                                     TokenKinds.of(tokenizer), next(model.parameters()).device, js_max_sequences)
     with torch.inference_mode(), observe_attention(model, accumulator.layer):
         for number, batch in enumerate(batches):
             inputs = {k: batch[k].to(accumulator.device) for k in ("input_ids", "attention_mask", "token_type_ids")
@@ -130,7 +133,7 @@ class FeatureAccumulator:
     """Running sums of every family on the model's device: ``begin(batch)``, ``layer(l, weights)``, ``end()``."""
 
     def __init__(self, num_layers: int, num_heads: int, families: tuple[str, ...], kinds: TokenKinds,
-                 device: torch.device):
+                 device: torch.device, js_max_sequences: int | None = None):
         self.shape, self.families, self.kinds, self.device = (num_layers, num_heads), families, kinds, device
         self.sequences = 0
         self.cls_rows = 0  # sequences with a [CLS] query (cls_entropy's denominator)
@@ -139,6 +142,7 @@ class FeatureAccumulator:
         self.entropy, self.cls_entropy = acc(num_layers, num_heads), acc(num_layers, num_heads)
         self.sieve: list[torch.Tensor] = []  # per batch [L, batch, H, len(SIEVES)]
         self.js = acc(num_layers * num_heads, num_layers * num_heads) if "js" in families else None
+        self.js_limit, self.js_sequences, self.js_rows = js_max_sequences, 0, 0  # js_rows: this batch's
         self._batch_sieve: list[torch.Tensor | None] = []
         self._rows: list[torch.Tensor] = []  # js: per layer [H, valid pairs]
 
@@ -163,11 +167,19 @@ class FeatureAccumulator:
         self.table = torch.cat(tables, -1).view(batch, seq * seq, -1) if tables else None  # [batch, seq*seq, cols]
         first_cls = (input_ids == self.kinds.cls).cumsum(1) == 1
         self.cls_query = first_cls & (input_ids == self.kinds.cls)  # [batch, seq]: each sequence's [CLS] row
-        if "js" in self.families:
-            pairs = (valid[:, :, None] & valid[:, None, :]).flatten()  # [batch*seq*seq]
+        self.js_rows = self._js_rows(batch)
+        if self.js_rows:
+            used = torch.arange(batch, device=valid.device) < self.js_rows  # [batch]: the sequences JS takes
+            pairs = (valid[:, :, None] & valid[:, None, :] & used[:, None, None]).flatten()  # [batch*seq*seq]
             self.pair_index = pairs.nonzero().flatten()
             self.pair_weight = query_weight[:, :, None].expand(batch, seq, seq).flatten()[self.pair_index]
         self._batch_sieve, self._rows = [None] * self.shape[0], []
+
+    def _js_rows(self, batch: int) -> int:
+        """How many of the batch's sequences (its first ones) JS takes: all, or what ``js_max_sequences`` leaves."""
+        if self.js is None:
+            return 0
+        return batch if self.js_limit is None else max(0, min(batch, self.js_limit - self.js_sequences))
 
     def layer(self, layer: int, weights: torch.Tensor) -> None:
         """Reduce one layer's weights ``[batch, heads, seq, seq]`` into the sums."""
@@ -179,10 +191,10 @@ class FeatureAccumulator:
             if "sieve" in self.families:
                 self._batch_sieve[layer] = columns[..., -len(SIEVES):]
         if "clark" in self.families:
-            entropy = -torch.special.xlogy(weights, weights).sum(-1)  # [batch, heads, seq]
+            entropy = -_plogp(weights).sum(-1)  # [batch, heads, seq]
             self.entropy[layer] += torch.einsum("bhs,bs->h", entropy, self.query_weight.to(entropy.dtype))
             self.cls_entropy[layer] += torch.einsum("bhs,bs->h", entropy, self.cls_query.to(entropy.dtype))
-        if self.js is not None:
+        if self.js_rows:
             self._rows.append(weights.transpose(0, 1).reshape(heads, -1).index_select(1, self.pair_index))
 
     def end(self) -> None:
@@ -193,8 +205,9 @@ class FeatureAccumulator:
             scores = torch.stack(self._batch_sieve)  # [L, batch, H, sieves]
             no_query = self._sieve_queries == 0  # [batch, sieves]: empty sieve for every query: no score
             self.sieve.append(scores.masked_fill(no_query[None, :, None, :], float("nan")))
-        if self.js is not None:
+        if self.js_rows:
             self.js += _js_sums(torch.cat(self._rows), self.pair_weight)
+            self.js_sequences += self.js_rows
         self._rows, self._batch_sieve, self.table = [], [], None
 
     # ---------------------------------------------------------------- tables
@@ -266,11 +279,18 @@ class FeatureAccumulator:
             scores = numpy(torch.cat(self.sieve, 1))  # [L, sequences, H, sieves]
             features.sieve = {name: scores[..., i].transpose(1, 0, 2) for i, name in enumerate(SIEVES)}
         if self.js is not None:
-            js = numpy(self.js) / self.sequences
+            js = numpy(self.js) / self.js_sequences
+            features.js_sequences = self.js_sequences
             js = np.clip(js + js.T, 0.0, None)  # sums were kept for a < b
             np.fill_diagonal(js, 0.0)
             features.js = js
         return features
+
+
+def _plogp(p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``p ln p`` elementwise (0 for p = 0), written into ``out`` when given."""
+    logs = torch.log(torch.add(p, _TINY, out=out), out=out)
+    return logs.mul_(p)
 
 
 def _js_sums(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -279,16 +299,19 @@ def _js_sums(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     ``rows`` ``[N heads, T]``: weights of every (query, key) pair; ``weight`` ``[T]``: its query's weight.
     """
     count, pairs = rows.shape
-    plogp = torch.special.xlogy(rows, rows) @ weight  # [N]: sum w p ln p
+    plogp = _plogp(rows) @ weight  # [N]: sum w p ln p
     mass = rows @ weight  # [N]: sum w p
     cross = torch.zeros(count, count, dtype=torch.float64, device=rows.device)
     step = max(1, _JS_CHUNK // count)
-    buffer = torch.empty(count, min(step, pairs), dtype=rows.dtype, device=rows.device)
+    sums = torch.empty(count, min(step, pairs), dtype=rows.dtype, device=rows.device)
+    logs = torch.empty_like(sums)
     for start in range(0, pairs, step):
-        chunk, w = rows[:, start:start + step], weight[start:start + step]
+        chunk, w = rows[:, start:start + step].contiguous(), weight[start:start + step]
+        width = chunk.shape[1]
         for a in range(count - 1):
-            s = torch.add(chunk[a + 1:], chunk[a], out=buffer[: count - a - 1, : chunk.shape[1]])
-            cross[a, a + 1:] += (torch.special.xlogy(s, s, out=s) @ w).double()  # sum w s ln s
+            s = torch.add(chunk[a + 1:], chunk[a] + _TINY, out=sums[: count - a - 1, :width])  # p + q
+            s_log_s = torch.log(s, out=logs[: count - a - 1, :width]).mul_(s)
+            cross[a, a + 1:] += (s_log_s @ w).double()  # sum w s ln s
     m_log_m = cross / 2 - math.log(2) / 2 * (mass[:, None] + mass[None, :]).double()
     js = (plogp[:, None] + plogp[None, :]).double() / 2 - m_log_m
     return torch.triu(js, diagonal=1)  # the upper triangle; result() symmetrises

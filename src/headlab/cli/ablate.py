@@ -22,6 +22,7 @@ MODES = {
     "sweep_heads": "headlab.analysis.sweep_heads:run_sweep_heads",
     "importance": "headlab.analysis.importance_run:run_importance",
     "prune_curve": "headlab.analysis.prune_curve:run_prune_curve",
+    "features": "headlab.analysis.features_run:run_features",
     "report": "headlab.analysis.report_run:run_report",
     "demo": "headlab.analysis.demo:run_demo",
 }
@@ -46,6 +47,8 @@ def check_ablate_config(cfg: Any) -> None:
     check_config(cfg)
     if cfg.mode == "report":
         check_sweep_dir(cfg.sweep_dir)
+    if cfg.mode == "features":
+        check_features(cfg)
     if cfg.mode not in EVALUATING:
         return
     with open_dict(cfg):
@@ -89,6 +92,18 @@ def check_prune_curve(cfg: Any, plan: Any) -> None:
     if cfg.prune_curve.min_heads_per_layer >= plan.num_heads:
         raise UserError(f"prune_curve.min_heads_per_layer={cfg.prune_curve.min_heads_per_layer}: the model has "
                         f"{plan.num_heads} heads per layer, so none could be pruned (allowed: 0-{plan.num_heads - 1})")
+
+
+def check_features(cfg: Any) -> None:
+    """The text file has lines, or the split is one of the task's; the checkpoint exists (no weights read)."""
+    from headlab.analysis.feature_data import read_text_lines
+    from headlab.training.checkpoints import locate_checkpoint
+
+    if cfg.features.text_file is not None:
+        read_text_lines(cfg.features.text_file)
+    else:
+        one_of("features.split", cfg.features.split, ["train", cfg.task.train_split, *cfg.task.eval_splits])
+    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
 
 
 def check_sweep_dir(sweep_dir: str | None) -> None:

@@ -182,8 +182,9 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     Returns ``([batch, seq, heads, head_dim], None)`` like transformers' SDPA function.
     """
     controller = module.__dict__.get(_CONTROLLER)
-    if controller is not None and controller.observer is not None:
-        controller.observer(module.layer_idx, query, key, attention_mask, scaling)
+    if controller is not None and controller.observer is not None:  # observe_attention: its weights give the output
+        weights = F.dropout(controller.observer(module.layer_idx, query, key, attention_mask, scaling), dropout)
+        return torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous(), None
     layer = None if controller is None or controller.active is None else controller.active[module.layer_idx]
     if layer is None:
         return sdpa_attention_forward(

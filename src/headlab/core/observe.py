@@ -2,9 +2,10 @@
 
 ``observe_attention(model, observer)``: inside the block every forward calls ``observer(layer, weights)``
 once per layer with ``softmax(q k^T * scaling + mask)`` computed from the query and key that the patched
-attention function receives (float32, ``[batch, heads, seq, seq]``, 0 on padding keys). The forward's
-outputs are unchanged; the weights are built one layer at a time and dropped after the call, so a
-consumer that reduces them as they come holds one layer's maps at most.
+attention function receives (float32, ``[batch, heads, seq, seq]``, 0 on padding keys). The same weights
+then give the layer's output (``weights @ values``, as the eager implementation computes it), so the
+attention is computed once; the weights are dropped after the layer, and a consumer that reduces them as
+they come holds one layer's maps at most.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ def observe_attention(model: PreTrainedModel, observer: Observer) -> Iterator[Pr
     if pruned_heads_of(model):
         raise UserError("the model's heads were physically removed (headlab.prune_heads): features need every head")
 
-    def call(layer: int, query, key, attention_mask, scaling) -> None:
-        observer(layer, attention_weights(query, key, attention_mask, scaling))
+    def call(layer: int, query, key, attention_mask, scaling) -> torch.Tensor:
+        weights = attention_weights(query, key, attention_mask, scaling)
+        observer(layer, weights)
+        return weights
 
     controller.observer = call
     try:

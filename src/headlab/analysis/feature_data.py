@@ -1,0 +1,105 @@
+"""The sequences ``mode=features`` reads: a seeded random sample of a task split's examples, or a text file's lines.
+
+A text file holds one sequence per line, or a pair per line (two texts separated by a tab); blank lines are
+skipped. Sequences longer than ``max_length`` tokens are truncated and counted. Batches are padded per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from headlab.errors import UserError
+from headlab.tasks.encoding import tokenize_split
+from headlab.tasks.loading import load_task_data
+
+
+@dataclass
+class Sequences:
+    """Token ids (and segment ids) per sequence, where each came from, and how many were truncated."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]]
+    source: list[int]  # the line number (1-based) or the split's example index
+    truncated: int = 0
+    max_length: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def batches(self, batch_size: int, pad_id: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Padded ``input_ids``, ``token_type_ids`` and ``attention_mask`` ``[batch, longest]``, in order."""
+        for start in range(0, len(self), batch_size):
+            ids, types = self.input_ids[start:start + batch_size], self.token_type_ids[start:start + batch_size]
+            length = max(map(len, ids))
+            yield {"input_ids": torch.tensor([_padded(row, pad_id, length) for row in ids]),
+                   "token_type_ids": torch.tensor([_padded(row, 0, length) for row in types]),
+                   "attention_mask": torch.tensor([_padded([1] * len(row), 0, length) for row in ids])}
+
+
+def _padded(row: list[int], value: int, length: int) -> list[int]:
+    return list(row) + [value] * (length - len(row))
+
+
+def read_text_lines(path: str | Path) -> list[tuple[int, str]]:
+    """The file's non-blank lines with their 1-based numbers; ``UserError`` when it is missing or has none."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"features.text_file={str(path)!r}: no such file; give a text file with one sequence per "
+                        "line (or two tab-separated texts per line)")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise UserError(f"features.text_file={str(path)!r} is not UTF-8 text: {error}") from None
+    kept = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if not kept:
+        raise UserError(f"features.text_file={str(path)!r} is empty: it has no non-blank line")
+    return kept
+
+
+def sample(count: int, limit: int | None, seed: int) -> list[int]:
+    """Sorted indices of a seeded random sample of ``limit`` out of ``count`` (all of them when ``limit`` is None)."""
+    if limit is None or limit >= count:
+        return list(range(count))
+    return sorted(np.random.default_rng(seed).choice(count, size=limit, replace=False).tolist())
+
+
+def text_file_sequences(path: str | Path, tokenizer, max_length: int, limit: int | None, seed: int) -> Sequences:
+    """The file's lines (a seeded sample of ``limit``), tokenised with [CLS]/[SEP], truncated to ``max_length``."""
+    lines = read_text_lines(path)
+    chosen = sample(len(lines), limit, seed)
+    parts = [lines[i][1].split("\t", 1) for i in chosen]
+    texts, pairs = [p[0] for p in parts], [p[1] if len(p) == 2 else None for p in parts]
+    input_ids, token_type_ids, truncated = [], [], 0
+    for text, pair in zip(texts, pairs):
+        full = tokenizer(text, pair)["input_ids"]
+        encoded = tokenizer(text, pair, truncation=True, max_length=max_length, return_token_type_ids=True)
+        truncated += len(full) > max_length
+        input_ids.append(encoded["input_ids"])
+        token_type_ids.append(encoded["token_type_ids"])
+    return Sequences(input_ids, token_type_ids, [lines[i][0] for i in chosen], truncated, max_length)
+
+
+def task_sequences(task: Any, split: str, tokenizer, limit: int | None, seed: int, cache_dir: str) -> Sequences:
+    """A seeded random sample of ``limit`` examples of the task's ``split``, tokenised as the task does (SQuAD:
+    every window of an example)."""
+    data = load_task_data(task, [split])[split]
+    chosen = sample(len(data), limit, seed)
+    features = tokenize_split(data.select(chosen), task, tokenizer, "segment", cache_dir, split, training=False)
+    ids = features["input_ids"]
+    types = features["token_type_ids"] if "token_type_ids" in features.column_names else [[0] * len(r) for r in ids]
+    source = [chosen[i] for i in features["example_index"]]
+    return Sequences(ids, types, source, 0, task.max_length)
+
+
+def model_max_length(tokenizer, config) -> int:
+    """The longest sequence the model takes: its position embeddings, or the tokenizer's limit if lower."""
+    limit = config.max_position_embeddings
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= config.pad_token_id + 1  # positions start after the padding index
+    return min(limit, tokenizer.model_max_length)

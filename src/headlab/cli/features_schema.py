@@ -1,0 +1,43 @@
+"""The ``features`` section of ``conf/ablate.yaml`` (``mode=features``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from headlab.errors import UserError, one_of
+
+FEATURE_FAMILIES = ("distance", "clark", "sieve", "js")  # headlab.analysis.features.FAMILIES (no torch import here)
+CORRECTIONS = ("holm", "bh", "none")
+
+
+@dataclass
+class FeaturesConfig:
+    """Attention features of every head over a task split or a text file (DESIGN.md section 5)."""
+
+    text_file: str | None = None  # one sequence per line, or tab-separated pairs; null: the task's split
+    split: str = "validation"  # the task split (train, or one of task.eval_splits) when text_file is null
+    max_sequences: int | None = 1000  # a seeded random sample of the split's examples / the file's lines (null: all)
+    families: list[str] = field(default_factory=lambda: list(FEATURE_FAMILIES))
+    js_max_sequences: int | None = None  # JS over the first N sequences only (it costs (L H)^2 n^2 per sequence)
+    batch_size: int = 16
+    max_length: int | None = None  # text_file: tokens per sequence (null: the model's maximum); longer: truncated
+    sieve_tau: float = 3.0  # a head has a sieve role when its mean score is above tau (Pande et al. 2021: 3)
+    sieve_alpha: float = 0.05  # one-sided one-sample t-test over sequences, at this level
+    sieve_correction: str = "holm"  # holm | bh | none, across every head and role
+
+    def __post_init__(self) -> None:
+        if not self.families:
+            raise UserError(f"features.families is empty; choose from {', '.join(FEATURE_FAMILIES)}")
+        for family in self.families:
+            one_of("features.families entry", family, FEATURE_FAMILIES)
+        one_of("features.sieve_correction", self.sieve_correction, CORRECTIONS)
+        for key in ("max_sequences", "js_max_sequences"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise UserError(f"features.{key}={value} must be at least 1 (or null: all)")
+        if self.batch_size < 1:
+            raise UserError(f"features.batch_size={self.batch_size} must be at least 1")
+        if self.max_length is not None and self.max_length < 3:
+            raise UserError(f"features.max_length={self.max_length} must be at least 3 ([CLS] x [SEP])")
+        if not 0 < self.sieve_alpha < 1:
+            raise UserError(f"features.sieve_alpha={self.sieve_alpha} must be in (0, 1)")

@@ -1,0 +1,61 @@
+"""``ablate.py mode=features`` end to end on the tiny BERT: a text file and a task split."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from conftest import run
+
+from headlab.analysis.features import AttentionFeatures, attention_features
+from headlab.core.models import load_model, load_tokenizer
+
+LINES = ["The doctor, Smith.", "", "Who was the doctor?\tIt was Smith. He lives here.",
+         "The city is old.", "Is it old?\tThe river rose by two metres overnight, and the bridge was closed."]
+
+
+def test_features_of_a_text_file_equal_the_api_on_the_same_sequences(tmp_path, tiny_cfg):
+    text = tmp_path / "lines.txt"
+    text.write_text("\n".join(LINES) + "\n")
+    job = tmp_path / "job"
+    result = run("ablate.py", "mode=features", f"features.text_file={text}", "features.batch_size=3",
+                 "features.max_length=12", f"hydra.run.dir={job}", cwd_tmp=tmp_path)
+    tokenizer, model = load_tokenizer(tiny_cfg), load_model(tiny_cfg)
+    rows = [line.split("\t") for line in LINES if line]
+    long = sum(len(tokenizer(*row)["input_ids"]) > 12 for row in rows)
+    assert 0 < long < 4
+    assert f"note: {long} of 4 sequences were longer than 12 tokens and were truncated" in result.stdout
+    summary = json.loads((job / "results.json").read_text())
+    assert (summary["num_sequences"], summary["truncated"], summary["complete"]) == (4, long, True)
+    assert summary["source"]["kind"] == "text_file"
+    for name in summary["files"]:
+        assert (job / name).is_file(), name
+
+    encoded = [tokenizer(*row, truncation=True, max_length=12, return_tensors="pt") for row in rows]
+    expected = attention_features(model, tokenizer, encoded)  # one sequence per batch, no padding
+    saved = AttentionFeatures.from_arrays(dict(np.load(job / "features.npz")))
+    np.testing.assert_allclose(saved.distance, expected.distance, atol=1e-6)
+    np.testing.assert_allclose(saved.js, expected.js, atol=1e-6)
+    for name, values in expected.sieve.items():
+        np.testing.assert_allclose(saved.sieve[name], values, atol=1e-5)
+    table = pd.read_parquet(job / "heads.parquet")
+    assert len(table) == 12 and list(table.columns[:3]) == ["layer", "head", "name"]
+    np.testing.assert_allclose(table["clark_entropy"], expected.clark["entropy"].reshape(-1), atol=1e-6)
+    assert {"role_local", "role_delimiter", "role_block"} <= set(table.columns)
+    assert np.load(job / "features.npz")["source"].tolist() == [1, 3, 4, 5]  # line numbers, blank line skipped
+
+    again = run("ablate.py", "mode=features", f"features.text_file={text}", "features.batch_size=3",
+                "features.max_length=12", f"hydra.run.dir={job}", cwd_tmp=tmp_path)
+    assert "already done" in again.stdout
+
+
+def test_features_of_a_task_split_sample_the_examples_with_the_seed(tmp_path):
+    job = tmp_path / "job"
+    run("ablate.py", "mode=features", "features.max_sequences=30", "features.families=[distance,clark]",
+        f"hydra.run.dir={job}", cwd_tmp=tmp_path)
+    summary = json.loads((job / "results.json").read_text())
+    assert summary["num_sequences"] == 30 and summary["families"] == ["distance", "clark"]
+    source = np.load(job / "features.npz")["source"]
+    assert len(set(source.tolist())) == 30 and source.max() > 40  # a random sample, not the first 30
+    assert not (job / "sieve_roles.csv").exists()
