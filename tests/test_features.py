@@ -180,6 +180,10 @@ def test_every_family_equals_the_definitions_on_hand_made_maps():
     expected = reference(sequences)
     assert_matches(features, expected)
     assert np.isnan(features.sieve["block"][3]).all(), "a sequence whose sieve is empty for every query has no score"
+    layers, heads = 2, 3
+    each = np.array([[[ref_distance(ids, m[l, h]) for h in range(heads)] for l in range(layers)]
+                     for ids, m in sequences])
+    np.testing.assert_allclose(features.distance_sequences, each, atol=1e-6)  # [sequences, L, H, 21]
     np.testing.assert_allclose(features.distance.sum(-1), 1.0, atol=1e-6)  # each query's 21 values sum to 1
 
 

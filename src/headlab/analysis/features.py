@@ -70,6 +70,7 @@ class AttentionFeatures:
     num_sequences: int
     families: tuple[str, ...]
     distance: np.ndarray | None = None  # [L, H, 21], order DISTANCE_BINS
+    distance_sequences: np.ndarray | None = None  # [num_sequences, L, H, 21]: each sequence's (for stability)
     clark: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [L, H]
     sieve: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [num_sequences, L, H] (NaN: empty sieve)
     js: np.ndarray | None = None  # [L*H, L*H], head index l*H + h
@@ -92,7 +93,7 @@ class AttentionFeatures:
         arrays = {"shape": np.array([self.num_layers, self.num_heads, self.num_sequences, self.js_sequences]),
                   "families": np.array(self.families)}
         if self.distance is not None:
-            arrays["distance"] = self.distance
+            arrays |= {"distance": self.distance, "distance_sequences": self.distance_sequences}
         if self.js is not None:
             arrays["js"] = self.js
         arrays |= {f"clark/{k}": v for k, v in self.clark.items()} | {f"sieve/{k}": v for k, v in self.sieve.items()}
@@ -104,7 +105,8 @@ class AttentionFeatures:
         prefixed = lambda prefix: {k.removeprefix(prefix): np.asarray(v) for k, v in arrays.items()  # noqa: E731
                                    if k.startswith(prefix)}
         return cls(layers, heads, sequences, tuple(str(f) for f in arrays["families"]),
-                   arrays.get("distance"), prefixed("clark/"), prefixed("sieve/"), arrays.get("js"), js_sequences)
+                   arrays.get("distance"), arrays.get("distance_sequences"), prefixed("clark/"), prefixed("sieve/"),
+                   arrays.get("js"), js_sequences)
 
 
 def attention_features(model, tokenizer, batches: Iterable[Mapping[str, torch.Tensor]],
@@ -141,6 +143,7 @@ class FeatureAccumulator:
         self.document = acc(num_layers, num_heads, _DOCUMENT_COLUMNS)  # bin / next / prev sums
         self.entropy, self.cls_entropy = acc(num_layers, num_heads), acc(num_layers, num_heads)
         self.sieve: list[torch.Tensor] = []  # per batch [L, batch, H, len(SIEVES)]
+        self.distance: list[torch.Tensor] = []  # per batch [L, batch, H, 21] (float32)
         self.js = acc(num_layers * num_heads, num_layers * num_heads) if "js" in families else None
         self.js_limit, self.js_sequences, self.js_rows = js_max_sequences, 0, 0  # js_rows: this batch's
         self._batch_sieve: list[torch.Tensor | None] = []
@@ -173,7 +176,7 @@ class FeatureAccumulator:
             pairs = (valid[:, :, None] & valid[:, None, :] & used[:, None, None]).flatten()  # [batch*seq*seq]
             self.pair_index = pairs.nonzero().flatten()
             self.pair_weight = query_weight[:, :, None].expand(batch, seq, seq).flatten()[self.pair_index]
-        self._batch_sieve, self._rows = [None] * self.shape[0], []
+        self._batch_sieve, self._batch_distance, self._rows = [None] * self.shape[0], [None] * self.shape[0], []
 
     def _js_rows(self, batch: int) -> int:
         """How many of the batch's sequences (its first ones) JS takes: all, or what ``js_max_sequences`` leaves."""
@@ -188,6 +191,8 @@ class FeatureAccumulator:
             columns = torch.bmm(weights.reshape(batch, heads, seq * seq), self.table)  # [batch, heads, cols]
             if {"distance", "clark"} & set(self.families):
                 self.document[layer] += columns[..., :_DOCUMENT_COLUMNS].sum(0)
+            if "distance" in self.families:
+                self._batch_distance[layer] = columns[..., : len(DISTANCE_BINS)]
             if "sieve" in self.families:
                 self._batch_sieve[layer] = columns[..., -len(SIEVES):]
         if "clark" in self.families:
@@ -205,10 +210,12 @@ class FeatureAccumulator:
             scores = torch.stack(self._batch_sieve)  # [L, batch, H, sieves]
             no_query = self._sieve_queries == 0  # [batch, sieves]: empty sieve for every query: no score
             self.sieve.append(scores.masked_fill(no_query[None, :, None, :], float("nan")))
+        if "distance" in self.families:
+            self.distance.append(torch.stack(self._batch_distance))
         if self.js_rows:
             self.js += _js_sums(torch.cat(self._rows), self.pair_weight)
             self.js_sequences += self.js_rows
-        self._rows, self._batch_sieve, self.table = [], [], None
+        self._rows, self._batch_sieve, self._batch_distance, self.table = [], [], [], None
 
     # ---------------------------------------------------------------- tables
 
@@ -269,6 +276,7 @@ class FeatureAccumulator:
         document = numpy(self.document) / self.sequences  # [L, H, 23]
         if "distance" in self.families:
             features.distance = document[..., : len(DISTANCE_BINS)]
+            features.distance_sequences = numpy(torch.cat(self.distance, 1)).transpose(1, 0, 2, 3)
         if "clark" in self.families:
             bins = {name: document[..., i] for i, name in enumerate(DISTANCE_BINS)}
             features.clark = {"cls": bins["cls"], "sep": bins["sep"], "punct": bins["comma"] + bins["period"],

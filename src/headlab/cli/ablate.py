@@ -23,6 +23,7 @@ MODES = {
     "importance": "headlab.analysis.importance_run:run_importance",
     "prune_curve": "headlab.analysis.prune_curve:run_prune_curve",
     "features": "headlab.analysis.features_run:run_features",
+    "cluster": "headlab.analysis.cluster_run:run_cluster",
     "report": "headlab.analysis.report_run:run_report",
     "demo": "headlab.analysis.demo:run_demo",
 }
@@ -49,6 +50,10 @@ def check_ablate_config(cfg: Any) -> None:
         check_sweep_dir(cfg.sweep_dir)
     if cfg.mode == "features":
         check_features(cfg)
+    if cfg.mode == "cluster":
+        from headlab.analysis.cluster_run import check_cluster
+
+        check_cluster(cfg)
     if cfg.mode not in EVALUATING:
         return
     with open_dict(cfg):

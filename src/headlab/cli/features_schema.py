@@ -41,3 +41,34 @@ class FeaturesConfig:
             raise UserError(f"features.max_length={self.max_length} must be at least 3 ([CLS] x [SEP])")
         if not 0 < self.sieve_alpha < 1:
             raise UserError(f"features.sieve_alpha={self.sieve_alpha} must be in (0, 1)")
+
+
+@dataclass
+class ClusterConfig:
+    """Head types by clustering distance features (Guan et al. 2020)."""
+
+    features: str | None = None  # a mode=features job directory (or its features.npz)
+    k: int = 4  # clusters; 4 are named dense / diagonal / dense_vertical / vertical when the profiles match
+    method: str = "kmeans"  # kmeans | gmm (Gaussian mixture)
+    names: list[str] | None = None  # name the clusters by hand (k names, in the order cluster0..k-1)
+    stability_fits: int = 10  # Guan et al. Table 1: fits on random halves
+    stability_split: str = "sequences"  # halves of the sequences (features recomputed) | of the heads
+    perplexity: float = 30.0  # t-SNE (capped below the number of heads)
+
+    def __post_init__(self) -> None:
+        one_of("cluster.method", self.method, ("kmeans", "gmm"))
+        one_of("cluster.stability_split", self.stability_split, ("sequences", "heads"))
+        if self.k < 2:
+            raise UserError(f"cluster.k={self.k} must be at least 2")
+        if self.stability_fits < 2:
+            raise UserError(f"cluster.stability_fits={self.stability_fits} must be at least 2")
+        if not self.perplexity > 0:
+            raise UserError(f"cluster.perplexity={self.perplexity} must be > 0")
+
+
+@dataclass
+class CompareConfig:
+    """Head types of two or more models side by side (Guan et al. 2020, Fig. 4 and Table 1)."""
+
+    runs: list[str] = field(default_factory=list)  # mode=cluster job directories (or their clusters.json)
+    names: list[str] | None = None  # a label per run (null: the model and checkpoint of each)

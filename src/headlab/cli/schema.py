@@ -21,7 +21,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from headlab.cli.features_schema import FeaturesConfig
+from headlab.cli.features_schema import ClusterConfig, CompareConfig, FeaturesConfig
 from headlab.cli.hydra_glue import register_resolvers
 from headlab.cli.importance_schema import ImportanceConfig, PruneCurveConfig
 from headlab.cli.report_schema import ReportConfig
@@ -29,7 +29,7 @@ from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("eval", "sweep_heads", "importance", "prune_curve", "features", "report", "demo")
+ABLATE_MODES = ("eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 MIN_COMPILE_TORCH = (2, 4)
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
@@ -350,6 +350,8 @@ class AblateConfig:
     importance: ImportanceConfig = field(default_factory=ImportanceConfig)
     prune_curve: PruneCurveConfig = field(default_factory=PruneCurveConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     sweep_dir: str | None = None  # mode=report: the sweep directory to collect
     report: ReportConfig = field(default_factory=ReportConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -366,7 +368,7 @@ SCHEMAS = {
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
 CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "importance", "prune_curve", "features",
-                  "report")
+                  "cluster", "compare", "report")
 
 
 def register_configs() -> None:

@@ -54,3 +54,71 @@ def role_panels(roles: pd.DataFrame, title: str, path: Path, formats: Sequence[s
     attrs = roles.attrs
     label = f"role: mean > {attrs.get('tau')}, {attrs.get('correction')} p < {attrs.get('alpha')}"
     return head_panels(panels, title, path, formats, marks, label)
+
+
+def _colours(values: Sequence) -> tuple[list, dict]:
+    """A colour per distinct value (tab10 / viridis for many), and the legend mapping."""
+    distinct = list(dict.fromkeys(values))
+    cmap = plt.get_cmap("tab10" if len(distinct) <= 10 else "viridis", len(distinct))
+    mapping = {value: cmap(i) for i, value in enumerate(distinct)}
+    return [mapping[v] for v in values], mapping
+
+
+def embeddings(points: Mapping[str, np.ndarray], clusters: Sequence[str], layers: Sequence[int], title: str,
+               path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Each 2-D embedding (``[heads, 2]``) twice: coloured by cluster (Guan Fig. 2) and by layer (Clark Fig. 6)."""
+    figure, axes = plt.subplots(2, len(points), figsize=(5.0 * len(points), 9.0), squeeze=False)
+    for column, (name, xy) in enumerate(points.items()):
+        for row, (values, what) in enumerate(((list(clusters), "cluster"), ([f"L{v}" for v in layers], "layer"))):
+            colours, mapping = _colours(values)
+            axis = axes[row, column]
+            axis.scatter(xy[:, 0], xy[:, 1], c=colours, s=18)
+            for value, colour in mapping.items():
+                axis.scatter([], [], color=colour, label=value)
+            axis.legend(fontsize=6, loc="best", ncol=2 if len(mapping) > 8 else 1)
+            axis.set_title(f"{name}, by {what}")
+            axis.set_xticks([])
+            axis.set_yticks([])
+    figure.suptitle(title)
+    figure.tight_layout()
+    return _save(figure, path, formats)
+
+
+def types_per_layer(counts: pd.DataFrame, title: str, path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Stacked bars of head types per layer (Guan Fig. 3); ``counts``: one row per layer, one column per type.
+    Several models (Guan Fig. 4): ``counts`` with a ``model`` column, one panel per model."""
+    models = list(dict.fromkeys(counts["model"])) if "model" in counts else [None]
+    figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.5), squeeze=False, sharey=True)
+    for axis, model in zip(axes[0], models):
+        part = counts if model is None else counts[counts["model"] == model]
+        part = part.drop(columns=[c for c in ("model",) if c in part]).set_index("layer")
+        bottom = np.zeros(len(part))
+        colours, _ = _colours(list(part.columns))
+        for colour, kind in zip(colours, part.columns):
+            axis.bar(part.index, part[kind], bottom=bottom, color=colour, label=kind)
+            bottom += part[kind].to_numpy()
+        axis.set_xlabel("layer")
+        axis.set_title(model or title)
+    axes[0, 0].set_ylabel("heads")
+    axes[0, -1].legend(fontsize=7, loc="best")
+    if models != [None]:
+        figure.suptitle(title)
+    figure.tight_layout()
+    return _save(figure, path, formats)
+
+
+def feature_boxes(features: np.ndarray, clusters: Sequence[str], bins: Sequence[str], title: str, path: Path,
+                  formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Box plots of the distance features of the heads of each cluster (Guan Fig. 1, bottom)."""
+    names = list(dict.fromkeys(clusters))
+    figure, axes = plt.subplots(len(names), 1, figsize=(9.0, 2.2 * len(names)), squeeze=False, sharex=True)
+    labels = np.asarray(clusters)
+    for axis, name in zip(axes[:, 0], names):
+        chosen = features[labels == name]
+        axis.boxplot([chosen[:, i] for i in range(chosen.shape[1])], showfliers=False)
+        axis.set_title(f"{name} ({len(chosen)} heads)", fontsize=9)
+        axis.set_ylabel("attention")
+    axes[-1, 0].set_xticks(range(1, len(bins) + 1), list(bins), rotation=90, fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return _save(figure, path, formats)

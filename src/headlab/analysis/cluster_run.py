@@ -1,0 +1,173 @@
+"""``ablate.py mode=cluster``: head types from a ``mode=features`` job's distance features (Guan et al. 2020).
+
+Reads ``cluster.features`` (no model is loaded), clusters the heads (``headlab.analysis.clusters``), measures the
+stability, embeds the heads and writes into the job directory:
+
+=========================  ==============================================================================
+``clusters.json``          the clusters file of DESIGN.md section 5 (``labels``: head -> type, read by
+                           ``cluster:NAME`` selectors and the Guan Table 2/3 presets), with the centroids,
+                           counts per layer, stability and the settings
+``heads.parquet`` / .csv   the features job's per-head table with ``cluster`` and the embeddings' coordinates
+``types_per_layer.csv``    heads of each type per layer (Guan Fig. 3)
+``embeddings.png``         t-SNE and MDS of the distance features, by cluster and by layer (Guan Fig. 2, Clark
+                           Fig. 6), with the MDS of the JS distances when the features have them
+``feature_boxes.png``      the 21 distance features of each cluster's heads (Guan Fig. 1)
+``types_per_layer.png``    stacked bars of the types per layer (Guan Fig. 3)
+``results.json``           the summary; a complete one for the same config makes a rerun skip the job
+=========================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from sklearn.manifold import MDS, TSNE
+
+from headlab.analysis.clusters import Clustering, check_k, fit_clusters, profiles, stability
+from headlab.analysis.eval_job import already_done, hashed_config
+from headlab.analysis.features import DISTANCE_BINS, AttentionFeatures
+from headlab.analysis.features_run import features_table
+from headlab.errors import UserError
+from headlab.files import read_json, write_frame_atomic, write_json_atomic
+from headlab.reporting import head_plots
+from headlab.reporting.results import library_versions
+from headlab.training.tracking import build_logger, finish_tracking
+
+
+def features_job(source: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(features.npz, the job's results) of a ``mode=features`` job directory or its ``features.npz``."""
+    path = Path(source)
+    folder = path.parent if path.suffix == ".npz" else path
+    if not (folder / "features.npz").is_file():
+        raise UserError(f"cluster.features={str(source)!r}: no features.npz there; give a mode=features job directory")
+    summary = read_json(folder / "results.json", "features results")
+    if "distance" not in summary.get("families", []):
+        raise UserError(f"cluster.features={str(source)!r} has no distance features (families "
+                        f"{summary.get('families')}); run mode=features with the distance family")
+    return folder / "features.npz", summary
+
+
+def check_cluster(cfg: Any) -> None:
+    """The features job exists with distance features, and k fits its heads (no weights are read)."""
+    if cfg.cluster.features is None:
+        raise UserError("mode=cluster needs cluster.features=DIR: a mode=features job directory")
+    _, summary = features_job(cfg.cluster.features)
+    layers, heads = summary["shape"]
+    check_k(cfg.cluster.k, layers * heads)
+
+
+def embed(points: np.ndarray, seed: int, perplexity: float, precomputed: bool = False) -> dict[str, np.ndarray]:
+    """2-D embeddings of ``points`` ``[heads, dims]`` (or of a distance matrix): t-SNE and metric MDS, seeded."""
+    mds = MDS(n_components=2, metric="precomputed" if precomputed else "euclidean", init="classical_mds",
+              random_state=seed)
+    if precomputed:
+        return {"JS MDS": mds.fit_transform(points)}
+    tsne = TSNE(n_components=2, perplexity=min(perplexity, len(points) - 1), random_state=seed, init="pca")
+    return {"t-SNE": tsne.fit_transform(points), "MDS": mds.fit_transform(points)}
+
+
+def profile_table(clustering: Clustering) -> str:
+    """Each cluster's short-range, long-range and special-token attention (what its name rests on), as text."""
+    rows = [f"  {name:<16} short {short:.3f}  long {long:.3f}  special {special:.3f}"
+            for name, (short, long, special) in zip(clustering.names, profiles(clustering.centroids))]
+    return "centroid profiles (short = self + windows 0-1, long = windows 2-15, special = [CLS] [SEP] , .):\n" + \
+        "\n".join(rows)
+
+
+def run_cluster(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+    """Cluster the heads of ``cfg.cluster.features``; ``cfg`` passed ``check_ablate_config``."""
+    output_dir = Path(output_dir)
+    resolved, job_hash = hashed_config(cfg)
+    done = already_done(output_dir / "results.json", job_hash)
+    if done is not None:
+        return done
+    failed = True
+    try:
+        path, source = features_job(cfg.cluster.features)
+        with np.load(path) as arrays:
+            features = AttentionFeatures.from_arrays(dict(arrays))
+        logger = build_logger(cfg.logger, run_id=job_hash,
+                              run_name=f"cluster-{source['task']}-{source['model']}-{job_hash[:6]}")
+        if logger:
+            logger.log_hyperparams(resolved)
+        options = cfg.cluster
+        points = features.distance.reshape(-1, len(DISTANCE_BINS))  # [heads, 21]
+        names = None if options.names is None else list(options.names)
+        clustering = fit_clusters(points, options.k, options.method, cfg.seed, names)
+        per_sequence = features.distance_sequences.reshape(features.num_sequences, -1, len(DISTANCE_BINS))
+        share, _ = stability(per_sequence, options.k, options.method, cfg.seed, options.stability_fits,
+                             options.stability_split)
+        summary = write_clusters(cfg, features, clustering, share, path, source, output_dir, logger)
+        summary |= {"config_hash": job_hash, "config": resolved, "versions": library_versions(), "complete": True}
+        write_json_atomic(output_dir / "results.json", summary)
+        counts = ", ".join(f"{name} {count}" for name, count in summary["counts"].items())
+        naming = ("named by hand" if names else "named by their profiles" if clustering.named else
+                  "not named: k != 4 or the centroid profiles do not match Guan et al.'s dense / diagonal / "
+                  "dense_vertical / vertical (cluster.names=[...] names them)")
+        Console().print(f"{len(points)} heads in {options.k} clusters ({naming}): {counts}; stability "
+                        f"{share:.2%} -> {output_dir / 'clusters.json'}\n{profile_table(clustering)}",
+                        markup=False, soft_wrap=True)
+        if logger:
+            logger.finalize("success")
+        failed = False
+        return summary
+    finally:
+        finish_tracking(failed)
+
+
+def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering, share: float, path: Path,
+                   source: dict[str, Any], output_dir: Path, logger) -> dict[str, Any]:
+    """Every file of the module docstring; returns the summary for ``results.json`` (without the config)."""
+    options, formats = cfg.cluster, tuple(cfg.report.formats)
+    names = clustering.label_names()
+    table = features_table(features)
+    table["cluster"] = names
+    points = features.distance.reshape(-1, len(DISTANCE_BINS))
+    embedded = embed(points, cfg.seed, options.perplexity)
+    if features.js is not None:
+        embedded |= embed(np.sqrt(features.js), cfg.seed, options.perplexity, precomputed=True)
+    for name, xy in embedded.items():
+        key = name.lower().replace(" ", "_").replace("-", "")
+        table[f"{key}_x"], table[f"{key}_y"] = xy[:, 0], xy[:, 1]
+    order = [n for n in clustering.names if n in set(names)]
+    per_layer = (pd.crosstab(table["layer"], table["cluster"]).reindex(columns=order, fill_value=0)
+                 .rename_axis(columns=None).reset_index())
+    write_frame_atomic(table, output_dir / "heads.parquet")
+    write_frame_atomic(table, output_dir / "heads.csv")
+    write_frame_atomic(per_layer, output_dir / "types_per_layer.csv")
+    counts = {name: int((table["cluster"] == name).sum()) for name in order}
+    write_json_atomic(output_dir / "clusters.json", {
+        "model": source["model"], "task": source["task"], "checkpoint": source.get("checkpoint"),
+        "labels": dict(zip(table["name"], names)), "names": clustering.names, "named": clustering.named,
+        "named_by_hand": options.names is not None,
+        "profiles": {n: dict(zip(("short", "long", "special"), p.tolist()))
+                     for n, p in zip(clustering.names, profiles(clustering.centroids))},
+        "method": options.method, "k": options.k, "seed": cfg.seed, "counts": counts,
+        "counts_per_layer": per_layer.to_dict("records"), "stability": share,
+        "stability_split": options.stability_split, "stability_fits": options.stability_fits,
+        "centroids": {name: clustering.centroids[i].tolist() for i, name in enumerate(clustering.names)},
+        "bins": list(DISTANCE_BINS), "shape": [features.num_layers, features.num_heads],
+        "features": str(path.parent.absolute()), "num_sequences": features.num_sequences})
+    title = f"{source['model']} ({source['task']}), {features.num_sequences} sequences"
+    images = {
+        "embeddings": head_plots.embeddings(embedded, names, table["layer"].tolist(), title,
+                                            output_dir / "embeddings", formats)[0],
+        "feature_boxes": head_plots.feature_boxes(points, names, DISTANCE_BINS, f"distance features per type, {title}",
+                                                  output_dir / "feature_boxes", formats)[0],
+        "types_per_layer": head_plots.types_per_layer(per_layer, f"head types per layer, {title}",
+                                                      output_dir / "types_per_layer", formats)[0]}
+    if logger is not None and hasattr(logger, "log_table"):
+        logger.log_table(key="heads", dataframe=table)
+        for key, image in images.items():
+            logger.log_image(key=key, images=[str(image)])
+    if logger is not None:
+        logger.log_metrics({"stability": share, **{f"count/{k}": v for k, v in counts.items()}}, step=0)
+    return {"kind": "cluster", "group": cfg.group, "model": source["model"], "task": source["task"],
+            "features": str(path.parent.absolute()), "k": options.k, "method": options.method,
+            "named": clustering.named, "counts": counts, "stability": share,
+            "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
+                      *(p.name for p in images.values())]}

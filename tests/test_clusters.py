@@ -1,0 +1,87 @@
+"""Head types by clustering distance features: naming, stability, label alignment, on planted clusters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from headlab.analysis.clusters import TYPE_NAMES, align, fit_clusters, name_clusters, stability
+from headlab.errors import UserError
+
+
+def profile(kind: str) -> np.ndarray:
+    """A 21-bin distance profile of Guan et al.'s type (order: self, windows 0..15, cls, sep, comma, period)."""
+    p = np.full(21, 0.01)
+    if kind == "dense":
+        p[3:17] += 0.06  # long-range windows
+    elif kind == "diagonal":
+        p[0:3] += np.array([0.1, 0.4, 0.15])  # self and the nearest windows
+        p[17:19] += 0.08
+    elif kind == "dense_vertical":
+        p[3:17] += 0.03
+        p[17:19] += 0.2
+    elif kind == "vertical":
+        p[17:19] += 0.45
+    return p / p.sum()
+
+
+def planted(rng, heads_per_type=(9, 7, 11, 5), sequences=40, noise=0.003):
+    """(per-sequence features [sequences, heads, 21], true names per head), heads of the types interleaved."""
+    kinds = [kind for kind, count in zip(TYPE_NAMES, heads_per_type) for _ in range(count)]
+    order = rng.permutation(len(kinds))
+    kinds = [kinds[i] for i in order]
+    base = np.array([profile(kind) for kind in kinds])
+    per_sequence = np.clip(base + rng.normal(0, noise, size=(sequences, *base.shape)), 0, None)
+    return per_sequence / per_sequence.sum(-1, keepdims=True), kinds
+
+
+@pytest.mark.parametrize("method", ["kmeans", "gmm"])
+def test_planted_types_are_found_and_named(method):
+    per_sequence, kinds = planted(np.random.default_rng(0))
+    clustering = fit_clusters(per_sequence.mean(0), k=4, method=method, seed=0)
+    assert clustering.named
+    assert clustering.label_names() == kinds
+    assert sorted(clustering.names) == sorted(TYPE_NAMES)
+
+
+def test_other_k_or_unmatched_profiles_are_numbered():
+    per_sequence, _ = planted(np.random.default_rng(1))
+    three = fit_clusters(per_sequence.mean(0), k=3)
+    assert (three.named, three.names) == (False, ["cluster0", "cluster1", "cluster2"])
+    local = np.array([profile("diagonal")] * 4)
+    local[:, 1] += np.array([0.0, 0.1, 0.2, 0.3])  # four shades of one type: no dense, no vertical
+    assert name_clusters(local) is None
+    centroids = np.array([profile(kind) for kind in ("vertical", "dense", "diagonal", "dense_vertical")])
+    assert name_clusters(centroids) == ["vertical", "dense", "diagonal", "dense_vertical"]
+
+
+def test_labels_do_not_depend_on_the_heads_order_of_cluster_ids():
+    per_sequence, _ = planted(np.random.default_rng(2))
+    labels = fit_clusters(per_sequence.mean(0), k=4).labels
+    assert labels[0] == 0 and set(labels.tolist()) == {0, 1, 2, 3}
+    first = [labels.tolist().index(c) for c in range(4)]
+    assert first == sorted(first)  # numbered by first appearance
+
+
+def test_stability_is_one_on_well_separated_clusters_and_reproducible():
+    per_sequence, _ = planted(np.random.default_rng(3))
+    for split in ("sequences", "heads"):
+        share, fits = stability(per_sequence, k=4, seed=0, fits=5, split=split)
+        assert share == 1.0 and fits.shape == (5, 32)
+    noisy, _ = planted(np.random.default_rng(4), noise=0.08, sequences=6)
+    first, again = stability(noisy, k=4, seed=7, fits=6), stability(noisy, k=4, seed=7, fits=6)
+    assert first[0] == again[0] and np.array_equal(first[1], again[1])
+    assert first[0] < 1.0  # overlapping clusters: some heads change type between halves
+    by_hand = np.mean([len(set(first[1][:, h])) == 1 for h in range(32)])
+    assert first[0] == pytest.approx(by_hand)
+
+
+def test_align_undoes_a_permutation_of_labels():
+    reference = np.array([0, 0, 1, 2, 2, 3, 1, 3])
+    permuted = np.array([2, 0, 3, 1])[reference]
+    np.testing.assert_array_equal(align(permuted, reference, 4), reference)
+
+
+def test_k_must_fit_the_heads():
+    with pytest.raises(UserError, match="cluster.k=13: the model has 12 heads"):
+        fit_clusters(np.random.default_rng(0).random((12, 21)), k=13)
