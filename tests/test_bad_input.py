@@ -33,6 +33,13 @@ def files(tmp_path_factory):
     (folder / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
     (folder / "empty_dir").mkdir()
     (folder / "blank.txt").write_text("\n  \n\n")
+    (folder / "features_job").mkdir()  # what mode=cluster reads before anything loads
+    (folder / "features_job/features.npz").write_bytes(b"")
+    (folder / "features_job/results.json").write_text(json.dumps({"families": ["distance"], "shape": [3, 4]}))
+    for name, shape in (("clusters_3x4", [3, 4]), ("clusters_2x2", [2, 2])):
+        (folder / name).mkdir()
+        (folder / name / "clusters.json").write_text(json.dumps({"model": name, "shape": shape,
+                                                                  "labels": {"L0H0": "cluster0"}}))
     return folder
 
 
@@ -103,6 +110,15 @@ CASES = [
     ("ablate.py", ["mode=features", "features.families=[distance,syntax]"], "'syntax'"),
     ("ablate.py", ["mode=features", "features.max_sequences=0"], "features.max_sequences=0"),
     ("ablate.py", ["mode=features", "features.sieve_correction=bonferroni"], "'bonferroni'"),
+    # ablate.py mode=cluster / compare, and the clusters a preset needs
+    ("ablate.py", ["mode=cluster"], "cluster.features=DIR"),
+    ("ablate.py", ["mode=cluster", "cluster.features=FILES/empty_dir"], "no features.npz"),
+    ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_job", "cluster.k=13"], "cluster.k=13"),
+    ("ablate.py", ["mode=cluster", "cluster.method=dbscan"], "'dbscan'"),
+    ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4]"], "two or more"),
+    ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4,FILES/clusters_2x2]"], "different shapes"),
+    ("ablate.py", ["experiment=guan2020_table2", "hydra.mode=RUN", "plan=prune_dense", "allow_random_head=true",
+                   "mask.clusters=FILES/clusters_3x4/clusters.json"], "need clusters named dense, dense_vertical"),
     # ablate.py mode=report
     ("ablate.py", ["mode=report"], "sweep_dir=DIR"),
     ("ablate.py", ["mode=report", "sweep_dir=/no/such/sweep"], "/no/such/sweep"),

@@ -24,6 +24,7 @@ MODES = {
     "prune_curve": "headlab.analysis.prune_curve:run_prune_curve",
     "features": "headlab.analysis.features_run:run_features",
     "cluster": "headlab.analysis.cluster_run:run_cluster",
+    "compare": "headlab.analysis.compare_run:run_compare",
     "report": "headlab.analysis.report_run:run_report",
     "demo": "headlab.analysis.demo:run_demo",
 }
@@ -54,8 +55,13 @@ def check_ablate_config(cfg: Any) -> None:
         from headlab.analysis.cluster_run import check_cluster
 
         check_cluster(cfg)
+    if cfg.mode == "compare":
+        from headlab.analysis.compare_run import check_compare
+
+        check_compare(cfg)
     if cfg.mode not in EVALUATING:
         return
+    check_preset_clusters(cfg)
     with open_dict(cfg):
         cfg.mask = job_mask(cfg)
     if cfg.mode == "sweep_heads":
@@ -74,6 +80,27 @@ def check_ablate_config(cfg: Any) -> None:
     if cfg.mode == "prune_curve":
         check_prune_curve(cfg, plan)
     warn_about_plan(cfg, plan)
+
+
+def check_preset_clusters(cfg: Any) -> None:
+    """Every ``cluster:NAME`` the preset's plans use is a label of ``mask.clusters`` (all missing names at once)."""
+    from headlab.core.plans import load_clusters
+
+    selectors = []
+    for plan in cfg.plans.values():
+        rules = plan.get("rules") or [{"heads": plan.get("heads")}]
+        for rule in rules:
+            heads = rule.get("heads")
+            selectors += [heads] if isinstance(heads, str) else list(heads or [])
+    needed = sorted({token.strip().removeprefix("cluster:") for selector in selectors
+                     for token in str(selector).split(",") if token.strip().startswith("cluster:")})
+    if not needed or cfg.mask.clusters is None:
+        return
+    labels = set(load_clusters(cfg.mask.clusters).values())
+    if set(needed) - labels:
+        raise UserError(f"the plans of {cfg.group} need clusters named {', '.join(needed)}; mask.clusters="
+                        f"{cfg.mask.clusters!r} has {', '.join(sorted(labels))} (name them with mode=cluster "
+                        "cluster.names=[...])")
 
 
 def check_estimation(cfg: Any) -> None:

@@ -1,0 +1,158 @@
+"""``ablate.py mode=compare``: head types of two or more ``mode=cluster`` jobs side by side (Guan et al. 2020, Fig. 4).
+
+E.g. the pre-trained model against the same model fine-tuned on SQuAD, MRPC and MNLI. Every run must come
+from a model of the same shape (layers x heads). The job directory gets:
+
+=========================  ==============================================================================
+``ari.csv`` / .md          adjusted Rand index of every pair of runs' labels (1: the same partition)
+``transitions.csv`` / .md  heads of type A in the first run that have type B in each other run
+``stability.csv`` / .md    each run's clustering stability (Guan Table 1 layout: one column per run)
+``types_per_layer.csv``    heads of each type per layer and run; ``types_per_layer.png`` side by side (Fig. 4)
+``heads.parquet`` / .csv   per head: each run's label, whether it differs from the first run's, and the shift
+                           of its distance features from the first run (L2 norm of the 21-dim difference)
+``results.json``           the summary; a complete one for the same config makes a rerun skip the job
+=========================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from sklearn.metrics import adjusted_rand_score
+
+from headlab.analysis.eval_job import already_done, hashed_config
+from headlab.errors import UserError
+from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.reporting import head_plots
+from headlab.reporting.layouts import to_markdown
+from headlab.reporting.results import library_versions
+from headlab.training.tracking import build_logger, finish_tracking
+
+
+def read_clusters_run(source: str | Path) -> dict[str, Any]:
+    """The clusters file of a ``mode=cluster`` job directory (or the file itself)."""
+    path = Path(source)
+    path = path / "clusters.json" if path.is_dir() else path
+    if not path.is_file():
+        raise UserError(f"compare.runs entry {str(source)!r}: no clusters.json there; give mode=cluster job "
+                        "directories")
+    clusters = read_json(path, "clusters")
+    if "labels" not in clusters or "shape" not in clusters:
+        raise UserError(f"{str(path)!r} is not a clusters file written by mode=cluster (no labels/shape)")
+    return clusters | {"path": str(path.absolute())}
+
+
+def read_runs(runs: list[str], names: list[str] | None) -> list[dict[str, Any]]:
+    """The runs' clusters, named, checked to come from models of one shape (``UserError`` otherwise)."""
+    if len(runs) < 2:
+        raise UserError(f"mode=compare needs compare.runs with two or more mode=cluster job directories; got "
+                        f"{len(runs)}")
+    if names is not None and len(names) != len(runs):
+        raise UserError(f"compare.names has {len(names)} names for {len(runs)} runs")
+    loaded = [read_clusters_run(run) for run in runs]
+    shapes = {tuple(run["shape"]) for run in loaded}
+    if len(shapes) > 1:
+        described = ", ".join(f"{r['model']} {r['shape'][0]}x{r['shape'][1]}" for r in loaded)
+        raise UserError(f"compare.runs come from models of different shapes ({described}): heads cannot be matched")
+    labels = names or [_default_name(run) for run in loaded]
+    labels = [label if labels.count(label) == 1 else f"{label} #{i + 1}" for i, label in enumerate(labels)]
+    return [run | {"name": label} for run, label in zip(loaded, labels)]
+
+
+def _default_name(run: dict[str, Any]) -> str:
+    checkpoint = (run.get("checkpoint") or {}).get("ckpt_path")
+    return f"{run['model']} (pre-trained)" if checkpoint is None else f"{run['model']} ({Path(checkpoint).name})"
+
+
+def comparison_tables(runs: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+    """ARI, transitions from the first run, stability, types per layer and the per-head table."""
+    heads = list(runs[0]["labels"])
+    labels = {run["name"]: [run["labels"][h] for h in heads] for run in runs}
+    names = list(labels)
+    ari = pd.DataFrame([[adjusted_rand_score(labels[a], labels[b]) for b in names] for a in names],
+                       index=pd.Index(names, name="run"), columns=names).reset_index()
+    first = names[0]
+    transitions = pd.concat([pd.crosstab(pd.Series(labels[first], name=f"type in {first}"),
+                                         pd.Series(labels[other], name="type")).stack().rename("heads")
+                             .reset_index().assign(run=other) for other in names[1:]], ignore_index=True)
+    stability = pd.DataFrame([{"": "stability", **{run["name"]: run.get("stability") for run in runs}}])
+    per_layer = pd.concat([pd.DataFrame(run["counts_per_layer"]).fillna(0).assign(model=run["name"])
+                           for run in runs], ignore_index=True).fillna(0)
+    table = pd.DataFrame({"name": heads})
+    table["layer"] = [int(h[1:].split("H")[0]) for h in heads]
+    table["head"] = [int(h.split("H")[1]) for h in heads]
+    reference = _distance(runs[0], heads)
+    for run in runs:
+        table[f"type/{run['name']}"] = labels[run["name"]]
+    for run in runs[1:]:
+        table[f"changed/{run['name']}"] = np.array(labels[run["name"]]) != np.array(labels[first])
+        shift = None if reference is None else _distance(run, heads)
+        table[f"shift/{run['name']}"] = np.nan if shift is None else np.linalg.norm(shift - reference, axis=1)
+    table = table[["layer", "head", "name", *table.columns[3:]]]
+    return {"ari": ari, "transitions": transitions, "stability": stability, "types_per_layer": per_layer,
+            "heads": table}
+
+
+def _distance(run: dict[str, Any], heads: list[str]) -> np.ndarray | None:
+    """``[heads, 21]`` distance features of the run's features job (None when it is gone)."""
+    path = Path(run.get("features", "")) / "heads.parquet"
+    if not path.is_file():
+        return None
+    table = pd.read_parquet(path).set_index("name").loc[heads]
+    return table[[c for c in table.columns if c.startswith("dist_")]].to_numpy()
+
+
+def check_compare(cfg: Any) -> None:
+    read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
+
+
+def run_compare(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+    """Compare the head types of ``cfg.compare.runs``; ``cfg`` passed ``check_ablate_config``."""
+    output_dir = Path(output_dir)
+    resolved, job_hash = hashed_config(cfg)
+    done = already_done(output_dir / "results.json", job_hash)
+    if done is not None:
+        return done
+    failed = True
+    try:
+        runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
+        logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"compare-{runs[0]['model']}-{job_hash[:6]}")
+        if logger:
+            logger.log_hyperparams(resolved)
+        tables = comparison_tables(runs)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("ari", "transitions", "stability"):
+            write_frame_atomic(tables[name], output_dir / f"{name}.csv")
+            write_text_atomic(output_dir / f"{name}.md", to_markdown(tables[name].round(4)))
+        write_frame_atomic(tables["types_per_layer"], output_dir / "types_per_layer.csv")
+        write_frame_atomic(tables["heads"], output_dir / "heads.parquet")
+        write_frame_atomic(tables["heads"], output_dir / "heads.csv")
+        image = head_plots.types_per_layer(tables["types_per_layer"], "head types per layer",
+                                           output_dir / "types_per_layer", tuple(cfg.report.formats))[0]
+        if logger is not None and hasattr(logger, "log_table"):
+            for name in ("ari", "transitions", "stability", "heads"):
+                logger.log_table(key=name, dataframe=tables[name])
+            logger.log_image(key="types_per_layer", images=[str(image)])
+        ari = tables["ari"].set_index("run")
+        summary = {"kind": "compare", "group": cfg.group, "runs": [{"name": r["name"], "path": r["path"],
+                                                                     "model": r["model"], "task": r["task"]}
+                                                                    for r in runs],
+                   "ari": {f"{a} vs {b}": float(ari.loc[a, b]) for i, a in enumerate(ari.index)
+                           for b in ari.index[i + 1:]},
+                   "changed": {r["name"]: int(tables["heads"][f"changed/{r['name']}"].sum()) for r in runs[1:]},
+                   "files": ["ari.csv", "ari.md", "transitions.csv", "transitions.md", "stability.csv", "stability.md",
+                             "types_per_layer.csv", image.name, "heads.parquet", "heads.csv"],
+                   "config_hash": job_hash, "config": resolved, "versions": library_versions(), "complete": True}
+        write_json_atomic(output_dir / "results.json", summary)
+        Console().print(f"Adjusted Rand index\n{to_markdown(tables['ari'].round(4))}\n\nStability\n"
+                        f"{to_markdown(tables['stability'].round(4))}\n-> {output_dir}", markup=False, soft_wrap=True)
+        if logger:
+            logger.finalize("success")
+        failed = False
+        return summary
+    finally:
+        finish_tracking(failed)

@@ -1,0 +1,90 @@
+"""``ablate.py mode=cluster`` and ``mode=compare`` end to end: a random and a fine-tuned tiny BERT on demo_pairs,
+and the clusters file feeding the Guan et al. Table 2 preset."""
+
+from __future__ import annotations
+
+import json
+from math import comb
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import run
+from sklearn.cluster import KMeans
+
+TYPES = "[dense,diagonal,dense_vertical,vertical]"
+
+
+def adjusted_rand(a, b):
+    """ARI from its definition (Hubert and Arabie 1985) on the contingency table."""
+    a_ids, b_ids = {v: i for i, v in enumerate(dict.fromkeys(a))}, {v: i for i, v in enumerate(dict.fromkeys(b))}
+    table = np.zeros((len(a_ids), len(b_ids)), dtype=int)
+    for x, y in zip(a, b):
+        table[a_ids[x], b_ids[y]] += 1
+    pairs = sum(comb(int(n), 2) for n in table.flat)
+    rows, columns = sum(comb(int(n), 2) for n in table.sum(1)), sum(comb(int(n), 2) for n in table.sum(0))
+    expected = rows * columns / comb(len(a), 2)
+    return (pairs - expected) / ((rows + columns) / 2 - expected)
+
+
+@pytest.fixture(scope="module")
+def clustered(trained):
+    """Features and clusters of the random model and of the fine-tuned checkpoint."""
+    root, _ = trained
+    jobs = {}
+    for name, ckpt in (("random", "null"), ("tuned", str(root / "train"))):
+        run("ablate.py", "mode=features", f"ckpt_path={ckpt}", "features.max_sequences=60",
+            f"hydra.run.dir={root / f'features_{name}'}", cwd_tmp=root)
+        result = run("ablate.py", "mode=cluster", f"cluster.features={root / f'features_{name}'}",
+                     "cluster.stability_fits=4", f"cluster.names={TYPES}", f"hydra.run.dir={root / f'cluster_{name}'}",
+                     cwd_tmp=root)
+        jobs[name] = root / f"cluster_{name}", result
+    return root, jobs
+
+
+def test_clusters_file_holds_a_k_means_partition_of_the_distance_features(clustered):
+    _, jobs = clustered
+    folder, result = jobs["random"]
+    clusters = json.loads((folder / "clusters.json").read_text())
+    assert "named by hand" in result.stdout and "stability" in result.stdout
+    features = pd.read_parquet(folder.parent / "features_random/heads.parquet")
+    points = features[[c for c in features.columns if c.startswith("dist_")]].to_numpy()
+    reference = KMeans(n_clusters=4, n_init=10, random_state=0).fit_predict(points)
+    labels = [clusters["labels"][name] for name in features["name"]]
+    assert adjusted_rand(labels, reference) == pytest.approx(1.0)  # the same partition as a direct K-means
+    assert set(labels) <= {"dense", "diagonal", "dense_vertical", "vertical"} and clusters["named_by_hand"]
+    assert 0.0 <= clusters["stability"] <= 1.0 and clusters["shape"] == [3, 4]
+    assert sum(clusters["counts"].values()) == 12
+    summary = json.loads((folder / "results.json").read_text())
+    for name in summary["files"]:
+        assert (folder / name).is_file(), name
+
+
+def test_compare_gives_the_adjusted_rand_index_and_transitions(clustered):
+    root, jobs = clustered
+    job = root / "compare"
+    run("ablate.py", "mode=compare", f"compare.runs=[{jobs['random'][0]},{jobs['tuned'][0]},{jobs['random'][0]}]",
+        "compare.names=[pre,tuned,again]", f"hydra.run.dir={job}", cwd_tmp=root)
+    labels = {name: json.loads((jobs[name][0] / "clusters.json").read_text())["labels"] for name in jobs}
+    heads = list(labels["random"])
+    ari = pd.read_csv(job / "ari.csv").set_index("run")
+    expected = adjusted_rand([labels["random"][h] for h in heads], [labels["tuned"][h] for h in heads])
+    assert ari.loc["pre", "tuned"] == pytest.approx(expected, abs=1e-12)
+    assert ari.loc["pre", "again"] == pytest.approx(1.0)  # identical labels
+    transitions = pd.read_csv(job / "transitions.csv")
+    assert transitions.query("run == 'tuned'")["heads"].sum() == 12
+    table = pd.read_parquet(job / "heads.parquet")
+    assert (table["changed/tuned"] == (table["type/pre"] != table["type/tuned"])).all()
+    assert (table["shift/again"] == 0).all() and (table["shift/tuned"] > 0).any()
+
+
+def test_the_clusters_file_feeds_the_guan_table_2_preset(clustered):
+    root, jobs = clustered
+    clusters = jobs["random"][0] / "clusters.json"
+    labels = json.loads(clusters.read_text())["labels"]
+    job = root / "table2"
+    run("ablate.py", "experiment=guan2020_table2", "hydra.mode=RUN", "plan=prune_diagonal", "allow_random_head=true",
+        f"mask.clusters={clusters}", f"hydra.run.dir={job}", cwd_tmp=root)
+    result = json.loads((job / "results.json").read_text())
+    assert set(result["plan"]["policies"]) == {h for h, t in labels.items() if t == "diagonal"}
+    assert set(result["plan"]["policies"].values()) <= {"prune"}
