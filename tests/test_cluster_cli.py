@@ -88,3 +88,30 @@ def test_the_clusters_file_feeds_the_guan_table_2_preset(clustered):
     result = json.loads((job / "results.json").read_text())
     assert set(result["plan"]["policies"]) == {h for h, t in labels.items() if t == "diagonal"}
     assert set(result["plan"]["policies"].values()) <= {"prune"}
+
+
+def test_one_per_head_table_joins_features_clusters_importance_and_measured_deltas(clustered, trained):
+    root, jobs = clustered
+    tuned = str(root / "train")
+    sweep, importance, job = root / "sweep_prune", root / "importance", root / "heads"
+    run("ablate.py", "mode=sweep_heads", "mask=prune", f"ckpt_path={tuned}", f"hydra.run.dir={sweep}", cwd_tmp=root)
+    run("ablate.py", "mode=importance", "importance.max_examples=40", f"ckpt_path={tuned}",
+        f"hydra.run.dir={importance}", cwd_tmp=root)
+    entry = (f"{{features: {root / 'features_tuned'}, clusters: {jobs['tuned'][0]}, importance: {importance}, "
+             f"sweeps: [{sweep}], label: tuned}}")
+    run("ablate.py", "mode=report", f"report.heads=[{entry},{{features: {root / 'features_random'}, label: pre}}]",
+        f"hydra.run.dir={job}", cwd_tmp=root)
+    table = pd.read_parquet(job / "heads.parquet")
+    assert len(table) == 24 and list(table.columns[:6]) == ["layer", "head", "name", "model", "task", "label"]
+    tuned_rows = table[table["label"] == "tuned"].reset_index(drop=True)
+    features = pd.read_parquet(root / "features_tuned/heads.parquet")
+    np.testing.assert_array_equal(tuned_rows["dist_cls"], features["dist_cls"])
+    labels = json.loads((jobs["tuned"][0] / "clusters.json").read_text())["labels"]
+    assert tuned_rows["cluster"].tolist() == [labels[name] for name in tuned_rows["name"]]
+    measured = json.loads((sweep / "results.json").read_text())["tables"]["validation"]["accuracy"]["delta"]
+    np.testing.assert_array_equal(tuned_rows["delta_prune_accuracy"], np.ravel(measured))
+    scores = json.loads((importance / "importance.json").read_text())["raw"]["fisher"]
+    np.testing.assert_array_equal(tuned_rows["importance_fisher"], np.ravel(scores))
+    by_type = tuned_rows.groupby("cluster")["delta_prune_loss"].mean()  # "do vertical heads matter more?"
+    assert set(by_type.index) <= {"dense", "diagonal", "dense_vertical", "vertical"}
+    assert table.loc[table["label"] == "pre", "cluster"].isna().all()

@@ -35,12 +35,13 @@ _EXPORTS = {
     "observe_attention": "headlab.core.observe",
     "attention_features": "headlab.analysis.features",
     "AttentionFeatures": "headlab.analysis.features",
+    "head_table": "headlab.reporting.head_table",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
     "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention",
     "split_sentences", "unit_ids", "UserError", "head_importance", "ablation_estimate", "key_type_gradients",
     "head_gradients", "prune_heads", "load_sweep", "paired_ci", "observe_attention", "attention_features",
-    "AttentionFeatures",
+    "AttentionFeatures", "head_table",
 ]
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from headlab.core.pruning import prune_heads
     from headlab.core.units import split_sentences, unit_ids
     from headlab.errors import UserError
+    from headlab.reporting.head_table import head_table
     from headlab.reporting.statistics import paired_ci
     from headlab.reporting.sweep_table import load_sweep
 

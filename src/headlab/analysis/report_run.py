@@ -11,16 +11,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from headlab.files import config_hash
+from headlab.files import config_hash, write_frame_atomic
+from headlab.reporting.head_table import head_table
 from headlab.reporting.report import Report, report_settings, write_report
 from headlab.training.tracking import build_logger, finish_tracking
 
 
-def run_report(cfg: Any, output_dir: str | Path | None = None) -> Report:
-    """Report ``cfg.sweep_dir`` with the settings of ``cfg.report``; print the tables and any missing jobs."""
+def run_report(cfg: Any, output_dir: str | Path | None = None) -> Report | None:
+    """Report ``cfg.sweep_dir`` with the settings of ``cfg.report``; print the tables and any missing jobs.
+    With ``report.heads``, first the per-head table of those sources (``heads.parquet`` / .csv in ``output_dir``)."""
+    if cfg.report.get("heads"):
+        write_head_table(cfg, Path(output_dir or "."))
+    if cfg.sweep_dir is None:
+        return None
     resampling, correction, formats = report_settings(cfg.report)
     report = write_report(cfg.sweep_dir, resampling, correction, formats)
     console = Console()
@@ -36,6 +43,27 @@ def run_report(cfg: Any, output_dir: str | Path | None = None) -> Report:
         finish_tracking(failed)
     console.print(f"report of {report.frame['job'].nunique()} jobs -> {report.folder}", markup=False, soft_wrap=True)
     return report
+
+
+def write_head_table(cfg: Any, output_dir: Path) -> pd.DataFrame:
+    """``headlab.head_table`` of every ``report.heads`` entry, concatenated (one row per head and entry)."""
+    tables = []
+    for entry in cfg.report.heads:
+        sources = OmegaConf.to_container(entry, resolve=True)
+        sweeps = sources.pop("sweeps", None) or []
+        tables.append(head_table(sweeps=[sweeps] if isinstance(sweeps, str) else sweeps, **sources))
+    table = pd.concat(tables, ignore_index=True)
+    write_frame_atomic(table, output_dir / "heads.parquet")
+    write_frame_atomic(table, output_dir / "heads.csv")
+    Console().print(f"per-head table: {len(table)} rows, {len(table.columns)} columns -> "
+                    f"{output_dir / 'heads.parquet'}", markup=False, soft_wrap=True)
+    if cfg.logger is not None and cfg.logger.get("_target_"):
+        logger = build_logger(cfg.logger, run_id=config_hash({"heads": OmegaConf.to_container(cfg.report.heads)}),
+                              run_name="head-table")
+        if logger is not None and hasattr(logger, "log_table"):
+            logger.log_table(key="heads", dataframe=table)
+            logger.finalize("success")
+    return table
 
 
 def log_report(cfg: Any, report: Report) -> None:

@@ -47,7 +47,7 @@ def job_mask(cfg: Any) -> Any:
 def check_ablate_config(cfg: Any) -> None:
     """Every check that needs no weights: types, ranges, the plan against the model's shape, the checkpoint."""
     check_config(cfg)
-    if cfg.mode == "report":
+    if cfg.mode == "report" and (not cfg.report.heads or cfg.sweep_dir is not None):
         check_sweep_dir(cfg.sweep_dir)
     if cfg.mode == "features":
         check_features(cfg)
@@ -141,7 +141,8 @@ def check_features(cfg: Any) -> None:
 def check_sweep_dir(sweep_dir: str | None) -> None:
     """``mode=report`` needs an existing directory of ablate.py results."""
     if sweep_dir is None:
-        raise UserError("mode=report needs sweep_dir=DIR: a directory of ablate.py results (a sweep's hydra.sweep.dir)")
+        raise UserError("mode=report needs sweep_dir=DIR: a directory of ablate.py results (a sweep's "
+                        "hydra.sweep.dir), or report.heads=[{features: DIR, ...}] for the per-head table")
     if not Path(sweep_dir).is_dir():
         raise UserError(f"sweep_dir={sweep_dir!r}: no such directory")
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from headlab.errors import UserError, one_of
 from headlab.reporting.settings import CI_METHODS, CORRECTIONS, FIGURE_FORMATS
+
+HEAD_SOURCES = ("features", "clusters", "importance", "sweeps", "label")
 
 
 @dataclass
@@ -20,6 +23,7 @@ class ReportConfig:
     correction: str = "holm"  # holm | bh (Benjamini-Hochberg) | none, across the plans of a sweep
     seed: int = 0
     formats: list[str] = field(default_factory=lambda: ["png"])  # png, pdf, svg
+    heads: list[Any] = field(default_factory=list)  # per-head tables: [{features, clusters, importance, sweeps, label}]
 
     def __post_init__(self) -> None:
         for key in ("resamples", "permutations"):
@@ -31,3 +35,9 @@ class ReportConfig:
         one_of("report.correction", self.correction, CORRECTIONS)
         for extension in self.formats:
             one_of("report.formats", extension, FIGURE_FORMATS)
+        for entry in self.heads:
+            if not isinstance(entry, dict) or not entry:
+                raise UserError(f"report.heads entry {entry!r} must be a mapping of sources, e.g. "
+                                "{features: DIR, clusters: DIR, importance: DIR, sweeps: [DIR], label: NAME}")
+            for key in entry:
+                one_of("report.heads key", key, HEAD_SOURCES)

@@ -1,0 +1,85 @@
+"""``headlab.head_table``: one row per head joining everything headlab knows about it.
+
+Sources (each optional, each a job directory or its file): a ``mode=features`` job (``dist_*``, ``clark_*``,
+``sieve_*``, ``role_*``), a ``mode=cluster`` job (``cluster``), a ``mode=importance`` job (``importance`` and
+``importance_<estimator>``, raw), and ``mode=sweep_heads`` jobs of single-head ablations (``delta_<policy>_<metric>``,
+the measured change of each metric with the head ablated alone; ``_<split>`` is added when a sweep has several
+splits). Every source must describe a model of the same shape. With ``model`` / ``task`` columns, tables of
+several models concatenate, so "do vertical heads matter more on SQuAD than on MRPC?" is one groupby.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from headlab.core.plans import head_name
+from headlab.errors import UserError
+from headlab.files import read_json
+
+
+def _file(source: str | Path, name: str, what: str) -> Path:
+    path = Path(source)
+    path = path / name if path.is_dir() else path
+    if not path.is_file():
+        raise UserError(f"{what} {str(source)!r}: no {name} there; give the job directory of {what}")
+    return path
+
+
+def _grid(values: Any, what: str, shape: tuple[int, int]) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.shape != shape:
+        raise UserError(f"{what} has shape {list(array.shape)}; the other sources are for {shape[0]}x{shape[1]} heads")
+    return array.reshape(-1)
+
+
+def head_table(features: str | Path | None = None, clusters: str | Path | None = None,
+               importance: str | Path | None = None, sweeps: Iterable[str | Path] = (),
+               label: str | None = None) -> pd.DataFrame:
+    """One row per head: ``layer``, ``head``, ``name``, ``model``, ``task``, ``label`` and a column per quantity of
+    the given sources (module docstring). At least one source is needed."""
+    columns: dict[str, np.ndarray | list] = {}
+    shape, identity = None, {}
+    if features is not None:
+        frame = pd.read_parquet(_file(features, "heads.parquet", "a mode=features job"))
+        summary = read_json(_file(features, "results.json", "a mode=features job"), "features results")
+        shape, identity = tuple(summary["shape"]), {"model": summary["model"], "task": summary["task"]}
+        columns |= {c: frame[c].to_numpy() for c in frame.columns if c not in ("layer", "head", "name")}
+    if clusters is not None:
+        data = read_json(_file(clusters, "clusters.json", "a mode=cluster job"), "clusters")
+        shape = shape or tuple(data["shape"])
+        identity = identity or {"model": data["model"], "task": data["task"]}
+        names = [head_name(layer, head) for layer in range(shape[0]) for head in range(shape[1])]
+        if set(data["labels"]) != set(names):
+            raise UserError(f"clusters {str(clusters)!r} label other heads than the {shape[0]}x{shape[1]} of the "
+                            "other sources")
+        columns["cluster"] = [data["labels"][name] for name in names]
+    if importance is not None:
+        data = read_json(_file(importance, "importance.json", "a mode=importance job"), "importance")
+        values = np.asarray(data["importance"], dtype=float)
+        shape = shape or values.shape
+        identity = identity or {"model": data.get("model"), "task": data.get("task")}
+        columns["importance"] = _grid(values, "importance", shape)
+        for estimator, scores in data.get("raw", {}).items():
+            columns[f"importance_{estimator}"] = _grid(scores, f"importance estimator {estimator}", shape)
+    for sweep in sweeps:
+        data = read_json(_file(sweep, "results.json", "a mode=sweep_heads job"), "sweep_heads results")
+        if data.get("kind") != "sweep_heads" or data.get("family") != "single_head":
+            raise UserError(f"sweep {str(sweep)!r} is not a mode=sweep_heads job of the single_head family")
+        identity = identity or {"model": data.get("model"), "task": data.get("task")}
+        for split, tables in data["tables"].items():
+            for metric, table in tables.items():
+                shape = shape or np.asarray(table["delta"]).shape
+                suffix = f"_{split}" if len(data["tables"]) > 1 else ""
+                columns[f"delta_{data['policy']}_{metric}{suffix}"] = _grid(table["delta"], f"sweep {sweep}", shape)
+    if shape is None:
+        raise UserError("head_table needs at least one source: features, clusters, importance or sweeps")
+    layers, heads = shape
+    table = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
+                          "name": [head_name(layer, head) for layer in range(layers) for head in range(heads)],
+                          "model": identity.get("model"), "task": identity.get("task"), "label": label})
+    return pd.concat([table, pd.DataFrame(columns)], axis=1)
