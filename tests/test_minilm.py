@@ -69,3 +69,21 @@ def test_readme_python_example_runs():
     exec(compile(block, "README.md", "exec"), namespace)
     assert namespace["plan"].policy_of(0, 1) == "prune"
     assert namespace["out"].last_hidden_state.shape[0] == 1
+
+
+def test_minilm_features_have_the_known_broad_shape(minilm):
+    """Clark et al. 2019 and Guan et al. 2020 on BERT: heads that put most of their attention on [CLS] / [SEP]
+    (vertical), heads that attend to the next or previous token (diagonal), broad heads near uniform entropy."""
+    tokenizer, model = minilm
+    texts = [f"{a} {b}" for a, b in zip(TEXTS, PAIRS)] * 4
+    batches = [tokenizer(texts[i:i + 4], PAIRS * 2, padding=True, return_tensors="pt") for i in range(0, 8, 4)]
+    features = headlab.attention_features(model, tokenizer, batches)
+    clark = features.clark
+    special = clark["cls"] + clark["sep"]
+    assert (special > 0.5).sum() >= 10, "vertical heads: most attention on [CLS]/[SEP]"
+    assert max(clark["next"].max(), clark["prev"].max()) > 0.7, "a diagonal head: the next or previous token"
+    assert (clark["entropy"] > 2.5).any(), "broad heads"
+    assert features.distance.shape == (6, 12, 21)
+    torch.testing.assert_close(torch.tensor(features.distance.sum(-1)), torch.ones(6, 12, dtype=torch.float64),
+                               rtol=0, atol=1e-5)
+    assert (features.sieve["delimiter"].mean(0) > 3).sum() >= 10  # delimiter roles are common (Pande et al.)
