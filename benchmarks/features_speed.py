@@ -8,8 +8,9 @@
 weights) against the forward pass a user would write to get the maps (eager attention, ``output_attentions=True``,
 the maps left on the device). Rounds alternate the order; the ratio is features seconds / forward seconds, the
 median of the per-round ratios, for the families without JS and for all four.
-``memory``: the peak resident memory that ``attention_features`` (all four families) adds, over N and over 4N
-sequences, each in a fresh process (``ru_maxrss`` after the run minus before it); streaming keeps it flat.
+``memory``: the peak resident memory that ``attention_features`` (all four families) adds over N sequences and
+over the same N four times (4N, the same batch shapes, so only the count differs), each in a fresh process
+(``ru_maxrss`` after the run minus after a one-batch warm-up); streaming keeps it flat.
 """
 
 from __future__ import annotations
@@ -85,17 +86,18 @@ def memory(args) -> None:
         _, tokenizer, model, batches = setup(args.sequences, args.length, args.batch)
         attention_features(model, tokenizer, batches[:1])  # warm-up: one batch's working set
         before = peak_megabytes()
-        attention_features(model, tokenizer, batches)
+        attention_features(model, tokenizer, batches * args.repeat)
         print(json.dumps({"before": before, "after": peak_megabytes()}))
         return
     print(f"MiniLM, all four families, sequences of {args.length} tokens, batch {args.batch}; "
           f"{machine(torch.device('cpu'))}")
-    for count in (args.sequences, 4 * args.sequences):
-        command = [sys.executable, __file__, "memory", "--child", "--sequences", str(count), "--length",
-                   str(args.length), "--batch", str(args.batch)]
+    for repeat in (1, 4):
+        count = repeat * args.sequences
+        command = [sys.executable, __file__, "memory", "--child", "--repeat", str(repeat), "--sequences",
+                   str(args.sequences), "--length", str(args.length), "--batch", str(args.batch)]
         result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
-        print(f"  {count:5d} sequences: peak RSS {result['after']:.0f} MB, {result['after'] - result['before']:.0f} MB "
-              "above the one-batch warm-up")
+        print(f"  {count:5d} sequences: peak RSS {result['after']:.0f} MB (after the one-batch warm-up "
+              f"{result['before']:.0f} MB)")
 
 
 def main() -> None:
@@ -106,6 +108,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in ("sequences", "length", "batch", "rounds"):
         if getattr(args, name) < 1:

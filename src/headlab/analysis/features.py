@@ -147,7 +147,7 @@ class FeatureAccumulator:
         self.js = acc(num_layers * num_heads, num_layers * num_heads) if "js" in families else None
         self.js_limit, self.js_sequences, self.js_rows = js_max_sequences, 0, 0  # js_rows: this batch's
         self._batch_sieve: list[torch.Tensor | None] = []
-        self._rows: list[torch.Tensor] = []  # js: per layer [H, valid pairs]
+        self._rows: torch.Tensor | None = None  # js: [L*H, valid (query, key) pairs] of the batch, filled per layer
 
     # ---------------------------------------------------------------- one batch
 
@@ -176,7 +176,8 @@ class FeatureAccumulator:
             pairs = (valid[:, :, None] & valid[:, None, :] & used[:, None, None]).flatten()  # [batch*seq*seq]
             self.pair_index = pairs.nonzero().flatten()
             self.pair_weight = query_weight[:, :, None].expand(batch, seq, seq).flatten()[self.pair_index]
-        self._batch_sieve, self._batch_distance, self._rows = [None] * self.shape[0], [None] * self.shape[0], []
+            self._rows = torch.empty(self.shape[0] * self.shape[1], len(self.pair_index), device=valid.device)
+        self._batch_sieve, self._batch_distance = [None] * self.shape[0], [None] * self.shape[0]
 
     def _js_rows(self, batch: int) -> int:
         """How many of the batch's sequences (its first ones) JS takes: all, or what ``js_max_sequences`` leaves."""
@@ -200,7 +201,8 @@ class FeatureAccumulator:
             self.entropy[layer] += torch.einsum("bhs,bs->h", entropy, self.query_weight.to(entropy.dtype))
             self.cls_entropy[layer] += torch.einsum("bhs,bs->h", entropy, self.cls_query.to(entropy.dtype))
         if self.js_rows:
-            self._rows.append(weights.transpose(0, 1).reshape(heads, -1).index_select(1, self.pair_index))
+            torch.index_select(weights.transpose(0, 1).reshape(heads, -1), 1, self.pair_index,
+                               out=self._rows[layer * heads:(layer + 1) * heads])
 
     def end(self) -> None:
         """Close the batch: its sieve scores and JS sums."""
@@ -213,9 +215,9 @@ class FeatureAccumulator:
         if "distance" in self.families:
             self.distance.append(torch.stack(self._batch_distance))
         if self.js_rows:
-            self.js += _js_sums(torch.cat(self._rows), self.pair_weight)
+            self.js += _js_sums(self._rows, self.pair_weight)
             self.js_sequences += self.js_rows
-        self._rows, self._batch_sieve, self._batch_distance, self.table = [], [], [], None
+        self._rows, self._batch_sieve, self._batch_distance, self.table = None, [], [], None
 
     # ---------------------------------------------------------------- tables
 
