@@ -42,8 +42,14 @@ def test_plan_states_are_built_once_and_cached(tiny_model):
     assert layer1.shared.tolist() == [1, 3] and layer1.uniform.flatten().tolist() == [True, True]  # non-contiguous
     assert [state is None for state in controller.states_for(plan_of([], tiny_model), False, torch.device("cpu"))] \
         == [True] * 3
-    with pytest.raises(ValueError, match="nested ablation"), headlab.ablate(tiny_model, plan), \
+    with pytest.raises(ValueError, match="nesting is not supported"), headlab.ablate(tiny_model, plan), \
             headlab.ablate(tiny_model, plan):
+        pass
+    with pytest.raises(ValueError, match="nesting is not supported"), \
+            headlab.observe_attention(tiny_model, lambda layer, weights: None), headlab.ablate(tiny_model, plan):
+        pass
+    with pytest.raises(ValueError, match="inside headlab.ablate or already observed"), \
+            headlab.ablate(tiny_model, plan), headlab.observe_attention(tiny_model, lambda layer, weights: None):
         pass
 
 

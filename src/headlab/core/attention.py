@@ -368,8 +368,8 @@ def ablate(
             raise UserError(
                 f"plan is for {one.num_layers} layers x {one.num_heads} heads; the model has {shape[0]} x {shape[1]}"
             )
-    if controller.active is not None:
-        raise ValueError("model is already inside headlab.ablate; nested ablation is not supported")
+    if controller.active is not None or controller.observer is not None:
+        raise ValueError("model is already inside headlab.ablate or observe_attention; nesting is not supported")
     if pruned_heads_of(model):
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
     states = controller.states_for(plan, renormalize, _device(model))
