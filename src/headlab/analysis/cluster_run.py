@@ -35,7 +35,7 @@ from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic
 from headlab.reporting import head_plots
 from headlab.reporting.results import library_versions
-from headlab.training.tracking import build_logger, finish_tracking
+from headlab.training.tracking import build_logger, tracked_job
 
 
 def features_job(source: str | Path) -> tuple[Path, dict[str, Any]]:
@@ -85,8 +85,7 @@ def run_cluster(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
         return done
-    failed = True
-    try:
+    with tracked_job():
         path, source = features_job(cfg.cluster.features)
         with np.load(path) as arrays:
             features = AttentionFeatures.from_arrays(dict(arrays))
@@ -113,10 +112,7 @@ def run_cluster(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
                         markup=False, soft_wrap=True)
         if logger:
             logger.finalize("success")
-        failed = False
         return summary
-    finally:
-        finish_tracking(failed)
 
 
 def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering, share: float, path: Path,

@@ -30,7 +30,7 @@ from headlab.files import read_json, write_frame_atomic, write_json_atomic, writ
 from headlab.reporting import head_plots
 from headlab.reporting.layouts import to_markdown
 from headlab.reporting.results import library_versions
-from headlab.training.tracking import build_logger, finish_tracking
+from headlab.training.tracking import build_logger, tracked_job
 
 
 def read_clusters_run(source: str | Path) -> dict[str, Any]:
@@ -117,8 +117,7 @@ def run_compare(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
         return done
-    failed = True
-    try:
+    with tracked_job():
         runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
         logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"compare-{runs[0]['model']}-{job_hash[:6]}")
         if logger:
@@ -152,7 +151,4 @@ def run_compare(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
                         f"{to_markdown(tables['stability'].round(4))}\n-> {output_dir}", markup=False, soft_wrap=True)
         if logger:
             logger.finalize("success")
-        failed = False
         return summary
-    finally:
-        finish_tracking(failed)

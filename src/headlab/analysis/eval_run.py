@@ -16,7 +16,7 @@ from headlab.analysis.eval_job import EvalJob, already_done, hashed_config, summ
 from headlab.analysis.evaluation import Variant
 from headlab.core.masks import mask_rules, plan_from_mask
 from headlab.core.models import model_shape
-from headlab.training.tracking import finish_tracking
+from headlab.training.tracking import tracked_job
 
 
 def plan_name(cfg: Any) -> str:
@@ -36,8 +36,7 @@ def run_eval(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     if done is not None:
         return done
     variant = Variant(plan_name(cfg), plan_from_mask(cfg.mask, *model_shape(cfg.model)), cfg.mask.renormalize)
-    failed = True
-    try:
+    with tracked_job():
         job = EvalJob(cfg, output_dir, job_hash, resolved)
         records, baseline = job.evaluate([variant])
         mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
@@ -47,7 +46,4 @@ def run_eval(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             Console().print(summary_line(result, cfg.task.main_metric, output_dir / "results.json"), markup=False,
                             soft_wrap=True)
         job.finish()
-        failed = False
         return result.__dict__
-    finally:
-        finish_tracking(failed)

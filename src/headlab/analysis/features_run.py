@@ -37,7 +37,7 @@ from headlab.reporting.head_plots import head_panels, role_panels
 from headlab.reporting.results import library_versions
 from headlab.reporting.sieve_roles import role_matrix, sieve_roles
 from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config, weights_model_config
-from headlab.training.tracking import build_logger, finish_tracking
+from headlab.training.tracking import build_logger, tracked_job
 
 
 def read_sequences(cfg: Any, tokenizer, checkpoint) -> Sequences:
@@ -71,8 +71,7 @@ def run_features(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
         return done
-    failed = True
-    try:
+    with tracked_job():
         checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
         tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
         sequences = read_sequences(cfg, tokenizer, checkpoint)
@@ -95,10 +94,7 @@ def run_features(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
                         f"sequences -> {output_dir / 'heads.parquet'}", markup=False, soft_wrap=True)
         if logger:
             logger.finalize("success")
-        failed = False
         return summary
-    finally:
-        finish_tracking(failed)
 
 
 def features_table(features: AttentionFeatures, roles: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -41,7 +41,7 @@ from headlab.reporting.agreement import agreement_table, read_head_sweep
 from headlab.reporting.layouts import to_markdown
 from headlab.reporting.results import library_versions
 from headlab.training.checkpoints import tokenizer_config
-from headlab.training.tracking import finish_tracking
+from headlab.training.tracking import tracked_job
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,7 @@ def run_importance(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     pruned = [head_name(layer, head) for layer, head in plan.heads_with("prune")]
     if pruned:
         Console().print(f"note: the mask prunes {', '.join(pruned)}: their importance is 0", markup=False)
-    failed = True
-    try:
+    with tracked_job():
         job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance, evaluation=False)
         gradients = score_heads(job, plan, tuple(cfg.importance.policies), cfg.importance.key_types)
         summary = {}
@@ -89,10 +88,7 @@ def run_importance(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
                             f"{job.estimation_data.eval_splits[0]} -> "
                             f"{output_dir / 'importance.json'}", markup=False, soft_wrap=True)
         job.finish()
-        failed = False
         return summary
-    finally:
-        finish_tracking(failed)
 
 
 def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: list[str],

@@ -46,7 +46,7 @@ from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
 from headlab.reporting.results import library_versions
 from headlab.tasks.record_metrics import metrics_from_records
-from headlab.training.tracking import finish_tracking
+from headlab.training.tracking import tracked_job
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +212,7 @@ def run_prune_curve(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
         return done
-    failed = True
-    try:
+    with tracked_job():
         job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance)
         curve = PruneCurve(job)
         curve.run()
@@ -224,10 +223,7 @@ def run_prune_curve(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             timing = time_final_mask(job, final["pruned"], curve.shape, cfg.prune_curve.timing_rounds)
             summary = write_prune_curve(cfg, job, curve, random, final, timing)
         job.finish()
-        failed = False
         return summary
-    finally:
-        finish_tracking(failed)
 
 
 def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, final: dict[str, Any],

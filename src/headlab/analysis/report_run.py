@@ -18,7 +18,7 @@ from rich.console import Console
 from headlab.files import config_hash, write_frame_atomic
 from headlab.reporting.head_table import head_table
 from headlab.reporting.report import Report, report_settings, write_report
-from headlab.training.tracking import build_logger, finish_tracking
+from headlab.training.tracking import build_logger, tracked_job
 
 
 def run_report(cfg: Any, output_dir: str | Path | None = None) -> Report | None:
@@ -35,12 +35,8 @@ def run_report(cfg: Any, output_dir: str | Path | None = None) -> Report | None:
         console.print(text, markup=False, soft_wrap=True)
     for problem in report.frame.attrs["problems"]:
         console.print(f"missing: {problem['job']}: {problem['reason']}", markup=False, soft_wrap=True)
-    failed = True
-    try:
+    with tracked_job():
         log_report(cfg, report)
-        failed = False
-    finally:
-        finish_tracking(failed)
     console.print(f"report of {report.frame['job'].nunique()} jobs -> {report.folder}", markup=False, soft_wrap=True)
     return report
 

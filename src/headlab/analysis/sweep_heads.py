@@ -34,7 +34,7 @@ from headlab.core.models import model_shape
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, write_json_atomic
 from headlab.reporting.results import read_complete
-from headlab.training.tracking import finish_tracking
+from headlab.training.tracking import tracked_job
 
 
 class LayerSweepEvaluator(PlanEvaluator):
@@ -131,8 +131,8 @@ def run_sweep_heads(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     num_layers, num_heads = model_shape(cfg.model)
     plans = family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads)
     plan_hash = lambda name: config_hash([job_hash, name])  # noqa: E731  each plan's results belong to this job
-    console, failed = Console(), True
-    try:
+    console = Console()
+    with tracked_job():
         job = EvalJob(cfg, output_dir, job_hash, resolved)
         results, baseline = {}, None
         for layer in range(num_layers):
@@ -161,10 +161,7 @@ def run_sweep_heads(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             console.print(f"sweep of {len(plans)} plans ({cfg.sweep.family}, {cfg.mask.policy}) -> "
                           f"{output_dir / 'results.json'}", markup=False, soft_wrap=True)
         job.finish()
-        failed = False
         return summary
-    finally:
-        finish_tracking(failed)
 
 
 def sweep_summary(cfg, plans, results, num_layers, num_heads, job_hash, resolved) -> dict[str, Any]:

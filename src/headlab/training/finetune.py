@@ -28,7 +28,7 @@ from headlab.reporting.results import TrainResult, read_complete
 from headlab.training.checkpoints import FINAL_WEIGHTS
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_module
-from headlab.training.tracking import build_logger, finish_tracking
+from headlab.training.tracking import build_logger, tracked_job
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
 
     pl.seed_everything(cfg.seed, workers=True)
     logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
-    failed = True
-    try:
+    with tracked_job():
         checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=monitor, mode="max",
                                      save_last=True, auto_insert_metric_name=False)
         callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
@@ -122,10 +121,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             write_predictions(module, output_dir)
             result.write(results_path)
             _print_summary(result, output_dir, logger)
-        failed = False
         return asdict(result)
-    finally:
-        finish_tracking(failed)
 
 
 def check_val_check_interval(trainer_cfg: Any, num_train: int, batch_size: int, world_size: int) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import hydra
@@ -30,3 +32,14 @@ def finish_tracking(failed: bool = False) -> None:
     wandb = sys.modules.get("wandb")
     if wandb is not None and wandb.run is not None:
         wandb.finish(exit_code=1 if failed else 0)
+
+
+@contextmanager
+def tracked_job() -> Iterator[None]:
+    """The block runs one job; on exit its W&B run (if any) ends, marked failed when the block raised."""
+    try:
+        yield
+    except BaseException:
+        finish_tracking(failed=True)
+        raise
+    finish_tracking(failed=False)
