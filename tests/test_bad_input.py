@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -156,9 +157,18 @@ def run(script, overrides, files, tmp_path):
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize(("script", "overrides", "expected"), CASES, ids=[" ".join(c[1]) for c in CASES])
-def test_bad_command_prints_one_error_line(script, overrides, expected, files, tmp_path):
-    result = run(script, overrides, files, tmp_path)
+@pytest.fixture(scope="module")
+def outcomes(files, tmp_path_factory):
+    """Every case's (result, folder), run a few processes at a time: each is mostly Python's imports, one core."""
+    folders = [tmp_path_factory.mktemp("case") for _ in CASES]
+    with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
+        results = pool.map(lambda case, folder: run(case[0], case[1], files, folder), CASES, folders)
+        return list(zip(results, folders))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[" ".join(c[1]) for c in CASES])
+def test_bad_command_prints_one_error_line(case, outcomes):
+    (_, _, expected), (result, tmp_path) = CASES[case], outcomes[case]
     output = result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 2, output[-3000:]
