@@ -107,3 +107,20 @@ def test_ablate_demo_cli_writes_records(tmp_path):
     assert records[0]["counts"]["drop_intra"] == 8 and records[0]["unit"] == "sentence"
     assert all(r["relative_hidden_change"] > 0 for r in records)
     assert {r["plan"] for r in records} >= {"uniform_all", "drop_inter_all_segment"}
+
+
+def test_a_job_hash_ignores_the_sections_of_other_modes():
+    """Changing importance/features settings leaves finished eval jobs done; what the mode reads does not."""
+    from headlab.analysis.eval_job import hashed_config
+
+    def job_hash(*overrides):
+        return hashed_config(ablate_cfg("group=g", "logger=none", *overrides))[1]
+
+    eval_hash = job_hash("mode=eval")
+    assert job_hash("mode=eval", "importance.top_k=3", "features.batch_size=4", "cluster.k=5") == eval_hash
+    assert job_hash("mode=eval", "mask=prune", "mask.heads=L0") != eval_hash
+    importance_hash = job_hash("mode=importance")
+    assert job_hash("mode=importance", "features.batch_size=4") == importance_hash
+    assert job_hash("mode=importance", "importance.top_k=3") != importance_hash
+    assert job_hash("mode=prune_curve", "importance.top_k=3") != job_hash("mode=prune_curve")
+    assert job_hash("mode=features", "features.batch_size=4") != job_hash("mode=features")

@@ -34,13 +34,17 @@ from headlab.training.tracking import build_logger
 
 # Keys that do not change what a job computes: left out of its config hash.
 RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir")  # not what a job computes
+# Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
+SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
+                 "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",)}
 BASELINE = "baseline"  # the name of the unablated variant
 
 
 def hashed_config(cfg: Any) -> tuple[dict[str, Any], str]:
     """The resolved config and the hash of what it computes."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    return resolved, config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS})
+    unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
+    return resolved, config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread})
 
 
 def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:
