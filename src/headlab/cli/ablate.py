@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from headlab.cli.hydra_glue import job_dir
+from headlab.cli.hydra_glue import job_dir, log_lightning_once
 from headlab.cli.schema import check_config
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.errors import UserError, one_of
@@ -163,4 +163,6 @@ def run_ablate(cfg: Any) -> Any:
     if cfg.mode not in MODES:
         raise UserError(f"mode={cfg.mode!r} is not implemented; modes: {', '.join(MODES)}")
     module, _, function = MODES[cfg.mode].partition(":")
-    return getattr(importlib.import_module(module), function)(cfg, job_dir())
+    stage = getattr(importlib.import_module(module), function)
+    log_lightning_once()
+    return stage(cfg, job_dir())

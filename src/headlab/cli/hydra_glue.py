@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,15 @@ def checkpoint_tag(ckpt_path: str | None) -> str:
 def job_dir() -> Path:
     """The running Hydra job's output directory (``hydra.run.dir``, or the sweep's subdir)."""
     return Path(HydraConfig.get().runtime.output_dir)
+
+
+def log_lightning_once() -> None:
+    """Once a stage has loaded Lightning: its messages go out once, through Hydra's handlers (the console and the
+    job's log file). The ``lightning`` package gives its logger a console handler of its own at import, while
+    ``lightning.pytorch`` sends its messages on to the root logger when that has handlers (Hydra's), so every
+    line came twice."""
+    if "lightning" in sys.modules and logging.getLogger().hasHandlers():
+        logging.getLogger("lightning").handlers.clear()
 
 
 class ReportOnMultirunEnd(Callback):
