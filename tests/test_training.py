@@ -62,8 +62,9 @@ def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
     assert record["versions"]["torch"] == torch.__version__ and len(record["config_hash"]) == 16
     assert record["config"]["task"]["name"] == "demo_pairs" and record["plan"]["rules"] == []
     assert str(run / "results.json") in out.stdout
-    console = out.stdout + out.stderr  # Lightning's messages once each, and in the job's log file
+    console = out.stdout + out.stderr  # Lightning's messages once each (no tips), and in the log file
     assert console.count("GPU available:") == 1 and "GPU available:" in (run / "train.log").read_text()
+    assert "Tip: " not in console
     metrics_csv = (run / "csv/version_0/metrics.csv").read_text()
     assert "validation/accuracy" in metrics_csv and "train/loss" in metrics_csv
     mtime = (run / "results.json").stat().st_mtime_ns

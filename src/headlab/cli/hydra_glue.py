@@ -48,9 +48,14 @@ def log_lightning_once() -> None:
     """Once a stage has loaded Lightning: its messages go out once, through Hydra's handlers (the console and the
     job's log file). The ``lightning`` package gives its logger a console handler of its own at import, while
     ``lightning.pytorch`` sends its messages on to the root logger when that has handlers (Hydra's), so every
-    line came twice."""
+    line came twice. Its advertisements ("Tip: try installing litlogger") are left out."""
     if "lightning" in sys.modules and logging.getLogger().hasHandlers():
         logging.getLogger("lightning").handlers.clear()
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").filters = [_no_tips]
+
+
+def _no_tips(record: logging.LogRecord) -> bool:
+    return "Tip: " not in record.getMessage()
 
 
 class ReportOnMultirunEnd(Callback):
