@@ -24,20 +24,28 @@ removed by ``headlab.prune_heads`` against the full model (what ``mode=prune_cur
 and the same half pruned by the ``prune`` plan (masked, not removed). The ratio is pruned seconds / full seconds.
 
 ``--shape minilm`` is the embedded MiniLM; ``bert-base`` a random BERT-base-sized model with the
-tiny tokenizer (speed does not depend on the weights).
+tiny tokenizer (speed does not depend on the weights). ``--device cuda --precision bf16-mixed`` runs both
+sides on the GPU (Lightning's precision for the Trainer sides, autocast for the plain loops; clocks read
+after the device is done). ``--rows N`` (``demo_pairs``): the validation split repeated to N rows, e.g. the
+9,815 rows of MNLI-matched's validation set; ``--examples`` then defaults to all of them.
+
+GPU rows (../shared/gpu/README.md), e.g. the GPU issue's sweep row:
+    python benchmarks/eval_speed.py sweep --device cuda --precision bf16-mixed --shape bert-base \
+        --task demo_pairs --rows 9815 --batch 128 --rounds 1
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import statistics
-import time
+import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from common import SHAPES, Parser, machine
+from common import SHAPES, Parser, check_device, clock, machine
 from hydra import compose, initialize_config_dir
 
 from headlab.analysis.evaluation import MODEL_INPUTS, PlanEvaluator, Variant
@@ -57,37 +65,60 @@ from headlab.training.modules import task_head
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def setup(shape: str, task: str, examples: int, batch: int):
-    layers, heads, hidden, _, _ = SHAPES[shape]
-    model = ["model=minilm"] if shape == "minilm" else [
+def setup(args):
+    layers, heads, hidden, _, _ = SHAPES[args.shape]
+    model = ["model=minilm"] if args.shape == "minilm" else [
         "model=tiny_random", f"model.config.num_hidden_layers={layers}", f"model.config.num_attention_heads={heads}",
         f"model.config.hidden_size={hidden}", f"model.config.intermediate_size={4 * hidden}"]
+    rows = [f"task.data_files.validation={repeated_rows(args.task, args.rows)}"] if args.rows else []
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("ablate", overrides=[*model, f"task={task}"])
-    data = TaskDataModule(cfg.task, cfg.model, eval_batch_size=batch, max_eval_examples=examples, train=False)
+        cfg = compose("ablate", overrides=[*model, f"task={args.task}", *rows])
+    data = TaskDataModule(cfg.task, cfg.model, eval_batch_size=args.batch, max_eval_examples=args.examples,
+                          train=False)
     data.setup()
-    model = load_model(cfg.model, *task_head(cfg.task))
-    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
-    return cfg, data, model, trainer
+    model = load_model(cfg.model, *task_head(cfg.task)).to(args.device)
+    return cfg, data, model, trainer_for(args)
 
 
-def timed(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+def trainer_for(args, inference_mode: bool = True) -> pl.Trainer:
+    """A Trainer on ``--device`` at ``--precision`` (it moves the model there, and back to the CPU when done)."""
+    devices = [args.device.index or 0] if args.device.type == "cuda" else 1
+    return pl.Trainer(accelerator=args.device.type, devices=devices, precision=args.precision, logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, inference_mode=inference_mode)
+
+
+def repeated_rows(task: str, rows: int) -> str:
+    """A JSON-lines file of the task's validation rows repeated (with new ids) to ``rows`` rows."""
+    source = (ROOT / f"src/headlab/tasks/data/{task}/validation.jsonl").read_text().splitlines()
+    path = Path(tempfile.mkdtemp(prefix="eval_speed_")) / "validation.jsonl"
+    lines = [json.loads(source[i % len(source)]) | {"idx": i} for i in range(rows)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def autocast(args):
+    """The plain loops' mixed precision: what Lightning's ``bf16-mixed`` does for the Trainer sides."""
+    if args.precision == "bf16-mixed":
+        return torch.autocast(args.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def on_device(batch: dict, device: torch.device) -> dict:
+    return {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in batch}
 
 
 def throughput(args) -> None:
-    cfg, data, model, trainer = setup(args.shape, args.task, args.examples, args.batch)
+    cfg, data, model, trainer = setup(args)
     keep = Variant("baseline", HeadPlan.keep_all(model.config.num_hidden_layers, model.config.num_attention_heads))
     batches = list(data.eval_dataloader("validation"))
     rows = sum(len(b["input_ids"]) for b in batches)
 
     def plain():
-        with torch.no_grad():
+        model.to(args.device)  # as the Trainer side does: Lightning moves the model back to the CPU after a run
+        with torch.no_grad(), autocast(args):
             for batch in batches:
-                out = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+                out = model(**on_device(batch, args.device))
                 [value.cpu() for value in out.values() if isinstance(value, torch.Tensor)]
 
     sides = {"headlab": lambda: trainer.validate(PlanEvaluator(model, cfg.task, [keep], data.eval_examples),
@@ -97,7 +128,7 @@ def throughput(args) -> None:
 
 
 def sweep(args) -> None:
-    cfg, data, model, trainer = setup(args.shape, args.task, args.examples, args.batch)
+    cfg, data, model, trainer = setup(args)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     plans = family_plans("single_head", args.policy, layers, heads)
 
@@ -120,9 +151,8 @@ def sweep(args) -> None:
 
 
 def importance(args) -> None:
-    cfg, data, model, trainer = setup(args.shape, args.task, args.examples, args.batch)
-    scoring = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         inference_mode=False)
+    cfg, data, model, trainer = setup(args)
+    scoring = trainer_for(args, inference_mode=False)
     keep = HeadPlan.keep_all(model.config.num_hidden_layers, model.config.num_attention_heads)
     tokenizer = load_tokenizer(cfg.model)
 
@@ -140,15 +170,15 @@ def importance(args) -> None:
 
 
 def pruned(args) -> None:
-    _, data, model, _ = setup(args.shape, args.task, args.examples, args.batch)
+    _, data, model, _ = setup(args)
     shape = model.config.num_hidden_layers, model.config.num_attention_heads
     half = prune_plan(random_heads(0, shape, shape[0] * shape[1] // 2, 0), shape)
     removed = prune_heads(copy.deepcopy(model), half).eval()
     model.eval()
-    batches = [{k: b[k] for k in MODEL_INPUTS if k in b} for b in data.eval_dataloader("validation")]
+    batches = [on_device(b, args.device) for b in data.eval_dataloader("validation")]
 
     def forward(net, plan=None):
-        with torch.no_grad(), ablate(net, plan) if plan is not None else contextlib.nullcontext():
+        with torch.no_grad(), autocast(args), ablate(net, plan) if plan is not None else contextlib.nullcontext():
             for batch in batches:
                 net(**batch)
 
@@ -165,12 +195,14 @@ def report(args, sides: dict, value, unit: str, what: str, target: str, higher_i
     for round_ in range(args.rounds):
         this = {}
         for name in names if round_ % 2 == 0 else names[::-1]:
-            this[name] = value(timed(sides[name]))
+            start = clock(args.device)
+            sides[name]()
+            this[name] = value(clock(args.device) - start)
             results[name].append(this[name])
         ratios.append(this[names[0]] / this[names[1]])
         print(f"round {round_}: " + ", ".join(f"{n} {this[n]:.2f} {unit}" for n in names)
               + f", ratio {ratios[-1]:.3f}", flush=True)
-    print(f"\n{machine(torch.device('cpu'))}; {args.shape} on {args.task}: {what}; {args.rounds} rounds")
+    print(f"\n{machine(args.device)}, {args.precision}; {args.shape} on {args.task}: {what}; {args.rounds} rounds")
     print("median " + ", ".join(f"{n} {statistics.median(results[n]):.2f} {unit}" for n in names)
           + f"; median ratio {names[0]} / {names[1]} {statistics.median(ratios):.3f} (target {target})")
 
@@ -185,8 +217,14 @@ def main() -> None:
     parser.add_argument("--policy", default="prune", choices=["prune", "uniform", "drop_intra", "drop_inter"])
     parser.add_argument("--per-forward", type=int, default=0, help="sweep: plans per batched forward (0: a layer's)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5 / 3)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
+    parser.add_argument("--rows", type=int, default=None, help="demo_pairs: validation rows repeated to this many")
     args = parser.parse_args()
-    args.examples = args.examples or (32 if args.what == "sweep" else 200)
+    args.device = check_device(parser, args.device)
+    if args.rows is not None and (args.task != "demo_pairs" or args.rows < 1):
+        parser.error(f"--rows {args.rows} needs --task demo_pairs and a positive count")
+    args.examples = args.examples or args.rows or (32 if args.what == "sweep" else 200)
     args.rounds = args.rounds or (3 if args.what == "sweep" else 5)
     if args.examples < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--examples, --batch and --rounds must be positive")
