@@ -1,0 +1,50 @@
+"""The benchmark scripts' bad arguments: one ``error:`` line naming the value, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from conftest import ROOT
+
+NO_CUDA = not torch.cuda.is_available()
+
+# (script, arguments, text the error line must contain)
+CASES = [
+    ("attention_overhead.py", ["--dtype", "float64"], "'float64'"),
+    ("attention_overhead.py", ["--shape", "bert-huge"], "'bert-huge'"),
+    ("attention_overhead.py", ["--device", "tpu"], "'tpu'"),
+    ("train_throughput.py", ["--precision", "16-mixed"], "'16-mixed'"),
+    ("train_throughput.py", ["--shape", "gpt2"], "'gpt2'"),
+    ("eval_speed.py", ["sweep", "--rows", "100"], "--rows 100 needs --task demo_pairs"),
+    ("eval_speed.py", ["sweep", "--precision", "bf17"], "'bf17'"),
+    ("features_speed.py", ["speed", "--sequences", "0"], "--sequences 0"),
+]
+if NO_CUDA:
+    CASES += [(script, ["--device", "cuda"], "CUDA is not available")
+              for script in ("attention_overhead.py", "train_throughput.py", "eval_speed.py sweep")]
+
+
+def run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:
+    script, *words = script.split()
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *words, *arguments]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda case: run(case[0], case[1]), CASES))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
+def test_bad_benchmark_argument_prints_one_error_line(case, outcomes):
+    (_, _, expected), result = CASES[case], outcomes[case]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr[-2000:]
+    assert expected in errors[0], errors[0]
