@@ -1,6 +1,6 @@
 """Forward-pass cost of headlab's patched attention vs stock SDPA, the plan entered per forward.
 
-    python benchmarks/attention_overhead.py [--shape minilm|bert-base|bert-large] [--device cpu|cuda]
+    python benchmarks/attention_overhead.py [--shape tiny|minilm|bert-base|bert-large] [--device cpu|cuda]
         [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15]
 
 Random weights in the named shape (speed does not depend on them); rows padded to N/2..N tokens

@@ -10,7 +10,9 @@ import torch
 from transformers import BertConfig, BertModel
 
 # name -> (layers, heads, hidden size, default batch, default sequence length); feed-forward 4 x hidden
-SHAPES = {"minilm": (6, 12, 384, 32, 128), "bert-base": (12, 12, 768, 64, 128), "bert-large": (24, 16, 1024, 32, 384)}
+# tiny: tests' tiny_random shape; on a CPU its steps are launch-bound as a GPU's are (per-call overhead shows)
+SHAPES = {"tiny": (3, 4, 32, 32, 128), "minilm": (6, 12, 384, 32, 128), "bert-base": (12, 12, 768, 64, 128),
+          "bert-large": (24, 16, 1024, 32, 384)}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

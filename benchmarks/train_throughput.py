@@ -1,7 +1,7 @@
 """Fine-tuning throughput of headlab (train.py's Lightning module, data and trainer) vs a plain loop.
 
     python benchmarks/train_throughput.py [--task demo_pairs] [--batch 32] [--steps 20] [--rounds 5]
-        [--device cpu|cuda] [--precision 32-true|bf16-mixed] [--shape minilm|bert-base|bert-large]
+        [--device cpu|cuda] [--precision 32-true|bf16-mixed] [--shape tiny|minilm|bert-base|bert-large]
         [--plan none|one_head_prune|half_uniform]
 
 Both sides train the same model on the same tokenised data, batch size, precision, AdamW with

@@ -201,3 +201,23 @@ def test_compiled_fine_tune_and_evaluation_equal_eager(tmp_path):
     assert compiled["config"]["compile"] is True and compiled["global_step"] == eager["global_step"] == 4
     for name, value in eager["metrics"]["validation"].items():
         assert compiled["metrics"]["validation"][name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
+
+
+@pytest.mark.parametrize("bar", [False, True])
+def test_the_training_loss_reaches_the_progress_bar_only_when_there_is_one(tmp_path, bar):
+    """Lightning makes a number of every progress-bar value after each step: on a GPU a host-device
+    synchronisation per step, which a run without a bar (sweeps, benchmarks, clusters) need not pay."""
+    import lightning.pytorch as pl
+
+    from headlab.training.datamodule import TaskDataModule
+    from headlab.training.modules import task_module
+
+    cfg = compose_train("task=demo_pairs", "data.batch_size=8", "data.max_train_examples=16",
+                        f"data.cache_dir={tmp_path / 'cache'}")
+    data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, **cfg.data)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=bar, enable_model_summary=False, limit_val_batches=0,
+                         num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer.fit(task_module(cfg.model, cfg.task, cfg.mask, cfg.optim), datamodule=data)
+    assert ("train/loss" in trainer.progress_bar_metrics) is bar
+    assert "train/loss" in trainer.callback_metrics  # logged all the same

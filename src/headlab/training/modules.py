@@ -61,7 +61,10 @@ class TaskModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self(batch).loss
-        self.log("train/loss", loss, batch_size=len(batch["input_ids"]), prog_bar=True)
+        # In the progress bar only when there is one: Lightning turns progress-bar values into numbers after every
+        # step, bar or no bar, and on a GPU that is a host-device synchronisation per step (Lightning issue 21232).
+        shown = self.trainer.progress_bar_callback is not None
+        self.log("train/loss", loss, batch_size=len(batch["input_ids"]), prog_bar=shown)
         return loss
 
     def configure_optimizers(self) -> dict[str, Any]:
