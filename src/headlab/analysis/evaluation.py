@@ -76,23 +76,25 @@ class PlanEvaluator(pl.LightningModule):
             self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch))
 
     def _batch_rows(self, out: Any, batch: dict[str, torch.Tensor]) -> Any:
-        """What one batch contributes: per-example columns (classification) or per-feature spans and losses (QA)."""
+        """What one batch contributes: per-example columns (classification) or per-feature spans and losses (QA).
+
+        Tensors on the model's device, read when the epoch ends: no host-device synchronisation per batch.
+        """
         if self.task.type == "extractive_qa":  # start_logits, end_logits: [batch, seq]
             spans = best_spans(out.start_logits, out.end_logits, batch["context_offsets"], self.task.n_best,
                                self.task.max_answer_length)
             losses = span_losses(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"])
-            return batch["example_index"], spans, losses.cpu()
+            return batch["example_index"], spans, losses
         regression = self.task.type == "regression"
         logits = out.logits  # [batch, labels]
         prediction = logits[:, 0].double() if regression else logits.argmax(dim=-1)
         labels = batch["labels"]
-        columns = (batch["example_index"], labels, prediction, example_losses(logits, labels, regression))
-        return tuple(c.cpu().tolist() for c in columns)
+        return batch["example_index"], labels, prediction, example_losses(logits, labels, regression)
 
     def on_validation_epoch_end(self) -> None:
         for (name, split), batches in self._pending.items():
             rows = self._qa_rows(batches, split) if self.task.type == "extractive_qa" else [
-                row for batch in batches for row in zip(*batch)]
+                row for batch in batches for row in zip(*(column.tolist() for column in batch))]
             self.records[(name, split)] = self._records(gather_rows(rows), split)
         self._pending = {}
 
