@@ -134,7 +134,7 @@ def test_sweep_heads_equals_separate_eval_jobs(trained):
     again = run("ablate.py", "mode=sweep_heads", "mask.policy=drop_inter", "sweep.heads_per_batch=3",
                 f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'heads'}", cwd_tmp=root)
     assert again.stdout.count("already done") == 2 and "L1H2 [drop_inter]" in again.stdout
-    assert "layer 1 of 0-2: 4 plans (4 of 12 done)" in again.stdout  # progress over heads
+    assert "layer 1 (0-2): 4 plans; 4 of 12 plans done" in again.stdout  # progress over heads
     redone = results(root / "heads")["tables"]["validation"]["loss"]["delta"]
     np.testing.assert_allclose(redone, summary["tables"]["validation"]["loss"]["delta"], rtol=1e-6)
 

@@ -144,8 +144,8 @@ def run_sweep_heads(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
                 results |= finished
                 continue
             if job.trainer.is_global_zero:  # progress over heads; Lightning's bar shows the layer's batches
-                console.print(f"layer {layer} of 0-{num_layers - 1}: {len(variants)} plans ({len(results)} of "
-                              f"{len(plans)} done)", markup=False)
+                console.print(f"layer {layer} (0-{num_layers - 1}): {len(variants)} plans; {len(results)} of "
+                              f"{len(plans)} plans done", markup=False)
             records, baseline = job.evaluate(variants, lambda chosen, extra, layer=layer: LayerSweepEvaluator(
                 job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
                 extra[0] if extra else None))
