@@ -133,22 +133,33 @@ def best_spans(
 
 
 class AnswerCollector:
-    """Merges the best spans of features into one answer per question (any order, any batches)."""
+    """Merges the best spans of features into one answer per question (any order, any batches).
+
+    ``add`` keeps a batch's tensors where they are (on a GPU: no host-device synchronisation per batch);
+    ``answers`` reads them.
+    """
 
     def __init__(self) -> None:
         self.best: dict[int, tuple[float, int, int]] = {}  # question -> (score, char start, char end)
         self.null: dict[int, float] = {}  # question -> smallest null score over its features
+        self._batches: list[tuple[torch.Tensor, Spans]] = []
 
     def add(self, example_index: torch.Tensor, spans: Spans) -> None:
-        rows = zip(example_index.tolist(), spans.score.tolist(), spans.start.tolist(), spans.end.tolist(),
-                   spans.null_score.tolist())
-        for example, score, start, end, null in rows:
-            if example not in self.best or score > self.best[example][0]:
-                self.best[example] = (score, start, end)
-            self.null[example] = min(null, self.null.get(example, torch.inf))
+        self._batches.append((example_index, spans))
+
+    def _merge(self) -> None:
+        for example_index, spans in self._batches:
+            rows = zip(example_index.tolist(), spans.score.tolist(), spans.start.tolist(), spans.end.tolist(),
+                       spans.null_score.tolist())
+            for example, score, start, end, null in rows:
+                if example not in self.best or score > self.best[example][0]:
+                    self.best[example] = (score, start, end)
+                self.null[example] = min(null, self.null.get(example, torch.inf))
+        self._batches = []
 
     def answers(self, contexts: Any, version: str = "v1") -> dict[int, str]:
         """Predicted text of every question seen; ``contexts[i]`` is question i's context."""
+        self._merge()
         predictions = {}
         for example, (score, start, end) in self.best.items():
             no_answer = start < 0 or (version == "v2" and self.null[example] > score)

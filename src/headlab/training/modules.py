@@ -80,8 +80,8 @@ class TaskModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _keep(self, split: str, *columns: torch.Tensor) -> None:
-        """Per-example values of one batch, kept on the CPU until the epoch ends."""
-        self._pending[split].append(tuple(c.detach().cpu() for c in columns))
+        """Per-example values of one batch, kept on the device until the epoch ends (no host sync per batch)."""
+        self._pending[split].append(tuple(c.detach() for c in columns))
 
     def _take(self, split: str) -> list[tuple]:
         """This process's kept rows of ``split`` (tuples, one value per column), and forget them."""
