@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,19 @@ def trained(tmp_path_factory):
     run("train.py", "data.batch_size=16", "data.max_train_examples=400", "trainer.max_steps=25",
         "trainer.val_check_interval=25", "optim.lr=2e-3", f"hydra.run.dir={root / 'train'}", cwd_tmp=root)
     return root, json.loads((root / "train/results.json").read_text())
+
+
+def in_parallel(function, *argument_lists) -> list:
+    """``function`` over the argument lists, four calls at a time (subprocesses: mostly imports, one core each)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(function, *argument_lists))
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess, expected: str) -> None:
+    """Bad input's contract: exit status 2, no traceback, one ``error:`` line, the last one, naming ``expected``."""
+    output = result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr[-3000:]
+    assert expected in errors[0], errors[0]

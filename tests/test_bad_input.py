@@ -13,11 +13,10 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, assert_one_error_line, in_parallel
 
 TINY = {"train.py": ["model=tiny_random", "logger=none", "task=demo_pairs"],
         "ablate.py": ["model=tiny_random", "logger=none", "task=demo_pairs"]}
@@ -161,20 +160,14 @@ def run(script, overrides, files, tmp_path):
 def outcomes(files, tmp_path_factory):
     """Every case's (result, folder), run a few processes at a time: each is mostly Python's imports, one core."""
     folders = [tmp_path_factory.mktemp("case") for _ in CASES]
-    with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
-        results = pool.map(lambda case, folder: run(case[0], case[1], files, folder), CASES, folders)
-        return list(zip(results, folders))
+    results = in_parallel(lambda case, folder: run(case[0], case[1], files, folder), CASES, folders)
+    return list(zip(results, folders))
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[" ".join(c[1]) for c in CASES])
 def test_bad_command_prints_one_error_line(case, outcomes):
     (_, _, expected), (result, tmp_path) = CASES[case], outcomes[case]
-    output = result.stdout + result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.returncode == 2, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr[-3000:]
-    assert expected in errors[0], errors[0]
+    assert_one_error_line(result, expected)
     assert not (tmp_path / "run/checkpoints").exists()
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, assert_one_error_line, in_parallel
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -36,15 +35,9 @@ def run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def outcomes():
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(lambda case: run(case[0], case[1]), CASES))
+    return in_parallel(lambda case: run(case[0], case[1]), CASES)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
 def test_bad_benchmark_argument_prints_one_error_line(case, outcomes):
-    (_, _, expected), result = CASES[case], outcomes[case]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr[-2000:]
-    assert expected in errors[0], errors[0]
+    assert_one_error_line(outcomes[case], CASES[case][2])
