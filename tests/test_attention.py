@@ -141,14 +141,15 @@ def test_task_heads_match_reference(tiny_model, inputs, sentence_ids, task_head)
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
-def test_query_without_allowed_key_outputs_zero_not_nan(tiny_model, inputs, renormalize):
-    """One unit per row: drop_intra leaves no key at all; drop_inter keeps everything."""
+@pytest.mark.parametrize("heads", ["all", "H0-1", "H0,H2"])  # one group per layer, a slice beside others, indices
+def test_query_without_allowed_key_outputs_zero_not_nan(tiny_model, inputs, renormalize, heads):
+    """One unit per row: drop_intra leaves no key at all, so its heads equal pruned ones."""
     one_unit = torch.zeros_like(inputs["input_ids"])
-    plan = plan_of([{"heads": "all", "policy": "drop_intra"}], tiny_model)
+    plan = plan_of([{"heads": heads, "policy": "drop_intra"}], tiny_model)
     with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
         out = tiny_model(**inputs, sentence_ids=one_unit).last_hidden_state
     assert torch.isfinite(out).all()
-    no_attention = plan_of([{"heads": "all", "policy": "prune"}], tiny_model)
+    no_attention = plan_of([{"heads": heads, "policy": "prune"}], tiny_model)
     with torch.no_grad(), headlab.ablate(tiny_model, no_attention):
         pruned = tiny_model(**inputs).last_hidden_state
     torch.testing.assert_close(out, pruned, rtol=1e-6, atol=1e-6)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_close_rel
 from test_attention import MIXED_RULES, plan_of, reference
 
 import headlab
-from headlab.core.attention import Controller
+from headlab.core.attention import Controller, additive_mask
 from headlab.core.plans import POLICIES
 
 PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy in POLICIES if policy != "keep"},
@@ -116,3 +117,32 @@ def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sen
         for units in (sentence_ids.clone(), other.clone()):
             out = tiny_model(**inputs, sentence_ids=units).last_hidden_state
             assert_close_rel(out[valid], reference(tiny_model, inputs, plan, units, renormalize)[valid])
+
+
+@pytest.mark.parametrize("name", ["uniform", "mixed"])
+def test_padding_mask_is_converted_per_forward(tiny_model, inputs, sentence_ids, name):
+    """Layers share one conversion of the padding mask per forward; a forward with other padding gets its own."""
+    plan = plan_of(PLANS[name], tiny_model)
+    shorter = dict(inputs, attention_mask=inputs["attention_mask"].clone())
+    shorter["attention_mask"][:, 5:] = 0
+    with torch.no_grad(), headlab.ablate(tiny_model, plan):
+        for batch in (inputs, shorter, inputs):
+            out = tiny_model(**batch, sentence_ids=sentence_ids).last_hidden_state
+            valid = batch["attention_mask"].bool()
+            assert_close_rel(out[valid], reference(tiny_model, batch, plan, sentence_ids, False)[valid])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_additive_mask_is_sdpas_own_conversion(dtype):
+    """0 where kept, -inf elsewhere, as SDPA converts a boolean mask; broadcast dimensions stay broadcast."""
+    keep = torch.rand(3, 1, 1, 7, generator=torch.Generator().manual_seed(0)) > 0.4
+    for mask in (keep, keep.expand(3, 1, 5, 7), torch.cat([keep, ~keep], dim=-1).expand(3, 2, 6, 14)):
+        additive = additive_mask(mask, dtype)
+        expected = torch.full(mask.shape, float("-inf"), dtype=dtype).masked_fill(mask, 0.0)
+        assert additive.dtype == dtype and additive.shape == mask.shape
+        assert torch.equal(additive, expected)
+        assert [s == 0 for s in additive.stride()] == [s == 0 and n > 1 for s, n in zip(mask.stride(), mask.shape)]
+    q, k, v = (torch.randn(3, 2, 6, 4, dtype=torch.float64) for _ in range(3))
+    both = torch.cat([keep, ~keep], dim=-1)[..., :6].expand(3, 2, 6, 6)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask(both, q.dtype)),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=both), rtol=0, atol=0)

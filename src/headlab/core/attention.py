@@ -8,9 +8,11 @@ model's device) is built once per (model, plan, renormalize) and cached, so ente
 few attributes; an all-``keep`` plan, and every all-``keep`` layer, runs stock SDPA.
 
 Per layer, the heads that keep, prune or take uniform attention share one SDPA call; ``drop_*``
-heads form one group per policy (a slice when contiguous, so no copy). No seq x seq weights are
-materialised and no branch depends on data (no host-device synchronisation; the forward compiles
-with ``fullgraph=True``):
+heads form one group per policy (a slice when contiguous, so no copy); the groups write into the
+result's own ``[batch, seq, heads, head_dim]`` memory. No seq x seq weights are materialised and no
+branch depends on data (no host-device synchronisation; the forward compiles with ``fullgraph=True``).
+The masks SDPA gets (padding and unit masks) are additive, built by a forward's first layer that
+needs them and shared by the others: SDPA would otherwise convert a boolean mask in every call.
 
 ==========================  =====================================================================
 keep                        SDPA, unchanged
@@ -130,7 +132,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: tuple | None = None  # (tensors, values, unit inputs, {policy: mask}) of the latest forward
+        self.masks: dict = {}  # what the latest forward's layers share: padding and unit masks
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
 
     @classmethod
@@ -145,22 +147,35 @@ class Controller:
         return controller
 
     def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """``unit_mask`` of ``policy`` for this forward, built by its first layer with that policy, reused by the rest.
+        """``unit_mask`` of ``policy`` for this forward: built by its first layer with that policy, then reused."""
+        tensors = (attention_mask, sentence_ids)
+
+        def build() -> tuple:
+            inputs = self._per_forward("unit inputs", tensors, query, lambda: _unit_inputs(*tensors, query))
+            return unit_mask(policy, renormalize, *inputs, query.dtype)
+
+        return self._per_forward((policy, renormalize), tensors, query, build)
+
+    def padding_mask(self, attention_mask, query) -> torch.Tensor | None:
+        """The layers' ``attention_mask`` as SDPA takes it fastest (``additive_mask``), converted once per forward."""
+        if attention_mask is None or attention_mask.dtype != torch.bool:
+            return attention_mask
+        convert = lambda: additive_mask(attention_mask, query.dtype)  # noqa: E731
+        return self._per_forward("padding", (attention_mask,), query, convert)
+
+    def _per_forward(self, name, tensors: tuple, query, build):
+        """``build()``, run by the forward's first layer that asks for ``name`` and reused by the others.
 
         Every layer gets the same mask and unit-id tensor objects, so identity tells the forward apart (no data
         is read). Under ``torch.compile`` nothing is kept: each layer builds them and the compiler fuses.
         """
         if torch.compiler.is_compiling():
-            return unit_mask(policy, renormalize, *_unit_inputs(attention_mask, sentence_ids, query))
-        tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
-        values = (renormalize, query.device, *(_version(t) for t in tensors))  # in-place edits
-        cached = self.masks
-        if cached is None or any(a is not b for a, b in zip(cached[0], tensors)) or cached[1] != values:
-            self.masks = cached = (tensors, values, _unit_inputs(attention_mask, sentence_ids, query), {})
-        inputs, by_policy = cached[2], cached[3]
-        if policy not in by_policy:
-            by_policy[policy] = unit_mask(policy, renormalize, *inputs)
-        return by_policy[policy]
+            return build()
+        values = (query.device, query.dtype, *(_version(t) for t in tensors))  # in-place edits
+        entry = self.masks.get(name)  # (tensors compared by identity, never by value; values; the result)
+        if entry is None or any(a is not b for a, b in zip(entry[0], tensors)) or entry[1] != values:
+            entry = self.masks[name] = (tensors, values, build())
+        return entry[2]
 
     def states_for(self, plan: HeadPlan | tuple[HeadPlan, ...], renormalize: bool, device: torch.device) -> tuple:
         """Per layer: a LayerState (one plan), a RowsState (a tuple of per-row plans) or None (all keep)."""
@@ -192,38 +207,49 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         )
     if isinstance(layer, RowsState):
         return _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
+    padding = controller.padding_mask(attention_mask, query)
     if not layer.drops:  # one SDPA call serves every head
-        out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
+        out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling, padding)
         return out.transpose(1, 2).contiguous(), None
-    out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
+    if layer.shared is None and len(layer.drops) == 1 and layer.drops[0][1] == slice(0, query.shape[1]):
+        policy = layer.drops[0][0]  # one drop_* policy on every head: no groups to assemble
+        mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
+        return _restricted(query, key, value, *mask, dropout, scaling).transpose(1, 2).contiguous(), None
+    batch, heads, length, head_dim = query.shape
+    out = query.new_empty(batch, length, heads, head_dim)  # the result's layout; every head is written by one group
     groups = [("shared", layer.shared)] if layer.shared is not None else []
-    for policy, heads in [*groups, *layer.drops]:
-        q, k, v = (_heads(x, heads) for x in (query, key, value))
+    for policy, chosen in [*groups, *layer.drops]:
+        q, k, v = (_heads(x, chosen) for x in (query, key, value))
         if policy == "shared":
-            context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling)
+            context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling, padding)
+            has_key = None
         else:
             mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
-            context = _restricted(q, k, v, *mask, dropout, scaling)
-        if isinstance(heads, slice):
-            out[:, heads] = context
+            context, has_key = _restricted_unmasked(q, k, v, *mask, dropout, scaling)
+        context = context.transpose(1, 2)  # [batch, seq, heads in the group, head_dim]
+        has_key = None if has_key is None else has_key.transpose(1, 2)
+        if isinstance(chosen, slice):  # the copy into place also zeroes queries with no allowed key
+            _write(out[:, :, chosen], context, has_key)
         else:
-            out.index_copy_(1, heads, context)
-    return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
+            out.index_copy_(2, chosen, context if has_key is None else context.masked_fill(~has_key, 0.0))
+    return out, None
 
 
-def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
+def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling, padding=None) -> torch.Tensor:
     """keep, prune and uniform heads in one SDPA call: pruned heads' values and uniform heads' queries zeroed.
 
-    ``prune`` / ``uniform``: boolean marks ``[1 or batch, heads, 1, 1]`` (None: no such head).
+    ``prune`` / ``uniform``: boolean marks ``[1 or batch, heads, 1, 1]`` (None: no such head). ``padding``:
+    ``attention_mask`` as ``Controller.padding_mask`` gives it to SDPA (None: ``attention_mask`` itself).
     """
+    mask = attention_mask if padding is None else padding
     if uniform is not None:
         q = _zero_heads(q, uniform)
         valid, bias = _validity(attention_mask, q)
         if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
-            attention_mask = torch.where(uniform, _with_bias(valid, torch.zeros_like(bias)), bias)
+            mask = torch.where(uniform, _with_bias(valid, torch.zeros_like(bias)), bias)
     if prune is not None:
         v = _zero_heads(v, prune)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
 
 def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
@@ -235,7 +261,8 @@ def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dr
         raise ValueError(f"plan_ids has shape {list(plan_ids.shape)}; expected [batch] = [{query.shape[0]}]")
     plan_ids = plan_ids.to(query.device)
     rows = lambda table: None if table is None else table[plan_ids][:, :, None, None]  # noqa: E731  [batch, heads, 1, 1]
-    out = _shared(rows(layer.prune), rows(layer.uniform), query, key, value, attention_mask, dropout, scaling)
+    padding = controller.padding_mask(attention_mask, query)
+    out = _shared(rows(layer.prune), rows(layer.uniform), query, key, value, attention_mask, dropout, scaling, padding)
     for policy, table in layer.drops:
         mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
         out = torch.where(rows(table), _restricted(query, key, value, *mask, dropout, scaling), out)
@@ -265,8 +292,9 @@ def _unit_inputs(attention_mask, sentence_ids, query) -> tuple:
     return (*_validity(attention_mask, query), _same_unit(sentence_ids, query))
 
 
-def unit_mask(policy: str, renormalize: bool, valid, bias, same_unit) -> tuple:
-    """(SDPA mask, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for every layer.
+def unit_mask(policy: str, renormalize: bool, valid, bias, same_unit, dtype: torch.dtype) -> tuple:
+    """(SDPA mask in ``dtype``, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for
+    every layer.
 
     renormalize: the allowed keys (a query with none attends anywhere; ``has_key`` zeroes it afterwards).
     Otherwise ``[allowed | other valid keys]`` ``[batch, 1, seq, 2 seq]`` for the doubled keys.
@@ -275,18 +303,34 @@ def unit_mask(policy: str, renormalize: bool, valid, bias, same_unit) -> tuple:
     keep = allowed & valid
     if renormalize:
         has_key = keep.any(-1, keepdim=True)
-        return _with_bias(keep | ~has_key, bias), has_key
+        return _sdpa_mask(keep | ~has_key, bias, dtype), has_key
     rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
-    return torch.cat([_with_bias(keep, bias), _with_bias(rest, bias)], dim=-1), None
+    both = torch.cat([keep, rest], dim=-1)  # [batch, 1, seq, 2 seq]
+    return _sdpa_mask(both, None if bias is None else torch.cat([bias, bias], dim=-1), dtype), None
 
 
 def _restricted(q, k, v, mask, has_key, dropout: float, scaling) -> torch.Tensor:
     """Attention limited to the allowed keys (module docstring); a query with no allowed key outputs 0."""
+    out, has_key = _restricted_unmasked(q, k, v, mask, has_key, dropout, scaling)
+    return out if has_key is None else out.masked_fill(~has_key, 0.0)
+
+
+def _restricted_unmasked(q, k, v, mask, has_key, dropout: float, scaling) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``_restricted`` before zeroing: (output, ``has_key`` or None); the caller zeroes rows without ``has_key``."""
     if has_key is not None:  # renormalize
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        return out.masked_fill(~has_key, 0.0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling), has_key
     keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling), None
+
+
+def _write(target: torch.Tensor, context: torch.Tensor, has_key: torch.Tensor | None) -> None:
+    """Copy ``context`` into ``target`` (a view), zeroing queries without ``has_key`` (one pass without autograd)."""
+    if has_key is None:
+        target.copy_(context)
+    elif context.requires_grad or torch.compiler.is_compiling():  # no out= under autograd or dynamo (fused anyway)
+        target.copy_(context.masked_fill(~has_key, 0.0))
+    else:
+        torch.mul(context, has_key, out=target)
 
 
 def _validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -301,6 +345,26 @@ def _validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]
 def _with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """SDPA's ``attn_mask``: ``keep`` itself, or the bias with -inf where ``keep`` is False."""
     return keep if bias is None else bias.masked_fill(~keep, float("-inf"))
+
+
+def _sdpa_mask(keep: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``_with_bias`` in the form SDPA takes fastest: additive in ``dtype`` when there is no bias."""
+    return additive_mask(keep, dtype) if bias is None else _with_bias(keep, bias)
+
+
+def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean SDPA mask ``keep`` as the additive one SDPA would make of it (0 where True, -inf where False).
+
+    SDPA converts a boolean mask in every call, and on CPU its conversion (``where``) costs more than the
+    attention of a small head; a forward converts once and every layer reuses the result. ``1 / keep - 1``,
+    negated, gives exactly 0 and -inf. Dimensions broadcast by stride 0 stay broadcast (no full-size copy).
+    """
+    broadcast = [dim for dim in range(keep.dim()) if keep.stride(dim) == 0 and keep.shape[dim] > 1]
+    compact = keep
+    for dim in broadcast:
+        compact = compact.narrow(dim, 0, 1)
+    ones = compact.view(torch.uint8).to(dtype)  # 1 / 0 (from uint8: several times faster than from bool on CPU)
+    return ones.reciprocal_().neg_().add_(1.0).expand(keep.shape)
 
 
 def _same_unit(sentence_ids, query) -> torch.Tensor:
@@ -378,7 +442,7 @@ def ablate(
         with headlab_implementation(controller, switch=any(state is not None for state in states)):
             yield model
     finally:
-        controller.active, controller.masks = None, None
+        controller.active, controller.masks = None, {}
 
 
 @contextmanager
