@@ -11,8 +11,9 @@ from conftest import assert_close_rel
 from test_attention import MIXED_RULES, plan_of, reference
 
 import headlab
-from headlab.core.attention import Controller, additive_mask
+from headlab.core.attention import Controller
 from headlab.core.plans import POLICIES
+from headlab.core.sdpa_masks import additive_mask
 
 PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy in POLICIES if policy != "keep"},
          "mixed": MIXED_RULES}

@@ -45,16 +45,12 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import (
-    AttentionMaskInterface,
-    bidirectional_mask_function,
-    prepare_padding_mask,
-    sdpa_mask,
-)
+from transformers.masking_utils import AttentionMaskInterface
 
 from headlab.core.bert_family import self_attention_modules
 from headlab.core.plans import HeadPlan
 from headlab.core.pruning import pruned_heads_of
+from headlab.core.sdpa_masks import additive_mask, padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.errors import UserError
 
 ATTENTION_NAME = "headlab"
@@ -151,7 +147,7 @@ class Controller:
         tensors = (attention_mask, sentence_ids)
 
         def build() -> tuple:
-            inputs = self._per_forward("unit inputs", tensors, query, lambda: _unit_inputs(*tensors, query))
+            inputs = self._per_forward("unit inputs", tensors, query, lambda: unit_inputs(*tensors, query))
             return unit_mask(policy, renormalize, *inputs, query.dtype)
 
         return self._per_forward((policy, renormalize), tensors, query, build)
@@ -244,9 +240,9 @@ def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling, pa
     mask = attention_mask if padding is None else padding
     if uniform is not None:
         q = _zero_heads(q, uniform)
-        valid, bias = _validity(attention_mask, q)
+        valid, bias = validity(attention_mask, q)
         if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
-            mask = torch.where(uniform, _with_bias(valid, torch.zeros_like(bias)), bias)
+            mask = torch.where(uniform, with_bias(valid, torch.zeros_like(bias)), bias)
     if prune is not None:
         v = _zero_heads(v, prune)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
@@ -287,28 +283,6 @@ def _version(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None or tensor.is_inference() else tensor._version
 
 
-def _unit_inputs(attention_mask, sentence_ids, query) -> tuple:
-    """(key validity, additive bias or None, same unit ``[batch, 1, seq, seq]``): what every unit mask starts from."""
-    return (*_validity(attention_mask, query), _same_unit(sentence_ids, query))
-
-
-def unit_mask(policy: str, renormalize: bool, valid, bias, same_unit, dtype: torch.dtype) -> tuple:
-    """(SDPA mask in ``dtype``, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for
-    every layer.
-
-    renormalize: the allowed keys (a query with none attends anywhere; ``has_key`` zeroes it afterwards).
-    Otherwise ``[allowed | other valid keys]`` ``[batch, 1, seq, 2 seq]`` for the doubled keys.
-    """
-    allowed = ~same_unit if policy == "drop_intra" else same_unit
-    keep = allowed & valid
-    if renormalize:
-        has_key = keep.any(-1, keepdim=True)
-        return _sdpa_mask(keep | ~has_key, bias, dtype), has_key
-    rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
-    both = torch.cat([keep, rest], dim=-1)  # [batch, 1, seq, 2 seq]
-    return _sdpa_mask(both, None if bias is None else torch.cat([bias, bias], dim=-1), dtype), None
-
-
 def _restricted(q, k, v, mask, has_key, dropout: float, scaling) -> torch.Tensor:
     """Attention limited to the allowed keys (module docstring); a query with no allowed key outputs 0."""
     out, has_key = _restricted_unmasked(q, k, v, mask, has_key, dropout, scaling)
@@ -333,74 +307,10 @@ def _write(target: torch.Tensor, context: torch.Tensor, has_key: torch.Tensor | 
         torch.mul(context, has_key, out=target)
 
 
-def _validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(boolean key validity, additive float bias or None); validity broadcasts to ``[batch, 1, seq, seq]``."""
-    if attention_mask is None:
-        return torch.ones(1, 1, 1, query.shape[2], dtype=torch.bool, device=query.device), None
-    if attention_mask.dtype == torch.bool:
-        return attention_mask, None
-    return attention_mask > torch.finfo(attention_mask.dtype).min / 2, attention_mask
-
-
-def _with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """SDPA's ``attn_mask``: ``keep`` itself, or the bias with -inf where ``keep`` is False."""
-    return keep if bias is None else bias.masked_fill(~keep, float("-inf"))
-
-
-def _sdpa_mask(keep: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``_with_bias`` in the form SDPA takes fastest: additive in ``dtype`` when there is no bias."""
-    return additive_mask(keep, dtype) if bias is None else _with_bias(keep, bias)
-
-
-def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The boolean SDPA mask ``keep`` as the additive one SDPA would make of it (0 where True, -inf where False).
-
-    SDPA converts a boolean mask in every call, and on CPU its conversion (``where``) costs more than the
-    attention of a small head; a forward converts once and every layer reuses the result. ``1 / keep - 1``,
-    negated, gives exactly 0 and -inf. Dimensions broadcast by stride 0 stay broadcast (no full-size copy).
-    """
-    broadcast = [dim for dim in range(keep.dim()) if keep.stride(dim) == 0 and keep.shape[dim] > 1]
-    compact = keep
-    for dim in broadcast:
-        compact = compact.narrow(dim, 0, 1)
-    ones = compact.view(torch.uint8).to(dtype)  # 1 / 0 (from uint8: several times faster than from bool on CPU)
-    return ones.reciprocal_().neg_().add_(1.0).expand(keep.shape)
-
-
-def _same_unit(sentence_ids, query) -> torch.Tensor:
-    """``[batch, 1, seq, seq]``: True where query and key tokens belong to the same unit."""
-    batch, _, length, _ = query.shape
-    if sentence_ids is None:
-        raise ValueError(
-            "policies drop_intra/drop_inter need unit ids: pass sentence_ids=LongTensor[batch, seq] to the "
-            "model's forward (headlab.unit_ids builds them from a tokenizer encoding)"
-        )
-    if tuple(sentence_ids.shape) != (batch, length):
-        raise ValueError(
-            f"sentence_ids has shape {list(sentence_ids.shape)}; expected [batch, seq] = [{batch}, {length}]"
-        )
-    sentence_ids = sentence_ids.to(query.device)
-    return (sentence_ids[:, :, None] == sentence_ids[:, None, :]).unsqueeze(1)
-
-
-def _padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-                  attention_mask=None, **kwargs):
-    """transformers' SDPA mask without the host read: the plain bidirectional padding mask as a broadcast view.
-
-    ``sdpa_mask`` decides whether it may skip the mask by reading it (``padding_mask.all()``), a host-device
-    synchronisation on GPUs; here the mask is always given. Other mask kinds go to ``sdpa_mask``, materialised.
-    """
-    if mask_function is bidirectional_mask_function and attention_mask is not None and attention_mask.dim() == 2:
-        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)  # [batch, kv_length] bool
-        return padding[:, None, None, :].expand(batch_size, 1, q_length, kv_length)
-    kwargs["allow_is_bidirectional_skip"] = False
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs)
-
-
 def register_attention() -> None:
     """Make ``attn_implementation="headlab"`` available (idempotent)."""
     AttentionInterface.register(ATTENTION_NAME, headlab_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, _padding_mask)
+    AttentionMaskInterface.register(ATTENTION_NAME, padding_mask_function)
 
 
 def _device(model: PreTrainedModel) -> torch.device:

@@ -27,8 +27,9 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from headlab.core.attention import Controller, _padding_mask, _restricted, _shared, headlab_attention
+from headlab.core.attention import Controller, _restricted, _shared, headlab_attention
 from headlab.core.plans import ESTIMABLE
+from headlab.core.sdpa_masks import padding_mask_function
 
 PROBE_NAME = "headlab_probe"
 _PROBE = "_headlab_probe"  # attribute on the self-attention modules while a probe is active
@@ -170,7 +171,7 @@ def gradient_probe(model: PreTrainedModel, policies: Sequence[str] = (), renorma
     """
     controller = Controller.of(model)
     AttentionInterface.register(PROBE_NAME, probe_attention)
-    AttentionMaskInterface.register(PROBE_NAME, _padding_mask)
+    AttentionMaskInterface.register(PROBE_NAME, padding_mask_function)
     probe = GradientProbe(controller, model.config.num_hidden_layers, policies, renormalize, values)
     originals = [config._attn_implementation_internal for config in controller.configs]
     trainable = [p for p in model.parameters() if p.requires_grad]

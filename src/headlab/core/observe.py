@@ -16,8 +16,9 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
-from headlab.core.attention import Controller, _validity, headlab_implementation
+from headlab.core.attention import Controller, headlab_implementation
 from headlab.core.pruning import pruned_heads_of
+from headlab.core.sdpa_masks import validity
 from headlab.errors import UserError
 
 Observer = Callable[[int, torch.Tensor], None]
@@ -27,7 +28,7 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, attention_mask, sc
     """``[batch, heads, seq, seq]`` float32 softmax weights; query and key ``[batch, heads, seq, head_dim]``."""
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale  # [batch, heads, seq, seq]
-    valid, bias = _validity(attention_mask, query)
+    valid, bias = validity(attention_mask, query)
     if bias is not None:
         scores = scores + bias.float()
     return scores.masked_fill(~valid, float("-inf")).softmax(dim=-1)
