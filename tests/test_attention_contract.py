@@ -147,3 +147,28 @@ def test_additive_mask_is_sdpas_own_conversion(dtype):
     both = torch.cat([keep, ~keep], dim=-1)[..., :6].expand(3, 2, 6, 6)
     torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask(both, q.dtype)),
                                F.scaled_dot_product_attention(q, k, v, attn_mask=both), rtol=0, atol=0)
+
+
+def test_mask_memory_reused_between_forwards_never_reaches_an_autograd_graph(tiny_model, inputs, sentence_ids):
+    """On the CPU, forwards without autograd write their unit masks into kept memory; a forward with autograd
+    gets its own, so a later forward cannot change the masks its backward pass reads."""
+    plan = plan_of(MIXED_RULES, tiny_model)
+
+    def gradients(forward_in_between: bool) -> list[torch.Tensor]:
+        tiny_model.zero_grad()
+        with headlab.ablate(tiny_model, plan):
+            loss = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state.square().sum()
+            if forward_in_between:
+                with torch.no_grad():
+                    tiny_model(**inputs, sentence_ids=sentence_ids.flip(-1).clone())
+            loss.backward()
+        return [p.grad.clone() for p in tiny_model.parameters() if p.grad is not None]
+
+    alone, interleaved = gradients(False), gradients(True)
+    assert alone and all(torch.equal(a, b) for a, b in zip(alone, interleaved))
+    shorter = {k: v[:, :9] for k, v in inputs.items()}  # another shape: new memory, right masks
+    with torch.no_grad(), headlab.ablate(tiny_model, plan):
+        for batch, units in ((inputs, sentence_ids), (shorter, sentence_ids[:, :9]), (inputs, sentence_ids)):
+            out = tiny_model(**batch, sentence_ids=units).last_hidden_state
+            valid = batch["attention_mask"].bool()
+            assert_close_rel(out[valid], reference(tiny_model, batch, plan, units, False)[valid])

@@ -129,6 +129,7 @@ class Controller:
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
         self.masks: dict = {}  # what the latest forward's layers share: padding and unit masks
+        self.buffers: dict = {}  # per unit mask: {(shape, dtype): memory that later forwards write again}
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
 
     @classmethod
@@ -143,14 +144,20 @@ class Controller:
         return controller
 
     def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """``unit_mask`` of ``policy`` for this forward: built by its first layer with that policy, then reused."""
+        """``unit_mask`` of ``policy`` for this forward: built by its first layer with that policy, then reused.
+
+        On the CPU, when no autograd graph can keep the mask, it is written into memory kept from forward to
+        forward (``buffers``): a fresh multi-MB mask in every forward costs page faults there.
+        """
         tensors = (attention_mask, sentence_ids)
+        name = (policy, renormalize, query.device.type == "cpu" and not torch.is_grad_enabled())
+        buffers = self.buffers.setdefault(name, {}) if name[-1] else None
 
         def build() -> tuple:
             inputs = self._per_forward("unit inputs", tensors, query, lambda: unit_inputs(*tensors, query))
-            return unit_mask(policy, renormalize, *inputs, query.dtype)
+            return unit_mask(policy, renormalize, *inputs, query.dtype, buffers)
 
-        return self._per_forward((policy, renormalize), tensors, query, build)
+        return self._per_forward(name, tensors, query, build)
 
     def padding_mask(self, attention_mask, query) -> torch.Tensor | None:
         """The layers' ``attention_mask`` as SDPA takes it fastest (``additive_mask``), converted once per forward."""

@@ -16,9 +16,9 @@ def unit_inputs(attention_mask, sentence_ids, query) -> tuple:
     return (*validity(attention_mask, query), same_unit(sentence_ids, query))
 
 
-def unit_mask(policy: str, renormalize: bool, valid, bias, same, dtype: torch.dtype) -> tuple:
+def unit_mask(policy: str, renormalize: bool, valid, bias, same, dtype: torch.dtype, buffers=None) -> tuple:
     """(SDPA mask in ``dtype``, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for
-    every layer.
+    every layer. ``buffers``: as ``additive_mask`` takes them.
 
     renormalize: the allowed keys (a query with none attends anywhere; ``has_key`` zeroes it afterwards).
     Otherwise ``[allowed | other valid keys]`` ``[batch, 1, seq, 2 seq]`` for the doubled keys.
@@ -27,10 +27,10 @@ def unit_mask(policy: str, renormalize: bool, valid, bias, same, dtype: torch.dt
     keep = allowed & valid
     if renormalize:
         has_key = keep.any(-1, keepdim=True)
-        return _for_sdpa(keep | ~has_key, bias, dtype), has_key
+        return _for_sdpa(keep | ~has_key, bias, dtype, buffers), has_key
     rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
     both = torch.cat([keep, rest], dim=-1)  # [batch, 1, seq, 2 seq]
-    return _for_sdpa(both, None if bias is None else torch.cat([bias, bias], dim=-1), dtype), None
+    return _for_sdpa(both, None if bias is None else torch.cat([bias, bias], dim=-1), dtype, buffers), None
 
 
 def validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -47,23 +47,34 @@ def with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return keep if bias is None else bias.masked_fill(~keep, float("-inf"))
 
 
-def _for_sdpa(keep: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+def _for_sdpa(keep: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, buffers: dict | None) -> torch.Tensor:
     """``with_bias`` in the form SDPA takes fastest: additive in ``dtype`` when there is no bias."""
-    return additive_mask(keep, dtype) if bias is None else with_bias(keep, bias)
+    return additive_mask(keep, dtype, buffers) if bias is None else with_bias(keep, bias)
 
 
-def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(keep: torch.Tensor, dtype: torch.dtype, buffers: dict | None = None) -> torch.Tensor:
     """The boolean SDPA mask ``keep`` as the additive one SDPA would make of it (0 where True, -inf where False).
 
     SDPA converts a boolean mask in every call, and on CPU its conversion (``where``) costs more than the
     attention of a small head; a forward converts once and every layer reuses the result. ``1 / keep - 1``,
     negated, gives exactly 0 and -inf. Dimensions broadcast by stride 0 stay broadcast (no full-size copy).
+    ``buffers``: ``{(shape, dtype): tensor}``, memory to write the result into (one entry kept; under
+    ``torch.compile`` none is used).
     """
     broadcast = [dim for dim in range(keep.dim()) if keep.stride(dim) == 0 and keep.shape[dim] > 1]
     compact = keep
     for dim in broadcast:
         compact = compact.narrow(dim, 0, 1)
-    ones = compact.view(torch.uint8).to(dtype)  # 1 / 0 (from uint8: several times faster than from bool on CPU)
+    ones = compact.view(torch.uint8)  # 1 / 0 (as uint8: several times faster to convert than bool on CPU)
+    if buffers is None or torch.compiler.is_compiling():
+        ones = ones.to(dtype)
+    else:
+        key = (tuple(ones.shape), dtype, ones.device)
+        if key not in buffers:
+            buffers.clear()
+            with torch.inference_mode(False):  # usable outside inference mode too
+                buffers[key] = torch.empty(ones.shape, dtype=dtype, device=ones.device)
+        ones = buffers[key].copy_(ones)
     return ones.reciprocal_().neg_().add_(1.0).expand(keep.shape)
 
 
