@@ -227,8 +227,9 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
             context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling, padding)
             has_key = None
         else:
-            mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
-            context, has_key = _restricted_unmasked(q, k, v, *mask, dropout, scaling)
+            mask, has_key = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"),
+                                                 query)
+            context = _unzeroed(q, k, v, mask, has_key is not None, dropout, scaling)
         context = context.transpose(1, 2)  # [batch, seq, heads in the group, head_dim]
         has_key = None if has_key is None else has_key.transpose(1, 2)
         if isinstance(chosen, slice):  # the copy into place also zeroes queries with no allowed key
@@ -292,16 +293,16 @@ def _version(tensor: torch.Tensor | None) -> int | None:
 
 def _restricted(q, k, v, mask, has_key, dropout: float, scaling) -> torch.Tensor:
     """Attention limited to the allowed keys (module docstring); a query with no allowed key outputs 0."""
-    out, has_key = _restricted_unmasked(q, k, v, mask, has_key, dropout, scaling)
+    out = _unzeroed(q, k, v, mask, has_key is not None, dropout, scaling)
     return out if has_key is None else out.masked_fill(~has_key, 0.0)
 
 
-def _restricted_unmasked(q, k, v, mask, has_key, dropout: float, scaling) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``_restricted`` before zeroing: (output, ``has_key`` or None); the caller zeroes rows without ``has_key``."""
-    if has_key is not None:  # renormalize
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling), has_key
-    keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling), None
+def _unzeroed(q, k, v, mask, renormalize: bool, dropout: float, scaling) -> torch.Tensor:
+    """``_restricted`` before the queries without an allowed key are zeroed (renormalize only)."""
+    if renormalize:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)  # [K; K], [V; 0]
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
 
 def _write(target: torch.Tensor, context: torch.Tensor, has_key: torch.Tensor | None) -> None:
