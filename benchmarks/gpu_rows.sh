@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU rows of BENCHMARKS.md, in groups that each fit one call on the lent GPU machine (< 10 minutes):
+#
+#     bash benchmarks/gpu_rows.sh attention|train|eval [OUT_DIR]
+#
+# attention: attention_overhead.py on BERT-base and BERT-large shapes, bf16 (~4 min);
+# train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
+# eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min).
+# Each benchmark's output goes to OUT_DIR/NAME.log (default: $OUT, what the device tool brings back, else gpu-logs/).
+# Run it after the set-up line of ../shared/gpu/README.md (wheels on PYTHONPATH).
+set -euo pipefail
+group=${1:-}
+case "$group" in
+    attention|train|eval) ;;
+    *) echo "error: group must be one of attention, train, eval; got '$group'" >&2; exit 2 ;;
+esac
+out=${2:-${OUT:-gpu-logs}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/machine.log" 2>&1 || true
+python3 -c "import torch, transformers; print(torch.__version__, torch.version.cuda, transformers.__version__)" \
+    >> "$out/machine.log"
+
+run() {  # NAME ARGS...: one benchmark, its output to NAME.log (also shown)
+    local name=$1; shift
+    echo "== $name: python3 $*"
+    python3 "$@" 2>&1 | tee "$out/$name.log" | tail -n 16
+}
+
+case "$group" in
+    attention)
+        for shape in bert-base bert-large; do
+            run "attention-$shape" attention_overhead.py --device cuda --dtype bfloat16 --shape "$shape" \
+                --rounds 9 --repeat 3
+        done ;;
+    train)
+        for plan in none one_head_prune half_uniform; do
+            run "train-$plan" train_throughput.py --device cuda --precision bf16-mixed --shape bert-base \
+                --plan "$plan" --rounds 7 --steps 30
+        done ;;
+    eval)
+        run eval-sweep eval_speed.py sweep --device cuda --precision bf16-mixed --shape bert-base \
+            --task demo_pairs --rows 9815 --batch 128 --rounds 1
+        run eval-throughput eval_speed.py throughput --device cuda --precision bf16-mixed --shape bert-base \
+            --task demo_pairs --rows 9815 --batch 128 --rounds 3 ;;
+esac
