@@ -11,8 +11,9 @@ Per layer, the heads that keep, prune or take uniform attention share one SDPA c
 heads form one group per policy (a slice when contiguous, so no copy); the groups write into the
 result's own ``[batch, seq, heads, head_dim]`` memory. No seq x seq weights are materialised and no
 branch depends on data (no host-device synchronisation; the forward compiles with ``fullgraph=True``).
-The masks SDPA gets (padding and unit masks) are additive, built by a forward's first layer that
-needs them and shared by the others: SDPA would otherwise convert a boolean mask in every call.
+A forward's unit masks are built by its first layer that needs them and shared by the others; on the
+CPU they and the padding mask are made additive once (``cpu_sdpa_mask``), where SDPA would convert a
+boolean mask again in every call.
 
 ==========================  =====================================================================
 keep                        SDPA, unchanged
@@ -128,7 +129,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: dict = {}  # what the latest forward's layers share: padding and unit masks
+        self.masks: dict = {}  # what the latest forward's layers share: padding and unit masks, their inputs
         self.buffers: dict = {}  # per unit mask: {(shape, dtype): memory that later forwards write again}
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
 
@@ -144,27 +145,30 @@ class Controller:
         return controller
 
     def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """``unit_mask`` of ``policy`` for this forward: built by its first layer with that policy, then reused.
-
-        On the CPU, when no autograd graph can keep the mask, it is written into memory kept from forward to
-        forward (``buffers``): a fresh multi-MB mask in every forward costs page faults there.
-        """
+        """(SDPA mask, ``has_key``) of ``policy`` for this forward (``unit_mask``), built by its first layer with
+        that policy and reused by the others. On the CPU the mask is additive (``cpu_sdpa_mask``)."""
         tensors = (attention_mask, sentence_ids)
+        if torch.compiler.is_compiling():
+            return unit_mask(policy, renormalize, *unit_inputs(*tensors, query))
+        # Without autograd, the CPU's additive mask is written into memory kept from forward to forward: a
+        # fresh multi-MB mask in every forward raises the heap's peak, and the page faults cost more than the mask.
         name = (policy, renormalize, query.device.type == "cpu" and not torch.is_grad_enabled())
         buffers = self.buffers.setdefault(name, {}) if name[-1] else None
 
         def build() -> tuple:
             inputs = self._per_forward("unit inputs", tensors, query, lambda: unit_inputs(*tensors, query))
-            return unit_mask(policy, renormalize, *inputs, query.dtype, buffers)
+            mask, has_key = unit_mask(policy, renormalize, *inputs)
+            return cpu_sdpa_mask(mask, query, buffers), has_key
 
         return self._per_forward(name, tensors, query, build)
 
     def padding_mask(self, attention_mask, query) -> torch.Tensor | None:
-        """The layers' ``attention_mask`` as SDPA takes it fastest (``additive_mask``), converted once per forward."""
-        if attention_mask is None or attention_mask.dtype != torch.bool:
+        """The layers' padding mask for SDPA: on the CPU additive, converted once per forward (``cpu_sdpa_mask``)."""
+        if query.device.type != "cpu" or attention_mask is None or attention_mask.dtype != torch.bool:
             return attention_mask
-        convert = lambda: additive_mask(attention_mask, query.dtype)  # noqa: E731
-        return self._per_forward("padding", (attention_mask,), query, convert)
+        if torch.compiler.is_compiling():
+            return attention_mask
+        return self._per_forward("padding", (attention_mask,), query, lambda: cpu_sdpa_mask(attention_mask, query))
 
     def _per_forward(self, name, tensors: tuple, query, build):
         """``build()``, run by the forward's first layer that asks for ``name`` and reused by the others.
@@ -284,6 +288,18 @@ def _zero_heads(x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
 
 def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
     return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
+
+
+def cpu_sdpa_mask(mask: torch.Tensor, query: torch.Tensor, buffers: dict | None = None) -> torch.Tensor:
+    """``mask`` as a forward's layers pass it to SDPA: on the CPU a boolean mask is made additive once
+    (``additive_mask``), since SDPA's own conversion in every call is slow there (``where``: 1.4 ns an element
+    on this project's CPU, more than the attention of a small head). On a GPU SDPA converts it in one cheap
+    kernel launched from C++, which costs less host time than converting here (measured on the CPU at a
+    host-bound size, 4 x 16 tokens: 2-6 % slower), so the mask goes as it is.
+    """
+    if query.device.type != "cpu" or mask.dtype != torch.bool:
+        return mask
+    return additive_mask(mask, query.dtype, buffers)
 
 
 def _version(tensor: torch.Tensor | None) -> int | None:

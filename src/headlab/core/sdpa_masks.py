@@ -1,8 +1,8 @@
 """The masks SDPA gets under a plan: padding, and the unit masks of ``drop_*`` (DESIGN.md section 3).
 
 Unit masks are ``[batch, 1, seq, keys]`` over the same (query, key) pairs for every layer and head, so a
-forward builds each once (``Controller`` in ``attention.py`` keeps them). They are additive (0 / -inf) in
-the query's dtype: SDPA would convert a boolean mask again in every call.
+forward builds each once (``Controller`` in ``attention.py`` keeps them); ``additive_mask`` converts a
+boolean mask to the additive form once, where SDPA would convert it again in every call.
 """
 
 from __future__ import annotations
@@ -10,15 +10,16 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import bidirectional_mask_function, prepare_padding_mask, sdpa_mask
 
+_LARGE_CPU_MASK = 1 << 16  # elements from which a CPU mask is converted by the uint8 route (additive_mask)
+
 
 def unit_inputs(attention_mask, sentence_ids, query) -> tuple:
     """(key validity, additive bias or None, same unit ``[batch, 1, seq, seq]``): what every unit mask starts from."""
     return (*validity(attention_mask, query), same_unit(sentence_ids, query))
 
 
-def unit_mask(policy: str, renormalize: bool, valid, bias, same, dtype: torch.dtype, buffers=None) -> tuple:
-    """(SDPA mask in ``dtype``, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for
-    every layer. ``buffers``: as ``additive_mask`` takes them.
+def unit_mask(policy: str, renormalize: bool, valid, bias, same) -> tuple:
+    """(SDPA mask, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for every layer.
 
     renormalize: the allowed keys (a query with none attends anywhere; ``has_key`` zeroes it afterwards).
     Otherwise ``[allowed | other valid keys]`` ``[batch, 1, seq, 2 seq]`` for the doubled keys.
@@ -27,10 +28,9 @@ def unit_mask(policy: str, renormalize: bool, valid, bias, same, dtype: torch.dt
     keep = allowed & valid
     if renormalize:
         has_key = keep.any(-1, keepdim=True)
-        return _for_sdpa(keep | ~has_key, bias, dtype, buffers), has_key
+        return with_bias(keep | ~has_key, bias), has_key
     rest = valid & ~allowed  # valid keys a query may not use: they count in the softmax normaliser only
-    both = torch.cat([keep, rest], dim=-1)  # [batch, 1, seq, 2 seq]
-    return _for_sdpa(both, None if bias is None else torch.cat([bias, bias], dim=-1), dtype, buffers), None
+    return torch.cat([with_bias(keep, bias), with_bias(rest, bias)], dim=-1), None  # [batch, 1, seq, 2 seq]
 
 
 def validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -47,35 +47,34 @@ def with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return keep if bias is None else bias.masked_fill(~keep, float("-inf"))
 
 
-def _for_sdpa(keep: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, buffers: dict | None) -> torch.Tensor:
-    """``with_bias`` in the form SDPA takes fastest: additive in ``dtype`` when there is no bias."""
-    return additive_mask(keep, dtype, buffers) if bias is None else with_bias(keep, bias)
-
-
 def additive_mask(keep: torch.Tensor, dtype: torch.dtype, buffers: dict | None = None) -> torch.Tensor:
     """The boolean SDPA mask ``keep`` as the additive one SDPA would make of it (0 where True, -inf where False).
 
-    SDPA converts a boolean mask in every call, and on CPU its conversion (``where``) costs more than the
-    attention of a small head; a forward converts once and every layer reuses the result. ``1 / keep - 1``,
-    negated, gives exactly 0 and -inf. Dimensions broadcast by stride 0 stay broadcast (no full-size copy).
-    ``buffers``: ``{(shape, dtype): tensor}``, memory to write the result into (one entry kept; under
-    ``torch.compile`` none is used).
+    SDPA converts a boolean mask in every call; a forward converts once and every layer reuses the result.
+    Dimensions broadcast by stride 0 stay broadcast (no full-size copy). Usually one ``where``, as SDPA's
+    own conversion: few operations, as per-call cost is what counts on GPUs and small batches. A large mask
+    on the CPU is converted from a ``uint8`` view instead (1 / 0 -> reciprocal, negated, plus 1: exactly 0
+    and -inf; 4x faster than ``where`` there), into ``buffers`` when given (``{(shape, dtype): tensor}``,
+    one entry kept: memory for masks that no autograd graph holds, reused by the next forward).
     """
-    broadcast = [dim for dim in range(keep.dim()) if keep.stride(dim) == 0 and keep.shape[dim] > 1]
     compact = keep
-    for dim in broadcast:
-        compact = compact.narrow(dim, 0, 1)
-    ones = compact.view(torch.uint8)  # 1 / 0 (as uint8: several times faster to convert than bool on CPU)
-    if buffers is None or torch.compiler.is_compiling():
-        ones = ones.to(dtype)
+    for dim in range(keep.dim()):
+        if keep.stride(dim) == 0 and keep.shape[dim] > 1:
+            compact = compact.narrow(dim, 0, 1)
+    if keep.device.type != "cpu" or compact.numel() < _LARGE_CPU_MASK or torch.compiler.is_compiling():
+        additive = torch.where(compact, 0.0, float("-inf"))  # in the default dtype
+        return (additive if additive.dtype == dtype else additive.to(dtype)).expand(keep.shape)
+    ones = compact.view(torch.uint8)
+    if buffers is None:
+        additive = ones.to(dtype)
     else:
-        key = (tuple(ones.shape), dtype, ones.device)
+        key = (tuple(ones.shape), dtype)
         if key not in buffers:
             buffers.clear()
             with torch.inference_mode(False):  # usable outside inference mode too
-                buffers[key] = torch.empty(ones.shape, dtype=dtype, device=ones.device)
-        ones = buffers[key].copy_(ones)
-    return ones.reciprocal_().neg_().add_(1.0).expand(keep.shape)
+                buffers[key] = torch.empty(ones.shape, dtype=dtype)
+        additive = buffers[key].copy_(ones)
+    return additive.reciprocal_().neg_().add_(1.0).expand(keep.shape)
 
 
 def same_unit(sentence_ids, query) -> torch.Tensor:
