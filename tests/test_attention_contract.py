@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import assert_close_rel
 from test_attention import MIXED_RULES, plan_of, reference
 
 import headlab
-from headlab.core import attention
 from headlab.core.attention import Controller
 from headlab.core.plans import POLICIES
-from headlab.core.sdpa_masks import additive_mask
 
 PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy in POLICIES if policy != "keep"},
          "mixed": MIXED_RULES}
@@ -101,23 +98,6 @@ def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormaliz
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
-@pytest.mark.parametrize("name", list(PLANS))
-def test_boolean_masks_as_gpus_get_them_match_reference(tiny_model, inputs, sentence_ids, name, renormalize,
-                                                         monkeypatch):
-    """Off the CPU the masks go to SDPA boolean (SDPA converts them); the same route, forced here on the CPU."""
-    monkeypatch.setattr(attention, "cpu_sdpa_mask", lambda mask, query, buffers=None: mask)
-    model = tiny_model.double()
-    plan = plan_of(PLANS[name], model)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
-        out = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
-        shared = model._headlab_controller.masks  # name -> (tensors, versions, padding mask or (mask, has_key))
-        sdpa = [entry[2] if key == "padding" else entry[2][0] for key, entry in shared.items() if key != "unit inputs"]
-    assert sdpa and all(mask.dtype == torch.bool for mask in sdpa)
-    valid = inputs["attention_mask"].bool()
-    assert_close_rel(out[valid], reference(model, inputs, plan, sentence_ids, renormalize)[valid], rtol=1e-10)
-
-
-@pytest.mark.parametrize("renormalize", [False, True])
 def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sentence_ids, renormalize):
     """drop_* masks are built once per forward; a new forward (new tensors, or ids edited in place) rebuilds them."""
     plan = plan_of(MIXED_RULES, tiny_model)
@@ -139,8 +119,8 @@ def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sen
 
 
 @pytest.mark.parametrize("name", ["uniform", "mixed"])
-def test_padding_mask_is_converted_per_forward(tiny_model, inputs, sentence_ids, name):
-    """Layers share one conversion of the padding mask per forward; a forward with other padding gets its own."""
+def test_forwards_with_other_padding_inside_one_plan(tiny_model, inputs, sentence_ids, name):
+    """What the layers of a forward share (unit masks) is rebuilt when the padding changes."""
     plan = plan_of(PLANS[name], tiny_model)
     shorter = dict(inputs, attention_mask=inputs["attention_mask"].clone())
     shorter["attention_mask"][:, 5:] = 0
@@ -149,48 +129,3 @@ def test_padding_mask_is_converted_per_forward(tiny_model, inputs, sentence_ids,
             out = tiny_model(**batch, sentence_ids=sentence_ids).last_hidden_state
             valid = batch["attention_mask"].bool()
             assert_close_rel(out[valid], reference(tiny_model, batch, plan, sentence_ids, False)[valid])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_additive_mask_is_sdpas_own_conversion(dtype):
-    """0 where kept, -inf elsewhere, as SDPA converts a boolean mask; broadcast dimensions stay broadcast."""
-    keep = torch.rand(3, 1, 1, 7, generator=torch.Generator().manual_seed(0)) > 0.4
-    large = torch.rand(2, 1, 200, 400, generator=torch.Generator().manual_seed(1)) > 0.4  # the CPU's uint8 route
-    buffers = {}  # without autograd: written into kept memory
-    for mask in (keep, keep.expand(3, 1, 5, 7), torch.cat([keep, ~keep], dim=-1).expand(3, 2, 6, 14), large,
-                 large.expand(2, 3, 200, 400), large[:, :, :100]):
-        expected = torch.full(mask.shape, float("-inf"), dtype=dtype).masked_fill(mask, 0.0)
-        for additive in (additive_mask(mask, dtype), additive_mask(mask, dtype, buffers)):
-            assert additive.dtype == dtype and additive.shape == mask.shape
-            assert torch.equal(additive, expected)
-            broadcast = [s == 0 and n > 1 for s, n in zip(mask.stride(), mask.shape)]
-            assert [s == 0 for s in additive.stride()] == broadcast
-    q, k, v = (torch.randn(3, 2, 6, 4, dtype=torch.float64) for _ in range(3))
-    both = torch.cat([keep, ~keep], dim=-1)[..., :6].expand(3, 2, 6, 6)
-    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask(both, q.dtype)),
-                               F.scaled_dot_product_attention(q, k, v, attn_mask=both), rtol=0, atol=0)
-
-
-def test_mask_memory_reused_between_forwards_never_reaches_an_autograd_graph(tiny_model, inputs, sentence_ids):
-    """On the CPU, forwards without autograd write their unit masks into kept memory; a forward with autograd
-    gets its own, so a later forward cannot change the masks its backward pass reads."""
-    plan = plan_of(MIXED_RULES, tiny_model)
-
-    def gradients(forward_in_between: bool) -> list[torch.Tensor]:
-        tiny_model.zero_grad()
-        with headlab.ablate(tiny_model, plan):
-            loss = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state.square().sum()
-            if forward_in_between:
-                with torch.no_grad():
-                    tiny_model(**inputs, sentence_ids=sentence_ids.flip(-1).clone())
-            loss.backward()
-        return [p.grad.clone() for p in tiny_model.parameters() if p.grad is not None]
-
-    alone, interleaved = gradients(False), gradients(True)
-    assert alone and all(torch.equal(a, b) for a, b in zip(alone, interleaved))
-    shorter = {k: v[:, :9] for k, v in inputs.items()}  # another shape: new memory, right masks
-    with torch.no_grad(), headlab.ablate(tiny_model, plan):
-        for batch, units in ((inputs, sentence_ids), (shorter, sentence_ids[:, :9]), (inputs, sentence_ids)):
-            out = tiny_model(**batch, sentence_ids=units).last_hidden_state
-            valid = batch["attention_mask"].bool()
-            assert_close_rel(out[valid], reference(tiny_model, batch, plan, units, False)[valid])

@@ -11,9 +11,7 @@ Per layer, the heads that keep, prune or take uniform attention share one SDPA c
 heads form one group per policy (a slice when contiguous, so no copy); the groups write into the
 result's own ``[batch, seq, heads, head_dim]`` memory. No seq x seq weights are materialised and no
 branch depends on data (no host-device synchronisation; the forward compiles with ``fullgraph=True``).
-A forward's unit masks are built by its first layer that needs them and shared by the others; on the
-CPU they and the padding mask are made additive once (``cpu_sdpa_mask``), where SDPA would convert a
-boolean mask again in every call.
+A forward's unit masks are built by its first layer that needs them and shared by the others.
 
 ==========================  =====================================================================
 keep                        SDPA, unchanged
@@ -51,7 +49,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from headlab.core.bert_family import self_attention_modules
 from headlab.core.plans import HeadPlan
 from headlab.core.pruning import pruned_heads_of
-from headlab.core.sdpa_masks import additive_mask, padding_mask_function, unit_inputs, unit_mask, validity, with_bias
+from headlab.core.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.errors import UserError
 
 ATTENTION_NAME = "headlab"
@@ -129,8 +127,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: dict = {}  # what the latest forward's layers share: padding and unit masks, their inputs
-        self.buffers: dict = {}  # per unit mask: {(shape, dtype): memory that later forwards write again}
+        self.masks: dict = {}  # what the latest forward's layers share: unit masks and their inputs
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
 
     @classmethod
@@ -145,30 +142,15 @@ class Controller:
         return controller
 
     def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """(SDPA mask, ``has_key``) of ``policy`` for this forward (``unit_mask``), built by its first layer with
-        that policy and reused by the others. On the CPU the mask is additive (``cpu_sdpa_mask``)."""
+        """(SDPA mask, ``has_key``) of ``policy`` for this forward (``unit_mask``): built by its first layer with
+        that policy, reused by the others."""
         tensors = (attention_mask, sentence_ids)
-        if torch.compiler.is_compiling():
-            return unit_mask(policy, renormalize, *unit_inputs(*tensors, query))
-        # Without autograd, the CPU's additive mask is written into memory kept from forward to forward: a
-        # fresh multi-MB mask in every forward raises the heap's peak, and the page faults cost more than the mask.
-        name = (policy, renormalize, query.device.type == "cpu" and not torch.is_grad_enabled())
-        buffers = self.buffers.setdefault(name, {}) if name[-1] else None
 
         def build() -> tuple:
             inputs = self._per_forward("unit inputs", tensors, query, lambda: unit_inputs(*tensors, query))
-            mask, has_key = unit_mask(policy, renormalize, *inputs)
-            return cpu_sdpa_mask(mask, query, buffers), has_key
+            return unit_mask(policy, renormalize, *inputs)
 
-        return self._per_forward(name, tensors, query, build)
-
-    def padding_mask(self, attention_mask, query) -> torch.Tensor | None:
-        """The layers' padding mask for SDPA: on the CPU additive, converted once per forward (``cpu_sdpa_mask``)."""
-        if query.device.type != "cpu" or attention_mask is None or attention_mask.dtype != torch.bool:
-            return attention_mask
-        if torch.compiler.is_compiling():
-            return attention_mask
-        return self._per_forward("padding", (attention_mask,), query, lambda: cpu_sdpa_mask(attention_mask, query))
+        return self._per_forward((policy, renormalize), tensors, query, build)
 
     def _per_forward(self, name, tensors: tuple, query, build):
         """``build()``, run by the forward's first layer that asks for ``name`` and reused by the others.
@@ -214,9 +196,8 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         )
     if isinstance(layer, RowsState):
         return _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
-    padding = controller.padding_mask(attention_mask, query)
     if not layer.drops:  # one SDPA call serves every head
-        out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling, padding)
+        out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
         return out.transpose(1, 2).contiguous(), None
     if layer.shared is None and len(layer.drops) == 1 and layer.drops[0][1] == slice(0, query.shape[1]):
         policy = layer.drops[0][0]  # one drop_* policy on every head: no groups to assemble
@@ -228,7 +209,7 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     for policy, chosen in [*groups, *layer.drops]:
         q, k, v = (_heads(x, chosen) for x in (query, key, value))
         if policy == "shared":
-            context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling, padding)
+            context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling)
             has_key = None
         else:
             mask, has_key = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"),
@@ -243,21 +224,19 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     return out, None
 
 
-def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling, padding=None) -> torch.Tensor:
+def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
     """keep, prune and uniform heads in one SDPA call: pruned heads' values and uniform heads' queries zeroed.
 
-    ``prune`` / ``uniform``: boolean marks ``[1 or batch, heads, 1, 1]`` (None: no such head). ``padding``:
-    ``attention_mask`` as ``Controller.padding_mask`` gives it to SDPA (None: ``attention_mask`` itself).
+    ``prune`` / ``uniform``: boolean marks ``[1 or batch, heads, 1, 1]`` (None: no such head).
     """
-    mask = attention_mask if padding is None else padding
     if uniform is not None:
         q = _zero_heads(q, uniform)
         valid, bias = validity(attention_mask, q)
         if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
-            mask = torch.where(uniform, with_bias(valid, torch.zeros_like(bias)), bias)
+            attention_mask = torch.where(uniform, with_bias(valid, torch.zeros_like(bias)), bias)
     if prune is not None:
         v = _zero_heads(v, prune)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
 
 
 def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
@@ -269,8 +248,7 @@ def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dr
         raise ValueError(f"plan_ids has shape {list(plan_ids.shape)}; expected [batch] = [{query.shape[0]}]")
     plan_ids = plan_ids.to(query.device)
     rows = lambda table: None if table is None else table[plan_ids][:, :, None, None]  # noqa: E731  [batch, heads, 1, 1]
-    padding = controller.padding_mask(attention_mask, query)
-    out = _shared(rows(layer.prune), rows(layer.uniform), query, key, value, attention_mask, dropout, scaling, padding)
+    out = _shared(rows(layer.prune), rows(layer.uniform), query, key, value, attention_mask, dropout, scaling)
     for policy, table in layer.drops:
         mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
         out = torch.where(rows(table), _restricted(query, key, value, *mask, dropout, scaling), out)
@@ -288,18 +266,6 @@ def _zero_heads(x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
 
 def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
     return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
-
-
-def cpu_sdpa_mask(mask: torch.Tensor, query: torch.Tensor, buffers: dict | None = None) -> torch.Tensor:
-    """``mask`` as a forward's layers pass it to SDPA: on the CPU a boolean mask is made additive once
-    (``additive_mask``), since SDPA's own conversion in every call is slow there (``where``: 1.4 ns an element
-    on this project's CPU, more than the attention of a small head). On a GPU SDPA converts it in one cheap
-    kernel launched from C++, which costs less host time than converting here (measured on the CPU at a
-    host-bound size, 4 x 16 tokens: 2-6 % slower), so the mask goes as it is.
-    """
-    if query.device.type != "cpu" or mask.dtype != torch.bool:
-        return mask
-    return additive_mask(mask, query.dtype, buffers)
 
 
 def _version(tensor: torch.Tensor | None) -> int | None:

@@ -1,16 +1,13 @@
 """The masks SDPA gets under a plan: padding, and the unit masks of ``drop_*`` (DESIGN.md section 3).
 
 Unit masks are ``[batch, 1, seq, keys]`` over the same (query, key) pairs for every layer and head, so a
-forward builds each once (``Controller`` in ``attention.py`` keeps them); ``additive_mask`` converts a
-boolean mask to the additive form once, where SDPA would convert it again in every call.
+forward builds each once (``Controller`` in ``attention.py`` keeps them).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.masking_utils import bidirectional_mask_function, prepare_padding_mask, sdpa_mask
-
-_LARGE_CPU_MASK = 1 << 16  # elements from which a CPU mask is converted by the uint8 route (additive_mask)
 
 
 def unit_inputs(attention_mask, sentence_ids, query) -> tuple:
@@ -45,36 +42,6 @@ def validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]:
 def with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """SDPA's ``attn_mask``: ``keep`` itself, or the bias with -inf where ``keep`` is False."""
     return keep if bias is None else bias.masked_fill(~keep, float("-inf"))
-
-
-def additive_mask(keep: torch.Tensor, dtype: torch.dtype, buffers: dict | None = None) -> torch.Tensor:
-    """The boolean SDPA mask ``keep`` as the additive one SDPA would make of it (0 where True, -inf where False).
-
-    SDPA converts a boolean mask in every call; a forward converts once and every layer reuses the result.
-    Dimensions broadcast by stride 0 stay broadcast (no full-size copy). Usually one ``where``, as SDPA's
-    own conversion: few operations, as per-call cost is what counts on GPUs and small batches. A large mask
-    on the CPU is converted from a ``uint8`` view instead (1 / 0 -> reciprocal, negated, plus 1: exactly 0
-    and -inf; 4x faster than ``where`` there), into ``buffers`` when given (``{(shape, dtype): tensor}``,
-    one entry kept: memory for masks that no autograd graph holds, reused by the next forward).
-    """
-    compact = keep
-    for dim in range(keep.dim()):
-        if keep.stride(dim) == 0 and keep.shape[dim] > 1:
-            compact = compact.narrow(dim, 0, 1)
-    if keep.device.type != "cpu" or compact.numel() < _LARGE_CPU_MASK or torch.compiler.is_compiling():
-        additive = torch.where(compact, 0.0, float("-inf"))  # in the default dtype
-        return (additive if additive.dtype == dtype else additive.to(dtype)).expand(keep.shape)
-    ones = compact.view(torch.uint8)
-    if buffers is None:
-        additive = ones.to(dtype)
-    else:
-        key = (tuple(ones.shape), dtype)
-        if key not in buffers:
-            buffers.clear()
-            with torch.inference_mode(False):  # usable outside inference mode too
-                buffers[key] = torch.empty(ones.shape, dtype=dtype)
-        additive = buffers[key].copy_(ones)
-    return additive.reciprocal_().neg_().add_(1.0).expand(keep.shape)
 
 
 def same_unit(sentence_ids, query) -> torch.Tensor:
