@@ -8,10 +8,9 @@ model's device) is built once per (model, plan, renormalize) and cached, so ente
 few attributes; an all-``keep`` plan, and every all-``keep`` layer, runs stock SDPA.
 
 Per layer, the heads that keep, prune or take uniform attention share one SDPA call; ``drop_*``
-heads form one group per policy (a slice when contiguous, so no copy); the groups write into the
-result's own ``[batch, seq, heads, head_dim]`` memory. No seq x seq weights are materialised and no
-branch depends on data (no host-device synchronisation; the forward compiles with ``fullgraph=True``).
-A forward's unit masks are built by its first layer that needs them and shared by the others.
+heads form one group per policy (a slice when contiguous, so no copy). No seq x seq weights are
+materialised and no branch depends on data (no host-device synchronisation; the forward compiles
+with ``fullgraph=True``):
 
 ==========================  =====================================================================
 keep                        SDPA, unchanged
@@ -127,7 +126,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: dict = {}  # what the latest forward's layers share: unit masks and their inputs
+        self.masks: tuple | None = None  # (tensors, values, unit inputs, {policy: mask}) of the latest forward
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
 
     @classmethod
@@ -142,29 +141,22 @@ class Controller:
         return controller
 
     def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """(SDPA mask, ``has_key``) of ``policy`` for this forward (``unit_mask``): built by its first layer with
-        that policy, reused by the others."""
-        tensors = (attention_mask, sentence_ids)
-
-        def build() -> tuple:
-            inputs = self._per_forward("unit inputs", tensors, query, lambda: unit_inputs(*tensors, query))
-            return unit_mask(policy, renormalize, *inputs)
-
-        return self._per_forward((policy, renormalize), tensors, query, build)
-
-    def _per_forward(self, name, tensors: tuple, query, build):
-        """``build()``, run by the forward's first layer that asks for ``name`` and reused by the others.
+        """``unit_mask`` of ``policy`` for this forward, built by its first layer with that policy, reused by the rest.
 
         Every layer gets the same mask and unit-id tensor objects, so identity tells the forward apart (no data
         is read). Under ``torch.compile`` nothing is kept: each layer builds them and the compiler fuses.
         """
         if torch.compiler.is_compiling():
-            return build()
-        values = (query.device, query.dtype, *(_version(t) for t in tensors))  # in-place edits
-        entry = self.masks.get(name)  # (tensors compared by identity, never by value; values; the result)
-        if entry is None or any(a is not b for a, b in zip(entry[0], tensors)) or entry[1] != values:
-            entry = self.masks[name] = (tensors, values, build())
-        return entry[2]
+            return unit_mask(policy, renormalize, *unit_inputs(attention_mask, sentence_ids, query))
+        tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
+        values = (renormalize, query.device, *(_version(t) for t in tensors))  # in-place edits
+        cached = self.masks
+        if cached is None or any(a is not b for a, b in zip(cached[0], tensors)) or cached[1] != values:
+            self.masks = cached = (tensors, values, unit_inputs(attention_mask, sentence_ids, query), {})
+        inputs, by_policy = cached[2], cached[3]
+        if policy not in by_policy:
+            by_policy[policy] = unit_mask(policy, renormalize, *inputs)
+        return by_policy[policy]
 
     def states_for(self, plan: HeadPlan | tuple[HeadPlan, ...], renormalize: bool, device: torch.device) -> tuple:
         """Per layer: a LayerState (one plan), a RowsState (a tuple of per-row plans) or None (all keep)."""
@@ -199,29 +191,20 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if not layer.drops:  # one SDPA call serves every head
         out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
         return out.transpose(1, 2).contiguous(), None
-    if layer.shared is None and len(layer.drops) == 1 and layer.drops[0][1] == slice(0, query.shape[1]):
-        policy = layer.drops[0][0]  # one drop_* policy on every head: no groups to assemble
-        mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
-        return _restricted(query, key, value, *mask, dropout, scaling).transpose(1, 2).contiguous(), None
-    batch, heads, length, head_dim = query.shape
-    out = query.new_empty(batch, length, heads, head_dim)  # the result's layout; every head is written by one group
+    out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
     groups = [("shared", layer.shared)] if layer.shared is not None else []
-    for policy, chosen in [*groups, *layer.drops]:
-        q, k, v = (_heads(x, chosen) for x in (query, key, value))
+    for policy, heads in [*groups, *layer.drops]:
+        q, k, v = (_heads(x, heads) for x in (query, key, value))
         if policy == "shared":
             context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling)
-            has_key = None
         else:
-            mask, has_key = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"),
-                                                 query)
-            context = _unzeroed(q, k, v, mask, has_key is not None, dropout, scaling)
-        context = context.transpose(1, 2)  # [batch, seq, heads in the group, head_dim]
-        has_key = None if has_key is None else has_key.transpose(1, 2)
-        if isinstance(chosen, slice):  # the copy into place also zeroes queries with no allowed key
-            _write(out[:, :, chosen], context, has_key)
+            mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
+            context = _restricted(q, k, v, *mask, dropout, scaling)
+        if isinstance(heads, slice):
+            out[:, heads] = context
         else:
-            out.index_copy_(2, chosen, context if has_key is None else context.masked_fill(~has_key, 0.0))
-    return out, None
+            out.index_copy_(1, heads, context)
+    return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
 
 
 def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
@@ -275,26 +258,11 @@ def _version(tensor: torch.Tensor | None) -> int | None:
 
 def _restricted(q, k, v, mask, has_key, dropout: float, scaling) -> torch.Tensor:
     """Attention limited to the allowed keys (module docstring); a query with no allowed key outputs 0."""
-    out = _unzeroed(q, k, v, mask, has_key is not None, dropout, scaling)
-    return out if has_key is None else out.masked_fill(~has_key, 0.0)
-
-
-def _unzeroed(q, k, v, mask, renormalize: bool, dropout: float, scaling) -> torch.Tensor:
-    """``_restricted`` before the queries without an allowed key are zeroed (renormalize only)."""
-    if renormalize:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)  # [K; K], [V; 0]
+    if has_key is not None:  # renormalize
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        return out.masked_fill(~has_key, 0.0)
+    keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling)
-
-
-def _write(target: torch.Tensor, context: torch.Tensor, has_key: torch.Tensor | None) -> None:
-    """Copy ``context`` into ``target`` (a view), zeroing queries without ``has_key`` (one pass without autograd)."""
-    if has_key is None:
-        target.copy_(context)
-    elif context.requires_grad or torch.compiler.is_compiling():  # no out= under autograd or dynamo (fused anyway)
-        target.copy_(context.masked_fill(~has_key, 0.0))
-    else:
-        torch.mul(context, has_key, out=target)
 
 
 def register_attention() -> None:
@@ -342,7 +310,7 @@ def ablate(
         with headlab_implementation(controller, switch=any(state is not None for state in states)):
             yield model
     finally:
-        controller.active, controller.masks = None, {}
+        controller.active, controller.masks = None, None
 
 
 @contextmanager

@@ -191,4 +191,4 @@ def gradient_probe(model: PreTrainedModel, policies: Sequence[str] = (), renorma
         for module in controller.modules:
             module.__dict__.pop(_PROBE, None)
         if controller.active is None:
-            controller.masks = {}
+            controller.masks = None
