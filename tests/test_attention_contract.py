@@ -118,7 +118,7 @@ def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sen
             assert_close_rel(out[valid], reference(tiny_model, inputs, plan, units, renormalize)[valid])
 
 
-@pytest.mark.parametrize("name", ["uniform", "mixed"])
+@pytest.mark.parametrize("name", ["drop_intra", "mixed"])
 def test_forwards_with_other_padding_inside_one_plan(tiny_model, inputs, sentence_ids, name):
     """What the layers of a forward share (unit masks) is rebuilt when the padding changes."""
     plan = plan_of(PLANS[name], tiny_model)
