@@ -9,8 +9,10 @@ import torch
 from conftest import assert_close_rel
 from reference import bert_forward, classifier_logits, params_of, qa_logits
 from transformers import BertForQuestionAnswering, BertForSequenceClassification, BertModel
+from transformers.masking_utils import create_bidirectional_mask
 
 import headlab
+from headlab.core.attention import register_attention
 from headlab.core.plans import POLICIES
 
 MIXED_RULES = [
@@ -72,6 +74,30 @@ def test_all_keep_equals_untouched_model(tiny_model, inputs, sentence_ids, renor
         with headlab.ablate(tiny_model, headlab.HeadPlan.keep_all(3, 4), renormalize=renormalize):
             patched = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
     torch.testing.assert_close(patched, stock, rtol=1e-6, atol=1e-6)
+
+
+def test_keep_layers_under_headlab_equal_stock_bit_for_bit(tiny_model, inputs):
+    """Layers that keep every head run SDPA with headlab's padding mask ``[batch, 1, 1, seq]`` (transformers gives
+    the same mask expanded over the queries): the hidden states they give are the stock ones exactly."""
+    plan = plan_of([{"heads": "L2H1", "policy": "prune"}], tiny_model)
+    with torch.no_grad():
+        stock = tiny_model(**inputs, output_hidden_states=True).hidden_states
+        with headlab.ablate(tiny_model, plan):
+            patched = tiny_model(**inputs, output_hidden_states=True).hidden_states
+    for layer in (1, 2):  # the outputs of layers 0 and 1, both all-keep, under headlab's attention
+        assert torch.equal(patched[layer], stock[layer])
+    assert not torch.equal(patched[3], stock[3])
+
+
+def test_padding_mask_is_not_expanded_over_queries(tiny_model, inputs):
+    register_attention()
+    config = copy.deepcopy(tiny_model.config)
+    config._attn_implementation_internal = "headlab"
+    embeds = tiny_model.embeddings(inputs["input_ids"])
+    mask = create_bidirectional_mask(config=config, inputs_embeds=embeds, attention_mask=inputs["attention_mask"])
+    batch, seq = inputs["input_ids"].shape
+    assert mask.shape == (batch, 1, 1, seq) and mask.dtype == torch.bool
+    assert torch.equal(mask[:, 0, 0], inputs["attention_mask"].bool())
 
 
 def test_keep_layer_next_to_ablated_layer_equals_stock_without_padding(tiny_model, tokenizer):
