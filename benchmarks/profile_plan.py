@@ -17,7 +17,7 @@ def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     add_device_arguments(parser)
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    parser.add_argument("--heads", default="H0-5")
+    parser.add_argument("--heads", help="head selector (default: the first half of every layer's heads)")
     parser.add_argument("--policy", default="drop_intra", choices=list(headlab.POLICIES))
     parser.add_argument("--renormalize", action="store_true")
     parser.add_argument("--rows", type=int, default=15, help="operators to print")
@@ -26,8 +26,12 @@ def main() -> None:
     model = random_bert(args.shape, device, DTYPES[args.dtype])
     *_, batch, seq = SHAPES[args.shape]
     inputs, sentence_ids = make_batch(batch, seq, model.config.vocab_size, True, device)
-    plan = headlab.HeadPlan.from_rules([{"heads": args.heads, "policy": args.policy}],
-                                       model.config.num_hidden_layers, model.config.num_attention_heads)
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    selector = args.heads or f"H0-{heads // 2 - 1}"
+    try:
+        plan = headlab.HeadPlan.from_rules([{"heads": selector, "policy": args.policy}], layers, heads)
+    except headlab.UserError as error:
+        parser.error(f"--heads {selector!r}: {error}")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
 
@@ -45,7 +49,7 @@ def main() -> None:
             with profile(activities=activities) as prof:
                 for _ in range(5):
                     forward(patched)
-            print(f"=== {'plan ' + args.policy + ' on ' + args.heads if patched else 'stock'} (5 forwards)")
+            print(f"=== {'plan ' + args.policy + ' on ' + selector if patched else 'stock'} (5 forwards)")
             print(prof.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
 
 
