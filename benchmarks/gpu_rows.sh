@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The GPU rows of BENCHMARKS.md, in groups that each fit one call on the lent GPU machine (< 10 minutes):
 #
-#     bash benchmarks/gpu_rows.sh attention|train|eval [OUT_DIR]
+#     bash benchmarks/gpu_rows.sh attention|train|eval|fused [OUT_DIR]
 #
 # attention: attention_overhead.py on BERT-base and BERT-large shapes, bf16 (~4 min);
 # train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
-# eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min).
+# eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min);
+# fused: flex_drop.py, the FlexAttention drop_* prototype against headlab's route, BERT-base and BERT-large, bf16,
+#        half the heads drop_intra with and without renormalisation (compiles first; a few minutes).
 # Each benchmark's output goes to OUT_DIR/NAME.log (default: $OUT, what the device tool brings back, else gpu-logs/).
 # Run it after the set-up line of ../shared/gpu/README.md (wheels on PYTHONPATH).
 set -euo pipefail
 group=${1:-}
 case "$group" in
-    attention|train|eval) ;;
-    *) echo "error: group must be one of attention, train, eval; got '$group'" >&2; exit 2 ;;
+    attention|train|eval|fused) ;;
+    *) echo "error: group must be one of attention, train, eval, fused; got '$group'" >&2; exit 2 ;;
 esac
 out=${2:-${OUT:-gpu-logs}}
 mkdir -p "$out"
@@ -44,4 +46,10 @@ case "$group" in
             --task demo_pairs --rows 9815 --batch 128 --rounds 1
         run eval-throughput eval_speed.py throughput --device cuda --precision bf16-mixed --shape bert-base \
             --task demo_pairs --rows 9815 --batch 128 --rounds 3 ;;
+    fused)
+        for shape in bert-base bert-large; do
+            run "fused-$shape" flex_drop.py --device cuda --dtype bfloat16 --shape "$shape" --rounds 9 --repeat 3
+            run "fused-$shape-renorm" flex_drop.py --device cuda --dtype bfloat16 --shape "$shape" --renormalize \
+                --rounds 9 --repeat 3
+        done ;;
 esac
