@@ -76,7 +76,8 @@ class FlexRoute:
         """query/key/value ``[batch, heads, seq, head_dim]`` -> ``[batch, seq, heads, head_dim]``."""
         units, seq = kwargs["sentence_ids"], query.shape[2]
         if self.cached is None or self.cached[0] is not units or self.cached[1] is not attention_mask:
-            valid = attention_mask[:, 0, 0, :]  # [batch, seq]: headlab's padding mask is [batch, 1, 1, seq]
+            # [batch, seq]: headlab's padding mask is [batch, 1, 1, seq] (None: no padding)
+            valid = torch.ones_like(units, dtype=torch.bool) if attention_mask is None else attention_mask[:, 0, 0, :]
             self.cached = (units, attention_mask, self.block_mask(valid, units, query.shape[1]))
         if not self.renormalize:
             key, value = torch.cat([key, key], dim=2), F.pad(value, (0, 0, 0, seq))  # [K; K], [V; 0]
