@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 
 import torch
-from common import DTYPES, SHAPES, Parser, add_device_arguments, check_device, clock, machine, random_bert
+from common import DTYPES, SHAPES, Parser, add_device_arguments, alternating_rounds, check_device, machine, random_bert
 
 import headlab
 
@@ -78,16 +78,8 @@ def main() -> None:
         return run
 
     runs = {"stock sdpa": stock, **{name: patched(rules, renorm) for name, (rules, renorm, _) in table.items()}}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    with torch.inference_mode():
-        for run in runs.values():  # warm-up (and each plan's state is built once)
-            run(), run()
-        for round_ in range(args.rounds):
-            for name in list(runs) if round_ % 2 == 0 else list(reversed(runs)):
-                start = clock(device)
-                for _ in range(args.repeat):
-                    runs[name]()
-                times[name].append((clock(device) - start) / args.repeat)
+    with torch.inference_mode():  # the warm-up calls build each plan's state once
+        times = alternating_rounds(runs, args.rounds, args.repeat, device)
 
     print(f"{args.shape} ({layers} x {heads} heads) forward, {args.dtype}, batch {batch} x {seq} tokens, "
           f"padded={not args.no_padding}, {args.rounds} rounds x {args.repeat} forwards; {machine(device)}")

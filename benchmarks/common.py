@@ -53,6 +53,21 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def alternating_rounds(runs: dict, rounds: int, repeat: int, device: torch.device) -> dict[str, list[float]]:
+    """Seconds per call of each of ``runs`` (name -> function): every round times each ``repeat`` times in a row,
+    the order reversed every other round, after two warm-up calls each."""
+    for run in runs.values():
+        run(), run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(rounds):
+        for name in list(runs) if round_ % 2 == 0 else list(reversed(runs)):
+            start = clock(device)
+            for _ in range(repeat):
+                runs[name]()
+            times[name].append((clock(device) - start) / repeat)
+    return times
+
+
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}"

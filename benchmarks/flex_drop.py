@@ -28,7 +28,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 from attention_overhead import make_batch
-from common import DTYPES, SHAPES, Parser, add_device_arguments, check_device, clock, machine, random_bert
+from common import DTYPES, SHAPES, Parser, add_device_arguments, alternating_rounds, check_device, machine, random_bert
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
@@ -133,15 +133,7 @@ def main() -> None:
         print(f"fused vs headlab: max abs difference {error:.2e} of the largest value (tolerance {TOLERANCE[dtype]})")
         if not error <= TOLERANCE[dtype]:
             raise SystemExit(1)
-        for run in runs.values():  # warm-up: compilation, cached plan states
-            run(), run()
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for round_ in range(args.rounds):
-            for name in list(runs) if round_ % 2 == 0 else list(reversed(runs)):
-                start = clock(device)
-                for _ in range(args.repeat):
-                    runs[name]()
-                times[name].append((clock(device) - start) / args.repeat)
+        times = alternating_rounds(runs, args.rounds, args.repeat, device)  # warm-up compiles FlexAttention
     print(f"{'route':<24} {'median ms':>10} {'ratio':>7}   ({args.rounds} rounds x {args.repeat} forwards)")
     for name, samples in times.items():
         ratio = statistics.median(t / s for t, s in zip(samples, times["stock sdpa"]))
