@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # The GPU rows of BENCHMARKS.md, in groups that each fit one call on the lent GPU machine (< 10 minutes):
 #
-#     bash benchmarks/gpu_rows.sh attention|train|eval|fused [OUT_DIR]
+#     bash benchmarks/gpu_rows.sh attention|train|eval|fused|tests [OUT_DIR]
 #
 # attention: attention_overhead.py on BERT-base and BERT-large shapes, bf16 (~4 min);
 # train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
 # eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min);
 # fused: flex_drop.py, the FlexAttention drop_* prototype against headlab's route, BERT-base and BERT-large, bf16,
-#        half the heads drop_intra with and without renormalisation (compiles first; a few minutes).
+#        half the heads drop_intra with and without renormalisation (compiles first; a few minutes);
+# tests: the CUDA-only attention tests (no host sync under every policy, exact against the float64 reference); needs
+#        pytest, which the machine's image may lack: `pip download -d .whl pytest pluggy iniconfig` here first.
 # Each benchmark's output goes to OUT_DIR/NAME.log (default: $OUT, what the device tool brings back, else gpu-logs/).
 # Run it after the set-up line of ../shared/gpu/README.md (wheels on PYTHONPATH).
 set -euo pipefail
 group=${1:-}
 case "$group" in
-    attention|train|eval|fused) ;;
-    *) echo "error: group must be one of attention, train, eval, fused; got '$group'" >&2; exit 2 ;;
+    attention|train|eval|fused|tests) ;;
+    *) echo "error: group must be one of attention, train, eval, fused, tests; got '$group'" >&2; exit 2 ;;
 esac
 out=${2:-${OUT:-gpu-logs}}
 mkdir -p "$out"
@@ -52,4 +54,12 @@ case "$group" in
             run "fused-$shape-renorm" flex_drop.py --device cuda --dtype bfloat16 --shape "$shape" --renormalize \
                 --rounds 9 --repeat 3
         done ;;
+    tests)
+        python3 -c "import pytest" 2>/dev/null || {
+            echo "error: pytest is not installed here; put its wheels in .whl (pip download -d .whl pytest pluggy iniconfig)" >&2
+            exit 2
+        }
+        cd ..
+        python3 -m pytest -q -p no:cacheprovider tests/test_attention_contract.py -k cuda 2>&1 \
+            | tee "$out/tests.log" | tail -n 30 ;;
 esac
