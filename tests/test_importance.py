@@ -16,7 +16,7 @@ from reference import bert_forward, classifier_logits, params_of, qa_logits
 
 import headlab
 from headlab.core.bert_family import self_attention_of
-from headlab.core.head_gradients import gradient_probe
+from headlab.core.head_gradients import GradientProbe, gradient_probe
 from headlab.core.importance import head_gradients, normalize_importance
 from headlab.core.models import load_model
 from headlab.core.plans import ESTIMABLE
@@ -204,6 +204,21 @@ def test_a_plan_first_used_while_evaluating_can_be_scored(classifier, batch):
     with torch.inference_mode(), headlab.ablate(classifier, plan):
         classifier(**inputs)
     np.testing.assert_array_equal(head_gradients(classifier, [batch], plan=plan).importance("example"), expected)
+
+
+@pytest.mark.parametrize("mask", ["padding vector", "per query", "none"])
+def test_uniform_alternative_is_the_mean_of_the_valid_values(mask):
+    """The probe's uniform ``z'``: a closed form under a key-validity mask, SDPA over zero queries otherwise."""
+    g = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(3, 4, 7, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    valid = torch.arange(7)[None, :] < torch.tensor([7, 4, 2])[:, None]  # [batch, seq]
+    masks = {"padding vector": valid[:, None, None, :], "none": None,
+             "per query": valid[:, None, None, :].expand(3, 1, 7, 7).clone()}
+    probe = GradientProbe(None, 1, ("uniform",), False, False)
+    got = probe._alternative("uniform", query, key, value, masks[mask], None, None)  # [batch, heads, seq, head_dim]
+    keys = torch.ones_like(valid) if mask == "none" else valid
+    expected = torch.stack([value[b][:, keys[b]].mean(1) for b in range(3)])  # [batch, heads, head_dim]
+    torch.testing.assert_close(got, expected[:, :, None].expand_as(got), rtol=1e-12, atol=1e-12)
 
 
 def test_normalisations_as_defined():

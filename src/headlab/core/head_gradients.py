@@ -8,7 +8,8 @@ per layer, what the first-order estimates need:
 * ``z``: the context vectors ``[batch, seq, heads, head_dim]`` (the graph node the gradient is taken at);
 * ``z' - z`` for each requested policy, where ``z'`` is the context vector the policy gives on the same
   layer input (computed without gradient, with the functions ``ablate`` uses, so the estimate and the
-  measured ablation share one definition); ``prune`` needs none (``z' = 0``);
+  measured ablation share one definition); ``prune`` needs none (``z' = 0``), and ``uniform`` under a
+  padding mask is the closed form of its SDPA call: every query's context is the mean of the valid values;
 * the values ``[batch, heads, seq, head_dim]``, for the gradient with respect to the attention weights:
   with ``z_i = sum_j A_ij v_j`` (``A`` after the softmax, before dropout), ``d loss / d A_ij = g_i . v_j``.
 
@@ -29,7 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from headlab.core.attention import Controller, _restricted, _shared, headlab_attention
 from headlab.core.plans import ESTIMABLE
-from headlab.core.sdpa_masks import padding_mask_function
+from headlab.core.sdpa_masks import padding_mask_function, validity
 
 PROBE_NAME = "headlab_probe"
 _PROBE = "_headlab_probe"  # attribute on the self-attention modules while a probe is active
@@ -91,6 +92,11 @@ class GradientProbe:
     def _alternative(self, policy, query, key, value, attention_mask, scaling, sentence_ids) -> torch.Tensor:
         """``z'``: every head of the layer under ``policy``, ``[batch, heads, seq, head_dim]`` (no dropout)."""
         if policy == "uniform":
+            valid, _ = validity(attention_mask, query)
+            if valid.shape[-2] == 1:  # the same valid keys for every query: 1/n weights on them, in closed form
+                weights = valid.to(value.dtype)  # [batch or 1, 1, 1, seq]
+                context = (weights / weights.sum(-1, keepdim=True)) @ value  # [batch, heads, 1, head_dim]
+                return context.expand(-1, -1, query.shape[2], -1)
             every_head = torch.ones(1, query.shape[1], 1, 1, dtype=torch.bool, device=query.device)
             return _shared(None, every_head, query, key, value, attention_mask, 0.0, scaling)
         mask = self.controller.drop_mask(policy, self.renormalize, attention_mask, sentence_ids, query)
@@ -117,27 +123,28 @@ class GradientProbe:
         if key_masks is not None:
             if not self.keep_values:
                 raise ValueError("gradient_probe(values=True) is needed for gradients by key type")
-            for kind, keys in key_masks.items():
-                key_types[kind] = per_layer(lambda layer, g, k=keys: _mean_abs_to_keys(g, self.values[layer], k,
-                                                                                      query_valid))
+            by_type = per_layer(lambda layer, g: _mean_abs_by_key_type(g, self.values[layer], key_masks, query_valid))
+            key_types = {kind: by_type[..., i] for i, kind in enumerate(key_masks)}  # [batch, layers, heads] each
         self._clear()
         cpu = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
         return BatchGradients(cpu(gate), cpu(token_abs), {p: cpu(e) for p, e in estimates.items()},
                               {k: cpu(v) for k, v in key_types.items()})
 
 
-def _mean_abs_to_keys(grad, values, keys, query_valid) -> torch.Tensor:
-    """``[batch, heads]``: mean over valid queries i and keys j in ``keys`` of |g_i . v_j| (NaN: no such key).
+def _mean_abs_by_key_type(grad, values, key_masks, query_valid) -> torch.Tensor:
+    """``[batch, heads, types]``: per key type (in ``key_masks`` order), the mean over valid queries i and keys j
+    of that type of |g_i . v_j| (NaN: the example has no such key).
 
-    grad ``[batch, seq, heads, head_dim]``, values ``[batch, heads, seq, head_dim]``, keys / query_valid
-    ``[batch, seq]`` booleans.
+    grad ``[batch, seq, heads, head_dim]``, values ``[batch, heads, seq, head_dim]``, ``key_masks[type]`` and
+    query_valid ``[batch, seq]`` booleans.
     """
     weight_grads = (grad.transpose(1, 2) @ values.transpose(-1, -2)).abs()  # [batch, heads, seq, seq]
-    keys, queries = keys.to(grad.dtype), query_valid.to(grad.dtype)
-    to_keys = (weight_grads @ keys[:, None, :, None]).squeeze(-1)  # [batch, heads, seq]: summed over keys
-    total = (to_keys * queries[:, None, :]).sum(-1)  # [batch, heads]
-    pairs = queries.sum(-1) * keys.sum(-1)  # [batch]
-    return total / pairs[:, None]  # 0 / 0 = NaN where the example has no key of the type
+    keys = torch.stack(list(key_masks.values()), dim=-1).to(grad.dtype)  # [batch, seq, types]
+    queries = query_valid.to(grad.dtype)  # [batch, seq]
+    to_keys = weight_grads @ keys[:, None]  # [batch, heads, seq, types]: summed over each type's keys
+    total = (to_keys * queries[:, None, :, None]).sum(2)  # [batch, heads, types]
+    pairs = queries.sum(-1)[:, None] * keys.sum(1)  # [batch, types]
+    return total / pairs[:, None, :]  # 0 / 0 = NaN where the example has no key of the type
 
 
 def probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
