@@ -28,7 +28,7 @@ from rich.console import Console
 from headlab.analysis.eval_job import EvalJob, already_done, hashed_config, summary_line
 from headlab.analysis.evaluation import PlanEvaluator, Variant
 from headlab.analysis.sweep_plans import family_plans
-from headlab.core.attention import ablate
+from headlab.core.attention import Controller, ablate, headlab_implementation
 from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
 from headlab.core.models import model_shape
 from headlab.core.plans import HeadPlan
@@ -68,7 +68,9 @@ class LayerSweepEvaluator(PlanEvaluator):
             columns = self.columns[start : start + len(chunk), None, None]  # [plans, 1, 1, heads * dim]
             output = torch.where(columns, ablated, kept).flatten(0, 1)  # [plans * batch, seq, heads * dim]
             many = {name: t.repeat(len(chunk), *[1] * (t.dim() - 1)) for name, t in plain.items()}
-            with start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)), \
+            # the layers above run as under the plans' ablate: headlab's attention (and padding mask), every head kept
+            with headlab_implementation(Controller.of(self.model)), \
+                    start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)), \
                     replay_self_attention(self.model, self.layer, output):
                 out = self.model(**many)
             for i, variant in enumerate(chunk):
