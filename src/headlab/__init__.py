@@ -22,6 +22,7 @@ _EXPORTS = {
     "select_heads": "headlab.core.plans",
     "ablate": "headlab.core.attention",
     "register_attention": "headlab.core.attention",
+    "set_attention_route": "headlab.core.attention",
     "split_sentences": "headlab.core.units",
     "unit_ids": "headlab.core.units",
     "UserError": "headlab.errors",
@@ -38,7 +39,7 @@ _EXPORTS = {
     "head_table": "headlab.reporting.head_table",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
-    "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention",
+    "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention", "set_attention_route",
     "split_sentences", "unit_ids", "UserError", "head_importance", "ablation_estimate", "key_type_gradients",
     "head_gradients", "prune_heads", "load_sweep", "paired_ci", "observe_attention", "attention_features",
     "AttentionFeatures", "head_table",
@@ -46,7 +47,7 @@ __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
 
 if TYPE_CHECKING:
     from headlab.analysis.features import AttentionFeatures, attention_features
-    from headlab.core.attention import ablate, register_attention
+    from headlab.core.attention import ablate, register_attention, set_attention_route
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients
     from headlab.core.observe import observe_attention
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, head_name, select_heads

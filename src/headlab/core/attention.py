@@ -45,7 +45,9 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
+from headlab.core import flex_route
 from headlab.core.bert_family import self_attention_modules
+from headlab.core.flex_route import FusedHeads
 from headlab.core.plans import HeadPlan
 from headlab.core.pruning import pruned_heads_of
 from headlab.core.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
@@ -70,6 +72,7 @@ class LayerState:
     uniform: torch.Tensor | None
     drops: tuple[tuple[str, slice | torch.Tensor], ...]
     renormalize: bool
+    fused: FusedHeads | None  # every head's policy for the fused route (None: no drop_* head)
 
     @classmethod
     def build(cls, plan: HeadPlan, layer: int, renormalize: bool, device: torch.device) -> LayerState | None:
@@ -84,7 +87,9 @@ class LayerState:
             return torch.tensor(chosen, device=device).view(1, -1, 1, 1) if any(chosen) else None
 
         drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
-        return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize)
+        fused = FusedHeads.build(groups, plan.num_heads, device) if drops else None
+        return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize,
+                   fused)
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,8 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: tuple | None = None  # (tensors, values, unit inputs, {policy: mask}) of the latest forward
+        self.masks: tuple | None = None  # (tensors, values, {name: mask}) of the latest forward
+        self.route = "sdpa"  # what serves layers with drop_* heads: "sdpa" or "flex" (set_attention_route)
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
 
     @classmethod
@@ -140,23 +146,29 @@ class Controller:
                 owner.__dict__[_CONTROLLER] = controller
         return controller
 
-    def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """``unit_mask`` of ``policy`` for this forward, built by its first layer with that policy, reused by the rest.
+    def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
+        """A dict that lives for one forward: masks built by the first layer that needs them, reused by the rest.
 
         Every layer gets the same mask and unit-id tensor objects, so identity tells the forward apart (no data
-        is read). Under ``torch.compile`` nothing is kept: each layer builds them and the compiler fuses.
+        is read). Under ``torch.compile`` nothing is kept: each layer builds its own and the compiler fuses.
         """
         if torch.compiler.is_compiling():
-            return unit_mask(policy, renormalize, *unit_inputs(attention_mask, sentence_ids, query))
+            return {}
         tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
-        values = (renormalize, query.device, *(_version(t) for t in tensors))  # in-place edits
+        values = (query.device, *(_version(t) for t in tensors))  # in-place edits
         cached = self.masks
         if cached is None or any(a is not b for a, b in zip(cached[0], tensors)) or cached[1] != values:
-            self.masks = cached = (tensors, values, unit_inputs(attention_mask, sentence_ids, query), {})
-        inputs, by_policy = cached[2], cached[3]
-        if policy not in by_policy:
-            by_policy[policy] = unit_mask(policy, renormalize, *inputs)
-        return by_policy[policy]
+            self.masks = cached = (tensors, values, {})
+        return cached[2]
+
+    def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
+        """``unit_mask`` of ``policy`` for this forward."""
+        cache = self.forward_cache(attention_mask, sentence_ids, query)
+        if "unit inputs" not in cache:
+            cache["unit inputs"] = unit_inputs(attention_mask, sentence_ids, query)
+        if (policy, renormalize) not in cache:
+            cache[policy, renormalize] = unit_mask(policy, renormalize, *cache["unit inputs"])
+        return cache[policy, renormalize]
 
     def states_for(self, plan: HeadPlan | tuple[HeadPlan, ...], renormalize: bool, device: torch.device) -> tuple:
         """Per layer: a LayerState (one plan), a RowsState (a tuple of per-row plans) or None (all keep)."""
@@ -191,6 +203,8 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if not layer.drops:  # one SDPA call serves every head
         out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
         return out.transpose(1, 2).contiguous(), None
+    if controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
+        return _fused(layer, controller, query, key, value, attention_mask, scaling, kwargs.get("sentence_ids")), None
     out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
     groups = [("shared", layer.shared)] if layer.shared is not None else []
     for policy, heads in [*groups, *layer.drops]:
@@ -220,6 +234,18 @@ def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) ->
     if prune is not None:
         v = _zero_heads(v, prune)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+
+
+def _fused(layer: LayerState, controller, query, key, value, attention_mask, scaling, sentence_ids) -> torch.Tensor:
+    """Every head of a layer with drop_* heads in one FlexAttention call (``flex_route``)."""
+    heads = layer.fused
+    if heads.uniform is not None:
+        query = _zero_heads(query, heads.uniform)
+    if heads.prune is not None:
+        value = _zero_heads(value, heads.prune)
+    cache = controller.forward_cache(attention_mask, sentence_ids, query)
+    return flex_route.fused_attention(heads, layer.renormalize, cache, query, key, value, attention_mask, sentence_ids,
+                                      scaling)
 
 
 def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
@@ -269,6 +295,20 @@ def register_attention() -> None:
     """Make ``attn_implementation="headlab"`` available (idempotent)."""
     AttentionInterface.register(ATTENTION_NAME, headlab_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, padding_mask_function)
+
+
+ROUTES = ("sdpa", "flex")
+
+
+def set_attention_route(model: PreTrainedModel, route: str) -> None:
+    """What serves ``model``'s layers with ``drop_*`` heads under a plan: ``"sdpa"`` (the default: one SDPA call for
+    the keep / prune / uniform heads, one per ``drop_*`` policy) or ``"flex"`` (one FlexAttention call per layer, for
+    GPUs: ``headlab.core.flex_route``). Both give the same outputs; other layers always run SDPA."""
+    if route not in ROUTES:
+        raise UserError(f"attention route {route!r} is not one of {', '.join(ROUTES)}")
+    if route == "flex":
+        flex_route.check_flex_supported()
+    Controller.of(model).route = route
 
 
 def _device(model: PreTrainedModel) -> torch.device:
