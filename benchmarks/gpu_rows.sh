@@ -6,9 +6,10 @@
 # attention: attention_overhead.py on BERT-base and BERT-large shapes, bf16 (~4 min);
 # train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
 # eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min);
-# fused: flex_drop.py, the FlexAttention drop_* prototype against headlab's route, BERT-base and BERT-large, bf16,
-#        half the heads drop_intra with and without renormalisation (compiles first; a few minutes);
-# tests: the CUDA-only attention tests (no host sync under every policy, exact against the float64 reference); needs
+# fused: attention_overhead.py --route both: every drop_* row on the SDPA and on the fused FlexAttention route, BERT-base
+#        and BERT-large, bf16 (checks the fused outputs against the SDPA route's, compiles first; ~5 min);
+# tests: the CUDA-only attention tests (no host sync under every policy and on the fused route, exact against the
+#        float64 reference, the fused route's gradients); needs
 #        pytest, which the machine's image may lack: `pip download -d .whl pytest pluggy iniconfig` here first.
 # Each benchmark's output goes to OUT_DIR/NAME.log (default: $OUT, what the device tool brings back, else gpu-logs/).
 # Run it after the set-up line of ../shared/gpu/README.md (wheels on PYTHONPATH).
@@ -50,8 +51,7 @@ case "$group" in
             --task demo_pairs --rows 9815 --batch 128 --rounds 3 ;;
     fused)
         for shape in bert-base bert-large; do
-            run "fused-$shape" flex_drop.py --device cuda --dtype bfloat16 --shape "$shape" --rounds 9 --repeat 3
-            run "fused-$shape-renorm" flex_drop.py --device cuda --dtype bfloat16 --shape "$shape" --renormalize \
+            run "fused-$shape" attention_overhead.py --device cuda --dtype bfloat16 --shape "$shape" --route both \
                 --rounds 9 --repeat 3
         done ;;
     tests)
@@ -60,6 +60,6 @@ case "$group" in
             exit 2
         }
         cd ..
-        python3 -m pytest -q -p no:cacheprovider tests/test_attention_contract.py -k cuda 2>&1 \
+        python3 -m pytest -q -p no:cacheprovider tests/test_attention_contract.py tests/test_flex_route.py -k cuda 2>&1 \
             | tee "$out/tests.log" | tail -n 30 ;;
 esac

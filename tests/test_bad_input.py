@@ -50,6 +50,7 @@ CASES = [
     ("train.py", ["foo=1"], "'foo'"),
     ("train.py", ["ckpt_path=/no/such.ckpt"], "/no/such.ckpt"),
     ("ablate.py", ["mode=nope"], "mode='nope'"),
+    ("train.py", ["attention_route=fast"], "attention_route='fast' is not allowed; choose one of: sdpa, flex"),
     # model
     ("train.py", ["model=nope"], "model/nope"),
     ("train.py", ["model.random_init=false", "model.name_or_path=/no/such/model"], "/no/such/model"),
@@ -205,11 +206,15 @@ def test_error_reporting_leaves_bugs_alone():
     assert user_error_message(missing) == "In 'train': Could not find 'mask/x'; available: a, b"
 
 
-def test_compile_needs_a_recent_torch():
-    from headlab.cli.schema import check_compile_supported
+def test_compile_and_flex_route_need_a_recent_torch():
     from headlab.errors import UserError
+    from headlab.requirements import require_torch
 
-    for fine in ("2.4.0", "2.13.0+cu130"):
-        check_compile_supported(fine)
-    with pytest.raises(UserError, match=r"compile=true needs torch >= 2.4; this is torch 2.3.1"):
-        check_compile_supported("2.3.1")
+    for fine in ("2.5.0", "2.13.0+cu130"):
+        require_torch("compile=true", fine)
+        require_torch("attention_route=flex", fine)
+    with pytest.raises(UserError, match=r"compile=true needs torch >= 2.4; this is torch 2.3.1: upgrade torch, or "
+                                        r"run with compile=false"):
+        require_torch("compile=true", "2.3.1")
+    with pytest.raises(UserError, match=r"attention_route=flex needs torch >= 2.5; this is torch 2.4.1"):
+        require_torch("attention_route=flex", "2.4.1")

@@ -22,12 +22,11 @@ CASES = [
     ("eval_speed.py", ["sweep", "--precision", "bf17"], "'bf17'"),
     ("features_speed.py", ["speed", "--sequences", "0"], "--sequences 0"),
     ("profile_plan.py", ["--shape", "tiny", "--heads", "H0-5"], "--heads 'H0-5'"),
-    ("flex_drop.py", ["--policy", "prune"], "'prune'"),
-    ("flex_drop.py", ["--shape", "tiny", "--rounds", "0"], "--rounds 0"),
+    ("attention_overhead.py", ["--route", "fused"], "'fused'"),
 ]
 if NO_CUDA:
     CASES += [(script, ["--device", "cuda"], "CUDA is not available")
-              for script in ("attention_overhead.py", "train_throughput.py", "eval_speed.py sweep", "flex_drop.py")]
+              for script in ("attention_overhead.py", "train_throughput.py", "eval_speed.py sweep")]
 
 
 def run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:

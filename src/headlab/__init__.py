@@ -3,7 +3,7 @@
 The public API is imported lazily, so ``import headlab`` and the command line stay fast until
 torch is needed.
 
-Layers (imports run one way, bottom up): ``errors``/``files`` -> ``core`` -> ``tasks`` ->
+Layers (imports run one way, bottom up): ``errors``/``files``/``requirements`` -> ``core`` -> ``tasks`` ->
 ``reporting`` -> ``training`` -> ``analysis`` -> ``cli``.
 """
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from headlab.core.attention import ablate
 from headlab.core.masks import check_mask, plan_from_mask
-from headlab.core.models import load_model, load_tokenizer, model_shape
+from headlab.core.models import apply_runtime_options, load_model, load_tokenizer, model_shape
 from headlab.core.plans import HeadPlan
 from headlab.core.units import unit_ids
 from headlab.files import write_json_atomic
@@ -34,8 +34,7 @@ def run_demo(cfg: Any, output_dir: str | Path) -> list[dict[str, Any]]:
     plans = {name: plan_from_mask(mask, num_layers, num_heads) for name, mask in masks.items()}
 
     tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
-    if cfg.get("compile"):
-        model.compile()
+    apply_runtime_options(model, cfg)
     texts, pairs = list(cfg.demo.texts), list(cfg.demo.text_pairs)
     encoding = tokenizer(texts, pairs, padding=True, truncation=True, return_offsets_mapping=True, return_tensors="pt")
     inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}

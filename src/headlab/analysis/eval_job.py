@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from headlab.analysis.evaluation import PlanEvaluator, Variant
-from headlab.core.models import weights_hash
+from headlab.core.models import apply_runtime_options, weights_hash
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.reporting.records import read_records, write_records
@@ -33,7 +33,8 @@ from headlab.training.finetune import make_trainer
 from headlab.training.tracking import build_logger
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir")  # not what a job computes
+RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir",  # not what a job computes
+                "attention_route")
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",)}
@@ -84,8 +85,7 @@ class EvalJob:
         self.estimation_data = None if estimation is None else self._data_module(
             estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples)
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head)
-        if cfg.compile:
-            self.model.compile()
+        apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)
         self.logger = build_logger(cfg.logger, run_id=job_hash,
                                    run_name=f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")

@@ -12,9 +12,7 @@ Group files pick their schema in their defaults list (``- /schema/task/classific
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +25,12 @@ from headlab.cli.importance_schema import ImportanceConfig, PruneCurveConfig
 from headlab.cli.report_schema import ReportConfig
 from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
+from headlab.requirements import require_torch
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
-MIN_COMPILE_TORCH = (2, 4)
+ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.attention.ROUTES
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
@@ -306,6 +305,7 @@ class TrainConfig:
     group: str = "finetune"  # W&B group (conf/train.yaml: the experiment)
     ckpt_path: str | None = None  # null (resume this job's last.ckpt if any), last, or a .ckpt path
     compile: bool = False  # torch.compile the model (fine-tuning and evaluation)
+    attention_route: str = "sdpa"  # what serves layers with drop_* heads: sdpa | flex (one FlexAttention call)
 
 
 @dataclass
@@ -340,6 +340,7 @@ class AblateConfig:
     mode: str = "demo"
     seed: int = 0
     compile: bool = False  # torch.compile the model
+    attention_route: str = "sdpa"  # what serves layers with drop_* heads: sdpa | flex (one FlexAttention call)
     group: str = "adhoc"  # the sweep's name: W&B group and sweep directory (the preset's name by default)
     ckpt_path: str | None = None  # .ckpt, train.py job directory, save_pretrained directory, or null
     allow_random_head: bool = False
@@ -387,13 +388,8 @@ def check_config(cfg: Any) -> None:
             OmegaConf.to_object(cfg[group])
     if OmegaConf.get_type(cfg) is AblateConfig:
         one_of("mode", cfg.mode, ABLATE_MODES)
+    one_of("attention_route", cfg.attention_route, ATTENTION_ROUTES)
+    if cfg.attention_route == "flex":
+        require_torch("attention_route=flex")
     if cfg.get("compile"):
-        check_compile_supported(version("torch"))
-
-
-def check_compile_supported(torch_version: str) -> None:
-    """``compile=true`` needs torch >= 2.4 (SDPA with boolean masks under ``torch.compile`` and ``Module.compile``)."""
-    major, minor = (int(part) for part in re.match(r"(\d+)\.(\d+)", torch_version).groups())
-    if (major, minor) < MIN_COMPILE_TORCH:
-        raise UserError(f"compile=true needs torch >= {'.'.join(map(str, MIN_COMPILE_TORCH))}; this is torch "
-                        f"{torch_version}: upgrade torch, or run with compile=false")
+        require_torch("compile=true")

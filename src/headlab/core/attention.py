@@ -52,6 +52,7 @@ from headlab.core.plans import HeadPlan
 from headlab.core.pruning import pruned_heads_of
 from headlab.core.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.errors import UserError
+from headlab.requirements import require_torch
 
 ATTENTION_NAME = "headlab"
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
@@ -307,7 +308,7 @@ def set_attention_route(model: PreTrainedModel, route: str) -> None:
     if route not in ROUTES:
         raise UserError(f"attention route {route!r} is not one of {', '.join(ROUTES)}")
     if route == "flex":
-        flex_route.check_flex_supported()
+        require_torch("attention_route=flex")
     Controller.of(model).route = route
 
 

@@ -28,25 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import version
 
 import torch
 import torch.nn.functional as F
 
-from headlab.errors import UserError
-
-MIN_FLEX_TORCH = (2, 5)  # torch.nn.attention.flex_attention with block masks and a CUDA backward
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the compiled CPU kernel's; float64 takes SDPA
 _CODES = {"drop_intra": 1, "drop_inter": 2}  # 0: keep, prune or uniform (the caller zeroes values / queries)
-
-
-def check_flex_supported(torch_version: str | None = None) -> None:
-    """``UserError`` when this torch has no FlexAttention for the fused route."""
-    torch_version = torch_version or version("torch")
-    major, minor = (int(part) for part in torch_version.split(".")[:2])
-    if (major, minor) < MIN_FLEX_TORCH:
-        raise UserError(f"attention_route=flex needs torch >= {'.'.join(map(str, MIN_FLEX_TORCH))} (FlexAttention); "
-                        f"this is torch {torch_version}: upgrade torch, or use attention_route=sdpa")
 
 
 @dataclass(frozen=True)

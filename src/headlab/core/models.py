@@ -8,6 +8,7 @@ a small WordPiece tokenizer built in code so that tests need no download.
 from __future__ import annotations
 
 import hashlib
+import logging
 import string
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,11 @@ from transformers import (
     PretrainedConfig,
 )
 
+from headlab.core.attention import set_attention_route
 from headlab.core.bert_family import check_bert_family
 from headlab.errors import UserError
+
+log = logging.getLogger(__name__)
 
 HEADS = {
     None: AutoModel,
@@ -84,6 +88,20 @@ def model_shape(cfg: Any) -> tuple[int, int]:
     """``(num_layers, num_heads)`` from the config alone."""
     config = model_config(cfg)
     return config.num_hidden_layers, config.num_attention_heads
+
+
+def apply_runtime_options(model, cfg: Any) -> None:
+    """The top-level ``attention_route`` and ``compile`` options of train.py and ablate.py, in place.
+
+    ``compile`` uses ``Module.compile()``: state-dict keys and checkpoints stay those of the plain model.
+    """
+    route = cfg.get("attention_route", "sdpa")
+    set_attention_route(model, route)
+    if route == "flex":
+        log.info("attention_route=flex: layers with drop_* heads run as one FlexAttention call when nothing needs "
+                 "dropout (compiled on the first batches; README, GPUs)")
+    if cfg.get("compile"):
+        model.compile()
 
 
 def load_tokenizer(cfg: Any):

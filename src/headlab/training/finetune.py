@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from headlab.core.models import load_tokenizer
+from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
 from headlab.files import config_hash, write_json_atomic
 from headlab.reporting.results import TrainResult, read_complete
@@ -33,7 +33,7 @@ from headlab.training.tracking import build_logger, tracked_job
 log = logging.getLogger(__name__)
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group")
+RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group", "attention_route")
 
 
 def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
@@ -90,8 +90,8 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         data.setup()  # load, check and tokenise the data before the model
         check_val_check_interval(cfg.trainer, len(data.train_features), data.batch_size, trainer.world_size)
         module = task_module(cfg.model, cfg.task, cfg.mask, cfg.optim)
+        apply_runtime_options(module.model, cfg)
         if cfg.compile:
-            module.model.compile()  # in place: state-dict keys and checkpoints stay those of the plain model
             log.info("compile=true: torch.compile compiles the model on its first batches (and once more per plan)")
         if logger:
             logger.log_hyperparams(resolved)
