@@ -83,16 +83,40 @@ def test_sdpa_route_serves_what_flex_cannot(tiny_model, inputs, sentence_ids):
         assert not fused and torch.isfinite(out).all()
 
 
-def test_fullgraph_compile_of_the_fused_route(tiny_model, inputs, sentence_ids):
-    """The fused route inside a compiled model: no graph break (no data-dependent branch), the same outputs."""
-    plan = plan_of(MIXED_RULES, tiny_model)
+@pytest.mark.slow
+def test_compiled_model_on_cpu_takes_the_sdpa_route(tiny_model, tokenizer):
+    """compile=true with attention_route=flex on CPU: inductor cannot lower the traced block mask there (torch
+    2.13), so compiled CPU layers take the SDPA route; the same outputs, at two sequence lengths."""
+    from conftest import PAIRS, TEXTS
+
     torch._dynamo.reset()
-    compiled = torch.compile(tiny_model, fullgraph=True, backend="aot_eager", dynamic=False)
     headlab.set_attention_route(tiny_model, "flex")
-    with torch.no_grad(), headlab.ablate(tiny_model, plan):
-        traced = compiled(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    tiny_model.compile()
+    plan = plan_of(MIXED_RULES, tiny_model)
+    for cut in (None, 20):
+        texts, pairs = (TEXTS, PAIRS) if cut is None else ([t[:cut] for t in TEXTS], [t[:cut] for t in PAIRS])
+        encoding = tokenizer(texts, pairs, padding=True, return_tensors="pt")
+        batch = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        units = batch["token_type_ids"].clone()
+        with torch.no_grad(), headlab.ablate(tiny_model, plan):
+            out = tiny_model(**batch, sentence_ids=units).last_hidden_state
+        valid = batch["attention_mask"].bool()
+        assert_close_rel(out[valid], reference(tiny_model, batch, plan, units, False)[valid])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fullgraph_compile_of_the_fused_route_on_cuda(tiny_model, inputs, sentence_ids):
+    """The fused route inside a model compiled by inductor with fullgraph=True (no data-dependent branch)."""
+    model = tiny_model.cuda()
+    cuda = {k: v.cuda() for k, v in inputs.items()}
+    plan = plan_of(MIXED_RULES, model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    headlab.set_attention_route(model, "flex")
+    with torch.no_grad(), headlab.ablate(model, plan):
+        out = compiled(**cuda, sentence_ids=sentence_ids.cuda()).last_hidden_state
     valid = inputs["attention_mask"].bool()
-    assert_close_rel(traced[valid], reference(tiny_model, inputs, plan, sentence_ids, False)[valid])
+    assert_close_rel(out.cpu()[valid], reference(model.cpu(), inputs, plan, sentence_ids, False)[valid])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

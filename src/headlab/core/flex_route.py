@@ -20,8 +20,9 @@ drop_*, renormalize=True    keys ``K``; a drop head sees its allowed keys only; 
 Opt-in (``set_attention_route(model, "flex")``; ``attention_route=flex`` on the command line) and meant for
 GPUs, where one kernel per layer replaces several launches. ``applies`` says when the SDPA route serves a layer
 instead: dropout (FlexAttention has none), a caller's additive mask, or, on CPU, inputs that need gradients (no
-CPU backward) or float64 (no CPU kernel). The first forwards compile the kernel (``torch.compile``; a second
-sequence length recompiles it once with dynamic shapes; on CPU, once per shape).
+CPU backward), float64 (no CPU kernel) or a compiled model (inductor's CPU lowering fails on the block mask).
+The first forwards compile the kernel (``torch.compile``; a second sequence length recompiles it once with
+dynamic shapes; on CPU, once per shape).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def applies(query, key, value, attention_mask, dropout: float) -> bool:
         return False  # a caller's additive or per-query mask
     if query.device.type != "cpu":
         return True
+    if torch.compiler.is_compiling():  # inductor's CPU lowering of a traced block mask fails (torch 2.13)
+        return False
     needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
     return query.dtype in _CPU_DTYPES and not needs_grad
 
