@@ -127,14 +127,14 @@ def test_fused_route_on_cuda_no_host_sync_and_gradients(tiny_model, inputs, sent
     cuda = {k: v.cuda() for k, v in inputs.items()}
     units = sentence_ids.cuda()
     plan = plan_of(MIXED_RULES, model)
-    out, fused = fused_forward(model, cuda, units, plan, renormalize)  # warm-up: compiles
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.no_grad():
+    with torch.no_grad():
+        fused_forward(model, cuda, units, plan, renormalize)  # warm-up: compiles
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
             out, fused = fused_forward(model, cuda, units, plan, renormalize)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     valid = inputs["attention_mask"].bool()
     assert fused
     assert_close_rel(out.cpu()[valid], reference(model.cpu(), inputs, plan, sentence_ids, renormalize)[valid])

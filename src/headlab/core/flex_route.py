@@ -33,6 +33,8 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
+from headlab.core.sdpa_masks import checked_unit_ids
+
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the compiled CPU kernel's; float64 takes SDPA
 _CODES = {"drop_intra": 1, "drop_inter": 2}  # 0: keep, prune or uniform (the caller zeroes values / queries)
 
@@ -86,23 +88,12 @@ def fused_attention(heads: FusedHeads, renormalize: bool, forward_cache: dict, q
     if name not in forward_cache:
         valid = (torch.ones(batch, seq, dtype=torch.bool, device=query.device) if attention_mask is None
                  else attention_mask[:, 0, 0, :])  # [batch, seq]
-        units = _unit_ids(sentence_ids, batch, seq, query.device)
+        units = checked_unit_ids(sentence_ids, query)  # [batch, seq]
         forward_cache[name] = _block_mask(heads.codes, valid, units, batch, num_heads, seq, renormalize)
     if not renormalize:
         key, value = torch.cat([key, key], dim=2), F.pad(value, (0, 0, 0, seq))  # [K; K], [V; 0]
     out = _flex(query.device)(query, key, value, block_mask=forward_cache[name], scale=scaling)
     return out.transpose(1, 2).contiguous()
-
-
-def _unit_ids(sentence_ids, batch: int, seq: int, device) -> torch.Tensor:
-    if sentence_ids is None:
-        raise ValueError(
-            "policies drop_intra/drop_inter need unit ids: pass sentence_ids=LongTensor[batch, seq] to the "
-            "model's forward (headlab.unit_ids builds them from a tokenizer encoding)"
-        )
-    if tuple(sentence_ids.shape) != (batch, seq):
-        raise ValueError(f"sentence_ids has shape {list(sentence_ids.shape)}; expected [batch, seq] = [{batch}, {seq}]")
-    return sentence_ids.to(device)
 
 
 def _block_mask(codes, valid, units, batch: int, num_heads: int, seq: int, renormalize: bool):
@@ -139,17 +130,18 @@ def _compiled(static: bool):
 
 
 def _flex(device: torch.device):
-    """Compiled FlexAttention; inside a compiled model, the plain function (the model's compiler lowers it)."""
-    if torch.compiler.is_compiling():
-        from torch.nn.attention.flex_attention import flex_attention
-
-        return flex_attention
-    return _compiled(device.type == "cpu")[0]
+    return _kernels(device)[0]
 
 
 def _create_block_mask(device: torch.device):
-    if torch.compiler.is_compiling():
-        from torch.nn.attention.flex_attention import create_block_mask
+    return _kernels(device)[1]
 
-        return create_block_mask
-    return _compiled(device.type == "cpu")[1]
+
+def _kernels(device: torch.device) -> tuple:
+    """(flex_attention, create_block_mask) compiled; inside a compiled model, the plain functions (its compiler
+    lowers them)."""
+    if torch.compiler.is_compiling():
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        return flex_attention, create_block_mask
+    return _compiled(device.type == "cpu")

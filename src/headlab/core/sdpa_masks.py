@@ -46,6 +46,12 @@ def with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 def same_unit(sentence_ids, query) -> torch.Tensor:
     """``[batch, 1, seq, seq]``: True where query and key tokens belong to the same unit."""
+    sentence_ids = checked_unit_ids(sentence_ids, query)
+    return (sentence_ids[:, :, None] == sentence_ids[:, None, :]).unsqueeze(1)
+
+
+def checked_unit_ids(sentence_ids, query) -> torch.Tensor:
+    """The forward's ``sentence_ids`` ``[batch, seq]`` on the query's device; ``ValueError`` if missing or misshapen."""
     batch, _, length, _ = query.shape
     if sentence_ids is None:
         raise ValueError(
@@ -56,8 +62,7 @@ def same_unit(sentence_ids, query) -> torch.Tensor:
         raise ValueError(
             f"sentence_ids has shape {list(sentence_ids.shape)}; expected [batch, seq] = [{batch}, {length}]"
         )
-    sentence_ids = sentence_ids.to(query.device)
-    return (sentence_ids[:, :, None] == sentence_ids[:, None, :]).unsqueeze(1)
+    return sentence_ids.to(query.device)
 
 
 def padding_mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
