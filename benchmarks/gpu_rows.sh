@@ -7,7 +7,8 @@
 # train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
 # eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min);
 # fused: attention_overhead.py --route both: every drop_* row on the SDPA and on the fused FlexAttention route, BERT-base
-#        and BERT-large, bf16 (checks the fused outputs against the SDPA route's, compiles first; ~5 min);
+#        and BERT-large, bf16 (checks the fused outputs against the SDPA route's, compiles first; ~5 min), then
+#        flex_lengths.py: its compilations when batches come in many lengths;
 # tests: the CUDA-only attention tests (no host sync under every policy and on the fused route, exact against the
 #        float64 reference, the fused route's gradients); needs
 #        pytest, which the machine's image may lack: `pip download -d .whl pytest pluggy iniconfig` here first.
@@ -53,7 +54,8 @@ case "$group" in
         for shape in bert-base bert-large; do
             run "fused-$shape" attention_overhead.py --device cuda --dtype bfloat16 --shape "$shape" --route both \
                 --rounds 9 --repeat 3
-        done ;;
+        done
+        run fused-lengths flex_lengths.py --device cuda --dtype bfloat16 --shape bert-base ;;
     tests)
         python3 -c "import pytest" 2>/dev/null || {
             echo "error: pytest is not installed here; put its wheels in .whl (pip download -d .whl pytest pluggy iniconfig)" >&2

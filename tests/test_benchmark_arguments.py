@@ -23,10 +23,11 @@ CASES = [
     ("features_speed.py", ["speed", "--sequences", "0"], "--sequences 0"),
     ("profile_plan.py", ["--shape", "tiny", "--heads", "H0-5"], "--heads 'H0-5'"),
     ("attention_overhead.py", ["--route", "fused"], "'fused'"),
+    ("flex_lengths.py", ["--lengths", "0,4"], "'0,4'"),
 ]
 if NO_CUDA:
     CASES += [(script, ["--device", "cuda"], "CUDA is not available")
-              for script in ("attention_overhead.py", "train_throughput.py", "eval_speed.py sweep")]
+              for script in ("attention_overhead.py", "train_throughput.py", "eval_speed.py sweep", "flex_lengths.py")]
 
 
 def run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:

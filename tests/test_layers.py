@@ -9,7 +9,8 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "src/headlab"
 # Lower number = lower layer; a module may import its own layer and the layers below.
-LAYERS = {"errors": 0, "files": 0, "requirements": 0, "core": 1, "tasks": 2, "reporting": 3, "training": 4, "analysis": 5, "cli": 6}
+LAYERS = {"errors": 0, "files": 0, "requirements": 0, "core": 1, "tasks": 2, "reporting": 3, "training": 4,
+          "analysis": 5, "cli": 6}
 
 
 def layer_of(module: str) -> int:
