@@ -27,6 +27,7 @@ import headlab
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}  # fused vs SDPA route, per dtype
 
+
 def plans(layers: int, heads: int, gpu: bool) -> dict[str, tuple[list, bool, float]]:
     """Plan name -> (rules, renormalize, target ratio to stock SDPA); BENCHMARKS.md gives the targets."""
     one, half = f"L{layers // 2}H0", f"H0-{heads // 2 - 1}"
@@ -105,7 +106,7 @@ def main() -> None:
         plan = headlab.HeadPlan.from_rules(rules, layers, heads)
 
         def run():
-            headlab.set_attention_route(model, route)
+            headlab.set_attention_route(model, route)  # microseconds, like entering the plan
             with headlab.ablate(model, plan, renormalize=renormalize):
                 return model(**inputs, sentence_ids=sentence_ids).last_hidden_state
 

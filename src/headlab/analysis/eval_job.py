@@ -33,8 +33,7 @@ from headlab.training.finetune import make_trainer
 from headlab.training.tracking import build_logger
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir",  # not what a job computes
-                "attention_route")
+RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route")
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",)}

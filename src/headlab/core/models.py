@@ -102,6 +102,7 @@ def apply_runtime_options(model, cfg: Any) -> None:
                  "dropout (compiled on the first batches; README, GPUs)")
     if cfg.get("compile"):
         model.compile()
+        log.info("compile=true: torch.compile compiles the model on its first batches (and once more per plan)")
 
 
 def load_tokenizer(cfg: Any):

@@ -8,7 +8,6 @@ tokenizer) in ``model/``, readable by any Hugging Face tool and by ``ablate.py c
 
 from __future__ import annotations
 
-import logging
 import math
 import shutil
 from dataclasses import asdict
@@ -29,8 +28,6 @@ from headlab.training.checkpoints import FINAL_WEIGHTS
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_module
 from headlab.training.tracking import build_logger, tracked_job
-
-log = logging.getLogger(__name__)
 
 # Keys that do not change what a job computes: left out of its config hash.
 RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group", "attention_route")
@@ -91,8 +88,6 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         check_val_check_interval(cfg.trainer, len(data.train_features), data.batch_size, trainer.world_size)
         module = task_module(cfg.model, cfg.task, cfg.mask, cfg.optim)
         apply_runtime_options(module.model, cfg)
-        if cfg.compile:
-            log.info("compile=true: torch.compile compiles the model on its first batches (and once more per plan)")
         if logger:
             logger.log_hyperparams(resolved)
         trainer.fit(module, datamodule=data, ckpt_path=resume)
