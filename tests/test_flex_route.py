@@ -52,6 +52,17 @@ def test_fused_route_query_without_allowed_key_outputs_zero(tiny_model, inputs, 
     torch.testing.assert_close(out, pruned, rtol=1e-6, atol=1e-6)
 
 
+def test_fused_route_without_attention_mask(tiny_model, inputs, sentence_ids):
+    """No ``attention_mask`` in the forward: headlab's mask function gives no mask, every key is valid."""
+    full = {k: v for k, v in inputs.items() if k != "attention_mask"}
+    plan = plan_of(MIXED_RULES, tiny_model)
+    with torch.no_grad():
+        out, fused = fused_forward(tiny_model, full, sentence_ids, plan, False)
+    assert fused
+    ones = dict(full, attention_mask=torch.ones_like(inputs["input_ids"]))
+    assert_close_rel(out.flatten(0, 1), reference(tiny_model, ones, plan, sentence_ids, False).flatten(0, 1))
+
+
 def test_new_padding_and_units_rebuild_the_block_mask(tiny_model, inputs, sentence_ids):
     plan = plan_of(MIXED_RULES, tiny_model)
     shorter = dict(inputs, attention_mask=inputs["attention_mask"].clone())

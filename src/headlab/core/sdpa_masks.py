@@ -72,10 +72,12 @@ def padding_mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset
     ``sdpa_mask`` decides whether it may skip the mask by reading it (``padding_mask.all()``), a host-device
     synchronisation on GPUs; here the mask is always given. It is not expanded over the queries (``sdpa_mask``
     expands it to ``[batch, 1, q_length, kv_length]``): SDPA broadcasts it, and the additive mask SDPA makes of a
-    boolean one in every call is then ``seq`` times smaller (the same result, bit for bit). Other mask kinds go
-    to ``sdpa_mask``, materialised.
+    boolean one in every call is then ``seq`` times smaller (the same result, bit for bit). Without an
+    ``attention_mask`` there is no mask (None). Other mask kinds go to ``sdpa_mask``, materialised.
     """
-    if mask_function is bidirectional_mask_function and attention_mask is not None and attention_mask.dim() == 2:
+    if mask_function is bidirectional_mask_function and attention_mask is None:
+        return None  # no padding, so no mask (what sdpa_mask's skip gives here, without reading data)
+    if mask_function is bidirectional_mask_function and attention_mask.dim() == 2:
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)  # [batch, kv_length] bool
         return padding[:, None, None, :]  # [batch, 1, 1, kv_length]
     kwargs["allow_is_bidirectional_skip"] = False
