@@ -37,9 +37,16 @@ def test_plan_states_are_built_once_and_cached(tiny_model):
         assert controller.active is first
     assert Controller.of(tiny_model) is controller and controller.active is None
     layer0, layer1 = first[0], first[1]  # L0: H0 prune, H1 uniform, H2 drop_intra, H3 drop_inter
-    assert layer0.shared == slice(0, 2) and layer0.prune.flatten().tolist() == [True, False]
+    assert layer0.skipped == slice(0, 1) and layer0.shared == slice(1, 2) and layer0.prune is None  # H0: no attention
+    assert layer0.uniform.flatten().tolist() == [True]
     assert list(layer0.drops) == [("drop_intra", slice(2, 3)), ("drop_inter", slice(3, 4))]
     assert layer1.shared.tolist() == [1, 3] and layer1.uniform.flatten().tolist() == [True, True]  # non-contiguous
+    layer2 = first[2]  # L2: H0, H2 prune, H1 keep, H3 drop_inter: H1 alone is a slice, so H0 and H2 skip attention
+    assert layer2.skipped.tolist() == [0, 2] and layer2.shared == slice(1, 2) and layer2.prune is None
+    middle = controller.states_for(plan_of([{"heads": "L0H1", "policy": "prune"}], tiny_model), False,
+                                   torch.device("cpu"))[0]  # H0 and H2-3 would not be one slice: zeroed values
+    assert middle.skipped is None and middle.shared == slice(0, 4)
+    assert middle.prune.flatten().tolist() == [False, True, False, False]
     assert [state is None for state in controller.states_for(plan_of([], tiny_model), False, torch.device("cpu"))] \
         == [True] * 3
     with pytest.raises(ValueError, match="nesting is not supported"), headlab.ablate(tiny_model, plan), \

@@ -14,7 +14,10 @@ with ``fullgraph=True``):
 
 ==========================  =====================================================================
 keep                        SDPA, unchanged
-prune                       the head's values are zeroed in that call: its context vector is 0
+prune                       the head's values are zeroed in that call: its context vector is 0. When the
+                            layer's other keep / uniform heads are one slice without the pruned ones
+                            (a head at either end, half the heads, the whole layer), pruned heads are
+                            left out of the call and their context is written as 0: no attention work
 uniform                     the head's query is zeroed: every score is 0, so the softmax gives 1/n
                             to each valid key (dropout then acts on those weights)
 drop_*, renormalize=True    SDPA with the unit mask; a query with no allowed key attends anywhere
@@ -68,6 +71,8 @@ class LayerState:
 
     ``shared``: the keep / prune / uniform heads (a slice or an index tensor; None if there are none),
     with ``[1, heads in shared, 1, 1]`` masks of its pruned and uniform heads (None if none).
+    ``skipped``: pruned heads left out of ``shared`` (their context is 0 without attention), when the other
+    shared heads then form one slice (so no gather of query, key and value); None otherwise.
     ``drops``: ``(policy, heads)`` of the ``drop_*`` groups.
     """
 
@@ -77,6 +82,7 @@ class LayerState:
     drops: tuple[tuple[str, slice | torch.Tensor], ...]
     renormalize: bool
     fused: FusedHeads | None  # every head's policy for the fused route (None: no drop_* head)
+    skipped: slice | torch.Tensor | None
 
     @classmethod
     def build(cls, plan: HeadPlan, layer: int, renormalize: bool, device: torch.device) -> LayerState | None:
@@ -84,7 +90,10 @@ class LayerState:
         groups = plan.layer_groups(layer)
         if set(groups) == {"keep"}:
             return None
-        shared = sorted(h for policy in ("keep", "prune", "uniform") for h in groups.get(policy, []))
+        attending = sorted(h for policy in ("keep", "uniform") for h in groups.get(policy, []))
+        pruned = groups.get("prune", [])
+        skip = bool(pruned) and (not attending or _is_range(attending))
+        shared = attending if skip else sorted(attending + pruned)
 
         def marks(policy: str) -> torch.Tensor | None:
             chosen = [h in groups.get(policy, ()) for h in shared]
@@ -93,7 +102,7 @@ class LayerState:
         drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
         fused = FusedHeads.build(groups, plan.num_heads, device) if drops else None
         return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize,
-                   fused)
+                   fused, _as_index(pruned, device) if skip else None)
 
 
 @dataclass(frozen=True)
@@ -121,9 +130,13 @@ class RowsState:
 
 def _as_index(heads: list[int], device: torch.device) -> slice | torch.Tensor:
     """A slice when the heads are contiguous (a view, no copy), else an index tensor on the model's device."""
-    if heads == list(range(heads[0], heads[-1] + 1)):
+    if _is_range(heads):
         return slice(heads[0], heads[-1] + 1)
     return torch.tensor(heads, device=device)
+
+
+def _is_range(heads: list[int]) -> bool:
+    return heads == list(range(heads[0], heads[-1] + 1))
 
 
 class Controller:
@@ -204,12 +217,14 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         )
     if isinstance(layer, RowsState):
         return _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
-    if not layer.drops:  # one SDPA call serves every head
+    if not layer.drops and layer.skipped is None:  # one SDPA call serves every head
         out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
         return out.transpose(1, 2).contiguous(), None
-    if controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
+    if layer.drops and controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
         return _fused(layer, controller, query, key, value, attention_mask, scaling, kwargs.get("sentence_ids")), None
     out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
+    if layer.skipped is not None:  # pruned heads without attention: their context is 0
+        _write(out, layer.skipped, 0.0)
     groups = [("shared", layer.shared)] if layer.shared is not None else []
     for policy, heads in [*groups, *layer.drops]:
         q, k, v = (_heads(x, heads) for x in (query, key, value))
@@ -218,11 +233,18 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         else:
             mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
             context = _restricted(q, k, v, *mask, dropout, scaling)
-        if isinstance(heads, slice):
-            out[:, heads] = context
-        else:
-            out.index_copy_(1, heads, context)
+        _write(out, heads, context)
     return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
+
+
+def _write(out: torch.Tensor, heads: slice | torch.Tensor, context: torch.Tensor | float) -> None:
+    """``out[:, heads] = context`` (a tensor ``[batch, len(heads), seq, head_dim]`` or a number)."""
+    if isinstance(heads, slice):
+        out[:, heads] = context
+    elif isinstance(context, float):
+        out.index_fill_(1, heads, context)
+    else:
+        out.index_copy_(1, heads, context)
 
 
 def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
