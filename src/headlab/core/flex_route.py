@@ -92,7 +92,8 @@ def fused_attention(heads: FusedHeads, renormalize: bool, forward_cache: dict, q
         forward_cache[name] = _block_mask(heads.codes, valid, units, batch, num_heads, seq, renormalize)
     if not renormalize:
         key, value = torch.cat([key, key], dim=2), F.pad(value, (0, 0, 0, seq))  # [K; K], [V; 0]
-    out = _flex(query.device)(query, key, value, block_mask=forward_cache[name], scale=scaling)
+    flex_attention = _kernels(query.device)[0]
+    out = flex_attention(query, key, value, block_mask=forward_cache[name], scale=scaling)
     return out.transpose(1, 2).contiguous()
 
 
@@ -113,7 +114,8 @@ def _block_mask(codes, valid, units, batch: int, num_heads: int, seq: int, renor
             kv = torch.where(first, kv, kv - seq)
             return valid[b, kv] & torch.where(codes[h] == 0, first, first == allowed(b, h, q, kv))
         keys = 2 * seq
-    return _create_block_mask(valid.device)(mask_mod, batch, num_heads, seq, keys, device=valid.device)
+    create_block_mask = _kernels(valid.device)[1]
+    return create_block_mask(mask_mod, batch, num_heads, seq, keys, device=valid.device)
 
 
 @cache
@@ -127,14 +129,6 @@ def _compiled(static: bool):
 
     dynamic = False if static else None
     return torch.compile(flex_attention, dynamic=dynamic), torch.compile(create_block_mask, dynamic=dynamic)
-
-
-def _flex(device: torch.device):
-    return _kernels(device)[0]
-
-
-def _create_block_mask(device: torch.device):
-    return _kernels(device)[1]
 
 
 def _kernels(device: torch.device) -> tuple:

@@ -75,10 +75,11 @@ def padding_mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset
     boolean one in every call is then ``seq`` times smaller (the same result, bit for bit). Without an
     ``attention_mask`` there is no mask (None). Other mask kinds go to ``sdpa_mask``, materialised.
     """
-    if mask_function is bidirectional_mask_function and attention_mask is None:
-        return None  # no padding, so no mask (what sdpa_mask's skip gives here, without reading data)
-    if mask_function is bidirectional_mask_function and attention_mask.dim() == 2:
-        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)  # [batch, kv_length] bool
-        return padding[:, None, None, :]  # [batch, 1, 1, kv_length]
+    if mask_function is bidirectional_mask_function:
+        if attention_mask is None:
+            return None  # no padding, so no mask (what sdpa_mask's skip gives here, without reading data)
+        if attention_mask.dim() == 2:
+            padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)  # [batch, kv_length] bool
+            return padding[:, None, None, :]  # [batch, 1, 1, kv_length]
     kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs)
