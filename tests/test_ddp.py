@@ -103,6 +103,10 @@ def test_ablate_py_on_two_cpu_processes_equals_one(tmp_path, task, mode):
     rows = [pd.read_parquet(run / folder / "records.parquet") for run in (single, double)]
     assert list(rows[1]["example"]) == list(rows[0]["example"]) == list(range(23))
     assert list(rows[1]["prediction"]) == list(rows[0]["prediction"])
+    # Per example, the same loss (batch size 1: the same sums; measured equal), which the plan moves by up to ~2e-5.
+    np.testing.assert_allclose(rows[1]["loss"], rows[0]["loss"], rtol=0, atol=1e-7)
+    baseline = pd.read_parquet(one["baseline_records"]["validation"])
+    assert (rows[0]["loss"] - baseline["loss"]).abs().max() > 5e-6
 
 
 @pytest.mark.slow
