@@ -6,10 +6,14 @@ import json
 
 import numpy as np
 import pandas as pd
+import torch
 from conftest import run
+from omegaconf import OmegaConf
 
 from headlab.analysis.features import AttentionFeatures, attention_features
+from headlab.analysis.features_run import encoder
 from headlab.core.models import load_model, load_tokenizer
+from headlab.training.checkpoints import Checkpoint
 
 LINES = ["The doctor, Smith.", "", "Who was the doctor?\tIt was Smith. He lives here.",
          "The city is old.", "Is it old?\tThe river rose by two metres overnight, and the bridge was closed."]
@@ -59,3 +63,28 @@ def test_features_of_a_task_split_sample_the_examples_with_the_seed(tmp_path):
     source = np.load(job / "features.npz")["source"]
     assert len(set(source.tolist())) == 30 and source.max() > 40  # a random sample, not the first 30
     assert not (job / "sieve_roles.csv").exists()
+
+
+def test_features_of_a_fine_tuned_job_load_its_encoder_without_a_load_report(trained):
+    """The task head's weights go unused (and a QA model has no pooler): no transformers load report about them."""
+    root, _ = trained
+    job = root / "features_quiet"
+    result = run("ablate.py", "mode=features", f"ckpt_path={root / 'train'}", "features.max_sequences=8",
+                 "features.families=[distance]", f"hydra.run.dir={job}", cwd_tmp=root)
+    output = result.stdout + result.stderr
+    assert "LOAD REPORT" not in output and "classifier" not in output and "note:" not in output
+    assert json.loads((job / "results.json").read_text())["checkpoint"]["kind"] == "job"
+
+
+def test_encoder_weights_missing_from_a_checkpoint_are_said(tmp_path, tiny_cfg, capsys):
+    """A save_pretrained folder without the pooler (not needed) and without one encoder weight (needed)."""
+    model = load_model(tiny_cfg)
+    weights = {k: v for k, v in model.state_dict().items()
+               if not k.startswith("pooler.") and k != "encoder.layer.0.attention.self.query.weight"}
+    model.save_pretrained(tmp_path / "weights", state_dict=weights)
+    loaded = encoder(Checkpoint("pretrained", str(tmp_path / "weights")), OmegaConf.create({"model": tiny_cfg}))
+    note = capsys.readouterr().out
+    assert note.startswith("note: 1 encoder weight(s) not in") and "layer.0.attention.self.query" in note
+    assert "pooler" not in note and "LOAD REPORT" not in note
+    assert torch.equal(loaded.encoder.layer[1].attention.self.query.weight,
+                       model.encoder.layer[1].attention.self.query.weight)

@@ -31,7 +31,7 @@ from rich.console import Console
 from headlab.analysis.eval_job import already_done, hashed_config
 from headlab.analysis.feature_data import Sequences, model_max_length, task_sequences, text_file_sequences
 from headlab.analysis.features import AttentionFeatures, attention_features
-from headlab.core.models import load_model, load_tokenizer, model_config
+from headlab.core.models import load_model_reporting, load_tokenizer, model_config
 from headlab.files import write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
 from headlab.reporting.results import library_versions
@@ -52,10 +52,20 @@ def read_sequences(cfg: Any, tokenizer, checkpoint) -> Sequences:
 
 
 def encoder(checkpoint, cfg: Any) -> torch.nn.Module:
-    """The checkpoint's model without its task head (not needed), except from a Lightning checkpoint (with it)."""
+    """The checkpoint's model without its task head (not needed), except from a Lightning checkpoint (with it).
+
+    A task checkpoint's head weights go unused and its pooler may be missing (question answering has none): the
+    attention needs neither, so transformers' load report is not shown; missing encoder weights are said."""
     if checkpoint.kind == "lightning":
         return load_checkpoint(checkpoint, cfg.model, cfg.task, allow_random_head=True)
-    return load_model(weights_model_config(checkpoint, cfg.model))
+    weights = weights_model_config(checkpoint, cfg.model)
+    model, missing = load_model_reporting(weights, quiet=True)
+    missing = [name for name in missing if not name.startswith("pooler.")]
+    if missing and not weights.get("random_init"):
+        Console().print(f"note: {len(missing)} encoder weight(s) not in {weights.name_or_path}, initialised at "
+                        f"random: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}",
+                        markup=False, soft_wrap=True)
+    return model
 
 
 def feature_device(trainer_cfg: Any) -> torch.device:

@@ -24,6 +24,7 @@ from transformers import (
     BertTokenizer,
     PretrainedConfig,
 )
+from transformers.utils import logging as hf_logging
 
 from headlab.core.attention import set_attention_route
 from headlab.core.bert_family import check_bert_family
@@ -114,9 +115,11 @@ def load_model(cfg: Any, head: str | None = None, overrides: dict[str, Any] | No
     return load_model_reporting(cfg, head, overrides)[0]
 
 
-def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str, Any] | None = None):
+def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str, Any] | None = None,
+                         quiet: bool = False):
     """``(model, missing)``: ``load_model``'s model and the parameters the weights did not have (newly initialised;
-    every parameter of a ``random_init`` model). A size mismatch with the weights is a ``UserError``."""
+    every parameter of a ``random_init`` model). A size mismatch with the weights is a ``UserError``.
+    ``quiet``: no transformers load report of missing or unused weights (the caller says what matters)."""
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r}; valid heads: {', '.join(map(str, HEADS))}")
     config = model_config(cfg)
@@ -127,11 +130,16 @@ def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str,
             torch.manual_seed(cfg.get("seed", 0))
             model = HEADS[head].from_config(config)
         return model.eval(), [name for name, _ in model.named_parameters()]
+    verbosity = hf_logging.get_verbosity()
     try:
+        if quiet:
+            hf_logging.set_verbosity_error()
         model, info = HEADS[head].from_pretrained(cfg.name_or_path, config=config, output_loading_info=True)
     except RuntimeError as error:  # ignore_mismatched_sizes=False: weights of another shape
         raise UserError(f"the weights in {cfg.name_or_path!r} do not fit a {head or 'bare'} model with "
                         f"{dict(overrides or {})}: {' '.join(str(error).split())[:300]}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return model.eval(), list(info["missing_keys"])
 
 
