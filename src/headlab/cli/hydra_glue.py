@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,10 @@ def log_lightning_once() -> None:
     """Once a stage has loaded Lightning: its messages go out once, through Hydra's handlers (the console and the
     job's log file). The ``lightning`` package gives its logger a console handler of its own at import, while
     ``lightning.pytorch`` sends its messages on to the root logger when that has handlers (Hydra's), so every
-    line came twice. Its advertisements ("Tip: try installing litlogger") are left out."""
+    line came twice. Its advertisements ("Tip: try installing litlogger") are left out, and so is the deprecation
+    warning its own code triggers in torch (``isinstance(treespec, LeafSpec)``, Lightning 2.6 on torch 2.13): a
+    line in every job that no headlab user can act on."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     if "lightning" in sys.modules and logging.getLogger().hasHandlers():
         logging.getLogger("lightning").handlers.clear()
         logging.getLogger("lightning.pytorch.utilities.rank_zero").filters = [_no_tips]
