@@ -115,3 +115,18 @@ def test_one_per_head_table_joins_features_clusters_importance_and_measured_delt
     by_type = tuned_rows.groupby("cluster")["delta_prune_loss"].mean()  # "do vertical heads matter more?"
     assert set(by_type.index) <= {"dense", "diagonal", "dense_vertical", "vertical"}
     assert table.loc[table["label"] == "pre", "cluster"].isna().all()
+
+
+def test_a_multirun_over_k_ends_with_a_table_of_stability_and_silhouette(clustered):
+    root, _ = clustered
+    sweep = root / "k_sweep"
+    result = run("ablate.py", "-m", "mode=cluster", f"cluster.features={root / 'features_random'}", "cluster.k=2,3,4",
+                 "cluster.stability_fits=2", f"hydra.sweep.dir={sweep}", cwd_tmp=root)
+    table = pd.read_csv(sweep / "cluster_selection.csv")
+    assert table["k"].tolist() == [2, 3, 4] and (table["method"] == "kmeans").all()
+    for row in table.itertuples():
+        job = json.loads((sweep / row.job / "results.json").read_text())
+        clusters = json.loads((sweep / row.job / "clusters.json").read_text())
+        assert (job["k"], job["stability"], job["silhouette"]) == (row.k, row.stability, row.silhouette)
+        assert clusters["silhouette"] == job["silhouette"] and -1 <= row.silhouette <= 1
+    assert "cluster_selection.csv" in result.stdout and (sweep / "cluster_selection.md").is_file()

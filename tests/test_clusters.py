@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 
 from headlab.analysis.clusters import TYPE_NAMES, align, fit_clusters, name_clusters, stability
 from headlab.errors import UserError
@@ -85,3 +86,32 @@ def test_align_undoes_a_permutation_of_labels():
 def test_k_must_fit_the_heads():
     with pytest.raises(UserError, match="cluster.k=13: the model has 12 heads"):
         fit_clusters(np.random.default_rng(0).random((12, 21)), k=13)
+
+
+def silhouette_by_definition(points: np.ndarray, labels: np.ndarray) -> float:
+    """Rousseeuw (1987): s(i) = (b - a) / max(a, b), a the mean distance to the rest of i's cluster, b the least
+    mean distance to another cluster; 0 for a head alone in its cluster. Brute force in float64."""
+    scores = []
+    for i, point in enumerate(points):
+        distances = np.sqrt(((points.astype(np.float64) - point) ** 2).sum(1))
+        own = (labels == labels[i]) & (np.arange(len(points)) != i)
+        if not own.any():
+            scores.append(0.0)
+            continue
+        a = distances[own].mean()
+        b = min(distances[labels == other].mean() for other in set(labels.tolist()) - {labels[i]})
+        scores.append((b - a) / max(a, b))
+    return float(np.mean(scores))
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 6])
+def test_silhouette_equals_its_definition_and_is_highest_at_the_planted_k(k):
+    per_sequence, _ = planted(np.random.default_rng(3))
+    points = per_sequence.mean(0)
+    clustering = fit_clusters(points, k=k)
+    assert clustering.silhouette == pytest.approx(silhouette_by_definition(points, clustering.labels), abs=1e-12)
+    if k != 4:
+        assert clustering.silhouette < fit_clusters(points, k=4).silhouette
+    with pytest.warns(ConvergenceWarning):  # identical heads: one cluster, no silhouette
+        one = fit_clusters(np.repeat(points[:1], 5, axis=0), k=2)
+    assert one.silhouette is None

@@ -32,7 +32,7 @@ from headlab.analysis.eval_job import already_done, hashed_config
 from headlab.analysis.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.features_run import features_table
 from headlab.errors import UserError
-from headlab.files import read_json, write_frame_atomic, write_json_atomic
+from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
 from headlab.reporting.results import library_versions
 from headlab.training.tracking import build_logger, tracked_job
@@ -107,8 +107,9 @@ def run_cluster(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         naming = ("named by hand" if names else "named by their profiles" if clustering.named else
                   "not named: k != 4 or the centroid profiles do not match Guan et al.'s dense / diagonal / "
                   "dense_vertical / vertical (cluster.names=[...] names them)")
+        silhouette = "" if clustering.silhouette is None else f", silhouette {clustering.silhouette:.3f}"
         Console().print(f"{len(points)} heads in {options.k} clusters ({naming}): {counts}; stability "
-                        f"{share:.2%} -> {output_dir / 'clusters.json'}\n{profile_table(clustering)}",
+                        f"{share:.2%}{silhouette} -> {output_dir / 'clusters.json'}\n{profile_table(clustering)}",
                         markup=False, soft_wrap=True)
         if logger:
             logger.finalize("success")
@@ -143,7 +144,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         "profiles": {n: dict(zip(("short", "long", "special"), p.tolist()))
                      for n, p in zip(clustering.names, profiles(clustering.centroids))},
         "method": options.method, "k": options.k, "seed": cfg.seed, "counts": counts,
-        "counts_per_layer": per_layer.to_dict("records"), "stability": share,
+        "counts_per_layer": per_layer.to_dict("records"), "stability": share, "silhouette": clustering.silhouette,
         "stability_split": options.stability_split, "stability_fits": options.stability_fits,
         "centroids": {name: clustering.centroids[i].tolist() for i, name in enumerate(clustering.names)},
         "bins": list(DISTANCE_BINS), "shape": [features.num_layers, features.num_heads],
@@ -161,9 +162,40 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         for key, image in images.items():
             logger.log_image(key=key, images=[str(image)])
     if logger is not None:
-        logger.log_metrics({"stability": share, **{f"count/{k}": v for k, v in counts.items()}}, step=0)
+        metrics = {"stability": share, **{f"count/{k}": v for k, v in counts.items()}}
+        if clustering.silhouette is not None:
+            metrics["silhouette"] = clustering.silhouette
+        logger.log_metrics(metrics, step=0)
     return {"kind": "cluster", "group": cfg.group, "model": source["model"], "task": source["task"],
             "features": str(path.parent.absolute()), "k": options.k, "method": options.method,
-            "named": clustering.named, "counts": counts, "stability": share,
+            "named": clustering.named, "counts": counts, "stability": share, "silhouette": clustering.silhouette,
             "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
                       *(p.name for p in images.values())]}
+
+
+def summarize_sweep(sweep_dir: str | Path) -> pd.DataFrame | None:
+    """One row per ``mode=cluster`` job under ``sweep_dir`` (e.g. a multirun over ``cluster.k``), for choosing k and
+    the method by stability and silhouette: ``cluster_selection.csv`` / ``.md`` in ``sweep_dir``, also printed.
+    None when there is no finished cluster job."""
+    sweep_dir = Path(sweep_dir)
+    rows = []
+    for path in sorted(sweep_dir.rglob("results.json")):
+        summary = read_json(path, "results")
+        if summary.get("kind") != "cluster" or not summary.get("complete"):
+            continue
+        rows.append({"job": str(path.parent.relative_to(sweep_dir)), "features": summary["features"],
+                     "method": summary["method"], "k": summary["k"], "seed": summary["config"]["seed"],
+                     "stability": summary["stability"], "silhouette": summary.get("silhouette"),
+                     "named": summary["named"],
+                     "counts": " / ".join(f"{name} {count}" for name, count in summary["counts"].items())})
+    if not rows:
+        return None
+    table = pd.DataFrame(rows).sort_values(["features", "method", "k", "seed"], kind="stable")
+    write_frame_atomic(table, sweep_dir / "cluster_selection.csv")
+    shown = table.drop(columns=["features"] if table["features"].nunique() == 1 else [])
+    text = shown.to_markdown(index=False, floatfmt=".4f")
+    write_text_atomic(sweep_dir / "cluster_selection.md", text + "\n")
+    Console().print(f"cluster jobs of {sweep_dir} (stability: share of heads labelled the same in every fit on "
+                    f"half the data; silhouette: -1..1, higher is better separated):\n{text}\n"
+                    f"-> {sweep_dir / 'cluster_selection.csv'}", markup=False, soft_wrap=True)
+    return table

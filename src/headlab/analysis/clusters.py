@@ -9,6 +9,8 @@
   different clusters and ``dense_vertical`` has more special-token attention than ``dense`` and less
   short-range attention than ``diagonal``; otherwise (and when k != 4) the clusters are ``cluster0..k-1``
   (name them by hand with ``names=``).
+- ``silhouette``: the heads' mean silhouette coefficient (Rousseeuw 1987; scikit-learn, Euclidean), for choosing k
+  next to the stability (Guan et al.: "stable clustering results with 3 or 5 clusters", four read best).
 - ``stability``: Guan et al.'s Table 1 (after Von Luxburg 2010): ``fits`` fits on random halves of the
   sequences (the heads' features recomputed from those sequences) or of the heads (predicting the rest),
   each fit's labels aligned to the full fit's by the Hungarian method; the share of heads whose label is
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
+from sklearn.metrics import silhouette_score
 from sklearn.mixture import GaussianMixture
 
 from headlab.errors import UserError
@@ -39,6 +42,7 @@ class Clustering:
     centroids: np.ndarray
     names: list[str]
     named: bool  # the profiles matched Guan et al.'s four types
+    silhouette: float | None  # mean silhouette coefficient; None when the heads fall into one cluster
 
     def label_names(self) -> list[str]:
         return [self.names[label] for label in self.labels]
@@ -70,7 +74,9 @@ def fit_clusters(features: np.ndarray, k: int = 4, method: str = "kmeans", seed:
     model = _model(k, method, seed).fit(features)
     labels, centroids = _first_appearance(model.predict(features), _centroids(model))
     names = list(names) if names is not None else name_clusters(centroids)
-    return Clustering(labels, centroids, names or [f"cluster{i}" for i in range(k)], names is not None)
+    used = len(set(labels.tolist()))
+    silhouette = float(silhouette_score(features, labels)) if 2 <= used < len(features) else None
+    return Clustering(labels, centroids, names or [f"cluster{i}" for i in range(k)], names is not None, silhouette)
 
 
 def _first_appearance(labels: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -64,10 +64,18 @@ def _no_tips(record: logging.LogRecord) -> bool:
 
 class ReportOnMultirunEnd(Callback):
     """Hydra callback (``conf/ablate.yaml``): when a multirun of ``mode=eval`` or ``mode=sweep_heads`` ends and
-    ``report.auto`` is true, ``mode=report`` runs on the sweep directory."""
+    ``report.auto`` is true, ``mode=report`` runs on the sweep directory; after one of ``mode=cluster``, a table of
+    its jobs' stability and silhouette (``cluster_selection.csv``)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.get("mode") not in ("eval", "sweep_heads") or not config.report.auto:
+        if not config.report.auto:
+            return
+        if config.get("mode") == "cluster":
+            from headlab.analysis.cluster_run import summarize_sweep
+
+            summarize_sweep(config.hydra.sweep.dir)
+            return
+        if config.get("mode") not in ("eval", "sweep_heads"):
             return
         from headlab.analysis.report_run import run_report  # pandas, scipy and matplotlib load only here
 
