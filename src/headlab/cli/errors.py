@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
 from headlab.errors import UserError
@@ -70,6 +70,11 @@ def user_error_message(error: BaseException) -> str | None:
     for exc in chain:
         if isinstance(exc, OmegaConfBaseException):
             return _omegaconf_message(exc, error)
+    if isinstance(error, OverrideParseException):
+        key, _, value = error.override.partition("=")
+        return (f"cannot read the override {error.override!r}: {_one_line(error.message).split(' See ')[0]}; a "
+                f"value with '=', ',', spaces or brackets (a multirun job's directory) needs quotes inside the "
+                f"argument: '{key}=\"{value}\"'")
     if isinstance(error, HydraException) or _is_lightning_misconfiguration(error):
         return _one_line(str(error))
     if isinstance(error, FileNotFoundError):
