@@ -192,7 +192,10 @@ def summarize_sweep(sweep_dir: str | Path) -> pd.DataFrame | None:
         return None
     table = pd.DataFrame(rows).sort_values(["features", "method", "k", "seed"], kind="stable")
     write_frame_atomic(table, sweep_dir / "cluster_selection.csv")
-    shown = table.drop(columns=["features"] if table["features"].nunique() == 1 else [])
+    hidden = [] if table.duplicated(["features", "method", "k", "seed"]).any() else ["job"]  # the CSV keeps them
+    if table["features"].nunique() == 1:
+        hidden.append("features")
+    shown = table.drop(columns=hidden)
     text = shown.to_markdown(index=False, floatfmt=".4f")
     write_text_atomic(sweep_dir / "cluster_selection.md", text + "\n")
     Console().print(f"cluster jobs of {sweep_dir} (stability: share of heads labelled the same in every fit on "
