@@ -76,6 +76,15 @@ def test_compare_gives_the_adjusted_rand_index_and_transitions(clustered):
     table = pd.read_parquet(job / "heads.parquet")
     assert (table["changed/tuned"] == (table["type/pre"] != table["type/tuned"])).all()
     assert (table["shift/again"] == 0).all() and (table["shift/tuned"] > 0).any()
+    # Named types: per head, the type most runs give (here always the twice-given "pre" one) and the runs agreeing.
+    same = table["type/pre"] == table["type/tuned"]
+    assert (table["modal_type"] == table["type/pre"]).all()
+    np.testing.assert_allclose(table["agreement"], np.where(same, 1.0, 2 / 3))
+    assert json.loads((job / "results.json").read_text())["same_type_in_every_run"] == same.sum()
+    qualities = pd.read_csv(job / "stability.csv", index_col=0)
+    silhouettes = [json.loads((jobs[name][0] / "clusters.json").read_text())["silhouette"]
+                   for name in ("random", "tuned", "random")]
+    assert qualities.loc["silhouette"].tolist() == pytest.approx(silhouettes)
 
 
 def test_the_clusters_file_feeds_the_guan_table_2_preset(clustered):

@@ -6,16 +6,19 @@ from a model of the same shape (layers x heads). The job directory gets:
 =========================  ==============================================================================
 ``ari.csv`` / .md          adjusted Rand index of every pair of runs' labels (1: the same partition)
 ``transitions.csv`` / .md  heads of type A in the first run that have type B in each other run
-``stability.csv`` / .md    each run's clustering stability (Guan Table 1 layout: one column per run)
+``stability.csv`` / .md    each run's clustering stability and silhouette (Guan Table 1 layout: a column per run)
 ``types_per_layer.csv``    heads of each type per layer and run; ``types_per_layer.png`` side by side (Fig. 4)
-``heads.parquet`` / .csv   per head: each run's label, whether it differs from the first run's, and the shift
-                           of its distance features from the first run (L2 norm of the 21-dim difference)
+``heads.parquet`` / .csv   per head: each run's label, whether it differs from the first run's, the shift of
+                           its distance features from the first run (L2 norm of the 21-dim difference), and
+                           when every run's clusters are named: the type most runs give it (ties: the earliest
+                           run's) and the share of runs that agree (e.g. over fine-tuning seeds)
 ``results.json``           the summary; a complete one for the same config makes a rerun skip the job
 =========================  ==============================================================================
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +82,8 @@ def comparison_tables(runs: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
     transitions = pd.concat([pd.crosstab(pd.Series(labels[first], name=f"type in {first}"),
                                          pd.Series(labels[other], name="type")).stack().rename("heads")
                              .reset_index().assign(run=other) for other in names[1:]], ignore_index=True)
-    stability = pd.DataFrame([{"": "stability", **{run["name"]: run.get("stability") for run in runs}}])
+    stability = pd.DataFrame([{"": quality, **{run["name"]: run.get(quality) for run in runs}}
+                              for quality in ("stability", "silhouette")])
     per_layer = pd.concat([pd.DataFrame(run["counts_per_layer"]).fillna(0).assign(model=run["name"])
                            for run in runs], ignore_index=True).fillna(0)
     table = pd.DataFrame({"name": heads})
@@ -92,6 +96,10 @@ def comparison_tables(runs: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
         table[f"changed/{run['name']}"] = np.array(labels[run["name"]]) != np.array(labels[first])
         shift = None if reference is None else _distance(run, heads)
         table[f"shift/{run['name']}"] = np.nan if shift is None else np.linalg.norm(shift - reference, axis=1)
+    if all(run.get("named") or run.get("named_by_hand") for run in runs):  # the same names mean the same types
+        types = [Counter(row) for row in zip(*labels.values())]  # per head: runs per type, in run order
+        table["modal_type"] = [count.most_common(1)[0][0] for count in types]
+        table["agreement"] = [count.most_common(1)[0][1] / len(runs) for count in types]
     table = table[["layer", "head", "name", *table.columns[3:]]]
     return {"ari": ari, "transitions": transitions, "stability": stability, "types_per_layer": per_layer,
             "heads": table}
@@ -137,18 +145,23 @@ def run_compare(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
                 logger.log_table(key=name, dataframe=tables[name])
             logger.log_image(key="types_per_layer", images=[str(image)])
         ari = tables["ari"].set_index("run")
+        heads = tables["heads"]
+        agreed = int((heads["agreement"] == 1).sum()) if "agreement" in heads else None
         summary = {"kind": "compare", "group": cfg.group, "runs": [{"name": r["name"], "path": r["path"],
                                                                      "model": r["model"], "task": r["task"]}
                                                                     for r in runs],
                    "ari": {f"{a} vs {b}": float(ari.loc[a, b]) for i, a in enumerate(ari.index)
                            for b in ari.index[i + 1:]},
                    "changed": {r["name"]: int(tables["heads"][f"changed/{r['name']}"].sum()) for r in runs[1:]},
+                   "same_type_in_every_run": agreed,
                    "files": ["ari.csv", "ari.md", "transitions.csv", "transitions.md", "stability.csv", "stability.md",
                              "types_per_layer.csv", image.name, "heads.parquet", "heads.csv"],
                    "config_hash": job_hash, "config": resolved, "versions": library_versions(), "complete": True}
         write_json_atomic(output_dir / "results.json", summary)
+        same = "" if agreed is None else f"\n\nHeads of the same type in every run: {agreed} of {len(heads)}"
         Console().print(f"Adjusted Rand index\n{to_markdown(tables['ari'].round(4))}\n\nStability\n"
-                        f"{to_markdown(tables['stability'].round(4))}\n-> {output_dir}", markup=False, soft_wrap=True)
+                        f"{to_markdown(tables['stability'].round(4))}{same}\n-> {output_dir}", markup=False,
+                        soft_wrap=True)
         if logger:
             logger.finalize("success")
         return summary
