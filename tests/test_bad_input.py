@@ -51,6 +51,8 @@ CASES = [
     ("train.py", ["ckpt_path=/no/such.ckpt"], "/no/such.ckpt"),
     ("ablate.py", ["ckpt_path=/runs/lr=1e-4,seed=0"],  # a multirun job's directory, unquoted
      "needs quotes inside the argument: 'ckpt_path=\"/runs/lr=1e-4,seed=0\"'"),
+    ("ablate.py", ["mode=compare", "compare.names=[seed 0 (F1 99.0),seed 1]"],
+     "list items with '=', ',', spaces or brackets need quotes inside the argument: \"compare.names=['item one',"),
     ("ablate.py", ["mode=nope"], "mode='nope'"),
     ("train.py", ["attention_route=fast"], "attention_route='fast' is not allowed; choose one of: sdpa, flex"),
     # model

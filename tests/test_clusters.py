@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
 from headlab.analysis.clusters import TYPE_NAMES, align, fit_clusters, name_clusters, stability
 from headlab.errors import UserError
+from headlab.reporting import head_plots
 
 
 def profile(kind: str) -> np.ndarray:
@@ -115,3 +117,15 @@ def test_silhouette_equals_its_definition_and_is_highest_at_the_planted_k(k):
     with pytest.warns(ConvergenceWarning):  # identical heads: one cluster, no silhouette
         one = fit_clusters(np.repeat(points[:1], 5, axis=0), k=2)
     assert one.silhouette is None
+
+
+def test_each_head_type_keeps_its_colour_and_place_in_every_figure(tmp_path):
+    """Figures of different jobs are compared side by side: a type's colour must not depend on which came first."""
+    first = head_plots._colours(["vertical", "dense", "diagonal"])[1]
+    second = head_plots._colours(["dense_vertical", "diagonal", "dense", "vertical"])[1]
+    assert all(first[kind] == second[kind] for kind in first)
+    assert len(set(second.values())) == 4
+    assert len(set(head_plots._colours(["cluster0", "cluster1"])[1].values())) == 2  # other names: a colour map
+    counts = pd.DataFrame({"layer": [0, 1], "vertical": [1, 2], "dense": [3, 2], "model": "a"})
+    paths = head_plots.types_per_layer(counts, "types", tmp_path / "types", ("png",))
+    assert paths[0].is_file()

@@ -56,11 +56,18 @@ def role_panels(roles: pd.DataFrame, title: str, path: Path, formats: Sequence[s
     return head_panels(panels, title, path, formats, marks, label)
 
 
+# Guan et al.'s head types keep their colour in every figure (and their order in stacked bars), whichever comes first.
+TYPE_COLOURS = {"dense": "tab:blue", "diagonal": "tab:red", "dense_vertical": "tab:pink", "vertical": "tab:cyan"}
+
+
 def _colours(values: Sequence) -> tuple[list, dict]:
-    """A colour per distinct value (tab10 / viridis for many), and the legend mapping."""
+    """A colour per distinct value (the head types' own; else tab10 / viridis for many), and the legend mapping."""
     distinct = list(dict.fromkeys(values))
-    cmap = plt.get_cmap("tab10" if len(distinct) <= 10 else "viridis", len(distinct))
-    mapping = {value: cmap(i) for i, value in enumerate(distinct)}
+    if set(distinct) <= set(TYPE_COLOURS):
+        mapping = {value: TYPE_COLOURS[value] for value in distinct}
+    else:
+        cmap = plt.get_cmap("tab10" if len(distinct) <= 10 else "viridis", len(distinct))
+        mapping = {value: cmap(i) for i, value in enumerate(distinct)}
     return [mapping[v] for v in values], mapping
 
 
@@ -92,6 +99,8 @@ def types_per_layer(counts: pd.DataFrame, title: str, path: Path, formats: Seque
     for axis, model in zip(axes[0], models):
         part = counts if model is None else counts[counts["model"] == model]
         part = part.drop(columns=[c for c in ("model",) if c in part]).set_index("layer")
+        part = part[sorted(part.columns, key=lambda kind: list(TYPE_COLOURS).index(kind) if kind in TYPE_COLOURS
+                           else len(TYPE_COLOURS))]  # the types in one order, the others after them as they came
         bottom = np.zeros(len(part))
         colours, _ = _colours(list(part.columns))
         for colour, kind in zip(colours, part.columns):
@@ -100,7 +109,7 @@ def types_per_layer(counts: pd.DataFrame, title: str, path: Path, formats: Seque
         axis.set_xlabel("layer")
         axis.set_title(model or title)
     axes[0, 0].set_ylabel("heads")
-    axes[0, -1].legend(fontsize=7, loc="best")
+    axes[0, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the bars, never on them
     if models != [None]:
         figure.suptitle(title)
     figure.tight_layout()
