@@ -72,10 +72,13 @@ def user_error_message(error: BaseException) -> str | None:
             return _omegaconf_message(exc, error)
     if isinstance(error, OverrideParseException):
         key, _, value = error.override.partition("=")
-        quoted = (f"list items with '=', ',', spaces or brackets need quotes inside the argument: \"{key}=['item one',"
-                  f"'item=2']\"" if value.startswith("[") else f"a value with '=', ',', spaces or brackets (a "
-                  f"multirun job's directory) needs quotes inside the argument: '{key}=\"{value}\"'")
-        return f"cannot read the override {error.override!r}: {_one_line(error.message).split(' See ')[0]}; {quoted}"
+        if value.startswith("["):  # a quoted list would be one string: the items take the quotes
+            quoting = f"list items with '=', ',', spaces or brackets need quotes inside the argument: " \
+                      f"\"{key}=['item one','item=2']\""
+        else:
+            quoting = f"a value with '=', ',', spaces or brackets (a multirun job's directory) needs quotes inside " \
+                      f"the argument: '{key}=\"{value}\"'"
+        return f"cannot read the override {error.override!r}: {_one_line(error.message).split(' See ')[0]}; {quoting}"
     if isinstance(error, HydraException) or _is_lightning_misconfiguration(error):
         return _one_line(str(error))
     if isinstance(error, FileNotFoundError):

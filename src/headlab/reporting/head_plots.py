@@ -60,6 +60,12 @@ def role_panels(roles: pd.DataFrame, title: str, path: Path, formats: Sequence[s
 TYPE_COLOURS = {"dense": "tab:blue", "diagonal": "tab:red", "dense_vertical": "tab:pink", "vertical": "tab:cyan"}
 
 
+def _type_order(kind: str) -> int:
+    """Sort key: the head types in ``TYPE_COLOURS`` order, other names after them (a stable sort keeps theirs)."""
+    types = list(TYPE_COLOURS)
+    return types.index(kind) if kind in types else len(types)
+
+
 def _colours(values: Sequence) -> tuple[list, dict]:
     """A colour per distinct value (the head types' own; else tab10 / viridis for many), and the legend mapping."""
     distinct = list(dict.fromkeys(values))
@@ -99,8 +105,7 @@ def types_per_layer(counts: pd.DataFrame, title: str, path: Path, formats: Seque
     for axis, model in zip(axes[0], models):
         part = counts if model is None else counts[counts["model"] == model]
         part = part.drop(columns=[c for c in ("model",) if c in part]).set_index("layer")
-        part = part[sorted(part.columns, key=lambda kind: list(TYPE_COLOURS).index(kind) if kind in TYPE_COLOURS
-                           else len(TYPE_COLOURS))]  # the types in one order, the others after them as they came
+        part = part[sorted(part.columns, key=_type_order)]
         bottom = np.zeros(len(part))
         colours, _ = _colours(list(part.columns))
         for colour, kind in zip(colours, part.columns):
