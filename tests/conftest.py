@@ -83,15 +83,15 @@ COMMON = ["model=tiny_random", "task=demo_pairs", "logger=csv", "trainer.enable_
           "data.max_eval_examples=40"]
 
 
-def run(script, *overrides, cwd_tmp, check=True):
-    """An entry script on the tiny BERT and demo_pairs (caches under ``cwd_tmp``), in a subprocess."""
+def run(script, *overrides, cwd_tmp, check=True, cwd=ROOT):
+    """An entry script on the tiny BERT and demo_pairs (caches under ``cwd_tmp``), in a subprocess in ``cwd``."""
     flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides
     overrides = [o for o in overrides if not o.startswith("-")]
     command = [sys.executable, str(ROOT / script), *flags, *COMMON, f"data.cache_dir={cwd_tmp / 'cache'}",
                *overrides]
     if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
         command.append(f"baseline_dir={cwd_tmp / 'baselines'}")
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -114,20 +114,21 @@ def test_compiled_evaluation_gives_eager_per_example_losses(trained):
 
 def test_baseline_is_computed_once_per_checkpoint(trained):
     root, _ = trained
-    baselines = root / "baselines"
+    baselines = root / "baselines_once"  # this test's own cache: other tests' jobs add to the shared one
+    own = f"baseline_dir={baselines}"
     for heads in ("L0", "L1"):
-        run("ablate.py", "mode=eval", "mask=prune", f"mask.heads={heads}", f"ckpt_path={root / 'train'}",
+        run("ablate.py", "mode=eval", "mask=prune", f"mask.heads={heads}", f"ckpt_path={root / 'train'}", own,
             f"hydra.run.dir={root / ('b' + heads)}", cwd_tmp=root)
     summaries = sorted(baselines.glob("*/baseline.json"))
     stamps = [p.stat().st_mtime_ns for p in summaries]
-    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L2", f"ckpt_path={root / 'train'}",
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L2", f"ckpt_path={root / 'train'}", own,
         f"hydra.run.dir={root / 'bL2'}", cwd_tmp=root)
     assert [p.stat().st_mtime_ns for p in sorted(baselines.glob("*/baseline.json"))] == stamps  # reused
     # Other weights (the untrained model): another key, never the cached baseline of the fine-tuned weights.
-    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L2", "allow_random_head=true",
-        f"hydra.run.dir={root / 'random'}", cwd_tmp=root)
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L2", "allow_random_head=true", own,
+        f"hydra.run.dir={root / 'random_once'}", cwd_tmp=root)
     assert len(list(baselines.glob("*/baseline.json"))) == len(summaries) + 1
-    assert results(root / "random")["baseline"] != results(root / "bL2")["baseline"]
+    assert results(root / "random_once")["baseline"] != results(root / "bL2")["baseline"]
 
 
 def test_multirun_sweep_resumes_where_it_stopped(trained):

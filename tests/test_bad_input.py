@@ -48,6 +48,7 @@ CASES = [
     # top level and typing at composition
     ("train.py", ["seed=abc"], "'abc'"),
     ("train.py", ["foo=1"], "'foo'"),
+    ("train.py", ["experiment=single_head"], "experiment=single_head is an ablate.py preset"),  # names the run
     ("train.py", ["ckpt_path=/no/such.ckpt"], "/no/such.ckpt"),
     ("ablate.py", ["ckpt_path=/runs/lr=1e-4,seed=0"],  # a multirun job's directory, unquoted
      "needs quotes inside the argument: 'ckpt_path=\"/runs/lr=1e-4,seed=0\"'"),

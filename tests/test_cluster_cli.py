@@ -126,11 +126,11 @@ def test_one_per_head_table_joins_features_clusters_importance_and_measured_delt
     assert table.loc[table["label"] == "pre", "cluster"].isna().all()
 
 
-def test_a_multirun_over_k_ends_with_a_table_of_stability_and_silhouette(clustered):
+def test_a_multirun_over_k_ends_with_a_table_of_stability_and_silhouette(clustered, tmp_path):
     root, _ = clustered
-    sweep = root / "k_sweep"
     result = run("ablate.py", "-m", "mode=cluster", f"cluster.features={root / 'features_random'}", "cluster.k=2,3,4",
-                 "cluster.stability_fits=2", f"hydra.sweep.dir={sweep}", cwd_tmp=root)
+                 "cluster.stability_fits=2", cwd_tmp=root, cwd=tmp_path)  # the default sweep directory
+    sweep = tmp_path / "outputs/ablate/multirun/adhoc/demo_pairs/tiny_random/pretrained"  # named after the preset
     table = pd.read_csv(sweep / "cluster_selection.csv")
     assert table["k"].tolist() == [2, 3, 4] and (table["method"] == "kmeans").all()
     for row in table.itertuples():

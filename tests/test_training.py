@@ -131,20 +131,21 @@ def test_regression_task_from_local_files(tmp_path):
     assert set(metrics) == {"pearson", "spearman", "loss"} and -1 <= metrics["pearson"] <= 1
 
 
-def test_wandb_offline_runs_one_tracked_run_per_multirun_job(tmp_path):
-    sweep = tmp_path / "sweep"
-    result = subprocess.run(
+def test_a_named_multirun_runs_one_tracked_run_per_job_in_its_own_directory(tmp_path):
+    result = subprocess.run(  # the default sweep directory, under the working directory
         [sys.executable, str(ROOT / "train.py"), "-m", *QUICK, "task=demo_pairs", "logger=wandb", "seed=0,1",
-         "trainer.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}",
-         "hydra.sweep.subdir=seed${seed}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_SILENT": "true"},
+         "experiment=seeds", "trainer.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_SILENT": "true"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    sweep = tmp_path / "outputs/train/multirun/seeds/demo_pairs/tiny_random"
+    jobs = {results(path.parent)["seed"]: path.parent for path in sweep.glob("*/results.json")}
+    assert sorted(jobs) == [0, 1]
     run_ids = set()
-    for seed in (0, 1):
-        job = sweep / f"seed{seed}"
+    for seed, job in jobs.items():
         record = results(job)
-        assert record["seed"] == seed
+        assert f"seed={seed}" in job.name.split(",")  # the job's overrides name its directory
+        assert (record["config"]["experiment"], record["config"]["group"]) == ("seeds", "seeds")
         offline_runs = list((job / "wandb").glob("offline-run-*"))
         assert len(offline_runs) == 1
         run_ids.add(offline_runs[0].name.rsplit("-", 1)[1])

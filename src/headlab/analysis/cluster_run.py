@@ -28,14 +28,12 @@ from rich.console import Console
 from sklearn.manifold import MDS, TSNE
 
 from headlab.analysis.clusters import Clustering, check_k, fit_clusters, profiles, stability
-from headlab.analysis.eval_job import already_done, hashed_config
 from headlab.analysis.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.features_run import features_table
+from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
-from headlab.reporting.results import library_versions
-from headlab.training.tracking import build_logger, tracked_job
 
 
 def features_job(source: str | Path) -> tuple[Path, dict[str, Any]]:
@@ -78,42 +76,34 @@ def profile_table(clustering: Clustering) -> str:
         "\n".join(rows)
 
 
-def run_cluster(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+@resumable
+def run_cluster(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Cluster the heads of ``cfg.cluster.features``; ``cfg`` passed ``check_ablate_config``."""
-    output_dir = Path(output_dir)
-    resolved, job_hash = hashed_config(cfg)
-    done = already_done(output_dir / "results.json", job_hash)
-    if done is not None:
-        return done
-    with tracked_job():
-        path, source = features_job(cfg.cluster.features)
-        with np.load(path) as arrays:
-            features = AttentionFeatures.from_arrays(dict(arrays))
-        logger = build_logger(cfg.logger, run_id=job_hash,
-                              run_name=f"cluster-{source['task']}-{source['model']}-{job_hash[:6]}")
-        if logger:
-            logger.log_hyperparams(resolved)
-        options = cfg.cluster
-        points = features.distance.reshape(-1, len(DISTANCE_BINS))  # [heads, 21]
-        names = None if options.names is None else list(options.names)
-        clustering = fit_clusters(points, options.k, options.method, cfg.seed, names)
-        per_sequence = features.distance_sequences.reshape(features.num_sequences, -1, len(DISTANCE_BINS))
-        share, _ = stability(per_sequence, options.k, options.method, cfg.seed, options.stability_fits,
-                             options.stability_split)
-        summary = write_clusters(cfg, features, clustering, share, path, source, output_dir, logger)
-        summary |= {"config_hash": job_hash, "config": resolved, "versions": library_versions(), "complete": True}
-        write_json_atomic(output_dir / "results.json", summary)
-        counts = ", ".join(f"{name} {count}" for name, count in summary["counts"].items())
-        naming = ("named by hand" if names else "named by their profiles" if clustering.named else
-                  "not named: k != 4 or the centroid profiles do not match Guan et al.'s dense / diagonal / "
-                  "dense_vertical / vertical (cluster.names=[...] names them)")
-        silhouette = "" if clustering.silhouette is None else f", silhouette {clustering.silhouette:.3f}"
-        Console().print(f"{len(points)} heads in {options.k} clusters ({naming}): {counts}; stability "
-                        f"{share:.2%}{silhouette} -> {output_dir / 'clusters.json'}\n{profile_table(clustering)}",
-                        markup=False, soft_wrap=True)
-        if logger:
-            logger.finalize("success")
-        return summary
+    path, source = features_job(cfg.cluster.features)
+    with np.load(path) as arrays:
+        features = AttentionFeatures.from_arrays(dict(arrays))
+    logger = identity.logger(cfg.logger, f"cluster-{source['task']}-{source['model']}")
+    options = cfg.cluster
+    points = features.distance.reshape(-1, len(DISTANCE_BINS))  # [heads, 21]
+    names = None if options.names is None else list(options.names)
+    clustering = fit_clusters(points, options.k, options.method, cfg.seed, names)
+    per_sequence = features.distance_sequences.reshape(features.num_sequences, -1, len(DISTANCE_BINS))
+    share, _ = stability(per_sequence, options.k, options.method, cfg.seed, options.stability_fits,
+                         options.stability_split)
+    summary = identity.complete(write_clusters(cfg, features, clustering, share, path, source, identity.output_dir,
+                                               logger))
+    write_json_atomic(identity.output_dir / "results.json", summary)
+    counts = ", ".join(f"{name} {count}" for name, count in summary["counts"].items())
+    naming = ("named by hand" if names else "named by their profiles" if clustering.named else
+              "not named: k != 4 or the centroid profiles do not match Guan et al.'s dense / diagonal / "
+              "dense_vertical / vertical (cluster.names=[...] names them)")
+    silhouette = "" if clustering.silhouette is None else f", silhouette {clustering.silhouette:.3f}"
+    Console().print(f"{len(points)} heads in {options.k} clusters ({naming}): {counts}; stability "
+                    f"{share:.2%}{silhouette} -> {identity.output_dir / 'clusters.json'}\n{profile_table(clustering)}",
+                    markup=False, soft_wrap=True)
+    if logger:
+        logger.finalize("success")
+    return summary
 
 
 def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering, share: float, path: Path,

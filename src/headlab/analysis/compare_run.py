@@ -27,13 +27,11 @@ import pandas as pd
 from rich.console import Console
 from sklearn.metrics import adjusted_rand_score
 
-from headlab.analysis.eval_job import already_done, hashed_config
+from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
 from headlab.reporting.layouts import to_markdown
-from headlab.reporting.results import library_versions
-from headlab.training.tracking import build_logger, tracked_job
 
 
 def read_clusters_run(source: str | Path) -> dict[str, Any]:
@@ -118,50 +116,42 @@ def check_compare(cfg: Any) -> None:
     read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
 
 
-def run_compare(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+@resumable
+def run_compare(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Compare the head types of ``cfg.compare.runs``; ``cfg`` passed ``check_ablate_config``."""
-    output_dir = Path(output_dir)
-    resolved, job_hash = hashed_config(cfg)
-    done = already_done(output_dir / "results.json", job_hash)
-    if done is not None:
-        return done
-    with tracked_job():
-        runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
-        logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"compare-{runs[0]['model']}-{job_hash[:6]}")
-        if logger:
-            logger.log_hyperparams(resolved)
-        tables = comparison_tables(runs)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("ari", "transitions", "stability"):
-            write_frame_atomic(tables[name], output_dir / f"{name}.csv")
-            write_text_atomic(output_dir / f"{name}.md", to_markdown(tables[name].round(4)))
-        write_frame_atomic(tables["types_per_layer"], output_dir / "types_per_layer.csv")
-        write_frame_atomic(tables["heads"], output_dir / "heads.parquet")
-        write_frame_atomic(tables["heads"], output_dir / "heads.csv")
-        image = head_plots.types_per_layer(tables["types_per_layer"], "head types per layer",
-                                           output_dir / "types_per_layer", tuple(cfg.report.formats))[0]
-        if logger is not None and hasattr(logger, "log_table"):
-            for name in ("ari", "transitions", "stability", "heads"):
-                logger.log_table(key=name, dataframe=tables[name])
-            logger.log_image(key="types_per_layer", images=[str(image)])
-        ari = tables["ari"].set_index("run")
-        heads = tables["heads"]
-        agreed = int((heads["agreement"] == 1).sum()) if "agreement" in heads else None
-        summary = {"kind": "compare", "group": cfg.group, "runs": [{"name": r["name"], "path": r["path"],
-                                                                     "model": r["model"], "task": r["task"]}
-                                                                    for r in runs],
-                   "ari": {f"{a} vs {b}": float(ari.loc[a, b]) for i, a in enumerate(ari.index)
-                           for b in ari.index[i + 1:]},
-                   "changed": {r["name"]: int(tables["heads"][f"changed/{r['name']}"].sum()) for r in runs[1:]},
-                   "same_type_in_every_run": agreed,
-                   "files": ["ari.csv", "ari.md", "transitions.csv", "transitions.md", "stability.csv", "stability.md",
-                             "types_per_layer.csv", image.name, "heads.parquet", "heads.csv"],
-                   "config_hash": job_hash, "config": resolved, "versions": library_versions(), "complete": True}
-        write_json_atomic(output_dir / "results.json", summary)
-        same = "" if agreed is None else f"\n\nHeads of the same type in every run: {agreed} of {len(heads)}"
-        Console().print(f"Adjusted Rand index\n{to_markdown(tables['ari'].round(4))}\n\nStability\n"
-                        f"{to_markdown(tables['stability'].round(4))}{same}\n-> {output_dir}", markup=False,
-                        soft_wrap=True)
-        if logger:
-            logger.finalize("success")
-        return summary
+    runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
+    logger = identity.logger(cfg.logger, f"compare-{runs[0]['model']}")
+    tables = comparison_tables(runs)
+    output_dir = identity.output_dir
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("ari", "transitions", "stability"):
+        write_frame_atomic(tables[name], output_dir / f"{name}.csv")
+        write_text_atomic(output_dir / f"{name}.md", to_markdown(tables[name].round(4)))
+    write_frame_atomic(tables["types_per_layer"], output_dir / "types_per_layer.csv")
+    write_frame_atomic(tables["heads"], output_dir / "heads.parquet")
+    write_frame_atomic(tables["heads"], output_dir / "heads.csv")
+    image = head_plots.types_per_layer(tables["types_per_layer"], "head types per layer",
+                                       output_dir / "types_per_layer", tuple(cfg.report.formats))[0]
+    if logger is not None and hasattr(logger, "log_table"):
+        for name in ("ari", "transitions", "stability", "heads"):
+            logger.log_table(key=name, dataframe=tables[name])
+        logger.log_image(key="types_per_layer", images=[str(image)])
+    ari = tables["ari"].set_index("run")
+    heads = tables["heads"]
+    agreed = int((heads["agreement"] == 1).sum()) if "agreement" in heads else None
+    summary = identity.complete({
+        "kind": "compare", "group": cfg.group,
+        "runs": [{"name": r["name"], "path": r["path"], "model": r["model"], "task": r["task"]} for r in runs],
+        "ari": {f"{a} vs {b}": float(ari.loc[a, b]) for i, a in enumerate(ari.index) for b in ari.index[i + 1:]},
+        "changed": {r["name"]: int(tables["heads"][f"changed/{r['name']}"].sum()) for r in runs[1:]},
+        "same_type_in_every_run": agreed,
+        "files": ["ari.csv", "ari.md", "transitions.csv", "transitions.md", "stability.csv", "stability.md",
+                  "types_per_layer.csv", image.name, "heads.parquet", "heads.csv"]})
+    write_json_atomic(output_dir / "results.json", summary)
+    same = "" if agreed is None else f"\n\nHeads of the same type in every run: {agreed} of {len(heads)}"
+    Console().print(f"Adjusted Rand index\n{to_markdown(tables['ari'].round(4))}\n\nStability\n"
+                    f"{to_markdown(tables['stability'].round(4))}{same}\n-> {output_dir}", markup=False,
+                    soft_wrap=True)
+    if logger:
+        logger.finalize("success")
+    return summary

@@ -18,41 +18,20 @@ from typing import Any
 
 from filelock import FileLock
 from omegaconf import OmegaConf
-from rich.console import Console
 
 from headlab.analysis.evaluation import PlanEvaluator, Variant
+from headlab.analysis.job_identity import JobIdentity
 from headlab.core.models import apply_runtime_options, weights_hash
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.reporting.records import read_records, write_records
-from headlab.reporting.results import EvalResult, read_complete
+from headlab.reporting.results import EvalResult
 from headlab.tasks.record_metrics import metrics_from_records
 from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.finetune import make_trainer
-from headlab.training.tracking import build_logger
 
-# Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route")
-# Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
-SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
-                 "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",)}
 BASELINE = "baseline"  # the name of the unablated variant
-
-
-def hashed_config(cfg: Any) -> tuple[dict[str, Any], str]:
-    """The resolved config and the hash of what it computes."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
-    return resolved, config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread})
-
-
-def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:
-    """The complete results of this very config, announced, or None (missing, partial, corrupt or another config)."""
-    done = read_complete(results_path, job_hash)
-    if done is not None:
-        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
-    return done
 
 
 def estimation_task(task: Any, split: str) -> Any:
@@ -72,12 +51,12 @@ def policy_label(plan: HeadPlan) -> str:
 class EvalJob:
     """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
 
-    def __init__(self, cfg: Any, output_dir: Path, job_hash: str, resolved: dict[str, Any], *,
-                 estimation: Any = None, evaluation: bool = True):
+    def __init__(self, cfg: Any, identity: JobIdentity, *, estimation: Any = None, evaluation: bool = True):
         """``evaluation``: the task's eval splits (``data``) and a Trainer for them (``trainer``); ``estimation``
         (the ``importance`` config section): its estimation split (``estimation_data``, ``estimation_task``) and a
         Trainer without inference mode for gradient scoring (``scoring_trainer``). Either or both."""
-        self.cfg, self.output_dir, self.job_hash, self.resolved = cfg, output_dir, job_hash, resolved
+        self.cfg, self.identity = cfg, identity
+        self.output_dir, self.job_hash, self.resolved = identity.output_dir, identity.hash, identity.resolved
         self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
         # load, check and tokenise the data before the weights
         self.data = self._data_module(cfg.task) if evaluation else None
@@ -86,13 +65,10 @@ class EvalJob:
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head)
         apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)
-        self.logger = build_logger(cfg.logger, run_id=job_hash,
-                                   run_name=f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
-        self.trainer = make_trainer(cfg.trainer, [], None, output_dir) if evaluation else None
-        self.scoring_trainer = None if estimation is None else make_trainer(cfg.trainer, [], None, output_dir,
+        self.logger = identity.logger(cfg.logger, f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}")
+        self.trainer = make_trainer(cfg.trainer, [], None, self.output_dir) if evaluation else None
+        self.scoring_trainer = None if estimation is None else make_trainer(cfg.trainer, [], None, self.output_dir,
                                                                             inference_mode=False)
-        if self.logger:
-            self.logger.log_hyperparams(resolved)
 
     def _data_module(self, task: Any, **overrides: Any) -> TaskDataModule:
         """``task``'s eval splits under the ``data`` settings (``overrides`` win), loaded and tokenised."""

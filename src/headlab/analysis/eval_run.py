@@ -7,16 +7,15 @@ config prints "already done" and stops, so rerunning a killed sweep runs only wh
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob, already_done, hashed_config, summary_line
+from headlab.analysis.eval_job import EvalJob, summary_line
 from headlab.analysis.evaluation import Variant
+from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.core.masks import mask_rules, plan_from_mask
 from headlab.core.models import model_shape
-from headlab.training.tracking import tracked_job
 
 
 def plan_name(cfg: Any) -> str:
@@ -28,22 +27,17 @@ def plan_name(cfg: Any) -> str:
     return "; ".join(f"{rule['policy']} {heads(rule['heads'])}" for rule in rules) or "baseline"
 
 
-def run_eval(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+@resumable
+def run_eval(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` on ``cfg.task`` under ``cfg.mask``; ``cfg`` passed ``check_ablate_config``."""
-    output_dir = Path(output_dir)
-    resolved, job_hash = hashed_config(cfg)
-    done = already_done(output_dir / "results.json", job_hash)
-    if done is not None:
-        return done
     variant = Variant(plan_name(cfg), plan_from_mask(cfg.mask, *model_shape(cfg.model)), cfg.mask.renormalize)
-    with tracked_job():
-        job = EvalJob(cfg, output_dir, job_hash, resolved)
-        records, baseline = job.evaluate([variant])
-        mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
-        result = job.result(variant, mine, baseline, output_dir)
-        job.log_metrics(result)
-        if job.trainer.is_global_zero:
-            Console().print(summary_line(result, cfg.task.main_metric, output_dir / "results.json"), markup=False,
-                            soft_wrap=True)
-        job.finish()
-        return result.__dict__
+    job = EvalJob(cfg, identity)
+    records, baseline = job.evaluate([variant])
+    mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
+    result = job.result(variant, mine, baseline, identity.output_dir)
+    job.log_metrics(result)
+    if job.trainer.is_global_zero:
+        Console().print(summary_line(result, cfg.task.main_metric, identity.output_dir / "results.json"),
+                        markup=False, soft_wrap=True)
+    job.finish()
+    return result.__dict__

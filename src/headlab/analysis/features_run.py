@@ -28,16 +28,14 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from headlab.analysis.eval_job import already_done, hashed_config
 from headlab.analysis.feature_data import Sequences, model_max_length, task_sequences, text_file_sequences
 from headlab.analysis.features import AttentionFeatures, attention_features
+from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.core.models import load_model_reporting, load_tokenizer, model_config
 from headlab.files import write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
-from headlab.reporting.results import library_versions
 from headlab.reporting.sieve_roles import role_matrix, sieve_roles
 from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config, weights_model_config
-from headlab.training.tracking import build_logger, tracked_job
 
 
 def read_sequences(cfg: Any, tokenizer, checkpoint) -> Sequences:
@@ -74,37 +72,29 @@ def feature_device(trainer_cfg: Any) -> torch.device:
     return torch.device("cuda") if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
 
 
-def run_features(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+@resumable
+def run_features(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Features of ``cfg.ckpt_path``'s heads; ``cfg`` passed ``check_ablate_config``."""
-    output_dir = Path(output_dir)
-    resolved, job_hash = hashed_config(cfg)
-    done = already_done(output_dir / "results.json", job_hash)
-    if done is not None:
-        return done
-    with tracked_job():
-        checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
-        tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
-        sequences = read_sequences(cfg, tokenizer, checkpoint)
-        if sequences.truncated:
-            Console().print(f"note: {sequences.truncated} of {len(sequences)} sequences were longer than "
-                            f"{sequences.max_length} tokens and were truncated", markup=False)
-        model = encoder(checkpoint, cfg).to(feature_device(cfg.trainer))
-        logger = build_logger(cfg.logger, run_id=job_hash,
-                              run_name=f"features-{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
-        if logger:
-            logger.log_hyperparams(resolved)
-        options = cfg.features
-        features = attention_features(model, tokenizer, sequences.batches(options.batch_size, tokenizer.pad_token_id),
-                                      tuple(options.families), options.js_max_sequences)
-        summary = write_features(cfg, features, sequences, output_dir, logger)
-        summary |= {"checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},
-                    "config_hash": job_hash, "config": resolved, "versions": library_versions(), "complete": True}
-        write_json_atomic(output_dir / "results.json", summary)
-        Console().print(f"features of {features.num_layers * features.num_heads} heads over {len(sequences)} "
-                        f"sequences -> {output_dir / 'heads.parquet'}", markup=False, soft_wrap=True)
-        if logger:
-            logger.finalize("success")
-        return summary
+    checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
+    sequences = read_sequences(cfg, tokenizer, checkpoint)
+    if sequences.truncated:
+        Console().print(f"note: {sequences.truncated} of {len(sequences)} sequences were longer than "
+                        f"{sequences.max_length} tokens and were truncated", markup=False)
+    model = encoder(checkpoint, cfg).to(feature_device(cfg.trainer))
+    logger = identity.logger(cfg.logger, f"features-{cfg.task.name}-{cfg.model.name}")
+    options = cfg.features
+    features = attention_features(model, tokenizer, sequences.batches(options.batch_size, tokenizer.pad_token_id),
+                                  tuple(options.families), options.js_max_sequences)
+    summary = write_features(cfg, features, sequences, identity.output_dir, logger)
+    summary = identity.complete(summary | {"checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path,
+                                                          "ckpt_path": cfg.ckpt_path}})
+    write_json_atomic(identity.output_dir / "results.json", summary)
+    Console().print(f"features of {features.num_layers * features.num_heads} heads over {len(sequences)} "
+                    f"sequences -> {identity.output_dir / 'heads.parquet'}", markup=False, soft_wrap=True)
+    if logger:
+        logger.finalize("success")
+    return summary
 
 
 def features_table(features: AttentionFeatures, roles: pd.DataFrame | None = None) -> pd.DataFrame:

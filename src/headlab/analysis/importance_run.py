@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob, already_done, hashed_config
+from headlab.analysis.eval_job import EvalJob
+from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.analysis.scoring import HeadScorer
 from headlab.core.importance import HeadGradients, normalize_importance, punctuation_ids
 from headlab.core.masks import plan_from_mask
@@ -39,9 +40,7 @@ from headlab.files import write_frame_atomic, write_json_atomic, write_text_atom
 from headlab.reporting import plots
 from headlab.reporting.agreement import agreement_table, read_head_sweep
 from headlab.reporting.layouts import to_markdown
-from headlab.reporting.results import library_versions
 from headlab.training.checkpoints import tokenizer_config
-from headlab.training.tracking import tracked_job
 
 log = logging.getLogger(__name__)
 
@@ -66,29 +65,24 @@ def estimators_of(gradients: HeadGradients, options: Any) -> tuple[dict[str, np.
     return written, raw
 
 
-def run_importance(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+@resumable
+def run_importance(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Score ``cfg.ckpt_path``'s heads on ``cfg.importance.split``; ``cfg`` passed ``check_ablate_config``."""
-    output_dir = Path(output_dir)
-    resolved, job_hash = hashed_config(cfg)
-    done = already_done(output_dir / "results.json", job_hash)
-    if done is not None:
-        return done
     plan = plan_from_mask(cfg.mask, *model_shape(cfg.model))
     pruned = [head_name(layer, head) for layer, head in plan.heads_with("prune")]
     if pruned:
         Console().print(f"note: the mask prunes {', '.join(pruned)}: their importance is 0", markup=False)
-    with tracked_job():
-        job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance, evaluation=False)
-        gradients = score_heads(job, plan, tuple(cfg.importance.policies), cfg.importance.key_types)
-        summary = {}
-        if job.is_global_zero:
-            summary = write_importance(cfg, job, gradients, pruned, output_dir)
-            write_json_atomic(output_dir / "results.json", summary)
-            Console().print(f"importance of every head from {gradients.num_examples} examples of "
-                            f"{job.estimation_data.eval_splits[0]} -> "
-                            f"{output_dir / 'importance.json'}", markup=False, soft_wrap=True)
-        job.finish()
-        return summary
+    job = EvalJob(cfg, identity, estimation=cfg.importance, evaluation=False)
+    gradients = score_heads(job, plan, tuple(cfg.importance.policies), cfg.importance.key_types)
+    summary = {}
+    if job.is_global_zero:
+        summary = write_importance(cfg, job, gradients, pruned, identity.output_dir)
+        write_json_atomic(identity.output_dir / "results.json", summary)
+        Console().print(f"importance of every head from {gradients.num_examples} examples of "
+                        f"{job.estimation_data.eval_splits[0]} -> "
+                        f"{identity.output_dir / 'importance.json'}", markup=False, soft_wrap=True)
+    job.finish()
+    return summary
 
 
 def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: list[str],
@@ -125,10 +119,10 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
     agreement = _agreement(cfg, job, raw, output_dir, formats, images) if options.sweep else None
     files += [p.name for p in images.values()] + (["agreement.csv", "agreement.md"] if agreement is not None else [])
     _log(job, images, _head_table(key_types) if key_types else None, agreement)
-    return {"kind": "importance", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
-            "checkpoint": job.checkpoint_record(), "seed": cfg.seed, "settings": settings, "files": files,
-            "agreement": None if agreement is None else agreement.to_dict("records"),
-            "config_hash": job.job_hash, "config": job.resolved, "versions": library_versions(), "complete": True}
+    return job.identity.complete({
+        "kind": "importance", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
+        "checkpoint": job.checkpoint_record(), "seed": cfg.seed, "settings": settings, "files": files,
+        "agreement": None if agreement is None else agreement.to_dict("records")})
 
 
 def _agreement(cfg, job, raw, output_dir, formats, images) -> pd.DataFrame:

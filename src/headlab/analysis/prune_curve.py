@@ -34,9 +34,10 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob, already_done, hashed_config
+from headlab.analysis.eval_job import EvalJob
 from headlab.analysis.evaluation import Variant
 from headlab.analysis.importance_run import score_heads
+from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.analysis.timing import forward_seconds
 from headlab.core.importance import normalize_importance
 from headlab.core.plans import GRANULARITIES, HeadPlan, head_name, parse_head_name
@@ -44,9 +45,7 @@ from headlab.core.pruning import prune_heads
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
-from headlab.reporting.results import library_versions
 from headlab.tasks.record_metrics import metrics_from_records
-from headlab.training.tracking import tracked_job
 
 log = logging.getLogger(__name__)
 
@@ -205,25 +204,20 @@ def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> p
     return pd.DataFrame(rows).astype({"seed": "Int64"})
 
 
-def run_prune_curve(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+@resumable
+def run_prune_curve(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """The prune curve of ``cfg.ckpt_path`` on ``cfg.task``; ``cfg`` passed ``check_ablate_config``."""
-    output_dir = Path(output_dir)
-    resolved, job_hash = hashed_config(cfg)
-    done = already_done(output_dir / "results.json", job_hash)
-    if done is not None:
-        return done
-    with tracked_job():
-        job = EvalJob(cfg, output_dir, job_hash, resolved, estimation=cfg.importance)
-        curve = PruneCurve(job)
-        curve.run()
-        random = curve.random_curves()
-        summary = {}
-        if job.is_global_zero:
-            final = curve.final_step()
-            timing = time_final_mask(job, final["pruned"], curve.shape, cfg.prune_curve.timing_rounds)
-            summary = write_prune_curve(cfg, job, curve, random, final, timing)
-        job.finish()
-        return summary
+    job = EvalJob(cfg, identity, estimation=cfg.importance)
+    curve = PruneCurve(job)
+    curve.run()
+    random = curve.random_curves()
+    summary = {}
+    if job.is_global_zero:
+        final = curve.final_step()
+        timing = time_final_mask(job, final["pruned"], curve.shape, cfg.prune_curve.timing_rounds)
+        summary = write_prune_curve(cfg, job, curve, random, final, timing)
+    job.finish()
+    return summary
 
 
 def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, final: dict[str, Any],
@@ -253,8 +247,8 @@ def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, f
                "baseline": curve.baseline,
                "steps": [{k: v for k, v in step.items() if k != "scores"} for step in curve.steps],
                "random": random, "final": final_record,
-               "files": ["prune_curve.csv", "prune_curve.md", image.name, "final_mask.json", "steps.json"],
-               "config_hash": job.job_hash, "config": job.resolved, "versions": library_versions(), "complete": True}
+               "files": ["prune_curve.csv", "prune_curve.md", image.name, "final_mask.json", "steps.json"]}
+    summary = job.identity.complete(summary)
     write_json_atomic(output_dir / "results.json", summary)
     _print_final(curve, final_record, output_dir)
     return summary

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob, already_done, hashed_config, summary_line
+from headlab.analysis.eval_job import EvalJob, summary_line
 from headlab.analysis.evaluation import PlanEvaluator, Variant
+from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.analysis.sweep_plans import family_plans
 from headlab.core.attention import Controller, ablate, headlab_implementation
 from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
@@ -34,7 +35,6 @@ from headlab.core.models import model_shape
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, write_json_atomic
 from headlab.reporting.results import read_complete
-from headlab.training.tracking import tracked_job
 
 
 class LayerSweepEvaluator(PlanEvaluator):
@@ -123,53 +123,48 @@ def _every_head_plan(layer: int, variants: list[Variant]) -> HeadPlan:
     return HeadPlan.from_rules([{"heads": f"L{layer}", "policy": policies.pop()}], first.num_layers, first.num_heads)
 
 
-def run_sweep_heads(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+@resumable
+def run_sweep_heads(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Every plan of ``cfg.sweep.family`` under ``cfg.mask.policy``; ``cfg`` passed ``check_ablate_config``."""
-    output_dir = Path(output_dir)
-    resolved, job_hash = hashed_config(cfg)
-    done = already_done(output_dir / "results.json", job_hash)
-    if done is not None:
-        return done
     num_layers, num_heads = model_shape(cfg.model)
     plans = family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads)
-    plan_hash = lambda name: config_hash([job_hash, name])  # noqa: E731  each plan's results belong to this job
+    plan_hash = lambda name: config_hash([identity.hash, name])  # noqa: E731  each plan's results belong to this job
     console = Console()
-    with tracked_job():
-        job = EvalJob(cfg, output_dir, job_hash, resolved)
-        results, baseline = {}, None
-        for layer in range(num_layers):
-            variants = [Variant(name, plan, cfg.mask.renormalize) for name, l, plan in plans if l == layer]
-            finished = {v.name: read_complete(output_dir / v.name / "results.json", plan_hash(v.name))
-                        for v in variants}
-            if all(finished.values()):
-                console.print(f"layer {layer}: already done", markup=False)
-                results |= finished
-                continue
-            if job.trainer.is_global_zero:  # progress over heads; Lightning's bar shows the layer's batches
-                console.print(f"layer {layer} (0-{num_layers - 1}): {len(variants)} plans; {len(results)} of "
-                              f"{len(plans)} plans done", markup=False)
-            records, baseline = job.evaluate(variants, lambda chosen, extra, layer=layer: LayerSweepEvaluator(
-                job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
-                extra[0] if extra else None))
-            for variant in variants:
-                mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
-                result = job.result(variant, mine, baseline, output_dir / variant.name, plan_hash(variant.name))
-                results[variant.name] = result.__dict__
-                job.log_metrics(result, prefix=f"{variant.name}/")
-                if job.trainer.is_global_zero:
-                    console.print(summary_line(result, cfg.task.main_metric, output_dir / variant.name),
-                                  markup=False, soft_wrap=True)
-        summary = sweep_summary(cfg, plans, results, num_layers, num_heads, job_hash, resolved)
-        if job.trainer.is_global_zero:
-            write_tables(summary, cfg.task.main_metric, output_dir)
-            write_json_atomic(output_dir / "results.json", summary)
-            console.print(f"sweep of {len(plans)} plans ({cfg.sweep.family}, {cfg.mask.policy}) -> "
-                          f"{output_dir / 'results.json'}", markup=False, soft_wrap=True)
-        job.finish()
-        return summary
+    job, output_dir = EvalJob(cfg, identity), identity.output_dir
+    results, baseline = {}, None
+    for layer in range(num_layers):
+        variants = [Variant(name, plan, cfg.mask.renormalize) for name, l, plan in plans if l == layer]
+        finished = {v.name: read_complete(output_dir / v.name / "results.json", plan_hash(v.name))
+                    for v in variants}
+        if all(finished.values()):
+            console.print(f"layer {layer}: already done", markup=False)
+            results |= finished
+            continue
+        if job.trainer.is_global_zero:  # progress over heads; Lightning's bar shows the layer's batches
+            console.print(f"layer {layer} (0-{num_layers - 1}): {len(variants)} plans; {len(results)} of "
+                          f"{len(plans)} plans done", markup=False)
+        records, baseline = job.evaluate(variants, lambda chosen, extra, layer=layer: LayerSweepEvaluator(
+            job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
+            extra[0] if extra else None))
+        for variant in variants:
+            mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
+            result = job.result(variant, mine, baseline, output_dir / variant.name, plan_hash(variant.name))
+            results[variant.name] = result.__dict__
+            job.log_metrics(result, prefix=f"{variant.name}/")
+            if job.trainer.is_global_zero:
+                console.print(summary_line(result, cfg.task.main_metric, output_dir / variant.name),
+                              markup=False, soft_wrap=True)
+    summary = sweep_summary(cfg, plans, results, num_layers, num_heads, identity)
+    if job.trainer.is_global_zero:
+        write_tables(summary, cfg.task.main_metric, output_dir)
+        write_json_atomic(output_dir / "results.json", summary)
+        console.print(f"sweep of {len(plans)} plans ({cfg.sweep.family}, {cfg.mask.policy}) -> "
+                      f"{output_dir / 'results.json'}", markup=False, soft_wrap=True)
+    job.finish()
+    return summary
 
 
-def sweep_summary(cfg, plans, results, num_layers, num_heads, job_hash, resolved) -> dict[str, Any]:
+def sweep_summary(cfg, plans, results, num_layers, num_heads, identity: JobIdentity) -> dict[str, Any]:
     """The job's ``results.json``: per split and metric, a layers x heads (or layers x 1) table of values and deltas."""
     columns = 1 if cfg.sweep.family == "layer" else num_heads
     first = next(iter(results.values()))
@@ -187,8 +182,8 @@ def sweep_summary(cfg, plans, results, num_layers, num_heads, job_hash, resolved
     return {"kind": "sweep_heads", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
             "family": cfg.sweep.family, "policy": cfg.mask.policy, "unit": cfg.mask.unit,
             "renormalize": cfg.mask.renormalize, "checkpoint": first["checkpoint"], "seed": cfg.seed,
-            "plans": [name for name, _, _ in plans], "tables": tables, "config_hash": job_hash,
-            "config": resolved, "versions": first["versions"], "complete": True}
+            "plans": [name for name, _, _ in plans], "tables": tables, "config_hash": identity.hash,
+            "config": identity.resolved, "versions": first["versions"], "complete": True}
 
 
 def write_tables(summary: dict[str, Any], metric: str, output_dir: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +24,8 @@ from headlab.errors import UserError
 
 EXIT_USER_ERROR = 2
 _USER_FULL_ERROR = "HEADLAB_USER_HYDRA_FULL_ERROR"  # the user's own setting, kept for DDP child processes
+# train.py's experiment=NAME is only a name, but a name of ablate.py's presets (conf/experiment/) loads that preset
+_PRESET_IN_TRAIN = re.compile(r"In 'experiment/([^']+)'.* not in 'TrainConfig'", re.S)
 
 
 def run_entry(main: Callable[[], Any]) -> None:
@@ -64,6 +67,10 @@ def user_error_message(error: BaseException) -> str | None:
     for exc in chain:
         if isinstance(exc, UserError):
             return _one_line(str(exc))
+    preset = _PRESET_IN_TRAIN.search(str(error))
+    if preset:
+        return (f"experiment={preset[1]} is an ablate.py preset (conf/experiment/); train.py's experiment only "
+                f"names the run: choose a name that is not a preset")
     if isinstance(error, MissingConfigException):
         options = f"; available: {', '.join(error.options)}" if error.options else ""
         return _one_line(str(error).split("\n\n")[0]) + options

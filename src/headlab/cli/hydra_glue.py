@@ -1,4 +1,5 @@
-"""Hydra glue: the resolvers the configs use, the running job's directory, the report at a multirun's end."""
+"""Hydra glue: the resolvers the configs use, the running job's directory, the sweep's name, the report at a
+multirun's end."""
 
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ def log_lightning_once() -> None:
 
 def _no_tips(record: logging.LogRecord) -> bool:
     return "Tip: " not in record.getMessage()
+
+
+class SweepNamedByChoice(Callback):
+    """Hydra callback (both entry configs): ``hydra.sweep.dir`` may name the sweep after a config group's choice
+    (``${hydra:runtime.choices.experiment}``, through ``experiment`` or ``group``). Hydra's sweeper makes that
+    directory before it sets ``HydraConfig`` for the jobs, so the multirun's own config is set here first."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)
 
 
 class ReportOnMultirunEnd(Callback):

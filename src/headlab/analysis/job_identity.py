@@ -1,0 +1,84 @@
+"""How every ``ablate.py`` job that writes ``results.json`` starts and ends (DESIGN.md section 6).
+
+A job is a pure function of its config: its directory, its resolved config and the hash of what it
+computes (``JobIdentity``). ``resumable`` turns a mode's ``run(cfg, job)`` into ``ablate.py``'s
+``run(cfg, output_dir)``: when that directory already holds the complete results of this very config
+it returns them (a killed sweep resumes by running it again); otherwise it runs the job as one tracked
+W&B run, ended (and marked failed when the job raised) before the next job of a multirun starts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import Logger
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from headlab.files import config_hash
+from headlab.reporting.results import library_versions, read_complete
+from headlab.training.tracking import build_logger, tracked_job
+
+# Keys that do not change what a job computes: left out of its config hash.
+RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route")
+# Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
+SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
+                 "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",)}
+
+Result = dict[str, Any]
+
+
+def hashed_config(cfg: Any) -> tuple[dict[str, Any], str]:
+    """The resolved config and the hash of what it computes."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
+    return resolved, config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread})
+
+
+def already_done(results_path: Path, job_hash: str) -> Result | None:
+    """The complete results of this very config, announced, or None (missing, partial, corrupt or another config)."""
+    done = read_complete(results_path, job_hash)
+    if done is not None:
+        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
+    return done
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Where a job writes, its resolved config and the hash of what it computes (its W&B run id too)."""
+
+    output_dir: Path
+    resolved: dict[str, Any]
+    hash: str
+
+    def logger(self, logger_cfg: Any, run_name: str) -> Logger | None:
+        """The configured logger (None for ``logger=none``) for run ``<run_name>-<hash[:6]>``, config logged."""
+        logger = build_logger(logger_cfg, run_id=self.hash, run_name=f"{run_name}-{self.hash[:6]}")
+        if logger:
+            logger.log_hyperparams(self.resolved)
+        return logger
+
+    def complete(self, summary: Result) -> Result:
+        """``summary`` as a complete ``results.json`` of this job: with its config, hash and library versions."""
+        return summary | {"config_hash": self.hash, "config": self.resolved, "versions": library_versions(),
+                          "complete": True}
+
+
+def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str | Path], Result]:
+    """``run(cfg, job)`` as ``run(cfg, output_dir)``: earlier complete results, or one tracked run of the job."""
+
+    @functools.wraps(run)
+    def start(cfg: Any, output_dir: str | Path) -> Result:
+        output_dir = Path(output_dir)
+        resolved, job_hash = hashed_config(cfg)
+        done = already_done(output_dir / "results.json", job_hash)
+        if done is not None:
+            return done
+        with tracked_job():
+            return run(cfg, JobIdentity(output_dir, resolved, job_hash))
+
+    return start
