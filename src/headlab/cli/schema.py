@@ -290,8 +290,8 @@ class NoLoggerConfig:
 
 
 @dataclass
-class TrainConfig:
-    """``conf/train.yaml``."""
+class RunConfig:
+    """What both entry scripts read: the model, task, plan, hardware, tracking and data."""
 
     model: ModelConfig = MISSING
     task: Any = MISSING  # a ClassificationTaskConfig or QuestionAnsweringTaskConfig
@@ -299,13 +299,19 @@ class TrainConfig:
     trainer: TrainerConfig = MISSING
     logger: Any = MISSING
     data: DataConfig = MISSING
-    optim: OptimConfig = MISSING
     seed: int = 0
-    experiment: str = "finetune"  # the experiment's name
-    group: str = "finetune"  # W&B group (conf/train.yaml: the experiment)
-    ckpt_path: str | None = None  # null (resume this job's last.ckpt if any), last, or a .ckpt path
     compile: bool = False  # torch.compile the model (fine-tuning and evaluation)
     attention_route: str = "sdpa"  # what serves layers with drop_* heads: sdpa | flex (one FlexAttention call)
+
+
+@dataclass
+class TrainConfig(RunConfig):
+    """``conf/train.yaml``."""
+
+    optim: OptimConfig = MISSING
+    experiment: str = "finetune"  # the run's or sweep's name (conf/train.yaml: experiment=NAME)
+    group: str = "finetune"  # W&B group (conf/train.yaml: the experiment)
+    ckpt_path: str | None = None  # null (resume this job's last.ckpt if any), last, or a .ckpt path
 
 
 @dataclass
@@ -328,19 +334,10 @@ class SweepConfig:
 
 
 @dataclass
-class AblateConfig:
+class AblateConfig(RunConfig):
     """``conf/ablate.yaml``."""
 
-    model: ModelConfig = MISSING
-    task: Any = MISSING  # a ClassificationTaskConfig or QuestionAnsweringTaskConfig
-    mask: MaskConfig = MISSING
-    trainer: TrainerConfig = MISSING
-    logger: Any = MISSING
-    data: DataConfig = MISSING
     mode: str = "demo"
-    seed: int = 0
-    compile: bool = False  # torch.compile the model
-    attention_route: str = "sdpa"  # what serves layers with drop_* heads: sdpa | flex (one FlexAttention call)
     group: str = "adhoc"  # the sweep's name: W&B group and sweep directory (the preset's name by default)
     ckpt_path: str | None = None  # .ckpt, train.py job directory, save_pretrained directory, or null
     allow_random_head: bool = False
