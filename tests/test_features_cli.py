@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 from conftest import run
 from omegaconf import OmegaConf
@@ -13,7 +14,8 @@ from omegaconf import OmegaConf
 from headlab.analysis.features import AttentionFeatures, attention_features
 from headlab.analysis.features_run import encoder
 from headlab.core.models import load_model, load_tokenizer
-from headlab.training.checkpoints import Checkpoint
+from headlab.errors import UserError
+from headlab.training.checkpoints import Checkpoint, load_checkpoint
 
 LINES = ["The doctor, Smith.", "", "Who was the doctor?\tIt was Smith. He lives here.",
          "The city is old.", "Is it old?\tThe river rose by two metres overnight, and the bridge was closed."]
@@ -76,6 +78,21 @@ def test_features_of_a_fine_tuned_job_load_its_encoder_without_a_load_report(tra
     assert json.loads((job / "results.json").read_text())["checkpoint"]["kind"] == "job"
 
 
+def test_a_task_head_missing_from_the_weights_is_an_error_or_one_note(tmp_path, tiny_cfg, capfd):
+    """Bare encoder weights under a classification head: an error, or (allow_random_head) one note naming the random
+    head weights; never transformers' multi-line load report."""
+    load_model(tiny_cfg).save_pretrained(tmp_path / "bare")
+    checkpoint, task = Checkpoint("pretrained", str(tmp_path / "bare")), OmegaConf.create(
+        {"name": "pairs", "type": "classification", "num_labels": 2})
+    with pytest.raises(UserError, match="has no trained sequence_classification head"):
+        load_checkpoint(checkpoint, tiny_cfg, task)
+    load_checkpoint(checkpoint, tiny_cfg, task, allow_random_head=True)
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err and "MISSING" not in out + err
+    assert [line for line in out.splitlines() if line.startswith("note:")] == [
+        f"note: 2 weight(s) not in {tmp_path / 'bare'}, initialised at random: classifier.weight, classifier.bias"]
+
+
 def test_encoder_weights_missing_from_a_checkpoint_are_said(tmp_path, tiny_cfg, capsys):
     """A save_pretrained folder without the pooler (not needed) and without one encoder weight (needed)."""
     model = load_model(tiny_cfg)
@@ -84,7 +101,7 @@ def test_encoder_weights_missing_from_a_checkpoint_are_said(tmp_path, tiny_cfg, 
     model.save_pretrained(tmp_path / "weights", state_dict=weights)
     loaded = encoder(Checkpoint("pretrained", str(tmp_path / "weights")), OmegaConf.create({"model": tiny_cfg}))
     note = capsys.readouterr().out
-    assert note.startswith("note: 1 encoder weight(s) not in") and "layer.0.attention.self.query" in note
+    assert note.startswith("note: 1 weight(s) not in") and "layer.0.attention.self.query" in note
     assert "pooler" not in note and "LOAD REPORT" not in note
     assert torch.equal(loaded.encoder.layer[1].attention.self.query.weight,
                        model.encoder.layer[1].attention.self.query.weight)

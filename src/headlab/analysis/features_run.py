@@ -35,7 +35,13 @@ from headlab.core.models import load_model_reporting, load_tokenizer, model_conf
 from headlab.files import write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
 from headlab.reporting.sieve_roles import role_matrix, sieve_roles
-from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config, weights_model_config
+from headlab.training.checkpoints import (
+    load_checkpoint,
+    locate_checkpoint,
+    note_random_weights,
+    tokenizer_config,
+    weights_model_config,
+)
 
 
 def read_sequences(cfg: Any, tokenizer, checkpoint) -> Sequences:
@@ -58,11 +64,7 @@ def encoder(checkpoint, cfg: Any) -> torch.nn.Module:
         return load_checkpoint(checkpoint, cfg.model, cfg.task, allow_random_head=True)
     weights = weights_model_config(checkpoint, cfg.model)
     model, missing = load_model_reporting(weights, quiet=True)
-    missing = [name for name in missing if not name.startswith("pooler.")]
-    if missing and not weights.get("random_init"):
-        Console().print(f"note: {len(missing)} encoder weight(s) not in {weights.name_or_path}, initialised at "
-                        f"random: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}",
-                        markup=False, soft_wrap=True)
+    note_random_weights([name for name in missing if not name.startswith("pooler.")], weights)
     return model
 
 

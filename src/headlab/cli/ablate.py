@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from headlab.cli.hydra_glue import job_dir, log_lightning_once
+from headlab.cli.hydra_glue import job_dir, log_lightning_once, progress_bars_follow
 from headlab.cli.schema import check_config
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.errors import UserError, one_of
@@ -165,4 +165,5 @@ def run_ablate(cfg: Any) -> Any:
     module, _, function = MODES[cfg.mode].partition(":")
     stage = getattr(importlib.import_module(module), function)
     log_lightning_once()
+    progress_bars_follow(cfg.trainer)
     return stage(cfg, job_dir())

@@ -59,6 +59,17 @@ def log_lightning_once() -> None:
         logging.getLogger("lightning.pytorch.utilities.rank_zero").filters = [_no_tips]
 
 
+def progress_bars_follow(trainer_cfg: Any) -> None:
+    """``trainer.enable_progress_bar=false`` also turns off the bars of Hugging Face's weight loading and data sets
+    (one per job of a sweep otherwise, in logs that want none)."""
+    if trainer_cfg.get("enable_progress_bar") is False:
+        import datasets
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+
+
 def _no_tips(record: logging.LogRecord) -> bool:
     return "Tip: " not in record.getMessage()
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
+from rich.console import Console
 
 from headlab.core.models import load_model_reporting
 from headlab.errors import UserError
@@ -109,7 +110,8 @@ def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any,
     An untrained task head (weights without one, or a random model) is a UserError unless ``allow_random_head``.
     """
     head, overrides = task_head(task_cfg)
-    model, missing = load_model_reporting(weights_model_config(checkpoint, model_cfg), head, overrides)
+    weights = weights_model_config(checkpoint, model_cfg)
+    model, missing = load_model_reporting(weights, head, overrides, quiet=True)
     if checkpoint.kind == "lightning":
         state = torch.load(checkpoint.path, map_location="cpu", weights_only=False)["state_dict"]
         weights = {name.removeprefix("model."): value for name, value in state.items() if name.startswith("model.")}
@@ -124,4 +126,13 @@ def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any,
         raise UserError(f"{checkpoint.describe()} has no trained {head} head for task {task_cfg.name} (randomly "
                         f"initialised: {', '.join(untrained[:4])}); fine-tune first (train.py) and pass ckpt_path, "
                         "or set allow_random_head=true")
+    note_random_weights(missing, weights)
     return model.eval()
+
+
+def note_random_weights(missing: list[str], weights: Any) -> None:
+    """One ``note:`` line naming the weights ``weights.name_or_path`` did not have (initialised at random), instead
+    of transformers' load report; nothing for a ``random_init`` model, random by request."""
+    if missing and not weights.get("random_init"):
+        Console().print(f"note: {len(missing)} weight(s) not in {weights.name_or_path}, initialised at random: "
+                        f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}", markup=False, soft_wrap=True)
