@@ -9,6 +9,7 @@ import sys
 import pytest
 from conftest import ROOT, compose_train
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from transformers import GPT2Config
 
 from headlab.cli.schema import register_configs
@@ -124,3 +125,19 @@ def test_a_job_hash_ignores_the_sections_of_other_modes():
     assert job_hash("mode=importance", "importance.top_k=3") != importance_hash
     assert job_hash("mode=prune_curve", "importance.top_k=3") != job_hash("mode=prune_curve")
     assert job_hash("mode=features", "features.batch_size=4") != job_hash("mode=features")
+
+
+def test_progress_bars_off_turns_off_hugging_face_bars_too():
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    from headlab.cli.hydra_glue import progress_bars_follow
+
+    try:
+        progress_bars_follow(OmegaConf.create({"enable_progress_bar": None}))  # Lightning's default: bars stay
+        assert transformers_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+        progress_bars_follow(OmegaConf.create({"enable_progress_bar": False}))
+        assert not transformers_logging.is_progress_bar_enabled() and not datasets.is_progress_bar_enabled()
+    finally:
+        transformers_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
