@@ -139,6 +139,12 @@ def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(traine
         half = scipy.stats.t.ppf(0.975, 1) * sd / np.sqrt(2)
         assert np.allclose([row["delta_mean"], row["delta_std"], row["delta_ci_low"], row["delta_ci_high"]],
                            [mean, sd, mean - half, mean + half], atol=1e-12, equal_nan=True)
+    readable = (report / "seeds.md").read_text()  # one row per plan, a metric per column, constant keys left out
+    accuracy = seeds[seeds["metric"] == "accuracy"].iloc[0]
+    cell = (f"{accuracy['value_mean']:.4f} ({accuracy['delta_mean']:+.4f} [{accuracy['delta_ci_low']:+.4f}, "
+            f"{accuracy['delta_ci_high']:+.4f}])")
+    header = readable.splitlines()[0]
+    assert cell in readable and "| plan" in header and "| accuracy" in header and "demo_pairs" not in readable
     pdfs = list(report.glob("*.pdf"))
     assert pdfs and all(p.read_bytes().startswith(b"%PDF") and p.stat().st_size > 1000 for p in pdfs)
     assert {p.stem for p in pdfs} == {p.stem for p in report.glob("*bars_*.png")} and len(pdfs) == 4

@@ -5,6 +5,8 @@
   ``✗`` prune, ``1/L`` uniform, ``-intra`` / ``-inter``); then each metric as
   ``value (delta [CI low, CI high])`` with ``*`` (adjusted p < 0.05) or ``**`` (< 0.01).
 - ``head_grid``: a head sweep as layers x heads of the delta, significance marked the same way.
+- ``seeds_grid``: the same configuration over several fine-tuning seeds, each metric as
+  ``mean (delta mean [t-CI low, high])``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,27 @@ def plan_grid(frame: pd.DataFrame, split: str, metrics: list[str]) -> pd.DataFra
                 line[metric] = describe_cell(cells.iloc[0], _digits(rows.loc[rows["metric"] == metric, "value"]))
         table.append(line)
     return pd.DataFrame(table)
+
+
+def seeds_grid(seeds: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The across-seeds table for reading: one row per configuration (``keys`` but ``metric``), each metric as
+    ``mean (delta mean [t-CI low, high])`` over the seeds (the baseline: its mean only); key columns that are the
+    same in every row are left out, ``plan`` always stays."""
+    by = [k for k in keys if k != "metric"]
+    table = []
+    for key, group in seeds.groupby(by, sort=False):
+        line = dict(zip(by, key)) | {"seeds": int(group["seeds"].max())}
+        for row in group.itertuples():
+            digits = _digits(seeds.loc[seeds["metric"] == row.metric, "value_mean"])
+            cell = f"{row.value_mean:.{digits}f}"
+            if row.rules != "keep":
+                low, high = f"{row.delta_ci_low:+.{digits}f}", f"{row.delta_ci_high:+.{digits}f}"
+                cell += f" ({row.delta_mean:+.{digits}f} [{low}, {high}])"
+            line[row.metric] = cell
+        table.append(line)
+    table = pd.DataFrame(table)
+    varying = [k for k in by if k == "plan" or table[k].nunique() > 1]
+    return table[varying + [c for c in table.columns if c not in by]]
 
 
 def head_grid(frame: pd.DataFrame, split: str, metric: str, column: str = "delta") -> pd.DataFrame:

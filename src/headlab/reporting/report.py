@@ -134,9 +134,10 @@ def _seeds(report: Report, frame: pd.DataFrame) -> None:
     if rows:
         seeds = pd.DataFrame(rows)
         report.files.append(write_frame_atomic(seeds, report.folder / "seeds.csv"))
-        report.files.append(write_text_atomic(report.folder / "seeds.md", layouts.to_markdown(seeds)))
+        readable = layouts.to_markdown(layouts.seeds_grid(seeds, SEED_KEYS))
+        report.files.append(write_text_atomic(report.folder / "seeds.md", readable))
         report.tables["seeds"] = seeds
-        report.printed.append(f"Across fine-tuning seeds (mean, sd, 95% t-CI)\n{layouts.to_markdown(seeds)}")
+        report.printed.append(f"Across fine-tuning seeds: mean (delta mean [95% t-CI])\n{readable}")
 
 
 def report_settings(options: Any) -> tuple[Resampling, str, tuple[str, ...]]:
