@@ -90,7 +90,7 @@ def test_a_task_head_missing_from_the_weights_is_an_error_or_one_note(tmp_path, 
     out, err = capfd.readouterr()
     assert "LOAD REPORT" not in out + err and "MISSING" not in out + err
     assert [line for line in out.splitlines() if line.startswith("note:")] == [
-        f"note: 2 weight(s) not in {tmp_path / 'bare'}, initialised at random: classifier.weight, classifier.bias"]
+        f"note: 2 weight(s) not in {tmp_path / 'bare'}, initialised at random: classifier.bias, classifier.weight"]
 
 
 def test_encoder_weights_missing_from_a_checkpoint_are_said(tmp_path, tiny_cfg, capsys):

@@ -134,5 +134,6 @@ def note_random_weights(missing: list[str], weights: Any) -> None:
     """One ``note:`` line naming the weights ``weights.name_or_path`` did not have (initialised at random), instead
     of transformers' load report; nothing for a ``random_init`` model, random by request."""
     if missing and not weights.get("random_init"):
+        missing = sorted(missing)  # transformers reports them as a set
         Console().print(f"note: {len(missing)} weight(s) not in {weights.name_or_path}, initialised at random: "
                         f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}", markup=False, soft_wrap=True)
