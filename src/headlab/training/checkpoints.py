@@ -114,9 +114,9 @@ def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any,
     model, missing = load_model_reporting(weights, head, overrides, quiet=True)
     if checkpoint.kind == "lightning":
         state = torch.load(checkpoint.path, map_location="cpu", weights_only=False)["state_dict"]
-        weights = {name.removeprefix("model."): value for name, value in state.items() if name.startswith("model.")}
+        trained = {name.removeprefix("model."): value for name, value in state.items() if name.startswith("model.")}
         try:
-            model.load_state_dict(weights)
+            model.load_state_dict(trained)
         except RuntimeError as error:
             raise UserError(f"ckpt_path={checkpoint.path!r} does not fit model {model_cfg.name} with the "
                             f"{task_cfg.name} head: {' '.join(str(error).split())[:300]}") from None
