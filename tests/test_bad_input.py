@@ -121,6 +121,7 @@ CASES = [
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/empty_dir"], "no features.npz"),
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_job", "cluster.k=13"], "cluster.k=13"),
     ("ablate.py", ["mode=cluster", "cluster.method=dbscan"], "'dbscan'"),
+    ("ablate.py", ["mode=cluster", "cluster.min_stability=95"], "cluster.min_stability=95"),
     ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4]"], "two or more"),
     ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4,FILES/clusters_2x2]"], "different shapes"),
     ("ablate.py", ["experiment=guan2020_table2", "hydra.mode=RUN", "plan=prune_dense", "allow_random_head=true",

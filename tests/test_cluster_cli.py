@@ -54,6 +54,7 @@ def test_clusters_file_holds_a_k_means_partition_of_the_distance_features(cluste
     assert adjusted_rand(labels, reference) == pytest.approx(1.0)  # the same partition as a direct K-means
     assert set(labels) <= {"dense", "diagonal", "dense_vertical", "vertical"} and clusters["named_by_hand"]
     assert 0.0 <= clusters["stability"] <= 1.0 and clusters["shape"] == [3, 4]
+    assert ("note: stability" in result.stdout) == (clusters["stability"] < 0.9)  # cluster.min_stability's default
     assert sum(clusters["counts"].values()) == 12
     summary = json.loads((folder / "results.json").read_text())
     for name in summary["files"]:

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
+from headlab.analysis.cluster_run import stability_note
 from headlab.analysis.clusters import TYPE_NAMES, align, fit_clusters, name_clusters, stability
 from headlab.errors import UserError
 from headlab.reporting import head_plots
@@ -77,6 +78,12 @@ def test_stability_is_one_on_well_separated_clusters_and_reproducible():
     assert first[0] < 1.0  # overlapping clusters: some heads change type between halves
     by_hand = np.mean([len(set(first[1][:, h])) == 1 for h in range(32)])
     assert first[0] == pytest.approx(by_hand)
+
+
+def test_a_note_says_when_the_types_are_less_stable_than_asked():
+    assert stability_note(0.94, 0.9) is None and stability_note(0.9, 0.9) is None and stability_note(0.2, None) is None
+    note = stability_note(0.736, 0.9)
+    assert note.startswith("note: stability 73.6% is below cluster.min_stability=0.9") and "\n" not in note
 
 
 def test_align_undoes_a_permutation_of_labels():

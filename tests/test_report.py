@@ -8,11 +8,13 @@ import shutil
 
 import numpy as np
 import pandas as pd
+import pytest
 import scipy.stats
 from conftest import run
 from sklearn.metrics import f1_score
 
 import headlab
+from headlab.reporting import layouts
 from headlab.reporting.statistics import Resampling
 
 COLUMNS = ["job", "experiment", "model", "task", "checkpoint", "seed", "plan", "rules", "policy", "unit",
@@ -148,3 +150,12 @@ def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(traine
     pdfs = list(report.glob("*.pdf"))
     assert pdfs and all(p.read_bytes().startswith(b"%PDF") and p.stat().st_size > 1000 for p in pdfs)
     assert {p.stem for p in pdfs} == {p.stem for p in report.glob("*bars_*.png")} and len(pdfs) == 4
+
+
+@pytest.mark.parametrize(("values", "shown"), [([87.14, 41.0], ["87.14", "41.00"]),  # SQuAD's percent
+                                                ([0.8125, 0.5], ["0.8125", "0.5000"]),
+                                                ([5.21, 0.0049], ["5.2100", "0.0049"]),  # a converged baseline loss
+                                                ([0.0, 0.3], ["0.0000", "0.3000"])])
+def test_tables_keep_two_significant_digits_of_the_smallest_value(values, shown):
+    digits = layouts.decimals_for(pd.Series(values))
+    assert [f"{v:.{digits}f}" for v in values] == shown

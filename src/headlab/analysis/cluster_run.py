@@ -76,6 +76,15 @@ def profile_table(clustering: Clustering) -> str:
         "\n".join(rows)
 
 
+def stability_note(share: float, threshold: float | None) -> str | None:
+    """One ``note:`` line when fewer heads than ``threshold`` keep their type in every fit on half the data."""
+    if threshold is None or share >= threshold:
+        return None
+    return (f"note: stability {share:.1%} is below cluster.min_stability={threshold:g} (Guan et al. report 94-96%): "
+            f"these types may change with another sample or fine-tuning seed; compare seeds (mode=compare) before "
+            f"reading ablations by cluster:NAME")
+
+
 @resumable
 def run_cluster(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Cluster the heads of ``cfg.cluster.features``; ``cfg`` passed ``check_ablate_config``."""
@@ -101,6 +110,9 @@ def run_cluster(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     Console().print(f"{len(points)} heads in {options.k} clusters ({naming}): {counts}; stability "
                     f"{share:.2%}{silhouette} -> {identity.output_dir / 'clusters.json'}\n{profile_table(clustering)}",
                     markup=False, soft_wrap=True)
+    note = stability_note(share, options.min_stability)
+    if note:
+        Console().print(note, markup=False, soft_wrap=True)
     if logger:
         logger.finalize("success")
     return summary

@@ -54,6 +54,7 @@ class ClusterConfig:
     stability_fits: int = 10  # Guan et al. Table 1: fits on random halves
     stability_split: str = "sequences"  # halves of the sequences (features recomputed) | of the heads
     perplexity: float = 30.0  # t-SNE (capped below the number of heads)
+    min_stability: float | None = 0.9  # a note when the stability is lower (Guan et al. Table 1: 94-96%)
 
     def __post_init__(self) -> None:
         one_of("cluster.method", self.method, ("kmeans", "gmm"))
@@ -64,6 +65,8 @@ class ClusterConfig:
             raise UserError(f"cluster.stability_fits={self.stability_fits} must be at least 2")
         if not self.perplexity > 0:
             raise UserError(f"cluster.perplexity={self.perplexity} must be > 0")
+        if self.min_stability is not None and not 0 <= self.min_stability <= 1:
+            raise UserError(f"cluster.min_stability={self.min_stability} must be in [0, 1] (or null: no note)")
 
 
 @dataclass
