@@ -17,10 +17,9 @@ from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
-from rich.console import Console
 
 from headlab.files import config_hash
-from headlab.reporting.results import library_versions, read_complete
+from headlab.reporting.results import already_done, library_versions
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
@@ -37,14 +36,6 @@ def hashed_config(cfg: Any) -> tuple[dict[str, Any], str]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
     return resolved, config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread})
-
-
-def already_done(results_path: Path, job_hash: str) -> Result | None:
-    """The complete results of this very config, announced, or None (missing, partial, corrupt or another config)."""
-    done = read_complete(results_path, job_hash)
-    if done is not None:
-        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
-    return done
 
 
 @dataclass(frozen=True)

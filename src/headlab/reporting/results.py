@@ -9,6 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from headlab.files import write_json_atomic
 
 
@@ -33,6 +35,14 @@ def read_complete(path: str | Path, job_hash: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return data if data.get("complete") and data.get("config_hash") == job_hash else None
+
+
+def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:
+    """The complete results of this very config, announced, or None (missing, partial, corrupt or another config)."""
+    done = read_complete(results_path, job_hash)
+    if done is not None:
+        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
+    return done
 
 
 @dataclass

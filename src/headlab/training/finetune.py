@@ -23,7 +23,7 @@ from rich.console import Console
 from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
 from headlab.files import config_hash, write_json_atomic
-from headlab.reporting.results import TrainResult, read_complete
+from headlab.reporting.results import TrainResult, already_done
 from headlab.training.checkpoints import FINAL_WEIGHTS
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_module
@@ -66,10 +66,8 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     output_dir = Path(output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     job_hash = config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS})
-    results_path = output_dir / "results.json"
-    done = read_complete(results_path, job_hash)
+    done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
-        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
         return done
     checkpoint_dir = output_dir / "checkpoints"
     resume = resume_checkpoint(cfg.ckpt_path, checkpoint_dir)
@@ -114,7 +112,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         if trainer.is_global_zero:
             save_final_weights(module.model, load_tokenizer(cfg.model), output_dir / FINAL_WEIGHTS)
             write_predictions(module, output_dir)
-            result.write(results_path)
+            result.write(output_dir / "results.json")
             _print_summary(result, output_dir, logger)
         return asdict(result)
 
