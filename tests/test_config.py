@@ -108,6 +108,7 @@ def test_ablate_demo_cli_writes_records(tmp_path):
     assert records[0]["counts"]["drop_intra"] == 8 and records[0]["unit"] == "sentence"
     assert all(r["relative_hidden_change"] > 0 for r in records)
     assert {r["plan"] for r in records} >= {"uniform_all", "drop_inter_all_segment"}
+    assert all(f"│ {r['plan']} " in result.stdout for r in records)  # not cut to 80 columns when not a terminal
 
 
 def test_a_job_hash_ignores_the_sections_of_other_modes():

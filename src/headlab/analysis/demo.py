@@ -84,6 +84,7 @@ def _print(records, model_name, path) -> None:
             r["plan"], str(changed), str(r["renormalize"]).lower(), r["unit"],
             f"{r['relative_hidden_change']:.4f}", f"{r['embedding_cosine']:.4f}",
         )
-    console = Console()
+    natural = Console(width=1000).measure(table).maximum  # logs get 80 columns, which would cut the plan names
+    console = Console(width=max(Console().width, natural))
     console.print(table)
-    console.print(f"records written to {path}")
+    console.print(f"records written to {path}", soft_wrap=True)
