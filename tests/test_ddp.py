@@ -31,6 +31,25 @@ def test_shards_cover_every_row_once_and_keep_groups_whole(world_size):
         ExactlyOnceSampler(groups, 2, 2)
 
 
+def test_a_finished_job_releases_its_gloo_process_group(tmp_path):
+    """Lightning destroys NCCL groups at exit only; a gloo group left to interpreter shutdown can abort the rank."""
+    import torch.distributed as dist
+
+    from headlab.training.tracking import tracked_job
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError), tracked_job():
+            raise RuntimeError("a failed job")  # keeps the group: its peers may be waiting in a collective
+        assert dist.is_initialized()
+        with tracked_job():
+            dist.barrier()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def evaluate(devices, task, out, *overrides):
     # Batch size 1: no padding, so each example's logits do not depend on which rows share its batch.
     command = [sys.executable, str(ROOT / "tests/scripts/ddp_eval.py"), str(devices), task, str(out),

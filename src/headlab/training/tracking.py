@@ -1,4 +1,4 @@
-"""Experiment tracking: the ``logger`` config group (W&B offline by default, CSV, or none)."""
+"""Experiment tracking: the ``logger`` config group (W&B offline by default, CSV, or none), and the end of a job."""
 
 from __future__ import annotations
 
@@ -34,12 +34,23 @@ def finish_tracking(failed: bool = False) -> None:
         wandb.finish(exit_code=1 if failed else 0)
 
 
+def release_process_group() -> None:
+    """Destroy the process group a DDP job opened. Lightning does so at exit for NCCL only; a gloo group (DDP on
+    CPUs) left to interpreter shutdown can abort the process ("terminate called without an active exception",
+    pytorch/pytorch#190489), and Lightning then kills the other ranks."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
+
+
 @contextmanager
 def tracked_job() -> Iterator[None]:
-    """The block runs one job; on exit its W&B run (if any) ends, marked failed when the block raised."""
+    """The block runs one job; on exit its W&B run (if any) ends, marked failed when the block raised, and a
+    finished job releases its process group."""
     try:
         yield
     except BaseException:
         finish_tracking(failed=True)
         raise
     finish_tracking(failed=False)
+    release_process_group()
