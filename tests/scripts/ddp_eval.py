@@ -16,6 +16,7 @@ from headlab.cli.schema import register_configs
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.finetune import write_predictions
 from headlab.training.modules import task_module
+from headlab.training.tracking import release_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,7 @@ def main(devices: int, task: str, out: str, *overrides: str) -> None:
         write_predictions(module, Path(out).parent / f"{Path(out).stem}_predictions")
         Path(out).write_text(json.dumps({"world_size": trainer.world_size, "metrics": module.last_metrics,
                                            "evaluated": module.last_counts}))
+    release_process_group()
 
 
 if __name__ == "__main__":
