@@ -65,6 +65,11 @@ def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
     console = out.stdout + out.stderr  # Lightning's messages once each (no tips), and in the log file
     assert console.count("GPU available:") == 1 and "GPU available:" in (run / "train.log").read_text()
     assert "Tip: " not in console
+    final = ", ".join(f"{name} {value:.4f}" for name, value in record["metrics"]["validation"].items())
+    progress = [line.split(" - ", 1)[1] for line in (run / "train.log").read_text().splitlines()
+                if "[headlab.training.modules]" in line]  # a line per validation, for logs without a progress bar
+    assert progress[0].startswith("step 2 (epoch 0): validation accuracy ") and len(progress) == 2
+    assert progress[-1] == f"step 4 (epoch 0): validation {final}"
     metrics_csv = (run / "csv/version_0/metrics.csv").read_text()
     assert "validation/accuracy" in metrics_csv and "train/loss" in metrics_csv
     mtime = (run / "results.json").stat().st_mtime_ns

@@ -71,7 +71,8 @@ def run_importance(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     plan = plan_from_mask(cfg.mask, *model_shape(cfg.model))
     pruned = [head_name(layer, head) for layer, head in plan.heads_with("prune")]
     if pruned:
-        Console().print(f"note: the mask prunes {', '.join(pruned)}: their importance is 0", markup=False)
+        Console().print(f"note: the mask prunes {', '.join(pruned)}: their importance is 0", markup=False,
+                        soft_wrap=True)
     job = EvalJob(cfg, identity, estimation=cfg.importance, evaluation=False)
     gradients = score_heads(job, plan, tuple(cfg.importance.policies), cfg.importance.key_types)
     summary = {}

@@ -96,7 +96,7 @@ class PruneCurve:
         self.baseline: dict[str, dict[str, float]] | None = saved.get("baseline")
         self.stopped: str | None = saved.get("stopped")
         if self.steps:
-            Console().print(f"resuming after step {len(self.steps)} ({self.path})", markup=False)
+            Console().print(f"resuming after step {len(self.steps)} ({self.path})", markup=False, soft_wrap=True)
 
     @property
     def threshold(self) -> float:

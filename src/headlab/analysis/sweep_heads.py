@@ -137,7 +137,7 @@ def run_sweep_heads(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         finished = {v.name: read_complete(output_dir / v.name / "results.json", plan_hash(v.name))
                     for v in variants}
         if all(finished.values()):
-            console.print(f"layer {layer}: already done", markup=False)
+            console.print(f"layer {layer}: already done", markup=False, soft_wrap=True)
             results |= finished
             continue
         if job.trainer.is_global_zero:  # progress over heads; Lightning's bar shows the layer's batches

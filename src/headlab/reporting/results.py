@@ -41,7 +41,8 @@ def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:
     """The complete results of this very config, announced, or None (missing, partial, corrupt or another config)."""
     done = read_complete(results_path, job_hash)
     if done is not None:
-        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)")
+        Console().print(f"[green]already done[/green]: {results_path} (delete it to run this job again)",
+                        soft_wrap=True)
     return done
 
 

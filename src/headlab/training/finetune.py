@@ -152,7 +152,7 @@ def write_predictions(module: Any, output_dir: Path) -> list[Path]:
 
 
 def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
-    console = Console()
+    console = Console(soft_wrap=True)  # paths whole in logs
     for split, values in result.metrics.items():
         console.print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
     console.print(f"results     {output_dir / 'results.json'}")

@@ -10,6 +10,7 @@ also serve evaluation under plans (``headlab.analysis.evaluation``).
 
 from __future__ import annotations
 
+import logging
 import math
 from contextlib import nullcontext
 from typing import Any
@@ -27,6 +28,7 @@ from headlab.errors import UserError
 from headlab.tasks.metrics import SquadMetric, glue_metrics
 from headlab.tasks.squad import AnswerCollector, best_spans
 
+log = logging.getLogger(__name__)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "start_positions", "end_positions")
 
 
@@ -94,7 +96,15 @@ class TaskModule(pl.LightningModule):
         self.last_metrics[split] = {name: float(value) for name, value in values.items()}
         if not self.trainer.sanity_checking:
             self.validated_step = self.global_step
+            if self.trainer.state.fn == "fit":  # a line per validation, for logs without a progress bar (SLURM)
+                self._log_progress(split)
         self.log_dict({f"{split}/{name}": float(value) for name, value in values.items()}, add_dataloader_idx=False)
+
+
+    def _log_progress(self, split: str) -> None:
+        if self.trainer.is_global_zero:
+            values = ", ".join(f"{name} {value:.4f}" for name, value in self.last_metrics[split].items())
+            log.info(f"step {self.global_step} (epoch {self.current_epoch}): {split} {values}")
 
 
 class ClassificationModule(TaskModule):
