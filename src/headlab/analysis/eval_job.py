@@ -66,9 +66,9 @@ class EvalJob:
         apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)
         self.logger = identity.logger(cfg.logger, f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}")
-        self.trainer = make_trainer(cfg.trainer, [], None, self.output_dir) if evaluation else None
+        self.trainer = make_trainer(cfg.trainer, [], None, self.output_dir, fitting=False) if evaluation else None
         self.scoring_trainer = None if estimation is None else make_trainer(cfg.trainer, [], None, self.output_dir,
-                                                                            inference_mode=False)
+                                                                            inference_mode=False, fitting=False)
 
     def _data_module(self, task: Any, **overrides: Any) -> TaskDataModule:
         """``task``'s eval splits under the ``data`` settings (``overrides`` win), loaded and tokenised."""

@@ -45,15 +45,20 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None
 
 
 def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir: Path,
-                 inference_mode: bool = True) -> pl.Trainer:
+                 inference_mode: bool = True, fitting: bool = True) -> pl.Trainer:
     """A Lightning Trainer from the ``trainer`` group, with callbacks and the logger.
 
     Lightning checks its arguments here (devices, strategy, accelerator ...): what it rejects is bad input.
     ``inference_mode=False`` for gradient scoring (Lightning validates under ``torch.inference_mode``).
+    ``fitting=False``: a Trainer that only validates, without ``val_check_interval`` (Lightning would announce
+    when "validation will run" in every evaluation job).
     """
+    arguments = OmegaConf.to_container(trainer_cfg, resolve=True)
+    if not fitting:
+        arguments.pop("val_check_interval", None)
     try:
-        return pl.Trainer(**OmegaConf.to_container(trainer_cfg, resolve=True), callbacks=callbacks,
-                          logger=logger or False, default_root_dir=output_dir, inference_mode=inference_mode)
+        return pl.Trainer(**arguments, callbacks=callbacks, logger=logger or False, default_root_dir=output_dir,
+                          inference_mode=inference_mode)
     except (ValueError, TypeError, MisconfigurationException) as error:
         raise UserError(f"trainer: {error}") from None
 
