@@ -83,6 +83,11 @@ COMMON = ["model=tiny_random", "task=demo_pairs", "logger=csv", "trainer.enable_
           "data.max_eval_examples=40"]
 
 
+def wandb_log(job_dir) -> bytes:
+    """The offline W&B run file a ``logger=wandb`` job wrote (tables show as ``<key>.table.json``)."""
+    return next(Path(job_dir).glob("wandb/offline-run-*/*.wandb")).read_bytes()
+
+
 def run(script, *overrides, cwd_tmp, check=True, cwd=ROOT):
     """An entry script on the tiny BERT and demo_pairs (caches under ``cwd_tmp``), in a subprocess in ``cwd``."""
     flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides

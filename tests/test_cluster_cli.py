@@ -9,7 +9,7 @@ from math import comb
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run
+from conftest import run, wandb_log
 from sklearn.cluster import KMeans
 
 TYPES = "[dense,diagonal,dense_vertical,vertical]"
@@ -37,7 +37,7 @@ def clustered(trained):
             f"hydra.run.dir={root / f'features_{name}'}", cwd_tmp=root)
         result = run("ablate.py", "mode=cluster", f"cluster.features={root / f'features_{name}'}",
                      "cluster.stability_fits=4", f"cluster.names={TYPES}", f"hydra.run.dir={root / f'cluster_{name}'}",
-                     cwd_tmp=root)
+                     "logger=wandb", cwd_tmp=root)
         jobs[name] = root / f"cluster_{name}", result
     return root, jobs
 
@@ -55,6 +55,7 @@ def test_clusters_file_holds_a_k_means_partition_of_the_distance_features(cluste
     assert set(labels) <= {"dense", "diagonal", "dense_vertical", "vertical"} and clusters["named_by_hand"]
     assert 0.0 <= clusters["stability"] <= 1.0 and clusters["shape"] == [3, 4]
     assert ("note: stability" in result.stdout) == (clusters["stability"] < 0.9)  # cluster.min_stability's default
+    assert b"heads.table.json" in wandb_log(folder)
     assert sum(clusters["counts"].values()) == 12
     summary = json.loads((folder / "results.json").read_text())
     for name in summary["files"]:
@@ -65,7 +66,9 @@ def test_compare_gives_the_adjusted_rand_index_and_transitions(clustered):
     root, jobs = clustered
     job = root / "compare"
     run("ablate.py", "mode=compare", f"compare.runs=[{jobs['random'][0]},{jobs['tuned'][0]},{jobs['random'][0]}]",
-        "compare.names=[pre,tuned,again]", f"hydra.run.dir={job}", cwd_tmp=root)
+        "compare.names=[pre,tuned,again]", f"hydra.run.dir={job}", "logger=wandb", cwd_tmp=root)
+    log = wandb_log(job)
+    assert all(f"{table}.table.json".encode() in log for table in ("ari", "transitions", "stability", "heads"))
     labels = {name: json.loads((jobs[name][0] / "clusters.json").read_text())["labels"] for name in jobs}
     heads = list(labels["random"])
     ari = pd.read_csv(job / "ari.csv").set_index("run")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import run
+from conftest import run, wandb_log
 from omegaconf import OmegaConf
 
 from headlab.analysis.features import AttentionFeatures, attention_features
@@ -26,7 +26,8 @@ def test_features_of_a_text_file_equal_the_api_on_the_same_sequences(tmp_path, t
     text.write_text("\n".join(LINES) + "\n")
     job = tmp_path / "job"
     result = run("ablate.py", "mode=features", f"features.text_file={text}", "features.batch_size=3",
-                 "features.max_length=12", f"hydra.run.dir={job}", cwd_tmp=tmp_path)
+                 "features.max_length=12", f"hydra.run.dir={job}", "logger=wandb", cwd_tmp=tmp_path)
+    assert b"heads.table.json" in wandb_log(job)
     tokenizer, model = load_tokenizer(tiny_cfg), load_model(tiny_cfg)
     rows = [line.split("\t") for line in LINES if line]
     long = sum(len(tokenizer(*row)["input_ids"]) > 12 for row in rows)

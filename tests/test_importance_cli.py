@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import scipy.stats
-from conftest import run
+from conftest import run, wandb_log
 
 from headlab.core.importance import normalize_importance
 
@@ -20,8 +20,9 @@ def test_importance_files_agree_with_their_rows_and_feed_selectors(trained, tmp_
         f"hydra.run.dir={sweep}", cwd_tmp=root)
     out = tmp_path / "importance"
     args = ("mode=importance", f"ckpt_path={root / 'train'}", "importance.max_examples=50", "data.eval_batch_size=16",
-            f"importance.sweep={sweep}", "importance.top_k=3", f"hydra.run.dir={out}")
+            f"importance.sweep={sweep}", "importance.top_k=3", f"hydra.run.dir={out}", "logger=wandb")
     printed = run("ablate.py", *args, cwd_tmp=root).stdout
+    assert b"key_types.table.json" in wandb_log(out) and b"agreement.table.json" in wandb_log(out)
     assert "Agreement with measured single-head ablations" in printed
     data = json.loads((out / "importance.json").read_text())
     assert data["settings"]["split"] == "train" and data["settings"]["num_examples"] == 50

@@ -38,9 +38,11 @@ def importance_under(root, tmp_path, name, pruned):
 def test_prune_curve_follows_recomputed_importance_and_its_final_mask_reproduces(trained, tmp_path):
     root, _ = trained
     out = tmp_path / "curve"
-    args = (*CURVE, f"ckpt_path={root / 'train'}", f"hydra.run.dir={out}")
+    args = (*CURVE, f"ckpt_path={root / 'train'}", f"hydra.run.dir={out}", "logger=wandb")  # W&B offline
     printed = run("ablate.py", *args, cwd_tmp=root).stdout
     results = json.loads((out / "results.json").read_text())
+    log = next((out / "wandb").glob("offline-run-*/*.wandb")).read_bytes()
+    assert b"prune_curve.table.json" in log  # the curve's table, whose seed column is empty for the importance rows
     steps = results["steps"]
     assert [s["heads_pruned"] for s in steps] == [3, 6, 9] and results["settings"]["per_step"] == 3
     assert results["settings"]["stopped"] == "no head left to prune"  # every layer is down to its last head

@@ -34,6 +34,7 @@ from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
+from headlab.training.tracking import log_artifacts
 
 
 def features_job(source: str | Path) -> tuple[Path, dict[str, Any]]:
@@ -159,10 +160,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
                                                   output_dir / "feature_boxes", formats)[0],
         "types_per_layer": head_plots.types_per_layer(per_layer, f"head types per layer, {title}",
                                                       output_dir / "types_per_layer", formats)[0]}
-    if logger is not None and hasattr(logger, "log_table"):
-        logger.log_table(key="heads", dataframe=table)
-        for key, image in images.items():
-            logger.log_image(key=key, images=[str(image)])
+    log_artifacts(logger, {"heads": table}, images)
     if logger is not None:
         metrics = {"stability": share, **{f"count/{k}": v for k, v in counts.items()}}
         if clustering.silhouette is not None:

@@ -32,6 +32,7 @@ from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
 from headlab.reporting.layouts import to_markdown
+from headlab.training.tracking import log_artifacts
 
 
 def read_clusters_run(source: str | Path) -> dict[str, Any]:
@@ -132,10 +133,8 @@ def run_compare(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     write_frame_atomic(tables["heads"], output_dir / "heads.csv")
     image = head_plots.types_per_layer(tables["types_per_layer"], "head types per layer",
                                        output_dir / "types_per_layer", tuple(cfg.report.formats))[0]
-    if logger is not None and hasattr(logger, "log_table"):
-        for name in ("ari", "transitions", "stability", "heads"):
-            logger.log_table(key=name, dataframe=tables[name])
-        logger.log_image(key="types_per_layer", images=[str(image)])
+    log_artifacts(logger, {name: tables[name] for name in ("ari", "transitions", "stability", "heads")},
+                  {"types_per_layer": image})
     ari = tables["ari"].set_index("run")
     heads = tables["heads"]
     agreed = int((heads["agreement"] == 1).sum()) if "agreement" in heads else None

@@ -42,6 +42,7 @@ from headlab.training.checkpoints import (
     tokenizer_config,
     weights_model_config,
 )
+from headlab.training.tracking import log_artifacts
 
 
 def read_sequences(cfg: Any, tokenizer, checkpoint) -> Sequences:
@@ -139,10 +140,7 @@ def write_features(cfg: Any, features: AttentionFeatures, sequences: Sequences, 
     if roles is not None:
         images["sieve_roles"] = role_panels(roles, f"sieve scores and roles, {title}", output_dir / "sieve_roles",
                                             formats)[0]
-    if logger is not None and hasattr(logger, "log_table"):
-        logger.log_table(key="heads", dataframe=table)
-        for key, path in images.items():
-            logger.log_image(key=key, images=[str(path)])
+    log_artifacts(logger, {"heads": table}, images)
     if logger is not None:
         logger.log_metrics({"num_sequences": features.num_sequences, "truncated": sequences.truncated}, step=0)
     source = ({"kind": "text_file", "path": str(Path(options.text_file).absolute())} if options.text_file else

@@ -41,6 +41,7 @@ from headlab.reporting import plots
 from headlab.reporting.agreement import agreement_table, read_head_sweep
 from headlab.reporting.layouts import to_markdown
 from headlab.training.checkpoints import tokenizer_config
+from headlab.training.tracking import log_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +170,4 @@ def _per_example(gradients: HeadGradients, path: Path) -> None:
 
 def _log(job: EvalJob, images: dict[str, Path], key_types: pd.DataFrame | None, agreement: pd.DataFrame | None):
     """Heatmaps as images, the key-type and agreement tables as tables, to the job's logger (W&B)."""
-    if not job.logger or not hasattr(job.logger, "log_image"):
-        return
-    for key, path in images.items():
-        job.logger.log_image(key=key, images=[str(path)])
-    for key, table in (("key_types", key_types), ("agreement", agreement)):
-        if table is not None and len(table):
-            job.logger.log_table(key=key, dataframe=table)
+    log_artifacts(job.logger, {"key_types": key_types, "agreement": agreement}, images)

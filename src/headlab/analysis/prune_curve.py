@@ -46,6 +46,7 @@ from headlab.files import read_json, write_frame_atomic, write_json_atomic, writ
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
 from headlab.tasks.record_metrics import metrics_from_records
+from headlab.training.tracking import log_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -237,9 +238,7 @@ def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, f
                     "metrics": final["metrics"], "baseline": curve.baseline, "timing": timing,
                     "eval_override": override}
     write_json_atomic(output_dir / "final_mask.json", final_record)
-    if job.logger and hasattr(job.logger, "log_image"):
-        job.logger.log_image(key="prune_curve", images=[str(image)])
-        job.logger.log_table(key="prune_curve", dataframe=table)
+    log_artifacts(job.logger, {"prune_curve": table}, {"prune_curve": image})
     summary = {"kind": "prune_curve", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
                "checkpoint": job.checkpoint_record(), "seed": cfg.seed, "settings": dict(
                    estimator=cfg.prune_curve.estimator, per_step=curve.per_step, stopped=curve.stopped,

@@ -18,7 +18,7 @@ from rich.console import Console
 from headlab.files import config_hash, write_frame_atomic
 from headlab.reporting.head_table import head_table
 from headlab.reporting.report import Report, report_settings, write_report
-from headlab.training.tracking import build_logger, tracked_job
+from headlab.training.tracking import build_logger, log_artifacts, tracked_job
 
 
 def run_report(cfg: Any, output_dir: str | Path | None = None) -> Report | None:
@@ -56,8 +56,8 @@ def write_head_table(cfg: Any, output_dir: Path) -> pd.DataFrame:
     if cfg.logger is not None and cfg.logger.get("_target_"):
         logger = build_logger(cfg.logger, run_id=config_hash({"heads": OmegaConf.to_container(cfg.report.heads)}),
                               run_name="head-table")
-        if logger is not None and hasattr(logger, "log_table"):
-            logger.log_table(key="heads", dataframe=table)
+        log_artifacts(logger, {"heads": table})
+        if logger is not None:
             logger.finalize("success")
     return table
 
@@ -70,8 +70,6 @@ def log_report(cfg: Any, report: Report) -> None:
     logger_cfg = OmegaConf.merge(cfg.logger, {"group": group, "job_type": "report", "save_dir": str(report.folder)})
     run_id = config_hash({"report": str(Path(cfg.sweep_dir).resolve()), "rows": len(report.frame)})
     logger = build_logger(logger_cfg, run_id=run_id, run_name=f"report-{group}-{run_id[:6]}")
-    for key, table in report.tables.items():
-        logger.log_table(key=key, dataframe=table.astype(str) if key != "table" else table)
-    for key, path in report.images.items():
-        logger.log_image(key=key, images=[str(path)])
+    log_artifacts(logger, {key: table.astype(str) if key != "table" else table for key, table in report.tables.items()},
+                  report.images)
     logger.finalize("success")

@@ -27,6 +27,20 @@ def build_logger(logger_cfg: Any, run_id: str, run_name: str) -> Logger | None:
     return hydra.utils.instantiate(logger_cfg, **fill)
 
 
+def log_artifacts(logger: Logger | None, tables: dict[str, Any] | None = None,
+                  images: dict[str, Any] | None = None) -> None:
+    """Tables (DataFrames; empty ones skipped) and images (paths) to the job's logger when it takes them (W&B; CSV
+    and none do not). Missing values go as None, which W&B types as optional: pandas' NA (a nullable integer
+    column) stopped the job."""
+    if logger is None or not hasattr(logger, "log_table"):
+        return
+    for key, frame in (tables or {}).items():
+        if frame is not None and len(frame):
+            logger.log_table(key=key, dataframe=frame.astype(object).where(frame.notna(), None))
+    for key, path in (images or {}).items():
+        logger.log_image(key=key, images=[str(path)])
+
+
 def finish_tracking(failed: bool = False) -> None:
     """End the W&B run of this job, if any, so the next job of a multirun starts its own."""
     wandb = sys.modules.get("wandb")
