@@ -104,8 +104,8 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
         "settings": settings})
     _per_example(gradients, output_dir / "per_example.parquet")
     files = ["importance.json", "per_example.parquet"]
-    if key_types:
-        table = _head_table(key_types)
+    table = _head_table(key_types) if key_types else None
+    if table is not None:
         write_frame_atomic(table, output_dir / "key_types.csv")
         write_text_atomic(output_dir / "key_types.md", to_markdown(table.round(6)))
         files += ["key_types.csv", "key_types.md"]
@@ -120,7 +120,7 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
                                                     output_dir / f"key_{kind}", formats)[0]
     agreement = _agreement(cfg, job, raw, output_dir, formats, images) if options.sweep else None
     files += [p.name for p in images.values()] + (["agreement.csv", "agreement.md"] if agreement is not None else [])
-    _log(job, images, _head_table(key_types) if key_types else None, agreement)
+    log_artifacts(job.logger, {"key_types": table, "agreement": agreement}, images)
     return job.identity.complete({
         "kind": "importance", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
         "checkpoint": job.checkpoint_record(), "seed": cfg.seed, "settings": settings, "files": files,
@@ -167,7 +167,3 @@ def _per_example(gradients: HeadGradients, path: Path) -> None:
         example=gradients.order[:, 0], quantity=name) for name, values in quantities.items()]
     write_frame_atomic(pd.concat(frames, ignore_index=True)[["example", "quantity", *columns]], path)
 
-
-def _log(job: EvalJob, images: dict[str, Path], key_types: pd.DataFrame | None, agreement: pd.DataFrame | None):
-    """Heatmaps as images, the key-type and agreement tables as tables, to the job's logger (W&B)."""
-    log_artifacts(job.logger, {"key_types": key_types, "agreement": agreement}, images)
