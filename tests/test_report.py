@@ -76,7 +76,8 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     (jobs[0] / "results.json").unlink()
     shutil.rmtree(jobs[1])
     (jobs[2] / "records.parquet").unlink()
-    again = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+    run("ablate.py", f"hydra.run.dir={sweep / 'demo'}", cwd_tmp=root)  # modes that write no results.json are no
+    again = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={sweep / 'r'}",  # problem
                 cwd_tmp=root)
     assert "failed or was killed" in again.stdout and "never ran" in again.stdout
     assert "mask.heads=L1H0" in again.stdout  # the job that never ran, by its overrides

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import UserError
+
+NO_RESULTS = ("demo", "report")  # ablate.py modes whose jobs write no results.json (demo.json; the report's files)
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,15 @@ class Problem:
 
     job: str
     reason: str
+
+
+def _mode(job: Path) -> str | None:
+    """The ``mode`` of an ``ablate.py`` job directory (None for train.py jobs or an unreadable config)."""
+    try:
+        config = OmegaConf.load(job / ".hydra/config.yaml")
+    except (OSError, yaml.YAMLError):
+        return None
+    return config.get("mode") if isinstance(config, DictConfig) else None
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -48,7 +60,7 @@ def collect_results(directory: str | Path) -> tuple[list[tuple[Path, dict[str, A
         elif data.get("kind") == "eval":
             results.append((path, data))
     for job in sorted(p.parent.parent for p in root.rglob(".hydra/overrides.yaml")):
-        if not (job / "results.json").is_file():
+        if not (job / "results.json").is_file() and _mode(job) not in NO_RESULTS:
             problems.append(Problem(str(job.relative_to(root)) if job != root else ".",
                                     "no results.json: the job failed or was killed (rerun the sweep to finish it)"))
     problems.extend(Problem(job, "never ran (rerun the sweep to run it)") for job in never_started(root))
