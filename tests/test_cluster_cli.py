@@ -134,7 +134,7 @@ def test_a_multirun_over_k_ends_with_a_table_of_stability_and_silhouette(cluster
     root, _ = clustered
     result = run("ablate.py", "-m", "mode=cluster", f"cluster.features={root / 'features_random'}", "cluster.k=2,3,4",
                  "cluster.stability_fits=2", cwd_tmp=root, cwd=tmp_path)  # the default sweep directory
-    sweep = tmp_path / "outputs/ablate/multirun/adhoc/demo_pairs/tiny_random/pretrained"  # named after the preset
+    sweep = tmp_path / "outputs/ablate/multirun/adhoc/from_jobs"  # named after the preset; no task or model here
     table = pd.read_csv(sweep / "cluster_selection.csv")
     assert table["k"].tolist() == [2, 3, 4] and (table["method"] == "kmeans").all()
     for row in table.itertuples():

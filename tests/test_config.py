@@ -142,3 +142,13 @@ def test_progress_bars_off_turns_off_hugging_face_bars_too():
     finally:
         transformers_logging.enable_progress_bar()
         datasets.enable_progress_bars()
+
+
+def test_jobs_that_read_other_jobs_files_are_not_named_after_the_default_task_and_model():
+    from headlab.cli.hydra_glue import scored_dirs
+
+    assert scored_dirs("eval", "sst2", "bert_base_uncased", None) == "sst2/bert_base_uncased/pretrained"
+    tag = scored_dirs("features", "sst2", "bert_base_uncased", "/runs/sst2/checkpoints/best.ckpt")
+    assert tag.startswith("sst2/bert_base_uncased/best-") and len(tag.rsplit("-", 1)[1]) == 8  # hash of the path
+    assert {scored_dirs(mode, "sst2", "bert_base_uncased", None) for mode in ("cluster", "compare", "report")} == {
+        "from_jobs"}

@@ -20,11 +20,12 @@ from headlab.files import package_dir
 def register_resolvers() -> None:
     """``${pkg_dir:NAME}``: folder of an installed package (the embedded MiniLM lives in one).
     ``${job_dir:OVERRIDES}``: a job's directory name from its overrides, ``defaults`` when there are none.
-    ``${ckpt_tag:CKPT_PATH}``: a directory name for a checkpoint.
+    ``${scored:MODE,TASK,MODEL,CKPT_PATH}``: what a job scores, as directories (``TASK/MODEL/CKPT_TAG``), or
+    ``from_jobs`` for the modes that read other jobs' files instead of running a model.
     """
     OmegaConf.register_new_resolver("pkg_dir", package_dir, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_name, replace=True)
-    OmegaConf.register_new_resolver("ckpt_tag", checkpoint_tag, replace=True)
+    OmegaConf.register_new_resolver("scored", scored_dirs, replace=True)
 
 
 def job_dir_name(overrides: str) -> str:
@@ -39,6 +40,15 @@ def checkpoint_tag(ckpt_path: str | None) -> str:
     path = Path(ckpt_path).expanduser().absolute()
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
     return f"{path.name.removesuffix('.ckpt') or 'root'}-{digest}"
+
+
+FROM_JOBS = ("cluster", "compare", "report")  # modes that read other jobs' files: no model, task or checkpoint
+
+
+def scored_dirs(mode: str, task: str, model: str, ckpt_path: str | None) -> str:
+    """``TASK/MODEL/CKPT_TAG`` of a job that runs a model, ``from_jobs`` for one that reads other jobs' files (the
+    task and model defaults would name a cluster job of BERT-base's SST-2 features ``demo_qa/minilm``)."""
+    return "from_jobs" if mode in FROM_JOBS else f"{task}/{model}/{checkpoint_tag(ckpt_path)}"
 
 
 def job_dir() -> Path:
