@@ -100,7 +100,6 @@ class TaskModule(pl.LightningModule):
                 self._log_progress(split)
         self.log_dict({f"{split}/{name}": float(value) for name, value in values.items()}, add_dataloader_idx=False)
 
-
     def _log_progress(self, split: str) -> None:
         if self.trainer.is_global_zero:
             values = ", ".join(f"{name} {value:.4f}" for name, value in self.last_metrics[split].items())
