@@ -152,3 +152,5 @@ def test_jobs_that_read_other_jobs_files_are_not_named_after_the_default_task_an
     assert tag.startswith("sst2/bert_base_uncased/best-") and len(tag.rsplit("-", 1)[1]) == 8  # hash of the path
     assert {scored_dirs(mode, "sst2", "bert_base_uncased", None) for mode in ("cluster", "compare", "report")} == {
         "from_jobs"}
+    assert scored_dirs("features", "sst2", "minilm", None, "wiki.txt") == "text_file/minilm/pretrained"
+    assert scored_dirs("features", "sst2", "minilm", None, None) == "sst2/minilm/pretrained"

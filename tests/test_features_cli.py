@@ -35,7 +35,7 @@ def test_features_of_a_text_file_equal_the_api_on_the_same_sequences(tmp_path, t
     assert f"note: {long} of 4 sequences were longer than 12 tokens and were truncated" in result.stdout
     summary = json.loads((job / "results.json").read_text())
     assert (summary["num_sequences"], summary["truncated"], summary["complete"]) == (4, long, True)
-    assert summary["source"]["kind"] == "text_file"
+    assert summary["source"]["kind"] == "text_file" and summary["task"] == "lines.txt"  # not the default task
     for name in summary["files"]:
         assert (job / name).is_file(), name
 

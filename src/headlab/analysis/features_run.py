@@ -45,6 +45,11 @@ from headlab.training.checkpoints import (
 from headlab.training.tracking import log_artifacts
 
 
+def data_name(cfg: Any) -> str:
+    """What the features describe: the task, or the text file's name (the task config is not read then)."""
+    return Path(cfg.features.text_file).name if cfg.features.text_file else cfg.task.name
+
+
 def read_sequences(cfg: Any, tokenizer, checkpoint) -> Sequences:
     """What ``features`` names: the text file's lines or a sample of the task split, tokenised."""
     options = cfg.features
@@ -85,7 +90,7 @@ def run_features(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         Console().print(f"note: {sequences.truncated} of {len(sequences)} sequences were longer than "
                         f"{sequences.max_length} tokens and were truncated", markup=False)
     model = encoder(checkpoint, cfg).to(feature_device(cfg.trainer))
-    logger = identity.logger(cfg.logger, f"features-{cfg.task.name}-{cfg.model.name}")
+    logger = identity.logger(cfg.logger, f"features-{data_name(cfg)}-{cfg.model.name}")
     options = cfg.features
     features = attention_features(model, tokenizer, sequences.batches(options.batch_size, tokenizer.pad_token_id),
                                   tuple(options.families), options.js_max_sequences)
@@ -146,7 +151,7 @@ def write_features(cfg: Any, features: AttentionFeatures, sequences: Sequences, 
     source = ({"kind": "text_file", "path": str(Path(options.text_file).absolute())} if options.text_file else
               {"kind": "task", "task": cfg.task.name, "split": options.split})
     role_counts = {} if roles is None else {s: int(r.sum()) for s, r in roles.groupby("sieve", sort=False)["role"]}
-    return {"kind": "features", "group": cfg.group, "model": cfg.model.name, "task": cfg.task.name,
+    return {"kind": "features", "group": cfg.group, "model": cfg.model.name, "task": data_name(cfg),
             "source": source, "num_sequences": features.num_sequences, "js_sequences": features.js_sequences,
             "truncated": sequences.truncated, "families": list(features.families), "shape": [features.num_layers,
                                                                                               features.num_heads],

@@ -20,8 +20,9 @@ from headlab.files import package_dir
 def register_resolvers() -> None:
     """``${pkg_dir:NAME}``: folder of an installed package (the embedded MiniLM lives in one).
     ``${job_dir:OVERRIDES}``: a job's directory name from its overrides, ``defaults`` when there are none.
-    ``${scored:MODE,TASK,MODEL,CKPT_PATH}``: what a job scores, as directories (``TASK/MODEL/CKPT_TAG``), or
-    ``from_jobs`` for the modes that read other jobs' files instead of running a model.
+    ``${scored:MODE,TASK,MODEL,CKPT_PATH,TEXT_FILE}``: what a job scores, as directories (``TASK/MODEL/CKPT_TAG``,
+    ``text_file`` for the task of features of a text file), or ``from_jobs`` for the modes that read other jobs'
+    files instead of running a model.
     """
     OmegaConf.register_new_resolver("pkg_dir", package_dir, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_name, replace=True)
@@ -45,10 +46,13 @@ def checkpoint_tag(ckpt_path: str | None) -> str:
 FROM_JOBS = ("cluster", "compare", "report")  # modes that read other jobs' files: no model, task or checkpoint
 
 
-def scored_dirs(mode: str, task: str, model: str, ckpt_path: str | None) -> str:
+def scored_dirs(mode: str, task: str, model: str, ckpt_path: str | None, text_file: str | None = None) -> str:
     """``TASK/MODEL/CKPT_TAG`` of a job that runs a model, ``from_jobs`` for one that reads other jobs' files (the
     task and model defaults would name a cluster job of BERT-base's SST-2 features ``demo_qa/minilm``)."""
-    return "from_jobs" if mode in FROM_JOBS else f"{task}/{model}/{checkpoint_tag(ckpt_path)}"
+    if mode in FROM_JOBS:
+        return "from_jobs"
+    data = "text_file" if mode == "features" and text_file else task
+    return f"{data}/{model}/{checkpoint_tag(ckpt_path)}"
 
 
 def job_dir() -> Path:
