@@ -78,7 +78,8 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     (jobs[2] / "records.parquet").unlink()
     run("ablate.py", f"hydra.run.dir={sweep / 'demo'}", cwd_tmp=root)  # modes that write no results.json are no
     again = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={sweep / 'r'}",  # problem
-                cwd_tmp=root)
+                "report.confidence=0.9", "report.correction=bh", cwd_tmp=root)
+    assert "value (delta [90% CI]); * / ** Benjamini-Hochberg-adjusted p < 0.05 / 0.01" in again.stdout
     assert "failed or was killed" in again.stdout and "never ran" in again.stdout
     assert "mask.heads=L1H0" in again.stdout  # the job that never ran, by its overrides
     problems = pd.read_csv(sweep / "report/problems.csv")

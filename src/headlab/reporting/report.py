@@ -45,6 +45,7 @@ class Report:
     printed: list[str] = field(default_factory=list)  # markdown tables, for the console
     images: dict[str, Path] = field(default_factory=dict)  # W&B key -> PNG
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
+    legend: str = "value (delta [95% CI]); * / ** adjusted p < 0.05 / 0.01"  # how a plan grid's cells read
 
 
 def _slug(text: str) -> str:
@@ -55,7 +56,9 @@ def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPL
                  formats: tuple[str, ...] = ("png",)) -> Report:
     """Collect ``sweep_dir`` and write its report (module docstring); returns what was written."""
     frame = load_sweep(sweep_dir, resampling=resampling, correction=correction)
-    report = Report(frame, Path(sweep_dir) / "report")
+    adjusted = {"holm": "Holm-adjusted ", "bh": "Benjamini-Hochberg-adjusted ", "none": ""}.get(correction, "")
+    report = Report(frame, Path(sweep_dir) / "report", legend=f"value (delta [{resampling.confidence * 100:g}% CI]); "
+                                                              f"* / ** {adjusted}p < 0.05 / 0.01")
     report.folder.mkdir(parents=True, exist_ok=True)
     for name in ("table.csv", "table.parquet"):
         report.files.append(write_frame_atomic(frame, report.folder / name))
@@ -96,7 +99,7 @@ def _section(report: Report, frame: pd.DataFrame, prefix: str, title: str, forma
 
 def _plan_grid(report, rows, split, metrics, prefix, title, formats) -> None:
     grid = layouts.plan_grid(rows, split, metrics)
-    _tables(report, grid, f"{prefix}plans_{split}", f"{title}: value (delta [95% CI]); * adjusted p < 0.05")
+    _tables(report, grid, f"{prefix}plans_{split}", f"{title}: {report.legend}")
     for metric in metrics:
         mine = rows[(rows["metric"] == metric) & (rows["heads"] > 0)]
         if len(mine):
