@@ -42,6 +42,12 @@ def describe_cell(row: pd.Series, digits: int) -> str:
     return f"{row['value']:.{digits}f} ({row['delta']:+.{digits}f}{ci}){significance(row['p_adjusted'])}"
 
 
+def plan_legend(confidence: float, correction: str) -> str:
+    """How ``describe_cell``'s cells read, for a table's caption."""
+    adjusted = {"holm": "Holm-adjusted ", "bh": "Benjamini-Hochberg-adjusted "}.get(correction, "")
+    return f"value (delta [{confidence * 100:g}% CI]); * / ** {adjusted}p < 0.05 / 0.01"
+
+
 def _rules(readable: str) -> list[tuple[str, list[str]]]:
     """``[(policy, [selector tokens])]`` of ``readable_rules`` text."""
     if readable == "keep":

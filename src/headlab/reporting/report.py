@@ -45,7 +45,7 @@ class Report:
     printed: list[str] = field(default_factory=list)  # markdown tables, for the console
     images: dict[str, Path] = field(default_factory=dict)  # W&B key -> PNG
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
-    legend: str = "value (delta [95% CI]); * / ** adjusted p < 0.05 / 0.01"  # how a plan grid's cells read
+    legend: str = ""  # how a plan grid's cells read (layouts.plan_legend)
 
 
 def _slug(text: str) -> str:
@@ -56,9 +56,7 @@ def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPL
                  formats: tuple[str, ...] = ("png",)) -> Report:
     """Collect ``sweep_dir`` and write its report (module docstring); returns what was written."""
     frame = load_sweep(sweep_dir, resampling=resampling, correction=correction)
-    adjusted = {"holm": "Holm-adjusted ", "bh": "Benjamini-Hochberg-adjusted ", "none": ""}.get(correction, "")
-    report = Report(frame, Path(sweep_dir) / "report", legend=f"value (delta [{resampling.confidence * 100:g}% CI]); "
-                                                              f"* / ** {adjusted}p < 0.05 / 0.01")
+    report = Report(frame, Path(sweep_dir) / "report", legend=layouts.plan_legend(resampling.confidence, correction))
     report.folder.mkdir(parents=True, exist_ok=True)
     for name in ("table.csv", "table.parquet"):
         report.files.append(write_frame_atomic(frame, report.folder / name))
