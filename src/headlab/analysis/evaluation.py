@@ -45,6 +45,8 @@ class PlanEvaluator(pl.LightningModule):
     ``Trainer.validate``, ``records[(variant name, split)]`` holds one dict per example.
     """
 
+    pass_name = "evaluation"  # in progress lines
+
     def __init__(self, model: torch.nn.Module, task: Any, variants: list[Variant], examples: dict[str, Any]):
         super().__init__()
         self.model = model.eval()

@@ -42,6 +42,7 @@ from headlab.training.checkpoints import (
     tokenizer_config,
     weights_model_config,
 )
+from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
 
 
@@ -92,8 +93,9 @@ def run_features(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     model = encoder(checkpoint, cfg).to(feature_device(cfg.trainer))
     logger = identity.logger(cfg.logger, f"features-{data_name(cfg)}-{cfg.model.name}")
     options = cfg.features
-    features = attention_features(model, tokenizer, sequences.batches(options.batch_size, tokenizer.pad_token_id),
-                                  tuple(options.families), options.js_max_sequences)
+    batches = counted_batches(sequences.batches(options.batch_size, tokenizer.pad_token_id),
+                              ProgressLines("features", len(sequences), "sequences"))
+    features = attention_features(model, tokenizer, batches, tuple(options.families), options.js_max_sequences)
     summary = write_features(cfg, features, sequences, identity.output_dir, logger)
     summary = identity.complete(summary | {"checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path,
                                                           "ckpt_path": cfg.ckpt_path}})

@@ -23,6 +23,8 @@ from headlab.core.plans import HeadPlan
 class HeadScorer(pl.LightningModule):
     """Per-example head gradients of ``model`` over the validation dataloader; ``gradients`` after validate."""
 
+    pass_name = "gradient scoring"  # in progress lines
+
     def __init__(self, model: torch.nn.Module, plan: HeadPlan, policies: tuple[str, ...], renormalize: bool,
                  unit: str, key_ids: tuple | None):
         super().__init__()

@@ -27,6 +27,7 @@ from headlab.reporting.results import TrainResult, already_done
 from headlab.training.checkpoints import FINAL_WEIGHTS
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_module
+from headlab.training.progress import ProgressLog
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
@@ -46,7 +47,7 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None
 
 def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir: Path,
                  inference_mode: bool = True, fitting: bool = True) -> pl.Trainer:
-    """A Lightning Trainer from the ``trainer`` group, with callbacks and the logger.
+    """A Lightning Trainer from the ``trainer`` group, with callbacks, the logger and progress lines in the log.
 
     Lightning checks its arguments here (devices, strategy, accelerator ...): what it rejects is bad input.
     ``inference_mode=False`` for gradient scoring (Lightning validates under ``torch.inference_mode``).
@@ -57,8 +58,8 @@ def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir
     if not fitting:
         arguments.pop("val_check_interval", None)
     try:
-        return pl.Trainer(**arguments, callbacks=callbacks, logger=logger or False, default_root_dir=output_dir,
-                          inference_mode=inference_mode)
+        return pl.Trainer(**arguments, callbacks=[*callbacks, ProgressLog()], logger=logger or False,
+                          default_root_dir=output_dir, inference_mode=inference_mode)
     except (ValueError, TypeError, MisconfigurationException) as error:
         raise UserError(f"trainer: {error}") from None
 
