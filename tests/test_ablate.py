@@ -12,6 +12,7 @@ from conftest import ROOT, run
 from hydra import compose, initialize_config_dir
 
 from headlab.cli.schema import register_configs
+from headlab.core.models import load_model
 
 register_configs()
 # every policy of the SDPA route under one plan (mask=rules)
@@ -148,6 +149,20 @@ def test_multirun_sweep_resumes_where_it_stopped(trained):
     after = {j.name: results(j) for j in jobs}
     for name in before:
         assert flat(after[name]["metrics"]) == pytest.approx(flat(before[name]["metrics"]))
+
+
+def test_a_random_task_head_is_drawn_from_the_job_seed(tmp_path, tiny_cfg):
+    """Weights without a task head (allow_random_head): every job of a sweep, in one process, gets the same head
+    (a resumed sweep must not mix heads); another ``seed``, another head."""
+    load_model(tiny_cfg).save_pretrained(tmp_path / "bare")
+    common = ["mode=eval", f"ckpt_path={tmp_path / 'bare'}", "allow_random_head=true", "mask=prune"]
+    run("ablate.py", "-m", *common, "mask.heads=L0,L1", "seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd_tmp=tmp_path)
+    jobs = {(r["config"]["mask"]["heads"], r["seed"]): r for r in map(results, (tmp_path / "sweep/eval").iterdir())}
+    assert len(jobs) == 4
+    hashes = {job: record["checkpoint"]["weights_hash"] for job, record in jobs.items()}
+    assert hashes["L0", 0] == hashes["L1", 0] and hashes["L0", 1] == hashes["L1", 1] != hashes["L0", 0]
+    assert jobs["L0", 0]["baseline"] == jobs["L1", 0]["baseline"]
 
 
 def test_sweep_heads_equals_separate_eval_jobs(trained):

@@ -100,7 +100,8 @@ def test_encoder_weights_missing_from_a_checkpoint_are_said(tmp_path, tiny_cfg, 
     weights = {k: v for k, v in model.state_dict().items()
                if not k.startswith("pooler.") and k != "encoder.layer.0.attention.self.query.weight"}
     model.save_pretrained(tmp_path / "weights", state_dict=weights)
-    loaded = encoder(Checkpoint("pretrained", str(tmp_path / "weights")), OmegaConf.create({"model": tiny_cfg}))
+    job = OmegaConf.create({"model": tiny_cfg, "seed": 0})
+    loaded = encoder(Checkpoint("pretrained", str(tmp_path / "weights")), job)
     note = capsys.readouterr().out
     assert note.startswith("note: 1 weight(s) not in") and "layer.0.attention.self.query" in note
     assert "pooler" not in note and "LOAD REPORT" not in note

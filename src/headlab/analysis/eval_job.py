@@ -62,7 +62,7 @@ class EvalJob:
         self.data = self._data_module(cfg.task) if evaluation else None
         self.estimation_data = None if estimation is None else self._data_module(
             estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples)
-        self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head)
+        self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head, cfg.seed)
         apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)
         self.logger = identity.logger(cfg.logger, f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}")

@@ -68,9 +68,9 @@ def encoder(checkpoint, cfg: Any) -> torch.nn.Module:
     A task checkpoint's head weights go unused and its pooler may be missing (question answering has none): the
     attention needs neither, so transformers' load report is not shown; missing encoder weights are said."""
     if checkpoint.kind == "lightning":
-        return load_checkpoint(checkpoint, cfg.model, cfg.task, allow_random_head=True)
+        return load_checkpoint(checkpoint, cfg.model, cfg.task, allow_random_head=True, seed=cfg.seed)
     weights = weights_model_config(checkpoint, cfg.model)
-    model, missing = load_model_reporting(weights, quiet=True)
+    model, missing = load_model_reporting(weights, quiet=True, seed=cfg.seed)
     note_random_weights([name for name in missing if not name.startswith("pooler.")], weights)
     return model
 

@@ -116,10 +116,12 @@ def load_model(cfg: Any, head: str | None = None, overrides: dict[str, Any] | No
 
 
 def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str, Any] | None = None,
-                         quiet: bool = False):
+                         quiet: bool = False, seed: int | None = None):
     """``(model, missing)``: ``load_model``'s model and the parameters the weights did not have (newly initialised;
     every parameter of a ``random_init`` model). A size mismatch with the weights is a ``UserError``.
-    ``quiet``: no transformers load report of missing or unused weights (the caller says what matters)."""
+    ``quiet``: no transformers load report of missing or unused weights (the caller says what matters).
+    ``seed``: the missing weights are drawn from it, the caller's random state untouched (None: drawn from that
+    state, as fine-tuning wants: its ``seed`` then also varies the new head)."""
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r}; valid heads: {', '.join(map(str, HEADS))}")
     config = model_config(cfg)
@@ -134,7 +136,10 @@ def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str,
     try:
         if quiet:
             hf_logging.set_verbosity_error()
-        model, info = HEADS[head].from_pretrained(cfg.name_or_path, config=config, output_loading_info=True)
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            model, info = HEADS[head].from_pretrained(cfg.name_or_path, config=config, output_loading_info=True)
     except RuntimeError as error:  # ignore_mismatched_sizes=False: weights of another shape
         raise UserError(f"the weights in {cfg.name_or_path!r} do not fit a {head or 'bare'} model with "
                         f"{dict(overrides or {})}: {' '.join(str(error).split())[:300]}") from None

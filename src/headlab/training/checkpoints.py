@@ -103,15 +103,17 @@ def tokenizer_config(checkpoint: Checkpoint, model_cfg: Any) -> Any:
     return weights_model_config(checkpoint, model_cfg) if saved else model_cfg
 
 
-def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any,
-                    allow_random_head: bool = False) -> torch.nn.Module:
+def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any, allow_random_head: bool = False,
+                    seed: int = 0) -> torch.nn.Module:
     """The HF model with ``task_cfg``'s head and ``checkpoint``'s weights, in eval mode.
 
     An untrained task head (weights without one, or a random model) is a UserError unless ``allow_random_head``.
+    Weights the checkpoint lacks are drawn from ``seed`` (the job's), not from the process's random state: every job
+    of a sweep, and a rerun of a killed one, gets the same random head.
     """
     head, overrides = task_head(task_cfg)
     weights = weights_model_config(checkpoint, model_cfg)
-    model, missing = load_model_reporting(weights, head, overrides, quiet=True)
+    model, missing = load_model_reporting(weights, head, overrides, quiet=True, seed=seed)
     if checkpoint.kind == "lightning":
         state = torch.load(checkpoint.path, map_location="cpu", weights_only=False)["state_dict"]
         trained = {name.removeprefix("model."): value for name, value in state.items() if name.startswith("model.")}
