@@ -116,6 +116,7 @@ CASES = [
     ("ablate.py", ["mode=features", "features.families=[distance,syntax]"], "'syntax'"),
     ("ablate.py", ["mode=features", "features.max_sequences=0"], "features.max_sequences=0"),
     ("ablate.py", ["mode=features", "features.sieve_correction=bonferroni"], "'bonferroni'"),
+    ("ablate.py", ["mode=features", "features.sieve_tau=-1"], "features.sieve_tau=-1.0 must be above 0"),
     # ablate.py mode=cluster / compare, and the clusters a preset needs
     ("ablate.py", ["mode=cluster"], "cluster.features=DIR"),
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/empty_dir"], "no features.npz"),

@@ -39,6 +39,9 @@ class FeaturesConfig:
             raise UserError(f"features.batch_size={self.batch_size} must be at least 1")
         if self.max_length is not None and self.max_length < 3:
             raise UserError(f"features.max_length={self.max_length} must be at least 3 ([CLS] x [SEP])")
+        if self.sieve_tau <= 0:  # scores are ratios to uniform attention (>= 0): a role needs a positive bar
+            raise UserError(f"features.sieve_tau={self.sieve_tau} must be above 0 (uniform attention scores 1; "
+                            "Pande et al.: 3)")
         if not 0 < self.sieve_alpha < 1:
             raise UserError(f"features.sieve_alpha={self.sieve_alpha} must be in (0, 1)")
 
