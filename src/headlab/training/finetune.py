@@ -97,7 +97,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         trainer.fit(module, datamodule=data, ckpt_path=resume)
         if module.validated_step != trainer.global_step:  # training ended between validations
             trainer.validate(module, datamodule=data, verbose=False)
-        trainer.save_checkpoint(checkpoint_dir / "last.ckpt")  # the weights the metrics belong to
+        trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)  # the metrics' weights, resumable
         result = TrainResult(
             task=cfg.task.name,
             model=cfg.model.name,
