@@ -62,6 +62,7 @@ def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
     assert record["versions"]["torch"] == torch.__version__ and len(record["config_hash"]) == 16
     assert record["config"]["task"]["name"] == "demo_pairs" and record["plan"]["rules"] == []
     assert str(run / "results.json") in out.stdout
+    assert f"(best validation/accuracy {record['best_score']:.4f}: {run / 'checkpoints/best.ckpt'})" in out.stdout
     console = out.stdout + out.stderr  # Lightning's messages once each (no tips), and in the log file
     assert console.count("GPU available:") == 1 and "GPU available:" in (run / "train.log").read_text()
     assert "Tip: " not in console and "weights_only" not in console  # Lightning's note on an implicit default
@@ -223,6 +224,14 @@ def test_compiled_fine_tune_applies_the_plan_and_equals_eager(tmp_path):
     assert compiled["config"]["compile"] is True and compiled["global_step"] == eager["global_step"] == 4
     for name, value in eager["metrics"]["validation"].items():
         assert compiled["metrics"]["validation"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+def test_a_run_that_ends_before_its_first_validation_is_validated_once_and_has_no_best(tmp_path):
+    out = train(tmp_path, "task=demo_pairs", "trainer.max_steps=1")  # validation every 2 steps
+    record = results(tmp_path / "run")
+    assert record["best_checkpoint"] is None and record["best_score"] is None and record["global_step"] == 1
+    assert set(record["metrics"]["validation"]) == {"accuracy", "f1", "loss"}
+    assert "(no best.ckpt: no validation ran during training)" in out.stdout
 
 
 def test_flex_route_reaches_the_model_and_leaves_the_job_hash(tmp_path):

@@ -162,7 +162,9 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
     for split, values in result.metrics.items():
         console.print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
     console.print(f"results     {output_dir / 'results.json'}")
-    console.print(f"checkpoint  {result.last_checkpoint} (best {result.main_metric}: {result.best_checkpoint})")
+    best = (f"best {result.main_metric} {result.best_score:.4f}: {result.best_checkpoint}" if result.best_checkpoint
+            else "no best.ckpt: no validation ran during training")
+    console.print(f"checkpoint  {result.last_checkpoint} ({best})")
     console.print(f"weights     {output_dir / FINAL_WEIGHTS} (save_pretrained; evaluate with ablate.py ckpt_path=DIR)")
     if logger is not None:
         console.print(f"logs        {logger.save_dir} ({type(logger).__name__})")
