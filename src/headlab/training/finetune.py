@@ -82,8 +82,10 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     pl.seed_everything(cfg.seed, workers=True)
     logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
     with tracked_job():
+        # saved after each validation only: at the end of a run stopped before its first validation, Lightning would
+        # warn that the monitored metric was never logged
         checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=monitor, mode="max",
-                                     save_last=True, auto_insert_metric_name=False)
+                                     save_last=True, auto_insert_metric_name=False, save_on_train_epoch_end=False)
         callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
         trainer = make_trainer(cfg.trainer, callbacks, logger, output_dir)
         data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
