@@ -45,6 +45,15 @@ def test_a_line_per_interval_with_the_remaining_time_extrapolated(caplog):
                                 "features: 400/400 sequences (100%), 1:20 elapsed"]
 
 
+def test_a_resumed_pass_extrapolates_from_what_this_process_did(caplog):
+    clock = Clock()
+    progress = ProgressLines("training", 2000, "steps", interval=60, clock=clock, done_before=1000)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        clock.now += 60
+        progress.update(1100)  # 100 steps a minute since the resume: 9 minutes for the last 900
+    assert messages(caplog) == ["training: 1100/2000 steps (55%), 1:00 elapsed, about 9:00 left"]
+
+
 @pytest.mark.parametrize("total", [None, float("inf")])
 def test_an_unknown_total_says_how_many_and_how_long(caplog, total):
     clock = Clock()
@@ -100,6 +109,17 @@ def test_lightning_passes_log_steps_and_batches_but_not_the_sanity_check(tmp_pat
     # 3 steps per epoch, 2 epochs; each validation: 2 + 1 batches over both loaders, the sanity check not counted
     assert training == [f"training: {step}/6 steps ({100 * step / 6:.0f}%)" for step in range(1, 7)]
     assert validation == [f"validation: {batch}/3 batches ({100 * batch / 3:.0f}%)" for batch in (1, 2, 3)] * 2
+    trainer.save_checkpoint(tmp_path / "two_epochs.ckpt")
+    caplog.clear()
+    lines = ProgressLog(interval=0)
+    resumed = pl.Trainer(max_epochs=3, callbacks=[lines], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         accelerator="cpu", limit_val_batches=0)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        resumed.fit(Regression(), train_dataloaders=loader(6), ckpt_path=tmp_path / "two_epochs.ckpt")
+    assert [m.split(",")[0] for m in messages(caplog)] == [f"training: {step}/9 steps ({100 * step / 9:.0f}%)"
+                                                         for step in (7, 8, 9)]  # counted from the checkpoint's step
+    assert lines.training.done_before == 6
     caplog.clear()
     scorer = Regression()
     scorer.pass_name = "gradient scoring"  # a module names its pass

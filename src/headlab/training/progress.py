@@ -31,11 +31,12 @@ def clock_time(seconds: float) -> str:
 class ProgressLines:
     """``label: done/total unit (percent), elapsed, about left``, logged at most once per ``interval`` seconds.
 
-    ``total`` may be unknown (None or infinite): the line then says how many and how long only."""
+    ``total`` may be unknown (None or infinite): the line then says how many and how long only. ``done_before``: how
+    many were done before this process started (a resumed run); the time left extrapolates from the rest."""
 
     def __init__(self, label: str, total: float | None, unit: str, interval: float = INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic):
-        self.label, self.unit, self.interval, self.clock = label, unit, interval, clock
+                 clock: Callable[[], float] = time.monotonic, done_before: int = 0):
+        self.label, self.unit, self.interval, self.clock, self.done_before = label, unit, interval, clock, done_before
         self.total = None if total is None or math.isinf(total) else int(total)
         self.start = self.last = clock()
 
@@ -49,7 +50,8 @@ class ProgressLines:
     def line(self, done: int, elapsed: float) -> str:
         if not self.total:
             return f"{self.label}: {done} {self.unit}, {clock_time(elapsed)} elapsed"
-        left = f", about {clock_time(elapsed * (self.total - done) / done)} left" if 0 < done < self.total else ""
+        rate = (done - self.done_before) / elapsed if elapsed > 0 else 0.0
+        left = f", about {clock_time((self.total - done) / rate)} left" if rate > 0 and done < self.total else ""
         return (f"{self.label}: {done}/{self.total} {self.unit} ({100 * done / self.total:.0f}%), "
                 f"{clock_time(elapsed)} elapsed{left}")
 
@@ -75,7 +77,8 @@ class ProgressLog(pl.Callback):
         self.validated = 0
 
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        self.training = ProgressLines("training", trainer.estimated_stepping_batches, "steps", self.interval)
+        self.training = ProgressLines("training", trainer.estimated_stepping_batches, "steps", self.interval,
+                                      done_before=trainer.global_step)  # > 0 when resumed from a checkpoint
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
         if self.training is not None and trainer.is_global_zero:
