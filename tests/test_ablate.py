@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import ROOT, run
 from hydra import compose, initialize_config_dir
 
@@ -163,6 +164,52 @@ def test_a_random_task_head_is_drawn_from_the_job_seed(tmp_path, tiny_cfg):
     hashes = {job: record["checkpoint"]["weights_hash"] for job, record in jobs.items()}
     assert hashes["L0", 0] == hashes["L1", 0] and hashes["L0", 1] == hashes["L1", 1] != hashes["L0", 0]
     assert jobs["L0", 0]["baseline"] == jobs["L1", 0]["baseline"]
+
+
+def test_input_stamps_follow_what_a_config_names(tmp_path):
+    from headlab.analysis.job_identity import file_stamp, input_stamps
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job/results.json").write_text("{}")
+    (tmp_path / "job/train.log").write_text("")
+    (tmp_path / "weights").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "weights" / name).write_text(name)
+    (tmp_path / "clusters.json").write_text("{}")
+    config = {"ckpt_path": str(tmp_path / "job"), "model": {"name_or_path": "google-bert/bert-base-uncased"},
+              "task": {"data_files": {"train": str(tmp_path / "clusters.json"), "validation": str(tmp_path / "no")}},
+              "mask": {"clusters": str(tmp_path / "weights"), "importance": None}}
+    stamps = input_stamps(config)
+    assert stamps == {"ckpt_path": file_stamp(tmp_path / "job/results.json"),  # a job: its results.json only
+                      "task.data_files": {"train": file_stamp(tmp_path / "clusters.json"), "validation": None},
+                      "mask.clusters": {name: file_stamp(tmp_path / "weights" / name)
+                                        for name in ("config.json", "model.safetensors")}}
+    assert all(isinstance(v, int) for v in stamps["ckpt_path"]) and stamps["ckpt_path"][0] == 2  # size, mtime
+    (tmp_path / "job/train.log").write_text("more")  # not what a job directory's readers depend on
+    assert input_stamps(config) == stamps
+    (tmp_path / "weights/model.safetensors").write_text("other weights")
+    assert input_stamps(config)["mask.clusters"] != stamps["mask.clusters"]
+
+
+def test_a_checkpoint_written_again_at_the_same_path_runs_its_jobs_again(tmp_path, tiny_cfg):
+    """A model fine-tuned again into the same folder: its finished eval jobs are not 'already done'."""
+    model = load_model(tiny_cfg)
+    model.save_pretrained(tmp_path / "tuned")
+    args = ["mode=eval", f"ckpt_path={tmp_path / 'tuned'}", "allow_random_head=true", "mask=prune", "mask.heads=L0",
+            f"hydra.run.dir={tmp_path / 'job'}"]
+    run("ablate.py", *args, cwd_tmp=tmp_path)
+    first = results(tmp_path / "job")
+    assert "already done" in run("ablate.py", *args, cwd_tmp=tmp_path).stdout
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.mul_(2)
+    model.save_pretrained(tmp_path / "tuned")
+    again = run("ablate.py", *args, cwd_tmp=tmp_path).stdout
+    assert "already done" not in again
+    assert f"note: ckpt_path changed since {tmp_path / 'job/results.json'} was written" in again
+    second = results(tmp_path / "job")
+    assert second["checkpoint"]["weights_hash"] != first["checkpoint"]["weights_hash"]
+    assert second["config_hash"] != first["config_hash"] and second["inputs"] != first["inputs"]
+    assert "already done" in run("ablate.py", *args, cwd_tmp=tmp_path).stdout
 
 
 def test_sweep_heads_equals_separate_eval_jobs(trained):

@@ -116,7 +116,7 @@ def test_a_job_hash_ignores_the_sections_of_other_modes():
     from headlab.analysis.job_identity import hashed_config
 
     def job_hash(*overrides):
-        return hashed_config(ablate_cfg("group=g", "logger=none", *overrides))[1]
+        return hashed_config(ablate_cfg("group=g", "logger=none", *overrides))[2]
 
     eval_hash = job_hash("mode=eval")
     assert job_hash("mode=eval", "importance.top_k=3", "features.batch_size=4", "cluster.k=5") == eval_hash

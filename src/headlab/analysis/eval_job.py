@@ -177,7 +177,7 @@ class EvalJob:
             num_examples={split: len(records[split]) for split in self.data.eval_splits},
             records="records.parquet",
             baseline_records={split: str(self._baseline_paths(split)[1].absolute()) for split in base},
-            config_hash=job_hash or self.job_hash, config=self.resolved,
+            config_hash=job_hash or self.job_hash, config=self.resolved, inputs=self.identity.inputs,
         )
         if self.is_global_zero:
             write_records(folder / "records.parquet", rows)

@@ -1,10 +1,14 @@
 """How every ``ablate.py`` job that writes ``results.json`` starts and ends (DESIGN.md section 6).
 
-A job is a pure function of its config: its directory, its resolved config and the hash of what it
-computes (``JobIdentity``). ``resumable`` turns a mode's ``run(cfg, job)`` into ``ablate.py``'s
-``run(cfg, output_dir)``: when that directory already holds the complete results of this very config
-it returns them (a killed sweep resumes by running it again); otherwise it runs the job as one tracked
+A job is a pure function of its config and of the files it names: its directory, its resolved config and the
+hash of what it computes (``JobIdentity``). ``resumable`` turns a mode's ``run(cfg, job)`` into ``ablate.py``'s
+``run(cfg, output_dir)``: when that directory already holds the complete results of this very config and these
+very inputs it returns them (a killed sweep resumes by running it again); otherwise it runs the job as one tracked
 W&B run, ended (and marked failed when the job raised) before the next job of a multirun starts.
+
+The inputs count by their size and modification time (``input_stamps``): a checkpoint, features or clusters file
+written again at the same path (a model fine-tuned again into ``hydra.run.dir=runs/tuned``) makes the jobs that
+read it run again instead of returning results of the old file.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
+from rich.console import Console
 
-from headlab.files import config_hash
+from headlab.errors import UserError
+from headlab.files import config_hash, read_json
 from headlab.reporting.results import already_done, library_versions
 from headlab.training.tracking import build_logger, tracked_job
 
@@ -28,23 +34,94 @@ RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir"
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",)}
 
+# Config keys that name files or job directories a job reads (as far as its mode reads that section).
+INPUT_KEYS = ("ckpt_path", "model.name_or_path", "task.data_files", "mask.clusters", "mask.importance",
+              "importance.sweep", "features.text_file", "cluster.features", "compare.runs")
+
 Result = dict[str, Any]
 
 
-def hashed_config(cfg: Any) -> tuple[dict[str, Any], str]:
-    """The resolved config and the hash of what it computes."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+def file_stamp(path: Path) -> list[int]:
+    """``[size, modification time in ns]``: changes whenever the file is written again."""
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
+
+
+def path_stamp(value: Any) -> Any:
+    """The stamp of what a config value names: a file's; a job directory's ``results.json`` (written again whenever
+    the job runs again); the files of any other directory (a ``save_pretrained`` folder); None for what is not a
+    path (a hub name). Lists and dicts (``task.data_files``) stamp each value."""
+    if isinstance(value, dict):
+        return {key: path_stamp(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [path_stamp(item) for item in value]
+    if not isinstance(value, str):
+        return None
+    path = Path(value)
+    if path.is_file():
+        return file_stamp(path)
+    if (path / "results.json").is_file():
+        return file_stamp(path / "results.json")
+    if path.is_dir():
+        return {item.name: file_stamp(item) for item in sorted(path.iterdir()) if item.is_file()}
+    return None
+
+
+def input_stamps(computed: dict[str, Any]) -> dict[str, Any]:
+    """``INPUT_KEYS`` of the hashed config that name something on disk, with their stamps."""
+    stamps = {}
+    for key in INPUT_KEYS:
+        value: Any = computed
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        stamp = path_stamp(value)
+        if stamp:
+            stamps[key] = stamp
+    return stamps
+
+
+def job_hash(computed: dict[str, Any], inputs: dict[str, Any]) -> str:
+    return config_hash({"config": computed, "inputs": inputs})
+
+
+def computed_config(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The part of a resolved config that changes what its mode computes."""
     unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
-    return resolved, config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread})
+    return {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread}
+
+
+def hashed_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The resolved config, the stamps of its inputs and the hash of what the job computes (config and inputs)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    computed = computed_config(resolved)
+    inputs = input_stamps(computed)
+    return resolved, inputs, job_hash(computed, inputs)
+
+
+def note_changed_inputs(results_path: Path, computed: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """Say so when complete results of this config exist but were computed from other versions of its inputs."""
+    try:
+        previous = read_json(results_path, "results")
+    except UserError:  # missing, partial or corrupt: the job simply runs
+        return
+    before = previous.get("inputs") if isinstance(previous, dict) else None
+    if not isinstance(before, dict) or not previous.get("complete") or before == inputs:
+        return
+    if job_hash(computed, before) == previous.get("config_hash"):  # the same config, other input files
+        changed = sorted(key for key in set(before) | set(inputs) if before.get(key) != inputs.get(key))
+        Console().print(f"note: {', '.join(changed)} changed since {results_path} was written (written again at "
+                        "the same path): running the job again", markup=False, soft_wrap=True)
 
 
 @dataclass(frozen=True)
 class JobIdentity:
-    """Where a job writes, its resolved config and the hash of what it computes (its W&B run id too)."""
+    """Where a job writes, its resolved config, its inputs' stamps and the hash of what it computes (its W&B run id
+    too)."""
 
     output_dir: Path
     resolved: dict[str, Any]
     hash: str
+    inputs: dict[str, Any]
 
     def logger(self, logger_cfg: Any, run_name: str) -> Logger | None:
         """The configured logger (None for ``logger=none``) for run ``<run_name>-<hash[:6]>``, config logged."""
@@ -55,8 +132,8 @@ class JobIdentity:
 
     def complete(self, summary: Result) -> Result:
         """``summary`` as a complete ``results.json`` of this job: with its config, hash and library versions."""
-        return summary | {"config_hash": self.hash, "config": self.resolved, "versions": library_versions(),
-                          "complete": True}
+        return summary | {"config_hash": self.hash, "config": self.resolved, "inputs": self.inputs,
+                          "versions": library_versions(), "complete": True}
 
 
 def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str | Path], Result]:
@@ -65,11 +142,12 @@ def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str |
     @functools.wraps(run)
     def start(cfg: Any, output_dir: str | Path) -> Result:
         output_dir = Path(output_dir)
-        resolved, job_hash = hashed_config(cfg)
-        done = already_done(output_dir / "results.json", job_hash)
+        resolved, inputs, this_hash = hashed_config(cfg)
+        done = already_done(output_dir / "results.json", this_hash)
         if done is not None:
             return done
+        note_changed_inputs(output_dir / "results.json", computed_config(resolved), inputs)
         with tracked_job():
-            return run(cfg, JobIdentity(output_dir, resolved, job_hash))
+            return run(cfg, JobIdentity(output_dir, resolved, this_hash, inputs))
 
     return start

@@ -183,7 +183,7 @@ def sweep_summary(cfg, plans, results, num_layers, num_heads, identity: JobIdent
             "family": cfg.sweep.family, "policy": cfg.mask.policy, "unit": cfg.mask.unit,
             "renormalize": cfg.mask.renormalize, "checkpoint": first["checkpoint"], "seed": cfg.seed,
             "plans": [name for name, _, _ in plans], "tables": tables, "config_hash": identity.hash,
-            "config": identity.resolved, "versions": first["versions"], "complete": True}
+            "config": identity.resolved, "inputs": identity.inputs, "versions": first["versions"], "complete": True}
 
 
 def write_tables(summary: dict[str, Any], metric: str, output_dir: Path) -> None:

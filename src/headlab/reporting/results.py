@@ -100,6 +100,7 @@ class EvalResult:
     baseline_records: dict[str, str]  # split -> parquet file of the baseline's records
     config_hash: str
     config: dict[str, Any]
+    inputs: dict[str, Any]  # size and modification time of the files the config names (the checkpoint ...)
     versions: dict[str, str] = field(default_factory=library_versions)
     kind: str = "eval"
     complete: bool = True
