@@ -106,6 +106,23 @@ def test_resume_continues_from_a_checkpoint(tmp_path):
     assert results(first)["global_step"] == 4
 
 
+def test_another_config_in_the_same_directory_starts_afresh(tmp_path):
+    """A second run with other settings in one hydra.run.dir: never resumed from the first run's last.ckpt (it
+    would start at step 4 of 4 and train nothing)."""
+    train(tmp_path, "task=demo_pairs")
+    first = results(tmp_path / "run")
+    out = train(tmp_path, "task=demo_pairs", "optim.lr=1e-3")
+    second = results(tmp_path / "run")
+    assert second["config_hash"] != first["config_hash"]
+    assert second["resumed_from"] is None and second["global_step"] == 4
+    assert f"note: {tmp_path / 'run/checkpoints'} held the checkpoints of another config" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["best.ckpt", "job.json", "last.ckpt"]
+    owner = json.loads((tmp_path / "run/checkpoints/job.json").read_text())
+    assert owner == {"config_hash": second["config_hash"]}
+    state = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=False)
+    assert state["hyper_parameters"]["optim"]["lr"] == 1e-3
+
+
 def test_the_mask_applies_during_training(tmp_path):
     """Pruned heads give their query / key / value weights no gradient: with no weight decay
     they end where they started, while the other layers move."""

@@ -2,12 +2,13 @@
 
 The job directory is a pure function of the command line (Hydra's run dir, see conf/train.yaml).
 Rerunning a finished job prints its results and stops; rerunning a killed one resumes from its
-``checkpoints/last.ckpt``. The final weights are also saved with ``save_pretrained`` (and the
+``checkpoints/last.ckpt`` (never from another config's, ``checkpoints/job.json``). The final weights are also saved with ``save_pretrained`` (and the
 tokenizer) in ``model/``, readable by any Hugging Face tool and by ``ablate.py ckpt_path=JOB_DIR``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from dataclasses import asdict
@@ -32,17 +33,46 @@ from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
 RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group", "attention_route")
+OWNER_FILE = "job.json"  # in checkpoints/: the config hash of the run that writes them
 
 
-def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path) -> str | None:
-    """What ``trainer.fit`` resumes from: null -> this job's last.ckpt if any; 'last'; or a path."""
+def checkpoints_owner(checkpoint_dir: Path) -> str | None:
+    """The config hash whose run wrote ``checkpoint_dir``: its ``job.json``, else (checkpoints of an older headlab)
+    the hash of the job directory's complete ``results.json``; None when neither says."""
+    for path in (checkpoint_dir / OWNER_FILE, checkpoint_dir.parent / "results.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and (path.name == OWNER_FILE or record.get("complete")):
+            return record.get("config_hash")
+    return None
+
+
+def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, job_hash: str) -> str | None:
+    """What ``trainer.fit`` resumes from: null -> this job's last.ckpt if this config wrote it; 'last'; or a path.
+
+    Checkpoints of another config (an earlier run with other settings in the same ``hydra.run.dir``) are not resumed:
+    the new run would start at their step, or train no step at all."""
     last = checkpoint_dir / "last.ckpt"
     if ckpt_path is None:
-        return str(last) if last.is_file() else None
+        return str(last) if last.is_file() and checkpoints_owner(checkpoint_dir) in (None, job_hash) else None
     path = last if ckpt_path == "last" else Path(ckpt_path)
     if not path.is_file():
         raise UserError(f"ckpt_path={ckpt_path!r}: no checkpoint at {str(path)!r}")
     return str(path)
+
+
+def claim_checkpoints(checkpoint_dir: Path, job_hash: str, resume: str | None) -> None:
+    """Right before training (rank zero): another config's checkpoints in this job's directory are removed, with a
+    note (unless resumed from); ``job.json`` then says whose checkpoints the directory holds."""
+    owner = checkpoints_owner(checkpoint_dir)
+    resumed_here = resume is not None and Path(resume).parent == checkpoint_dir
+    if owner not in (None, job_hash) and not resumed_here and any(checkpoint_dir.glob("*.ckpt")):
+        Console().print(f"note: {checkpoint_dir} held the checkpoints of another config (an earlier run in this "
+                        "directory): they are removed and this run starts afresh", markup=False, soft_wrap=True)
+        shutil.rmtree(checkpoint_dir)
+    write_json_atomic(checkpoint_dir / OWNER_FILE, {"config_hash": job_hash})
 
 
 def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir: Path,
@@ -76,7 +106,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     if done is not None:
         return done
     checkpoint_dir = output_dir / "checkpoints"
-    resume = resume_checkpoint(cfg.ckpt_path, checkpoint_dir)
+    resume = resume_checkpoint(cfg.ckpt_path, checkpoint_dir, job_hash)
     monitor = f"{cfg.task.eval_splits[0]}/{cfg.task.main_metric}"
 
     pl.seed_everything(cfg.seed, workers=True)
@@ -96,6 +126,8 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         apply_runtime_options(module.model, cfg)
         if logger:
             logger.log_hyperparams(resolved)
+        if trainer.is_global_zero:
+            claim_checkpoints(checkpoint_dir, job_hash, resume)
         trainer.fit(module, datamodule=data, ckpt_path=resume)
         if module.validated_step != trainer.global_step:  # training ended between validations
             trainer.validate(module, datamodule=data, verbose=False)
