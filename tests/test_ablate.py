@@ -212,6 +212,29 @@ def test_a_checkpoint_written_again_at_the_same_path_runs_its_jobs_again(tmp_pat
     assert "already done" in run("ablate.py", *args, cwd_tmp=tmp_path).stdout
 
 
+def test_data_written_again_at_the_same_path_is_evaluated_again_baseline_included(trained, tmp_path):
+    """Local data files regenerated in place: the job runs again and the cached baseline of the old data is not
+    reused. With every label flipped, the new baseline's accuracy is 1 minus the old one (same predictions)."""
+    root, _ = trained
+    source = ROOT / "src/headlab/tasks/data/demo_pairs"
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text((source / f"{split}.jsonl").read_text())
+    args = ["mode=eval", f"ckpt_path={root / 'train'}", "mask=prune", "mask.heads=L0H0",
+            f"task.data_files={{train: {tmp_path / 'train.jsonl'}, validation: {tmp_path / 'validation.jsonl'}}}",
+            f"baseline_dir={tmp_path / 'baselines'}", f"hydra.run.dir={tmp_path / 'job'}"]
+    run("ablate.py", *args, cwd_tmp=tmp_path)
+    before = results(tmp_path / "job")
+    rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(row | {"label": 1 - row["label"]}) + "\n"
+                                                       for row in rows))
+    out = run("ablate.py", *args, cwd_tmp=tmp_path).stdout
+    assert "note: task.data_files changed since" in out and "already done" not in out
+    after = results(tmp_path / "job")
+    assert len(list((tmp_path / "baselines").glob("*/baseline.json"))) == 2  # one per version of the data
+    for record in ("baseline", "metrics"):
+        assert after[record]["validation"]["accuracy"] == pytest.approx(1 - before[record]["validation"]["accuracy"])
+
+
 def test_sweep_heads_equals_separate_eval_jobs(trained):
     root, _ = trained
     run("ablate.py", "mode=sweep_heads", "mask.policy=drop_inter", "sweep.heads_per_batch=3",

@@ -86,9 +86,12 @@ class EvalJob:
     # ------------------------------------------------------------------ baseline
 
     def baseline_key(self, split: str) -> str:
+        """The weights, the task (and its local files' stamps: data written again at the same path is other data),
+        the split, the data settings and the precision."""
         data = {k: v for k, v in self.resolved["data"].items() if k not in ("num_workers", "cache_dir")}
         return config_hash({"weights": self.weights, "task": self.resolved["task"], "split": split, "data": data,
-                            "precision": self.resolved["trainer"]["precision"]})
+                            "precision": self.resolved["trainer"]["precision"],
+                            "data_files": self.identity.inputs.get("task.data_files")})
 
     def _baseline_paths(self, split: str) -> tuple[Path, Path]:
         folder = Path(self.cfg.baseline_dir) / self.baseline_key(split)

@@ -2,8 +2,9 @@
 
 The job directory is a pure function of the command line (Hydra's run dir, see conf/train.yaml).
 Rerunning a finished job prints its results and stops; rerunning a killed one resumes from its
-``checkpoints/last.ckpt`` (never from another config's, ``checkpoints/job.json``). The final weights are also saved with ``save_pretrained`` (and the
-tokenizer) in ``model/``, readable by any Hugging Face tool and by ``ablate.py ckpt_path=JOB_DIR``.
+``checkpoints/last.ckpt`` (never from another config's, ``checkpoints/job.json``). The final weights are also
+saved with ``save_pretrained`` (and the tokenizer) in ``model/``, readable by any Hugging Face tool and by
+``ablate.py ckpt_path=JOB_DIR``.
 """
 
 from __future__ import annotations
