@@ -167,7 +167,8 @@ def test_a_random_task_head_is_drawn_from_the_job_seed(tmp_path, tiny_cfg):
 
 
 def test_input_stamps_follow_what_a_config_names(tmp_path):
-    from headlab.analysis.job_identity import file_stamp, input_stamps
+    from headlab.analysis.job_identity import INPUT_KEYS
+    from headlab.files import file_stamp, input_stamps
 
     (tmp_path / "job").mkdir()
     (tmp_path / "job/results.json").write_text("{}")
@@ -179,16 +180,16 @@ def test_input_stamps_follow_what_a_config_names(tmp_path):
     config = {"ckpt_path": str(tmp_path / "job"), "model": {"name_or_path": "google-bert/bert-base-uncased"},
               "task": {"data_files": {"train": str(tmp_path / "clusters.json"), "validation": str(tmp_path / "no")}},
               "mask": {"clusters": str(tmp_path / "weights"), "importance": None}}
-    stamps = input_stamps(config)
+    stamps = input_stamps(config, INPUT_KEYS)
     assert stamps == {"ckpt_path": file_stamp(tmp_path / "job/results.json"),  # a job: its results.json only
                       "task.data_files": {"train": file_stamp(tmp_path / "clusters.json"), "validation": None},
                       "mask.clusters": {name: file_stamp(tmp_path / "weights" / name)
                                         for name in ("config.json", "model.safetensors")}}
     assert all(isinstance(v, int) for v in stamps["ckpt_path"]) and stamps["ckpt_path"][0] == 2  # size, mtime
     (tmp_path / "job/train.log").write_text("more")  # not what a job directory's readers depend on
-    assert input_stamps(config) == stamps
+    assert input_stamps(config, INPUT_KEYS) == stamps
     (tmp_path / "weights/model.safetensors").write_text("other weights")
-    assert input_stamps(config)["mask.clusters"] != stamps["mask.clusters"]
+    assert input_stamps(config, INPUT_KEYS)["mask.clusters"] != stamps["mask.clusters"]
 
 
 def test_a_checkpoint_written_again_at_the_same_path_runs_its_jobs_again(tmp_path, tiny_cfg):

@@ -123,6 +123,23 @@ def test_another_config_in_the_same_directory_starts_afresh(tmp_path):
     assert state["hyper_parameters"]["optim"]["lr"] == 1e-3
 
 
+def test_data_regenerated_at_the_same_path_trains_again(tmp_path):
+    source = ROOT / "src/headlab/tasks/data/demo_pairs"
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text((source / f"{split}.jsonl").read_text())
+    files = f"task.data_files={{train: {tmp_path / 'train.jsonl'}, validation: {tmp_path / 'validation.jsonl'}}}"
+    train(tmp_path, "task=demo_pairs", files)
+    first = results(tmp_path / "run")
+    assert set(first["inputs"]["task.data_files"]) == {"train", "validation"}
+    assert "already done" in train(tmp_path, "task=demo_pairs", files).stdout
+    lines = (tmp_path / "train.jsonl").read_text().splitlines()
+    (tmp_path / "train.jsonl").write_text("\n".join(lines[::-1]) + "\n")  # other data at the same path
+    out = train(tmp_path, "task=demo_pairs", files).stdout
+    assert "note: task.data_files changed since" in out and "already done" not in out
+    second = results(tmp_path / "run")
+    assert second["config_hash"] != first["config_hash"] and second["resumed_from"] is None
+
+
 def test_the_mask_applies_during_training(tmp_path):
     """Pruned heads give their query / key / value weights no gradient: with no weight decay
     they end where they started, while the other layers move."""

@@ -1,5 +1,5 @@
-"""Files headlab reads and writes: atomic JSON, text and tables; JSON input with clear errors; config hashes;
-package folders."""
+"""Files headlab reads and writes: atomic JSON, text and tables; JSON input with clear errors; config hashes and
+the stamps (size, modification time) of the files a job reads; package folders."""
 
 from __future__ import annotations
 
@@ -64,6 +64,51 @@ def read_json(path: str | Path, what: str) -> Any:
 def config_hash(config: Any) -> str:
     """Short stable hash of a (plain, resolved) config."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_stamp(path: Path) -> list[int]:
+    """``[size, modification time in ns]``: changes whenever the file is written again."""
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
+
+
+def path_stamp(value: Any) -> Any:
+    """The stamp of what a config value names: a file's; a job directory's ``results.json`` (written again whenever
+    the job runs again); the files of any other directory (a ``save_pretrained`` folder); None for what is not a
+    path (a hub name). Lists and dicts (``task.data_files``) stamp each value."""
+    if isinstance(value, dict):
+        return {key: path_stamp(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [path_stamp(item) for item in value]
+    if not isinstance(value, str):
+        return None
+    path = Path(value)
+    if path.is_file():
+        return file_stamp(path)
+    if (path / "results.json").is_file():
+        return file_stamp(path / "results.json")
+    if path.is_dir():
+        return {item.name: file_stamp(item) for item in sorted(path.iterdir()) if item.is_file()}
+    return None
+
+
+def input_stamps(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The dotted ``keys`` of a plain config that name something on disk, with their stamps."""
+    stamps = {}
+    for key in keys:
+        value: Any = config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        stamp = path_stamp(value)
+        if stamp:
+            stamps[key] = stamp
+    return stamps
+
+
+def job_hash(computed: dict[str, Any], inputs: dict[str, Any]) -> str:
+    """The hash of what a job computes: its config and the stamps of the files it reads (none: the config's hash,
+    as before inputs were stamped, so such results stay done)."""
+    return config_hash({"config": computed, "inputs": inputs}) if inputs else config_hash(computed)
 
 
 def package_dir(package: str) -> str:

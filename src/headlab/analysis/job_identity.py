@@ -21,11 +21,9 @@ from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
-from rich.console import Console
 
-from headlab.errors import UserError
-from headlab.files import config_hash, read_json
-from headlab.reporting.results import already_done, library_versions
+from headlab.files import input_stamps, job_hash
+from headlab.reporting.results import already_done, library_versions, note_changed_inputs
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
@@ -43,49 +41,6 @@ INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance"
 Result = dict[str, Any]
 
 
-def file_stamp(path: Path) -> list[int]:
-    """``[size, modification time in ns]``: changes whenever the file is written again."""
-    status = path.stat()
-    return [status.st_size, status.st_mtime_ns]
-
-
-def path_stamp(value: Any) -> Any:
-    """The stamp of what a config value names: a file's; a job directory's ``results.json`` (written again whenever
-    the job runs again); the files of any other directory (a ``save_pretrained`` folder); None for what is not a
-    path (a hub name). Lists and dicts (``task.data_files``) stamp each value."""
-    if isinstance(value, dict):
-        return {key: path_stamp(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [path_stamp(item) for item in value]
-    if not isinstance(value, str):
-        return None
-    path = Path(value)
-    if path.is_file():
-        return file_stamp(path)
-    if (path / "results.json").is_file():
-        return file_stamp(path / "results.json")
-    if path.is_dir():
-        return {item.name: file_stamp(item) for item in sorted(path.iterdir()) if item.is_file()}
-    return None
-
-
-def input_stamps(computed: dict[str, Any]) -> dict[str, Any]:
-    """``INPUT_KEYS`` of the hashed config that name something on disk, with their stamps."""
-    stamps = {}
-    for key in INPUT_KEYS:
-        value: Any = computed
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        stamp = path_stamp(value)
-        if stamp:
-            stamps[key] = stamp
-    return stamps
-
-
-def job_hash(computed: dict[str, Any], inputs: dict[str, Any]) -> str:
-    return config_hash({"config": computed, "inputs": inputs})
-
-
 def computed_config(resolved: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved config that changes what its mode computes."""
     unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
@@ -96,23 +51,8 @@ def hashed_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The resolved config, the stamps of its inputs and the hash of what the job computes (config and inputs)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     computed = computed_config(resolved)
-    inputs = input_stamps(computed)
+    inputs = input_stamps(computed, INPUT_KEYS)
     return resolved, inputs, job_hash(computed, inputs)
-
-
-def note_changed_inputs(results_path: Path, computed: dict[str, Any], inputs: dict[str, Any]) -> None:
-    """Say so when complete results of this config exist but were computed from other versions of its inputs."""
-    try:
-        previous = read_json(results_path, "results")
-    except UserError:  # missing, partial or corrupt: the job simply runs
-        return
-    before = previous.get("inputs") if isinstance(previous, dict) else None
-    if not isinstance(before, dict) or not previous.get("complete") or before == inputs:
-        return
-    if job_hash(computed, before) == previous.get("config_hash"):  # the same config, other input files
-        changed = sorted(key for key in set(before) | set(inputs) if before.get(key) != inputs.get(key))
-        Console().print(f"note: {', '.join(changed)} changed since {results_path} was written (written again at "
-                        "the same path): running the job again", markup=False, soft_wrap=True)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from headlab.files import write_json_atomic
+from headlab.files import job_hash, write_json_atomic
 
 
 def library_versions() -> dict[str, str]:
@@ -35,6 +35,21 @@ def read_complete(path: str | Path, job_hash: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return data if data.get("complete") and data.get("config_hash") == job_hash else None
+
+
+def note_changed_inputs(results_path: Path, computed: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """Say so when complete results of this config exist but were computed from other versions of its inputs."""
+    try:
+        previous = json.loads(Path(results_path).read_text())
+    except (OSError, ValueError):  # missing, partial or corrupt: the job simply runs
+        return
+    before = previous.get("inputs") if isinstance(previous, dict) else None
+    if not isinstance(before, dict) or not previous.get("complete") or before == inputs:
+        return
+    if job_hash(computed, before) == previous.get("config_hash"):  # the same config, other input files
+        changed = sorted(key for key in set(before) | set(inputs) if before.get(key) != inputs.get(key))
+        Console().print(f"note: {', '.join(changed)} changed since {results_path} was written (written again at "
+                        "the same path): running the job again", markup=False, soft_wrap=True)
 
 
 def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:
@@ -65,6 +80,7 @@ class TrainResult:
     global_step: int
     config_hash: str
     config: dict[str, Any]  # the resolved config
+    inputs: dict[str, Any]  # size and modification time of the local data files (task.data_files)
     versions: dict[str, str] = field(default_factory=library_versions)
     kind: str = "train"
     complete: bool = True

@@ -24,8 +24,9 @@ from rich.console import Console
 
 from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
-from headlab.files import config_hash, write_json_atomic
-from headlab.reporting.results import TrainResult, already_done
+from headlab.files import input_stamps, write_json_atomic
+from headlab.files import job_hash as hash_of_job
+from headlab.reporting.results import TrainResult, already_done, note_changed_inputs
 from headlab.training.checkpoints import FINAL_WEIGHTS
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_module
@@ -34,6 +35,9 @@ from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
 RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group", "attention_route")
+# Local files the job reads: data regenerated at the same path makes a finished run train again (their size and
+# modification time count in the hash; see headlab.analysis.job_identity for ablate.py's).
+INPUT_KEYS = ("task.data_files",)
 OWNER_FILE = "job.json"  # in checkpoints/: the config hash of the run that writes them
 
 
@@ -102,10 +106,13 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     """
     output_dir = Path(output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    job_hash = config_hash({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS})
+    computed = {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}
+    inputs = input_stamps(computed, INPUT_KEYS)
+    job_hash = hash_of_job(computed, inputs)
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
         return done
+    note_changed_inputs(output_dir / "results.json", computed, inputs)
     checkpoint_dir = output_dir / "checkpoints"
     resume = resume_checkpoint(cfg.ckpt_path, checkpoint_dir, job_hash)
     monitor = f"{cfg.task.eval_splits[0]}/{cfg.task.main_metric}"
@@ -149,6 +156,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
             global_step=trainer.global_step,
             config_hash=job_hash,
             config=resolved,
+            inputs=inputs,
         )
         if trainer.is_global_zero:
             save_final_weights(module.model, load_tokenizer(cfg.model), output_dir / FINAL_WEIGHTS)
