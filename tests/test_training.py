@@ -66,6 +66,7 @@ def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
     console = out.stdout + out.stderr  # Lightning's messages once each (no tips), and in the log file
     assert console.count("GPU available:") == 1 and "GPU available:" in (run / "train.log").read_text()
     assert "Tip: " not in console and "weights_only" not in console  # Lightning's note on an implicit default
+    assert "exists and is not empty" not in console  # Lightning's warning about the checkpoint directory
     final = ", ".join(f"{name} {value:.4f}" for name, value in record["metrics"]["validation"].items())
     progress = [line.split(" - ", 1)[1] for line in (run / "train.log").read_text().splitlines()
                 if "[headlab.training.modules]" in line]  # a line per validation, for logs without a progress bar
@@ -116,8 +117,8 @@ def test_another_config_in_the_same_directory_starts_afresh(tmp_path):
     assert second["config_hash"] != first["config_hash"]
     assert second["resumed_from"] is None and second["global_step"] == 4
     assert f"note: {tmp_path / 'run/checkpoints'} held the checkpoints of another config" in out.stdout
-    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["best.ckpt", "job.json", "last.ckpt"]
-    owner = json.loads((tmp_path / "run/checkpoints/job.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    owner = json.loads((tmp_path / "run/checkpoints.json").read_text())
     assert owner == {"config_hash": second["config_hash"]}
     state = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=False)
     assert state["hyper_parameters"]["optim"]["lr"] == 1e-3
@@ -299,3 +300,36 @@ def test_the_training_loss_reaches_the_progress_bar_only_when_there_is_one(tmp_p
     trainer.fit(task_module(cfg.model, cfg.task, cfg.mask, cfg.optim), datamodule=data)
     assert ("train/loss" in trainer.progress_bar_metrics) is bar
     assert "train/loss" in trainer.callback_metrics  # logged all the same
+
+
+def test_last_ckpt_follows_every_validation_when_the_metric_stops_improving(tmp_path):
+    """A killed run resumes from its last validation, not from its last improvement (Lightning 2.6's save_last
+    writes last.ckpt only at steps where the best checkpoint was written)."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from headlab.training.finetune import checkpoint_callbacks
+
+    class Plateau(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("validation/accuracy", 0.5)  # never improves after the first validation
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = DataLoader(TensorDataset(torch.randn(20, 3)), batch_size=2)
+    best, last = checkpoint_callbacks(tmp_path, "validation/accuracy")
+    trainer = pl.Trainer(max_steps=7, val_check_interval=2, callbacks=[best, last], logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         accelerator="cpu", default_root_dir=tmp_path)
+    trainer.fit(Plateau(), train_dataloaders=data, val_dataloaders=DataLoader(TensorDataset(torch.randn(4, 3))))
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["best.ckpt", "last.ckpt"]
+    assert torch.load(tmp_path / "best.ckpt", weights_only=False)["global_step"] == 2
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6  # validations at 2, 4, 6

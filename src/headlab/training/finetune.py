@@ -2,7 +2,7 @@
 
 The job directory is a pure function of the command line (Hydra's run dir, see conf/train.yaml).
 Rerunning a finished job prints its results and stops; rerunning a killed one resumes from its
-``checkpoints/last.ckpt`` (never from another config's, ``checkpoints/job.json``). The final weights are also
+``checkpoints/last.ckpt`` (never from another config's, ``checkpoints.json``). The final weights are also
 saved with ``save_pretrained`` (and the tokenizer) in ``model/``, readable by any Hugging Face tool and by
 ``ablate.py ckpt_path=JOB_DIR``.
 """
@@ -38,13 +38,15 @@ RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group", "attention_route")
 # Local files the job reads: data regenerated at the same path makes a finished run train again (their size and
 # modification time count in the hash; see headlab.analysis.job_identity for ablate.py's).
 INPUT_KEYS = ("task.data_files",)
-OWNER_FILE = "job.json"  # in checkpoints/: the config hash of the run that writes them
+# beside checkpoints/ (Lightning warns about a checkpoint directory that is not empty): the config hash of the run
+# that writes them
+OWNER_FILE = "checkpoints.json"
 
 
 def checkpoints_owner(checkpoint_dir: Path) -> str | None:
-    """The config hash whose run wrote ``checkpoint_dir``: its ``job.json``, else (checkpoints of an older headlab)
+    """The config hash whose run wrote ``checkpoint_dir``: ``checkpoints.json``, else (checkpoints of an older headlab)
     the hash of the job directory's complete ``results.json``; None when neither says."""
-    for path in (checkpoint_dir / OWNER_FILE, checkpoint_dir.parent / "results.json"):
+    for path in (checkpoint_dir.parent / OWNER_FILE, checkpoint_dir.parent / "results.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -70,14 +72,27 @@ def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, job_hash: str
 
 def claim_checkpoints(checkpoint_dir: Path, job_hash: str, resume: str | None) -> None:
     """Right before training (rank zero): another config's checkpoints in this job's directory are removed, with a
-    note (unless resumed from); ``job.json`` then says whose checkpoints the directory holds."""
+    note (unless resumed from); ``checkpoints.json`` then says whose checkpoints the directory holds."""
     owner = checkpoints_owner(checkpoint_dir)
     resumed_here = resume is not None and Path(resume).parent == checkpoint_dir
     if owner not in (None, job_hash) and not resumed_here and any(checkpoint_dir.glob("*.ckpt")):
         Console().print(f"note: {checkpoint_dir} held the checkpoints of another config (an earlier run in this "
                         "directory): they are removed and this run starts afresh", markup=False, soft_wrap=True)
         shutil.rmtree(checkpoint_dir)
-    write_json_atomic(checkpoint_dir / OWNER_FILE, {"config_hash": job_hash})
+    write_json_atomic(checkpoint_dir.parent / OWNER_FILE, {"config_hash": job_hash})
+
+
+def checkpoint_callbacks(checkpoint_dir: Path, monitor: str) -> tuple[ModelCheckpoint, ModelCheckpoint]:
+    """``best.ckpt`` (the best ``monitor``) and ``last.ckpt`` (what a killed run resumes from), both written after
+    each validation. ``last`` is its own callback: Lightning 2.6's ``save_last`` writes it only when the best one
+    was written at the same step, so a run whose metric stopped improving resumed from its last improvement. Neither
+    saves at an epoch's end: a run stopped before its first validation would warn that the metric was never logged.
+    """
+    best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=monitor, mode="max",
+                           auto_insert_metric_name=False, save_on_train_epoch_end=False)
+    last = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", monitor=None, save_top_k=1,
+                           enable_version_counter=False, save_on_train_epoch_end=False)
+    return best, last
 
 
 def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir: Path,
@@ -120,11 +135,8 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     pl.seed_everything(cfg.seed, workers=True)
     logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
     with tracked_job():
-        # saved after each validation only: at the end of a run stopped before its first validation, Lightning would
-        # warn that the monitored metric was never logged
-        checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=monitor, mode="max",
-                                     save_last=True, auto_insert_metric_name=False, save_on_train_epoch_end=False)
-        callbacks = [checkpoint, *([LearningRateMonitor("step")] if logger else [])]
+        checkpoint, last = checkpoint_callbacks(checkpoint_dir, monitor)
+        callbacks = [checkpoint, last, *([LearningRateMonitor("step")] if logger else [])]
         trainer = make_trainer(cfg.trainer, callbacks, logger, output_dir)
         data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
                               **OmegaConf.to_container(cfg.data, resolve=True))
