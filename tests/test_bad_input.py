@@ -33,6 +33,7 @@ def files(tmp_path_factory):
     (folder / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
     (folder / "empty_dir").mkdir()
     (folder / "blank.txt").write_text("\n  \n\n")
+    (folder / "three_texts.txt").write_text("One sentence.\nA question?\tAn answer.\nx\ty\tz\n")
     (folder / "features_job").mkdir()  # what mode=cluster reads before anything loads
     (folder / "features_job/features.npz").write_bytes(b"")
     (folder / "features_job/results.json").write_text(json.dumps({"families": ["distance"], "shape": [3, 4]}))
@@ -112,6 +113,7 @@ CASES = [
     # ablate.py mode=features
     ("ablate.py", ["mode=features", "features.text_file=/no/such.txt"], "/no/such.txt"),
     ("ablate.py", ["mode=features", "features.text_file=FILES/blank.txt"], "is empty"),
+    ("ablate.py", ["mode=features", "features.text_file=FILES/three_texts.txt"], "line 3 has 3 tab-separated texts"),
     ("ablate.py", ["mode=features", "features.split=test"], "'test'"),
     ("ablate.py", ["mode=features", "features.families=[distance,syntax]"], "'syntax'"),
     ("ablate.py", ["mode=features", "features.max_sequences=0"], "features.max_sequences=0"),

@@ -11,6 +11,7 @@ import torch
 from conftest import run, wandb_log
 from omegaconf import OmegaConf
 
+from headlab.analysis.feature_data import read_text_lines
 from headlab.analysis.features import AttentionFeatures, attention_features
 from headlab.analysis.features_run import encoder
 from headlab.core.models import load_model, load_tokenizer
@@ -107,3 +108,15 @@ def test_encoder_weights_missing_from_a_checkpoint_are_said(tmp_path, tiny_cfg, 
     assert "pooler" not in note and "LOAD REPORT" not in note
     assert torch.equal(loaded.encoder.layer[1].attention.self.query.weight,
                        model.encoder.layer[1].attention.self.query.weight)
+
+
+@pytest.mark.parametrize(("line", "expected"), [("\tonly the second", "has a tab with nothing before it"),
+                                                 ("only the first\t", "has a tab with nothing after it"),
+                                                 ("one\ttwo\tthree", "has 3 tab-separated texts")])
+def test_a_line_that_is_neither_a_sequence_nor_a_pair_is_named(tmp_path, line, expected):
+    text = tmp_path / "lines.txt"
+    text.write_text(f"A sentence.\n\nQuestion?\tAnswer.\n{line}\n")
+    with pytest.raises(UserError, match=f"line 4 {expected}"):
+        read_text_lines(text)
+    text.write_text("A sentence.\n\nQuestion?\tAnswer.\n")
+    assert read_text_lines(text) == [(1, ["A sentence."]), (3, ["Question?", "Answer."])]

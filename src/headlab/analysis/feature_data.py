@@ -1,7 +1,8 @@
 """The sequences ``mode=features`` reads: a seeded random sample of a task split's examples, or a text file's lines.
 
-A text file holds one sequence per line, or a pair per line (two texts separated by a tab); blank lines are
-skipped. Sequences longer than ``max_length`` tokens are truncated and counted. Batches are padded per batch.
+A text file holds one sequence per line, or a pair per line (two non-blank texts separated by one tab); blank
+lines are skipped; any other line is an error that names it. Sequences longer than ``max_length`` tokens are
+truncated and counted. Batches are padded per batch.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def _padded(row: list[int], value: int, length: int) -> list[int]:
     return list(row) + [value] * (length - len(row))
 
 
-def read_text_lines(path: str | Path) -> list[tuple[int, str]]:
-    """The file's non-blank lines with their 1-based numbers; ``UserError`` when it is missing or has none."""
+def read_text_lines(path: str | Path) -> list[tuple[int, list[str]]]:
+    """The file's non-blank lines with their 1-based numbers, each as its one or two texts; ``UserError`` when the
+    file is missing or has none, or a line has more than two texts or a blank one."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"features.text_file={str(path)!r}: no such file; give a text file with one sequence per "
@@ -56,10 +58,23 @@ def read_text_lines(path: str | Path) -> list[tuple[int, str]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as error:
         raise UserError(f"features.text_file={str(path)!r} is not UTF-8 text: {error}") from None
-    kept = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    kept = [(number, _texts(line, number, path)) for number, line in enumerate(lines, 1) if line.strip()]
     if not kept:
         raise UserError(f"features.text_file={str(path)!r} is empty: it has no non-blank line")
     return kept
+
+
+def _texts(line: str, number: int, path: Path) -> list[str]:
+    """A line's text, or its two tab-separated texts (a pair); neither may be blank."""
+    texts = line.split("\t")
+    if len(texts) > 2:
+        raise UserError(f"features.text_file={str(path)!r} line {number} has {len(texts)} tab-separated texts; a "
+                        "line holds one sequence, or a pair as two texts separated by one tab")
+    if len(texts) == 2 and not all(text.strip() for text in texts):
+        side = "before" if not texts[0].strip() else "after"
+        raise UserError(f"features.text_file={str(path)!r} line {number} has a tab with nothing {side} it; a line "
+                        "holds one sequence, or a pair as two texts separated by one tab")
+    return texts
 
 
 def sample(count: int, limit: int | None, seed: int) -> list[int]:
@@ -73,10 +88,9 @@ def text_file_sequences(path: str | Path, tokenizer, max_length: int, limit: int
     """The file's lines (a seeded sample of ``limit``), tokenised with [CLS]/[SEP], truncated to ``max_length``."""
     lines = read_text_lines(path)
     chosen = sample(len(lines), limit, seed)
-    parts = [lines[i][1].split("\t", 1) for i in chosen]
-    texts, pairs = [p[0] for p in parts], [p[1] if len(p) == 2 else None for p in parts]
     input_ids, token_type_ids, truncated = [], [], 0
-    for text, pair in zip(texts, pairs):
+    for texts in (lines[i][1] for i in chosen):
+        text, pair = texts[0], texts[1] if len(texts) == 2 else None
         full = tokenizer(text, pair)["input_ids"]
         encoded = tokenizer(text, pair, truncation=True, max_length=max_length, return_token_type_ids=True)
         truncated += len(full) > max_length
