@@ -12,6 +12,8 @@ import pytest
 from conftest import run, wandb_log
 from sklearn.cluster import KMeans
 
+from headlab.analysis.compare_run import read_runs
+
 TYPES = "[dense,diagonal,dense_vertical,vertical]"
 
 
@@ -143,3 +145,17 @@ def test_a_multirun_over_k_ends_with_a_table_of_stability_and_silhouette(cluster
         assert (job["k"], job["stability"], job["silhouette"]) == (row.k, row.stability, row.silhouette)
         assert clusters["silhouette"] == job["silhouette"] and -1 <= row.silhouette <= 1
     assert "cluster_selection.csv" in result.stdout and (sweep / "cluster_selection.md").is_file()
+
+
+def test_default_run_names_say_what_tells_the_runs_apart(tmp_path):
+    runs = []
+    for number, (ckpt, method, k) in enumerate([(None, "kmeans", 4), (None, "gmm", 3), (None, "kmeans", 4),
+                                                ("runs/tuned", "kmeans", 4)]):
+        clusters = {"model": "minilm", "task": "demo_qa", "checkpoint": {"ckpt_path": ckpt}, "method": method,
+                    "k": k, "seed": 0, "shape": [6, 12], "labels": {}}
+        (tmp_path / f"{number}.json").write_text(json.dumps(clusters))
+        runs.append(str(tmp_path / f"{number}.json"))
+    names = [run["name"] for run in read_runs(runs, None)]
+    assert names == ["minilm (pre-trained) kmeans k=4 #1", "minilm (pre-trained) gmm k=3",
+                     "minilm (pre-trained) kmeans k=4 #3", "minilm (tuned) kmeans k=4"]
+    assert [run["name"] for run in read_runs(runs[2:], None)] == ["minilm (pre-trained)", "minilm (tuned)"]

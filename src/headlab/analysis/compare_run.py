@@ -60,14 +60,26 @@ def read_runs(runs: list[str], names: list[str] | None) -> list[dict[str, Any]]:
     if len(shapes) > 1:
         described = ", ".join(f"{r['model']} {r['shape'][0]}x{r['shape'][1]}" for r in loaded)
         raise UserError(f"compare.runs come from models of different shapes ({described}): heads cannot be matched")
-    labels = names or [_default_name(run) for run in loaded]
+    labels = names or _default_names(loaded)
     labels = [label if labels.count(label) == 1 else f"{label} #{i + 1}" for i, label in enumerate(labels)]
     return [run | {"name": label} for run, label in zip(loaded, labels)]
 
 
-def _default_name(run: dict[str, Any]) -> str:
-    checkpoint = (run.get("checkpoint") or {}).get("ckpt_path")
-    return f"{run['model']} (pre-trained)" if checkpoint is None else f"{run['model']} ({Path(checkpoint).name})"
+def _default_names(runs: list[dict[str, Any]]) -> list[str]:
+    """The model and checkpoint of each run, then what else tells the runs apart (task, clustering settings)."""
+    def model(run: dict[str, Any]) -> str:
+        checkpoint = (run.get("checkpoint") or {}).get("ckpt_path")
+        return f"{run['model']} ({'pre-trained' if checkpoint is None else Path(checkpoint).name})"
+
+    names = [[model(run)] for run in runs]
+    if len({name[0] for name in names}) < len(runs):
+        for describe in (lambda r: r.get("task"), lambda r: r.get("method"), lambda r: f"k={r.get('k')}",
+                         lambda r: f"seed={r.get('seed')}"):
+            parts = [describe(run) for run in runs]
+            if len(set(parts)) > 1:
+                for name, part in zip(names, parts):
+                    name.append(str(part))
+    return [name[0] + (f" {' '.join(name[1:])}" if len(name) > 1 else "") for name in names]
 
 
 def comparison_tables(runs: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:

@@ -77,4 +77,4 @@ class CompareConfig:
     """Head types of two or more models side by side (Guan et al. 2020, Fig. 4 and Table 1)."""
 
     runs: list[str] = field(default_factory=list)  # mode=cluster job directories (or their clusters.json)
-    names: list[str] | None = None  # a label per run (null: the model and checkpoint of each)
+    names: list[str] | None = None  # a label per run (null: model and checkpoint, and what else differs)
