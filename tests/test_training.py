@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -333,3 +334,61 @@ def test_last_ckpt_follows_every_validation_when_the_metric_stops_improving(tmp_
     assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["best.ckpt", "last.ckpt"]
     assert torch.load(tmp_path / "best.ckpt", weights_only=False)["global_step"] == 2
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6  # validations at 2, 4, 6
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("accumulate", "workers"), [(1, 0), (2, 0), (1, 1)])
+def test_a_run_resumed_mid_epoch_trains_on_the_same_batches_as_an_uninterrupted_one(tmp_path, accumulate, workers):
+    """Killed after a validation in the middle of epoch 1 and resumed from last.ckpt, the run goes on with that
+    epoch's remaining batches in the same order (a plain loader restarted the epoch: its first batches twice)."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from headlab.training.epoch_order import EpochSampler, ResumeMidEpoch
+    from headlab.training.finetune import checkpoint_callbacks
+
+    class Recorder(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.trained = torch.nn.Linear(1, 1), []
+
+        def training_step(self, batch, batch_idx):
+            self.trained.append((self.current_epoch, batch.flatten().tolist()))
+            return self.layer(batch).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("validation/accuracy", 0.5)
+
+        def configure_optimizers(self):  # as the task modules: the schedule needs the number of steps
+            assert self.trainer.estimated_stepping_batches == 3 * 6 // accumulate
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Interrupt(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.global_step == 10 // accumulate + 1:  # past the validation after epoch 1's 4th batch
+                raise _Interrupted
+
+    def fit(folder, interrupt=False, resume=None):
+        samples = torch.arange(12.0).unsqueeze(1)  # 6 batches of 2 per epoch
+        train = DataLoader(samples, batch_size=2, sampler=EpochSampler(samples, 1, 0, seed=3), num_workers=workers)
+        module = Recorder()
+        trainer = pl.Trainer(max_epochs=3, val_check_interval=4, accumulate_grad_batches=accumulate,
+                             callbacks=[*checkpoint_callbacks(folder, "validation/accuracy"), ResumeMidEpoch(),
+                                        *([Interrupt()] if interrupt else [])],
+                             logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0, accelerator="cpu", default_root_dir=folder)
+        with contextlib.suppress(_Interrupted):
+            trainer.fit(module, train, DataLoader(samples[:2]), ckpt_path=resume)
+        return module.trained
+
+    uninterrupted = fit(tmp_path / "whole")
+    assert len(uninterrupted) == 18 and uninterrupted[0][1] != [0.0, 1.0]  # shuffled
+    assert sorted(x for epoch, batch in uninterrupted if epoch == 1 for x in batch) == list(range(12))
+    before = fit(tmp_path / "killed", interrupt=True)
+    last = torch.load(tmp_path / "killed/last.ckpt", weights_only=False)
+    assert (last["epoch"], last["global_step"] * accumulate) == (1, 10)  # epoch 1, 4 of its 6 batches done
+    after = fit(tmp_path / "killed", resume=str(tmp_path / "killed/last.ckpt"))
+    assert before[:10] + after == uninterrupted

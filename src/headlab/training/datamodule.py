@@ -13,6 +13,7 @@ from headlab.core.models import load_tokenizer
 from headlab.errors import UserError
 from headlab.tasks.encoding import Collator, tokenize_split
 from headlab.tasks.loading import load_task_data
+from headlab.training.epoch_order import EpochSampler
 
 
 class ExactlyOnceSampler(DistributedSampler):
@@ -108,12 +109,10 @@ class TaskDataModule(pl.LightningDataModule):
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
     def train_dataloader(self) -> DataLoader:
-        world_size, rank = self._world()
-        sampler = None
-        if world_size > 1:
-            sampler = DistributedSampler(self.train_features, world_size, rank, shuffle=True, seed=self.seed)
-        return DataLoader(self.train_features, batch_size=self.batch_size, shuffle=sampler is None, sampler=sampler,
-                          collate_fn=self.collator, num_workers=self.num_workers)
+        """Shuffled per epoch from ``(seed, epoch)``, this process's share (``epoch_order``: resumable mid-epoch)."""
+        sampler = EpochSampler(self.train_features, *self._world(), seed=self.seed)
+        return DataLoader(self.train_features, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collator,
+                          num_workers=self.num_workers)
 
     def eval_dataloader(self, split: str) -> DataLoader:
         features = self.eval_features[split]

@@ -29,6 +29,7 @@ from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_changed_inputs
 from headlab.training.checkpoints import FINAL_WEIGHTS
 from headlab.training.datamodule import TaskDataModule
+from headlab.training.epoch_order import ResumeMidEpoch
 from headlab.training.modules import task_module
 from headlab.training.progress import ProgressLog
 from headlab.training.tracking import build_logger, tracked_job
@@ -136,7 +137,7 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
     with tracked_job():
         checkpoint, last = checkpoint_callbacks(checkpoint_dir, monitor)
-        callbacks = [checkpoint, last, *([LearningRateMonitor("step")] if logger else [])]
+        callbacks = [checkpoint, last, ResumeMidEpoch(), *([LearningRateMonitor("step")] if logger else [])]
         trainer = make_trainer(cfg.trainer, callbacks, logger, output_dir)
         data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
                               **OmegaConf.to_container(cfg.data, resolve=True))

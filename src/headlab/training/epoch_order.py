@@ -1,0 +1,57 @@
+"""The training order, and resuming it in the middle of an epoch.
+
+``EpochSampler`` draws each epoch's order from ``(seed, epoch)`` (``DistributedSampler``'s permutation, this
+process's share of it; one process takes all of it), so a resumed run can draw the interrupted epoch's order again.
+``ResumeMidEpoch`` then makes the sampler skip the batches the checkpoint had already trained on. Without it
+Lightning (2.6) restarts a plain loader from the epoch's first batch and stops after the remaining count: a run
+resumed from a validation's ``last.ckpt`` trained twice on the epoch's first batches and never on its last ones.
+
+Lightning's own stateful-loader route (``state_dict``/``load_state_dict`` on the loader) is not taken: its states are
+not restored when ``configure_optimizers`` reads ``trainer.estimated_stepping_batches``, as the schedule here does
+(Lightning issue 20550). The loops' restored progress says the same: the batches done in the current epoch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
+from torch.utils.data import DistributedSampler
+
+# Lightning's warning on resuming a loader without state_dict: ResumeMidEpoch does what it asks for.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended",
+                        category=PossibleUserWarning)
+
+
+class EpochSampler(DistributedSampler):
+    """A permutation per epoch from ``(seed, epoch)``, this process's share; ``skip`` leaves out the first samples of
+    the next iteration only (the part of a resumed epoch already trained on). Its length stays the whole share."""
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, seed: int):
+        super().__init__(dataset, num_replicas, rank, shuffle=True, seed=seed)
+        self.skip = 0
+        self.iterations = 0  # iterations begun: a loader with worker processes begins one when it is created
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())  # [num_samples] of this process, for self.epoch
+        skip, self.skip = self.skip, 0
+        self.iterations += 1
+        return iter(indices[skip:])
+
+
+class ResumeMidEpoch(pl.Callback):
+    """On a run resumed from a checkpoint written during an epoch, the train loader's ``EpochSampler`` goes on
+    from the first batch the checkpoint had not trained on, in the same order."""
+
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # restored: batches of this epoch
+        if not isinstance(sampler, EpochSampler) or not 0 < done < trainer.num_training_batches:
+            return
+        sampler.set_epoch(trainer.current_epoch)  # Lightning sets it later, after a worker loader began its iteration
+        sampler.skip = done * trainer.train_dataloader.batch_size
+        if sampler.iterations:  # the iteration began before the restore: begin it again
+            iter(trainer.fit_loop._data_fetcher)
