@@ -340,10 +340,9 @@ class _Interrupted(Exception):
     pass
 
 
-@pytest.mark.parametrize(("accumulate", "workers"), [(1, 0), (2, 0), (1, 1)])
-def test_a_run_resumed_mid_epoch_trains_on_the_same_batches_as_an_uninterrupted_one(tmp_path, accumulate, workers):
-    """Killed after a validation in the middle of epoch 1 and resumed from last.ckpt, the run goes on with that
-    epoch's remaining batches in the same order (a plain loader restarted the epoch: its first batches twice)."""
+def _fit_recording_batches(folder, accumulate=1, workers=0, interrupt_at=None, resume=None, **trainer_args):
+    """A real Lightning fit over 12 samples (6 batches of 2 per epoch, ``EpochSampler``, ``ResumeMidEpoch``,
+    validation after every 4th batch) for 3 epochs; the (epoch, samples) of every batch trained, the trainer."""
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
@@ -363,32 +362,48 @@ def test_a_run_resumed_mid_epoch_trains_on_the_same_batches_as_an_uninterrupted_
             self.log("validation/accuracy", 0.5)
 
         def configure_optimizers(self):  # as the task modules: the schedule needs the number of steps
-            assert self.trainer.estimated_stepping_batches == 3 * 6 // accumulate
+            assert self.trainer.estimated_stepping_batches > 0
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     class Interrupt(pl.Callback):
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            if trainer.global_step == 10 // accumulate + 1:  # past the validation after epoch 1's 4th batch
+            if trainer.global_step == interrupt_at:
                 raise _Interrupted
 
-    def fit(folder, interrupt=False, resume=None):
-        samples = torch.arange(12.0).unsqueeze(1)  # 6 batches of 2 per epoch
-        train = DataLoader(samples, batch_size=2, sampler=EpochSampler(samples, 1, 0, seed=3), num_workers=workers)
-        module = Recorder()
-        trainer = pl.Trainer(max_epochs=3, val_check_interval=4, accumulate_grad_batches=accumulate,
-                             callbacks=[*checkpoint_callbacks(folder, "validation/accuracy"), ResumeMidEpoch(),
-                                        *([Interrupt()] if interrupt else [])],
-                             logger=False, enable_progress_bar=False, enable_model_summary=False,
-                             num_sanity_val_steps=0, accelerator="cpu", default_root_dir=folder)
-        with contextlib.suppress(_Interrupted):
-            trainer.fit(module, train, DataLoader(samples[:2]), ckpt_path=resume)
-        return module.trained
+    samples = torch.arange(12.0).unsqueeze(1)
+    train = DataLoader(samples, batch_size=2, sampler=EpochSampler(samples, 1, 0, seed=3), num_workers=workers)
+    module = Recorder()
+    trainer = pl.Trainer(max_epochs=3, val_check_interval=4, accumulate_grad_batches=accumulate,
+                         callbacks=[*checkpoint_callbacks(folder, "validation/accuracy"), ResumeMidEpoch(),
+                                    *([Interrupt()] if interrupt_at else [])],
+                         logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         accelerator="cpu", default_root_dir=folder, **trainer_args)
+    with contextlib.suppress(_Interrupted):
+        trainer.fit(module, train, DataLoader(samples[:2]), ckpt_path=resume)
+    return module.trained, trainer
 
-    uninterrupted = fit(tmp_path / "whole")
+
+@pytest.mark.parametrize(("accumulate", "workers"), [(1, 0), (2, 0), (1, 1)])
+def test_a_run_resumed_mid_epoch_trains_on_the_same_batches_as_an_uninterrupted_one(tmp_path, accumulate, workers):
+    """Killed after a validation in the middle of epoch 1 and resumed from last.ckpt, the run goes on with that
+    epoch's remaining batches in the same order (a plain loader restarted the epoch: its first batches twice)."""
+    uninterrupted, _ = _fit_recording_batches(tmp_path / "whole", accumulate, workers)
     assert len(uninterrupted) == 18 and uninterrupted[0][1] != [0.0, 1.0]  # shuffled
     assert sorted(x for epoch, batch in uninterrupted if epoch == 1 for x in batch) == list(range(12))
-    before = fit(tmp_path / "killed", interrupt=True)
+    # interrupted past the validation after epoch 1's 4th batch
+    before, _ = _fit_recording_batches(tmp_path / "killed", accumulate, workers, interrupt_at=10 // accumulate + 1)
     last = torch.load(tmp_path / "killed/last.ckpt", weights_only=False)
     assert (last["epoch"], last["global_step"] * accumulate) == (1, 10)  # epoch 1, 4 of its 6 batches done
-    after = fit(tmp_path / "killed", resume=str(tmp_path / "killed/last.ckpt"))
+    after, _ = _fit_recording_batches(tmp_path / "killed", accumulate, workers, resume=tmp_path / "killed/last.ckpt")
     assert before[:10] + after == uninterrupted
+
+
+def test_a_run_stopped_by_max_steps_and_continued_finishes_its_epoch_first(tmp_path):
+    """Lightning closes the epoch of a fit stopped by max_steps and runs that epoch's remaining batches as the next
+    epoch: they are the stopped epoch's remaining samples, each once, before the next epoch's order."""
+    uninterrupted, _ = _fit_recording_batches(tmp_path / "whole")
+    before, trainer = _fit_recording_batches(tmp_path / "stopped", max_steps=3)
+    trainer.save_checkpoint(tmp_path / "stopped.ckpt")  # as train.py does at the end
+    after, _ = _fit_recording_batches(tmp_path / "continued", resume=tmp_path / "stopped.ckpt")
+    assert [batch for _, batch in before + after[:3]] == [batch for _, batch in uninterrupted[:6]]
+    assert [batch for _, batch in after[3:]] == [batch for epoch, batch in uninterrupted if epoch == 2]

@@ -21,23 +21,24 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.utils.data import DistributedSampler
 
-# Lightning's warning on resuming a loader without state_dict: ResumeMidEpoch does what it asks for.
-warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended",
-                        category=PossibleUserWarning)
-
 
 class EpochSampler(DistributedSampler):
-    """A permutation per epoch from ``(seed, epoch)``, this process's share; ``skip`` leaves out the first samples of
-    the next iteration only (the part of a resumed epoch already trained on). Its length stays the whole share."""
+    """A permutation per epoch from ``(seed, epoch)``, this process's share. ``resume(epoch, skip)``: the next
+    iteration is that epoch's order without its first ``skip`` samples. Its length stays the whole share."""
 
     def __init__(self, dataset: Any, num_replicas: int, rank: int, seed: int):
         super().__init__(dataset, num_replicas, rank, shuffle=True, seed=seed)
-        self.skip = 0
+        self.resumed: tuple[int, int] | None = None
         self.iterations = 0  # iterations begun: a loader with worker processes begins one when it is created
 
+    def resume(self, epoch: int, skip: int) -> None:
+        self.resumed = (epoch, skip)
+
     def __iter__(self) -> Iterator[int]:
+        skip = 0
+        if self.resumed is not None:  # over Lightning's set_epoch, which comes before the iteration begins
+            (self.epoch, skip), self.resumed = self.resumed, None
         indices = list(super().__iter__())  # [num_samples] of this process, for self.epoch
-        skip, self.skip = self.skip, 0
         self.iterations += 1
         return iter(indices[skip:])
 
@@ -46,12 +47,20 @@ class ResumeMidEpoch(pl.Callback):
     """On a run resumed from a checkpoint written during an epoch, the train loader's ``EpochSampler`` goes on
     from the first batch the checkpoint had not trained on, in the same order."""
 
+    def __init__(self):
+        # Lightning's warning on resuming a loader without state_dict: this callback does what it asks for.
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch",
+                                category=PossibleUserWarning)
+
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # restored: batches of this epoch
         if not isinstance(sampler, EpochSampler) or not 0 < done < trainer.num_training_batches:
             return
-        sampler.set_epoch(trainer.current_epoch)  # Lightning sets it later, after a worker loader began its iteration
-        sampler.skip = done * trainer.train_dataloader.batch_size
-        if sampler.iterations:  # the iteration began before the restore: begin it again
+        # A fit stopped by max_steps closes its epoch (started == completed), and Lightning runs the rest of that
+        # epoch's batches as the next epoch: they are still the closed epoch's.
+        epochs = trainer.fit_loop.epoch_progress.current
+        epoch = trainer.current_epoch - (epochs.started == epochs.completed)
+        sampler.resume(max(epoch, 0), done * trainer.train_dataloader.batch_size)
+        if sampler.iterations:  # the iteration began before the restore (worker processes): begin it again
             iter(trainer.fit_loop._data_fetcher)
