@@ -114,7 +114,7 @@ CASES = [
     ("ablate.py", ["mode=features", "features.text_file=/no/such.txt"], "/no/such.txt"),
     ("ablate.py", ["mode=features", "features.text_file=FILES/blank.txt"], "is empty"),
     ("ablate.py", ["mode=features", "features.text_file=FILES/three_texts.txt"], "line 3 has 3 tab-separated texts"),
-    ("ablate.py", ["mode=features", "features.split=test"], "'test'"),
+    ("ablate.py", ["mode=features", "features.split=test"], "'test' is not allowed; choose one of: train, validation"),
     ("ablate.py", ["mode=features", "features.families=[distance,syntax]"], "'syntax'"),
     ("ablate.py", ["mode=features", "features.max_sequences=0"], "features.max_sequences=0"),
     ("ablate.py", ["mode=features", "features.sieve_correction=bonferroni"], "'bonferroni'"),

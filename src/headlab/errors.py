@@ -14,4 +14,5 @@ class UserError(ValueError):
 def one_of(key: str, value: object, allowed: tuple | list) -> None:
     """``UserError`` unless ``value`` is one of ``allowed``."""
     if value not in allowed:
-        raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+        choices = ", ".join(map(str, dict.fromkeys(allowed)))  # a task's train split may also be named "train"
+        raise UserError(f"{key}={value!r} is not allowed; choose one of: {choices}")
