@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,7 @@ import torch
 from conftest import run, wandb_log
 from omegaconf import OmegaConf
 
+import headlab
 from headlab.analysis.feature_data import read_text_lines
 from headlab.analysis.features import AttentionFeatures, attention_features
 from headlab.analysis.features_run import encoder
@@ -58,15 +60,20 @@ def test_features_of_a_text_file_equal_the_api_on_the_same_sequences(tmp_path, t
     assert "already done" in again.stdout
 
 
-def test_features_of_a_task_split_sample_the_examples_with_the_seed(tmp_path):
+def test_features_of_a_task_split_sample_the_examples_with_the_seed(tmp_path, tokenizer):
     job = tmp_path / "job"
-    run("ablate.py", "mode=features", "features.max_sequences=30", "features.families=[distance,clark]",
-        f"hydra.run.dir={job}", cwd_tmp=tmp_path)
+    result = run("ablate.py", "mode=features", "features.max_sequences=30", "features.families=[distance,clark]",
+                 f"hydra.run.dir={job}", cwd_tmp=tmp_path)
     summary = json.loads((job / "results.json").read_text())
     assert summary["num_sequences"] == 30 and summary["families"] == ["distance", "clark"]
     source = np.load(job / "features.npz")["source"]
     assert len(set(source.tolist())) == 30 and source.max() > 40  # a random sample, not the first 30
     assert not (job / "sieve_roles.csv").exists()
+    # the pairs longer than task.max_length (128), counted on the sampled examples untruncated
+    rows = pd.read_json(Path(headlab.__file__).parent / "tasks/data/demo_pairs/validation.jsonl", lines=True)
+    long = sum(len(tokenizer(rows.sentence1[i], rows.sentence2[i])["input_ids"]) > 128 for i in source.tolist())
+    assert 0 < long < 30 and summary["truncated"] == long
+    assert f"note: {long} of 30 sequences were longer than 128 tokens and were truncated" in result.stdout
 
 
 def test_features_of_a_fine_tuned_job_load_its_encoder_without_a_load_report(trained):
@@ -76,7 +83,8 @@ def test_features_of_a_fine_tuned_job_load_its_encoder_without_a_load_report(tra
     result = run("ablate.py", "mode=features", f"ckpt_path={root / 'train'}", "features.max_sequences=8",
                  "features.families=[distance]", f"hydra.run.dir={job}", cwd_tmp=root)
     output = result.stdout + result.stderr
-    assert "LOAD REPORT" not in output and "classifier" not in output and "note:" not in output
+    assert "LOAD REPORT" not in output and "classifier" not in output
+    assert [line for line in output.splitlines() if "note:" in line and "truncated" not in line] == []
     assert json.loads((job / "results.json").read_text())["checkpoint"]["kind"] == "job"
 
 

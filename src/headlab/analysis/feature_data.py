@@ -101,14 +101,25 @@ def text_file_sequences(path: str | Path, tokenizer, max_length: int, limit: int
 
 def task_sequences(task: Any, split: str, tokenizer, limit: int | None, seed: int, cache_dir: str) -> Sequences:
     """A seeded random sample of ``limit`` examples of the task's ``split``, tokenised as the task does (SQuAD:
-    every window of an example)."""
+    every window of an example; other tasks: truncated to ``task.max_length``, and counted)."""
     data = load_task_data(task, [split])[split]
     chosen = sample(len(data), limit, seed)
-    features = tokenize_split(data.select(chosen), task, tokenizer, "segment", cache_dir, split, training=False)
+    data = data.select(chosen)
+    features = tokenize_split(data, task, tokenizer, "segment", cache_dir, split, training=False)
     ids = features["input_ids"]
     types = features["token_type_ids"] if "token_type_ids" in features.column_names else [[0] * len(r) for r in ids]
     source = [chosen[i] for i in features["example_index"]]
-    return Sequences(ids, types, source, 0, task.max_length)
+    return Sequences(ids, types, source, _longer_than(data, task, tokenizer), task.max_length)
+
+
+def _longer_than(data: Any, task: Any, tokenizer) -> int:
+    """How many examples are longer than ``task.max_length`` tokens untruncated (0 for SQuAD: windows cover them)."""
+    if task.type == "extractive_qa":
+        return 0
+    fields = list(task.text_fields)
+    texts, pairs = list(data[fields[0]]), list(data[fields[1]]) if len(fields) == 2 else None
+    lengths = map(len, tokenizer(texts, pairs, verbose=False)["input_ids"])
+    return sum(length > task.max_length for length in lengths)
 
 
 def model_max_length(tokenizer, config) -> int:
