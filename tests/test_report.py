@@ -120,6 +120,14 @@ def test_jobs_of_two_tasks_in_one_directory_are_reported_separately(trained, tmp
     assert any(n.startswith("demo_qa_tiny_random_") and n.endswith("plans_validation.md") for n in names)
     table = pd.read_parquet(tmp_path / "mixed/report/table.parquet")
     assert set(table["task"]) == {"demo_pairs", "demo_qa"} and table["ci_low"].notna().all()
+    qa = next((tmp_path / "mixed/report").glob("demo_qa_*plans_validation.md")).read_text()
+    pairs = next((tmp_path / "mixed/report").glob("demo_pairs_*plans_validation.md")).read_text()
+    for task, metric, text, percent in (("demo_qa", "exact_match", qa, True), ("demo_qa", "f1", qa, True),
+                                        ("demo_pairs", "f1", pairs, False)):
+        values = table.loc[(table["task"] == task) & (table["metric"] == metric), "value"]
+        smallest = values[values > 0].min()  # SQuAD's 2 decimals, [0, 1] scores' 4, or 2 significant digits
+        digits = max(2 if percent else 4, 1 - int(np.floor(np.log10(smallest))) if smallest > 0 else 0)
+        assert f"| {values.iloc[0]:.{digits}f} (" in text, (metric, text)
 
 
 def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(trained, tmp_path):
@@ -154,10 +162,18 @@ def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(traine
     assert {p.stem for p in pdfs} == {p.stem for p in report.glob("*bars_*.png")} and len(pdfs) == 4
 
 
-@pytest.mark.parametrize(("values", "shown"), [([87.14, 41.0], ["87.14", "41.00"]),  # SQuAD's percent
-                                                ([0.8125, 0.5], ["0.8125", "0.5000"]),
-                                                ([5.21, 0.0049], ["5.2100", "0.0049"]),  # a converged baseline loss
-                                                ([0.0, 0.3], ["0.0000", "0.3000"])])
-def test_tables_keep_two_significant_digits_of_the_smallest_value(values, shown):
-    digits = layouts.decimals_for(pd.Series(values))
+@pytest.mark.parametrize(("values", "percent", "shown"), [([87.14, 41.0], True, ["87.14", "41.00"]),  # SQuAD's
+                                                           ([0.0, 1.2], True, ["0.00", "1.20"]),  # EM 0, F1 1.2
+                                                           ([0.8125, 0.5], False, ["0.8125", "0.5000"]),
+                                                           ([5.21, 0.0049], False, ["5.2100", "0.0049"]),  # a loss
+                                                           ([0.0, 0.3], False, ["0.0000", "0.3000"])])
+def test_tables_keep_two_significant_digits_of_the_smallest_value(values, percent, shown):
+    digits = layouts.decimals_for(pd.Series(values), percent)
     assert [f"{v:.{digits}f}" for v in values] == shown
+
+
+def test_only_squad_scores_count_as_percent():
+    squad = pd.DataFrame({"metric": ["exact_match", "f1", "loss", "has_ans_f1"]})
+    glue = pd.DataFrame({"metric": ["accuracy", "f1", "loss"]})
+    assert [layouts.in_percent(squad, m) for m in squad["metric"]] == [True, True, False, True]
+    assert [layouts.in_percent(glue, m) for m in glue["metric"]] == [False, False, False]

@@ -23,11 +23,18 @@ def significance(p_adjusted: float) -> str:
     return "**" if p_adjusted < 0.01 else "*" if p_adjusted < 0.05 else ""
 
 
-def decimals_for(values: pd.Series) -> int:
+def in_percent(frame: pd.DataFrame, metric: str) -> bool:
+    """Whether ``metric`` is a SQuAD score, which is in percent: ``exact_match`` / ``f1`` (and their
+    ``has_ans_`` / ``no_ans_`` parts) of a frame whose task reports ``exact_match``; GLUE's f1 is in [0, 1]."""
+    squad = frame["metric"].str.endswith("exact_match").any()
+    return bool(squad) and metric.endswith(("exact_match", "f1"))
+
+
+def decimals_for(values: pd.Series, percent: bool) -> int:
     """2 decimals for scores in percent (SQuAD's), 4 for scores in [0, 1] and losses; more (up to 6) when the
     smallest non-zero value would show fewer than 2 significant digits (a converged baseline's loss of 0.005)."""
     magnitudes = values.abs()
-    digits = 2 if magnitudes.max() > 1.5 else 4
+    digits = 2 if percent else 4
     smallest = magnitudes[magnitudes > 0].min()
     if np.isfinite(smallest):
         digits = max(digits, min(6, 1 - int(np.floor(np.log10(smallest)))))
@@ -74,7 +81,8 @@ def plan_grid(frame: pd.DataFrame, split: str, metrics: list[str]) -> pd.DataFra
         for metric in metrics:
             cells = mine[mine["metric"] == metric]
             if len(cells):
-                line[metric] = describe_cell(cells.iloc[0], decimals_for(rows.loc[rows["metric"] == metric, "value"]))
+                values = rows.loc[rows["metric"] == metric, "value"]
+                line[metric] = describe_cell(cells.iloc[0], decimals_for(values, in_percent(rows, metric)))
         table.append(line)
     return pd.DataFrame(table)
 
@@ -88,7 +96,8 @@ def seeds_grid(seeds: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     for key, group in seeds.groupby(by, sort=False):
         line = dict(zip(by, key)) | {"seeds": int(group["seeds"].max())}
         for row in group.itertuples():
-            digits = decimals_for(seeds.loc[seeds["metric"] == row.metric, "value_mean"])
+            task = seeds[seeds["task"] == row.task]
+            digits = decimals_for(task.loc[task["metric"] == row.metric, "value_mean"], in_percent(task, row.metric))
             cell = f"{row.value_mean:.{digits}f}"
             if row.rules != "keep":
                 low, high = f"{row.delta_ci_low:+.{digits}f}", f"{row.delta_ci_high:+.{digits}f}"
@@ -103,7 +112,7 @@ def seeds_grid(seeds: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def head_grid(frame: pd.DataFrame, split: str, metric: str, column: str = "delta") -> pd.DataFrame:
     """Layers x heads (or x 1 for whole layers) of ``column`` with significance marks, as text cells."""
     rows = frame[(frame["split"] == split) & (frame["metric"] == metric) & (frame["family"] != "")]
-    digits = decimals_for(rows["value"])
+    digits = decimals_for(rows["value"], in_percent(frame[frame["task"].isin(rows["task"])], metric))
     whole_layers = rows["head"].isna().all()
     layers = sorted(int(x) for x in rows["layer"].unique())
     heads = [0] if whole_layers else sorted(int(x) for x in rows["head"].unique())
