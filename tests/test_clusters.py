@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgba
 from sklearn.exceptions import ConvergenceWarning
 
 from headlab.analysis.cluster_run import stability_note
@@ -136,3 +139,45 @@ def test_each_head_type_keeps_its_colour_and_place_in_every_figure(tmp_path):
     counts = pd.DataFrame({"layer": [0, 1], "vertical": [1, 2], "dense": [3, 2], "model": "a"})
     paths = head_plots.types_per_layer(counts, "types", tmp_path / "types", ("png",))
     assert paths[0].is_file()
+
+
+def best_partners(reference: list[str], other: list[str]) -> dict[str, str]:
+    """Brute force: the one-to-one pairing of ``other``'s clusters with ``reference``'s that shares the most heads
+    (checked to be the only best one), without the pairs that share none."""
+    mine, theirs = sorted(set(other)), sorted(set(reference))
+    shared = {(m, t): sum(a == t and b == m for a, b in zip(reference, other)) for m in mine for t in theirs}
+    if len(mine) <= len(theirs):
+        pairings = [dict(zip(mine, chosen)) for chosen in itertools.permutations(theirs, len(mine))]
+    else:
+        pairings = [dict(zip(chosen, theirs)) for chosen in itertools.permutations(mine, len(theirs))]
+    totals = [sum(shared[pair] for pair in pairing.items()) for pairing in pairings]
+    assert totals.count(max(totals)) == 1
+    best = pairings[totals.index(max(totals))]
+    return {m: t for m, t in best.items() if shared[m, t] > 0}
+
+
+def test_compared_runs_colour_the_clusters_they_share_alike_whatever_their_numbers():
+    """cluster0 of one run and cluster0 of another are unrelated: colours follow the heads, not the names."""
+    rng = np.random.default_rng(0)
+    first = [f"cluster{i}" for i in rng.integers(0, 4, 72)]
+    renamed = {"cluster0": "cluster2", "cluster1": "cluster3", "cluster2": "cluster0", "cluster3": "cluster1"}
+    second = [renamed[label] for label in first]
+    second[:5] = ["cluster1"] * 5  # a few heads change type
+    colours = head_plots.matched_colours({"a": first, "b": second})
+    partners = best_partners(first, second)
+    assert partners == {v: k for k, v in renamed.items()}
+    assert all(colours["b"][label] == colours["a"][partners[label]] for label in set(second))
+    assert len(set(colours["a"].values())) == 4
+
+    named = [["dense", "diagonal", "dense_vertical", "vertical"][int(label[-1])] for label in first]
+    planted = {"dense": "cluster3", "diagonal": "cluster0", "dense_vertical": "cluster4", "vertical": "cluster1"}
+    third = [planted[kind] for kind in named]
+    third[:12] = ["cluster2"] * 12  # five unnamed clusters against four types: one has no partner
+    colours = head_plots.matched_colours({"named": named, "k=5": third})
+    partners = best_partners(named, third)
+    assert colours["named"] == {kind: to_rgba(head_plots.TYPE_COLOURS[kind]) for kind in set(named)}
+    assert all(colours["k=5"][label] == colours["named"][partners[label]] for label in partners)
+    unmatched = set(third) - set(partners)
+    assert len(unmatched) == 1 and colours["k=5"][unmatched.pop()] not in colours["named"].values()
+    assert head_plots.matched_colours({"a": ["dense", "vertical"], "b": ["vertical", "vertical"]}) == {
+        "a": {"dense": "tab:blue", "vertical": "tab:cyan"}, "b": {"vertical": "tab:cyan"}}

@@ -7,7 +7,8 @@ from a model of the same shape (layers x heads). The job directory gets:
 ``ari.csv`` / .md          adjusted Rand index of every pair of runs' labels (1: the same partition)
 ``transitions.csv`` / .md  heads of type A in the first run that have type B in each other run
 ``stability.csv`` / .md    each run's clustering stability and silhouette (Guan Table 1 layout: a column per run)
-``types_per_layer.csv``    heads of each type per layer and run; ``types_per_layer.png`` side by side (Fig. 4)
+``types_per_layer.csv``    heads of each type per layer and run; ``types_per_layer.png`` side by side (Fig. 4),
+                           each cluster in the colour of the first run's cluster it shares the most heads with
 ``heads.parquet`` / .csv   per head: each run's label, whether it differs from the first run's, the shift of
                            its distance features from the first run (L2 norm of the 21-dim difference), and
                            when every run's clusters are named: the type most runs give it (ties: the earliest
@@ -143,8 +144,9 @@ def run_compare(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     write_frame_atomic(tables["types_per_layer"], output_dir / "types_per_layer.csv")
     write_frame_atomic(tables["heads"], output_dir / "heads.parquet")
     write_frame_atomic(tables["heads"], output_dir / "heads.csv")
+    colours = head_plots.matched_colours({run["name"]: tables["heads"][f"type/{run['name']}"] for run in runs})
     image = head_plots.types_per_layer(tables["types_per_layer"], "head types per layer",
-                                       output_dir / "types_per_layer", tuple(cfg.report.formats))[0]
+                                       output_dir / "types_per_layer", tuple(cfg.report.formats), colours)[0]
     log_artifacts(logger, {name: tables[name] for name in ("ari", "transitions", "stability", "heads")},
                   {"types_per_layer": image})
     ari = tables["ari"].set_index("run")

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.colors import to_rgba
+from matplotlib.ticker import MaxNLocator
+from scipy.optimize import linear_sum_assignment
 
 from headlab.reporting.plots import _save, plt
 
@@ -97,24 +101,70 @@ def embeddings(points: Mapping[str, np.ndarray], clusters: Sequence[str], layers
     return _save(figure, path, formats)
 
 
-def types_per_layer(counts: pd.DataFrame, title: str, path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+def matched_colours(labels: Mapping[str, Sequence[str]]) -> dict[str, dict[str, Any]]:
+    """Per run (``{run: per-head labels}``, the first is the reference), a colour per label: a later run's cluster
+    takes the colour of the reference cluster it shares most heads with (one-to-one, Hungarian assignment on the
+    overlap counts), so matching clusters look alike across panels even when unnamed (``cluster0`` of one run
+    and ``cluster0`` of another are unrelated); clusters with no partner get colours of their own. Guan et al.'s
+    types keep their colours. Each run's labels come in stacking order: the reference's, then the unmatched."""
+    runs = list(labels)
+    everything = [label for run in runs for label in labels[run]]
+    if set(everything) <= set(TYPE_COLOURS):
+        return {run: {label: TYPE_COLOURS[label] for label in sorted(set(labels[run]), key=_type_order)}
+                for run in runs}
+    reference = sorted(set(labels[runs[0]]), key=_label_order)
+    fixed = {label: to_rgba(TYPE_COLOURS[label]) for label in reference if label in TYPE_COLOURS}
+    spare = iter(c for c in _palette(len(reference) + sum(len(set(labels[run])) for run in runs[1:]) + len(fixed))
+                 if c not in fixed.values())
+    mapping = {runs[0]: {label: fixed[label] if label in fixed else next(spare) for label in reference}}
+    for run in runs[1:]:
+        own = sorted(set(labels[run]), key=_label_order)
+        overlap = pd.crosstab(pd.Series(list(labels[runs[0]])), pd.Series(list(labels[run]))).reindex(
+            index=reference, columns=own, fill_value=0).to_numpy()  # [reference clusters, this run's clusters]
+        rows, columns = linear_sum_assignment(-overlap)
+        partner = {own[c]: r for r, c in zip(rows, columns) if overlap[r, c] > 0}
+        own.sort(key=lambda label: partner.get(label, len(reference)))
+        mapping[run] = {label: mapping[runs[0]][reference[partner[label]]] if label in partner else next(spare)
+                        for label in own}
+    return mapping
+
+
+def _label_order(label: str) -> tuple[int, int, str]:
+    """Guan et al.'s types first, then other names in natural order (``cluster2`` before ``cluster10``)."""
+    return _type_order(label), len(label), label
+
+
+def _palette(count: int) -> list[tuple[float, ...]]:
+    """``count`` distinct RGBA colours (tab10, tab20, then viridis)."""
+    cmap = plt.get_cmap("tab10" if count <= 10 else "tab20" if count <= 20 else "viridis", count)
+    return [to_rgba(cmap(i)) for i in range(count)]
+
+
+def types_per_layer(counts: pd.DataFrame, title: str, path: Path, formats: Sequence[str] = ("png",),
+                    colours: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
     """Stacked bars of head types per layer (Guan Fig. 3); ``counts``: one row per layer, one column per type.
-    Several models (Guan Fig. 4): ``counts`` with a ``model`` column, one panel per model."""
+    Several models (Guan Fig. 4): ``counts`` with a ``model`` column, one panel per model; ``colours`` (per
+    model, a colour per type: ``matched_colours``) colours them and gives each panel its own legend."""
     models = list(dict.fromkeys(counts["model"])) if "model" in counts else [None]
     figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.5), squeeze=False, sharey=True)
     for axis, model in zip(axes[0], models):
         part = counts if model is None else counts[counts["model"] == model]
         part = part.drop(columns=[c for c in ("model",) if c in part]).set_index("layer")
-        part = part[sorted(part.columns, key=_type_order)]
+        part = part[list(colours[model]) if colours else sorted(part.columns, key=_type_order)]
         bottom = np.zeros(len(part))
-        colours, _ = _colours(list(part.columns))
-        for colour, kind in zip(colours, part.columns):
-            axis.bar(part.index, part[kind], bottom=bottom, color=colour, label=kind)
+        mapping = colours[model] if colours else _colours(list(part.columns))[1]
+        for kind in part.columns:
+            axis.bar(part.index, part[kind], bottom=bottom, color=mapping[kind], label=kind)
             bottom += part[kind].to_numpy()
+        axis.set_xticks(part.index, [str(layer) for layer in part.index])
         axis.set_xlabel("layer")
         axis.set_title(model or title)
+        if colours:  # under the panel's axis label
+            axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=min(len(part.columns), 3))
     axes[0, 0].set_ylabel("heads")
-    axes[0, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the bars, never on them
+    axes[0, 0].yaxis.set_major_locator(MaxNLocator(integer=True))
+    if not colours:
+        axes[0, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the bars, never on them
     if models != [None]:
         figure.suptitle(title)
     figure.tight_layout()
