@@ -2,6 +2,7 @@
 
     python benchmarks/features_speed.py speed [--sequences 64] [--length 128] [--batch 16] [--rounds 3]
     python benchmarks/features_speed.py memory [--sequences 64] [--length 128] [--batch 16]
+    python benchmarks/features_speed.py js [--columns 100000] [--rounds 3]
 
 ``speed``: the embedded MiniLM over the same padded batches (demo_qa questions and contexts, truncated to
 ``--length`` tokens): ``headlab.attention_features`` (the model on SDPA, features reduced from the observed
@@ -11,6 +12,9 @@ median of the per-round ratios, for the families without JS and for all four.
 ``memory``: the peak resident memory that ``attention_features`` (all four families) adds over N sequences and
 over the same N four times (4N, the same batch shapes, so only the count differs), each in a fresh process
 (``ru_maxrss`` after the run minus after a one-batch warm-up); streaming keeps it flat.
+``js``: JS's sums over one batch's rows (72 heads x ``--columns`` (query, key) weights, Dirichlet rows of 96
+keys; a batch of 16 demo_qa pairs has about 100 K), the fused CPU loop (``js_kernel.js_sums_cpu``) against the
+same sums as torch ops (``features._js_sums_torch``), in ns per (head pair, weight) term.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from common import Parser, machine
 from omegaconf import OmegaConf
 
-from headlab.analysis.features import FAMILIES, attention_features
+from headlab.analysis.features import FAMILIES, _js_sums_torch, attention_features
+from headlab.analysis.js_kernel import js_sums_cpu
 from headlab.core.models import load_model, load_tokenizer
 from headlab.files import package_dir
 
@@ -77,6 +83,27 @@ def speed(args) -> None:
               f"{args.rounds} rounds)")
 
 
+def js(args) -> None:
+    rng = np.random.default_rng(0)
+    heads, keys = 72, 96
+    rows = rng.dirichlet(np.ones(keys), size=(heads, -(-args.columns // keys))).reshape(heads, -1)[:, :args.columns]
+    rows, weight = torch.from_numpy(rows.astype(np.float32)), torch.from_numpy(rng.random(args.columns, np.float32))
+    sides = {"fused loop": js_sums_cpu, "torch ops": _js_sums_torch}
+    seconds = {name: [] for name in sides}
+    for function in sides.values():
+        function(rows, weight)  # warm-up (and numba's compilation or cache load)
+    for round_ in range(args.rounds):
+        for name in (list(sides) if round_ % 2 == 0 else list(sides)[::-1]):
+            start = time.perf_counter()
+            sides[name](rows, weight)
+            seconds[name].append(time.perf_counter() - start)
+    terms = heads * (heads - 1) / 2 * args.columns
+    ratio = statistics.median(t / f for f, t in zip(seconds["fused loop"], seconds["torch ops"]))
+    print(f"JS sums, {heads} heads x {args.columns} weights; {machine(torch.device('cpu'))}")
+    print("  " + ", ".join(f"{name} {statistics.median(seconds[name]) / terms * 1e9:.3f} ns/term" for name in sides)
+          + f"; torch ops / fused loop {ratio:.2f} (median of {args.rounds} rounds)")
+
+
 def peak_megabytes() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
@@ -102,18 +129,19 @@ def memory(args) -> None:
 
 def main() -> None:
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["speed", "memory"])
+    parser.add_argument("what", choices=["speed", "memory", "js"])
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--columns", type=int, default=100_000)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for name in ("sequences", "length", "batch", "rounds"):
+    for name in ("sequences", "length", "batch", "rounds", "columns"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} must be at least 1")
-    speed(args) if args.what == "speed" else memory(args)
+    {"speed": speed, "memory": memory, "js": js}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ CASES = [
     ("eval_speed.py", ["sweep", "--rows", "100"], "--rows 100 needs --task demo_pairs"),
     ("eval_speed.py", ["sweep", "--precision", "bf17"], "'bf17'"),
     ("features_speed.py", ["speed", "--sequences", "0"], "--sequences 0"),
+    ("features_speed.py", ["js", "--columns", "0"], "--columns 0"),
     ("profile_plan.py", ["--shape", "tiny", "--heads", "H0-5"], "--heads 'H0-5'"),
     ("attention_overhead.py", ["--route", "fused"], "'fused'"),
     ("flex_lengths.py", ["--lengths", "0,4"], "'0,4'"),

@@ -12,7 +12,7 @@ time) and are reduced at once, so memory does not grow with the number of sequen
 
 JS(P, Q) = sum_j [(p ln p + q ln q) / 2 - m ln m], m = (p + q) / 2, is computed per head pair as
 (E_a + E_b) / 2 - C_ab with E the weighted sum of p ln p and C_ab that of m ln m = (s ln s) / 2 - s ln 2 / 2
-(s = p + q), so only ``s ln s`` is pairwise.
+(s = p + q), so only ``s ln s`` is pairwise: on CPU in one fused loop (``js_kernel``), elsewhere torch ops.
 """
 
 from __future__ import annotations
@@ -304,13 +304,26 @@ def _plogp(p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def _js_sums(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``[N, N]`` weighted sums over pairs t of JS(rows[a, t], rows[b, t]) terms (module docstring); float64.
+    """``[N, N]`` weighted sums over pairs t of JS(rows[a, t], rows[b, t]) terms (module docstring), upper triangle;
+    float64. ``rows`` ``[N heads, T]``: weights of every (query, key) pair; ``weight`` ``[T]``: its query's weight.
+    On CPU one fused loop (``js_kernel``), elsewhere torch ops (``_js_sums_torch``)."""
+    if rows.device.type == "cpu" and rows.dtype == torch.float32:
+        from headlab.analysis.js_kernel import js_sums_cpu  # numba: imported (0.2 s) only when JS runs on a CPU
 
-    ``rows`` ``[N heads, T]``: weights of every (query, key) pair; ``weight`` ``[T]``: its query's weight.
-    """
+        cross, plogp, mass = js_sums_cpu(rows, weight)
+    else:
+        cross, plogp, mass = _js_sums_torch(rows, weight)
+    m_log_m = cross / 2 - math.log(2) / 2 * (mass[:, None] + mass[None, :])
+    js = (plogp[:, None] + plogp[None, :]) / 2 - m_log_m
+    return torch.triu(js, diagonal=1)  # the upper triangle; result() symmetrises
+
+
+def _js_sums_torch(rows: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cross ``[N, N]``: sum w s ln s for a < b, s = p_a + p_b; own ``[N]``: sum w p ln p; mass ``[N]``: sum w p),
+    float64, as ``js_kernel.js_sums_cpu`` computes them: chunks of the pairwise buffer (GPUs, other dtypes)."""
     count, pairs = rows.shape
-    plogp = _plogp(rows) @ weight  # [N]: sum w p ln p
-    mass = rows @ weight  # [N]: sum w p
+    plogp = (_plogp(rows) @ weight).double()  # [N]: sum w p ln p
+    mass = (rows @ weight).double()  # [N]: sum w p
     cross = torch.zeros(count, count, dtype=torch.float64, device=rows.device)
     step = max(1, _JS_CHUNK // count)
     sums = torch.empty(count, min(step, pairs), dtype=rows.dtype, device=rows.device)
@@ -322,6 +335,4 @@ def _js_sums(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             s = torch.add(chunk[a + 1:], chunk[a] + _TINY, out=sums[: count - a - 1, :width])  # p + q
             s_log_s = torch.log(s, out=logs[: count - a - 1, :width]).mul_(s)
             cross[a, a + 1:] += (s_log_s @ w).double()  # sum w s ln s
-    m_log_m = cross / 2 - math.log(2) / 2 * (mass[:, None] + mass[None, :]).double()
-    js = (plogp[:, None] + plogp[None, :]).double() / 2 - m_log_m
-    return torch.triu(js, diagonal=1)  # the upper triangle; result() symmetrises
+    return cross, plogp, mass
