@@ -13,7 +13,7 @@ median of the per-round ratios, for the families without JS and for all four.
 over the same N four times (4N, the same batch shapes, so only the count differs), each in a fresh process
 (``ru_maxrss`` after the run minus after a one-batch warm-up); streaming keeps it flat.
 ``js``: JS's sums over one batch's rows (72 heads x ``--columns`` (query, key) weights, Dirichlet rows of 96
-keys; a batch of 16 demo_qa pairs has about 100 K), the fused CPU loop (``js_kernel.js_sums_cpu``) against the
+keys; a batch of 16 demo_qa pairs has about 100 K), the fused CPU loop (``log_sums.js_sums_cpu``) against the
 same sums as torch ops (``features._js_sums_torch``), in ns per (head pair, weight) term.
 """
 
@@ -34,7 +34,7 @@ from common import Parser, machine
 from omegaconf import OmegaConf
 
 from headlab.analysis.features import FAMILIES, _js_sums_torch, attention_features
-from headlab.analysis.js_kernel import js_sums_cpu
+from headlab.analysis.log_sums import js_sums_cpu
 from headlab.core.models import load_model, load_tokenizer
 from headlab.files import package_dir
 

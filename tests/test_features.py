@@ -127,8 +127,8 @@ def assert_matches(features, expected, atol=1e-6):
 # ----------------------------------------------------------------------------- hand-made maps
 
 
-def padded(sequences):
-    """(input_ids, attention_mask, weights [batch, L, H, seq, seq]) with right padding."""
+def padded(sequences, left=False):
+    """(input_ids, attention_mask, weights [batch, L, H, seq, seq]) with right (or left) padding."""
     seq = max(len(ids) for ids, _ in sequences)
     layers, heads = sequences[0][1].shape[:2]
     ids = torch.full((len(sequences), seq), PAD)
@@ -136,18 +136,20 @@ def padded(sequences):
     weights = torch.zeros(len(sequences), layers, heads, seq, seq)
     for b, (tokens, maps) in enumerate(sequences):
         n = len(tokens)
-        ids[b, :n], mask[b, :n] = torch.tensor(tokens), 1
-        weights[b, :, :, :n, :n] = torch.tensor(maps, dtype=torch.float32)
-        weights[b, :, :, n:, :n] = 1.0 / n  # padding queries: some distribution over the valid keys
+        at = slice(seq - n, seq) if left else slice(0, n)
+        ids[b, at], mask[b, at] = torch.tensor(tokens), 1
+        weights[b, :, :, at, at] = torch.tensor(maps, dtype=torch.float32)
+        padding = [i for i in range(seq) if not at.start <= i < at.stop]
+        weights[b, :, :, padding, at] = 1.0 / n  # padding queries: some distribution over the valid keys
     return ids, mask, weights
 
 
-def accumulate(sequences, batch_sizes, families=("distance", "clark", "sieve", "js")):
+def accumulate(sequences, batch_sizes, families=("distance", "clark", "sieve", "js"), left=False):
     layers, heads = sequences[0][1].shape[:2]
     acc = FeatureAccumulator(layers, heads, families, KINDS, torch.device("cpu"))
     start = 0
     for size in batch_sizes:
-        ids, mask, weights = padded(sequences[start:start + size])
+        ids, mask, weights = padded(sequences[start:start + size], left)
         acc.begin(ids, mask)
         for layer in range(layers):
             acc.layer(layer, weights[:, layer])
@@ -194,6 +196,14 @@ def test_streaming_over_batches_equals_one_batch():
     assert arrays.keys() == streamed_arrays.keys()
     for name in arrays.keys() - {"families"}:  # float32 sums per batch: equal to rounding
         np.testing.assert_allclose(streamed_arrays[name], arrays[name], atol=1e-6, rtol=0, err_msg=name)
+
+
+def test_left_padding_gives_the_same_features():
+    """Right padding takes each sequence's JS block by slicing, any other mask by gathering: both as defined."""
+    sequences = hand_made(np.random.default_rng(5))
+    expected = reference(sequences)
+    for left in (False, True):
+        assert_matches(accumulate(sequences, [3, 2], left=left), expected)
 
 
 def test_uniform_attention_gives_the_analytic_values():

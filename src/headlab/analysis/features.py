@@ -12,7 +12,7 @@ time) and are reduced at once, so memory does not grow with the number of sequen
 
 JS(P, Q) = sum_j [(p ln p + q ln q) / 2 - m ln m], m = (p + q) / 2, is computed per head pair as
 (E_a + E_b) / 2 - C_ab with E the weighted sum of p ln p and C_ab that of m ln m = (s ln s) / 2 - s ln 2 / 2
-(s = p + q), so only ``s ln s`` is pairwise: on CPU in one fused loop (``js_kernel``), elsewhere torch ops.
+(s = p + q), so only ``s ln s`` is pairwise: on CPU in one fused loop (``log_sums``), elsewhere torch ops.
 """
 
 from __future__ import annotations
@@ -148,6 +148,8 @@ class FeatureAccumulator:
         self.js_limit, self.js_sequences, self.js_rows = js_max_sequences, 0, 0  # js_rows: this batch's
         self._batch_sieve: list[torch.Tensor | None] = []
         self._rows: torch.Tensor | None = None  # js: [L*H, valid (query, key) pairs] of the batch, filled per layer
+        self._storage: torch.Tensor | None = None  # what _rows views: the largest batch's size so far
+        self._js_blocks: list[tuple[int, int]] | None = None  # (first column, length) per sequence; None: gather
 
     # ---------------------------------------------------------------- one batch
 
@@ -176,7 +178,13 @@ class FeatureAccumulator:
             pairs = (valid[:, :, None] & valid[:, None, :] & used[:, None, None]).flatten()  # [batch*seq*seq]
             self.pair_index = pairs.nonzero().flatten()
             self.pair_weight = query_weight[:, :, None].expand(batch, seq, seq).flatten()[self.pair_index]
-            self._rows = torch.empty(self.shape[0] * self.shape[1], len(self.pair_index), device=valid.device)
+            prefix = bool((valid == (torch.arange(seq, device=valid.device) < lengths[:, None])).all())
+            sizes = lengths[: self.js_rows].tolist()  # right padding: sequence b's pairs are its first n x n block
+            self._js_blocks = [(sum(n * n for n in sizes[:b]), n) for b, n in enumerate(sizes)] if prefix else None
+            size = self.shape[0] * self.shape[1] * len(self.pair_index)
+            if self._storage is None or self._storage.numel() < size:  # kept across batches: no new pages each time
+                self._storage = torch.empty(size, device=valid.device)
+            self._rows = self._storage[:size].view(-1, len(self.pair_index))
         self._batch_sieve, self._batch_distance = [None] * self.shape[0], [None] * self.shape[0]
 
     def _js_rows(self, batch: int) -> int:
@@ -197,12 +205,16 @@ class FeatureAccumulator:
             if "sieve" in self.families:
                 self._batch_sieve[layer] = columns[..., -len(SIEVES):]
         if "clark" in self.families:
-            entropy = -_plogp(weights).sum(-1)  # [batch, heads, seq]
+            entropy = _entropy(weights)  # [batch, heads, seq]
             self.entropy[layer] += torch.einsum("bhs,bs->h", entropy, self.query_weight.to(entropy.dtype))
             self.cls_entropy[layer] += torch.einsum("bhs,bs->h", entropy, self.cls_query.to(entropy.dtype))
         if self.js_rows:
-            torch.index_select(weights.transpose(0, 1).reshape(heads, -1), 1, self.pair_index,
-                               out=self._rows[layer * heads:(layer + 1) * heads])
+            rows = self._rows[layer * heads:(layer + 1) * heads]  # [heads, pairs]
+            if self._js_blocks is None:
+                torch.index_select(weights.transpose(0, 1).reshape(heads, -1), 1, self.pair_index, out=rows)
+            else:  # each sequence's valid (query, key) block, copied without a transposed copy of the weights
+                for b, (start, n) in enumerate(self._js_blocks):
+                    rows[:, start:start + n * n].view(heads, n, n).copy_(weights[b, :, :n, :n])
 
     def end(self) -> None:
         """Close the batch: its sieve scores and JS sums."""
@@ -303,12 +315,21 @@ def _plogp(p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return logs.mul_(p)
 
 
+def _entropy(weights: torch.Tensor) -> torch.Tensor:
+    """``[..., seq]`` entropy -sum p ln p of each row of ``weights`` ``[..., seq, seq]``; on CPU one fused loop."""
+    if weights.device.type == "cpu" and weights.dtype == torch.float32:
+        from headlab.analysis.log_sums import entropy_cpu
+
+        return entropy_cpu(weights)
+    return -_plogp(weights).sum(-1)
+
+
 def _js_sums(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[N, N]`` weighted sums over pairs t of JS(rows[a, t], rows[b, t]) terms (module docstring), upper triangle;
     float64. ``rows`` ``[N heads, T]``: weights of every (query, key) pair; ``weight`` ``[T]``: its query's weight.
-    On CPU one fused loop (``js_kernel``), elsewhere torch ops (``_js_sums_torch``)."""
+    On CPU one fused loop (``log_sums``), elsewhere torch ops (``_js_sums_torch``)."""
     if rows.device.type == "cpu" and rows.dtype == torch.float32:
-        from headlab.analysis.js_kernel import js_sums_cpu  # numba: imported (0.2 s) only when JS runs on a CPU
+        from headlab.analysis.log_sums import js_sums_cpu  # numba: imported (0.2 s) only when needed
 
         cross, plogp, mass = js_sums_cpu(rows, weight)
     else:
@@ -320,7 +341,7 @@ def _js_sums(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def _js_sums_torch(rows: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(cross ``[N, N]``: sum w s ln s for a < b, s = p_a + p_b; own ``[N]``: sum w p ln p; mass ``[N]``: sum w p),
-    float64, as ``js_kernel.js_sums_cpu`` computes them: chunks of the pairwise buffer (GPUs, other dtypes)."""
+    float64, as ``log_sums.js_sums_cpu`` computes them: chunks of the pairwise buffer (GPUs, other dtypes)."""
     count, pairs = rows.shape
     plogp = (_plogp(rows) @ weight).double()  # [N]: sum w p ln p
     mass = (rows @ weight).double()  # [N]: sum w p

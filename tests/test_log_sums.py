@@ -1,4 +1,4 @@
-"""JS's fused CPU loop (numba) and the torch loop against sums written here in float64, term by term."""
+"""The fused CPU loops (numba) of JS and entropy, and JS's torch ops, against sums written here in float64."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import torch
 from numba import njit
 
 from headlab.analysis.features import _js_sums, _js_sums_torch
-from headlab.analysis.js_kernel import _log, js_sums_cpu
+from headlab.analysis.log_sums import _log2, entropy_cpu, js_sums_cpu
 
 
 @njit
 def _logs(x, out):
     for i in range(x.size):
-        out[i] = _log(x[i])
+        out[i] = _log2(x[i])
 
 
 def brute_force(rows: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -65,13 +65,29 @@ def test_the_torch_loop_and_the_fused_loop_give_the_same_divergences():
         np.testing.assert_allclose(got.numpy(), want, atol=2e-6 * (np.abs(want).max() + 1.0), rtol=0)
 
 
+def test_entropy_of_every_row_equals_its_definition():
+    rng = np.random.default_rng(3)
+    weights = rng.dirichlet(np.full(37, 0.2), size=(3, 5, 37))  # [batch, heads, seq, seq]
+    weights[0, 1, 2] = np.eye(37)[4]  # a one-hot row: 0 ln 0 terms, entropy 0
+    weights[1, 0, :, 10:] = 0.0  # padding keys
+    weights[1, 0] /= weights[1, 0].sum(-1, keepdims=True)
+    weights = weights.astype(np.float32)
+    exact = weights.astype(np.float64)
+    expected = -np.where(exact > 0, exact * np.log(np.where(exact > 0, exact, 1.0)), 0.0).sum(-1)
+    got = entropy_cpu(torch.from_numpy(weights))
+    assert got.shape == (3, 5, 37) and got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), expected, atol=2e-6, rtol=0)
+    assert got[0, 1, 2] == 0.0
+    np.testing.assert_allclose(entropy_cpu(torch.full((2, 8, 8), 1 / 8)).numpy(), np.log(8), rtol=1e-6)
+
+
 def test_the_written_out_log_is_as_exact_as_float32():
     rng = np.random.default_rng(0)
     x = np.concatenate([10.0 ** rng.uniform(-30, 0.31, 100_000), rng.uniform(0.5, 2.0, 100_000),
                         [1.0, 2.0, 0.5, np.sqrt(0.5), np.sqrt(2.0), 1e-30, 1.17549435e-38]]).astype(np.float32)
     out = np.empty_like(x)
     _logs(x, out)
-    exact = np.log(x.astype(np.float64))
+    exact = np.log2(x.astype(np.float64))
     spacing = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)  # one float32 ulp of the result
-    assert np.all(np.abs(out - exact) <= 2 * spacing + 1e-7)  # within 2 ulp, or 1e-7 near ln x = 0
-    assert out[x == 1.0][0] == 0.0
+    assert np.all(np.abs(out - exact) <= 2.5 * spacing + 1e-7)  # within 2.5 ulp, or 1e-7 near log2 x = 0
+    assert [out[x == v][0] for v in (1.0, 2.0, 0.5)] == [0.0, 1.0, -1.0]
