@@ -31,7 +31,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 _BLOCK = 2048  # columns per block: a block of all heads' rows (72 x 2048 floats) fits in L2
-_TINY = np.float32(1e-30)  # s ln(s + tiny): 0 for s = 0
+_TINY = np.float32(1e-30)  # s log2(s + tiny): 0 for s = 0 (and a normal float32, which _log2 needs)
 _LN2_64 = math.log(2)
 _I32 = ir.IntType(32)
 _SQRT_HALF = ir.Constant(_I32, 0x3F3504F3)  # the bits of float32 sqrt(1/2)
@@ -88,7 +88,7 @@ def _log2(x):
 
 @njit(inline="always", fastmath=True)
 def _pair_block(p, q, w):
-    """sum_t w s ln s, s = p + q (p already holds the tiny offset); float32 over one block."""
+    """sum_t w s log2 s, s = p + q (p already holds the tiny offset); float32 over one block."""
     total = np.float32(0.0)
     for t in range(p.size):
         s = p[t] + q[t]
@@ -98,7 +98,7 @@ def _pair_block(p, q, w):
 
 @njit(fastmath=True, cache=True)
 def _row(rows, w, cross, own, mass, a, lo, hi):
-    """Head a's sums over columns [lo, hi): its own, and its pairs with every later head."""
+    """Head a's sums over columns [lo, hi) (log2): its own, and its pairs with every later head."""
     p = rows[a, lo:hi] + _TINY
     block_own, block_mass = np.float32(0.0), np.float32(0.0)
     for t in range(hi - lo):
@@ -112,6 +112,7 @@ def _row(rows, w, cross, own, mass, a, lo, hi):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _sums(rows, w, cross, own, mass):
+    """Every head's block sums, added into cross / own / mass (log2)."""
     n, count = rows.shape
     for i in prange(n // 2 + n % 2):  # head i and head n - 1 - i together: equal work per iteration
         for lo in range(0, count, _BLOCK):
@@ -141,6 +142,7 @@ def js_sums_cpu(rows: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor,
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _entropies(rows, out):
+    """out[r] = -sum_j p log2 p over row r of ``rows`` ``[R, seq]``."""
     for r in prange(rows.shape[0]):
         total = np.float32(0.0)
         for j in range(rows.shape[1]):
