@@ -17,6 +17,7 @@ JS(P, Q) = sum_j [(p ln p + q ln q) / 2 - m ln m], m = (p + q) / 2, is computed 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -180,7 +181,8 @@ class FeatureAccumulator:
             self.pair_weight = query_weight[:, :, None].expand(batch, seq, seq).flatten()[self.pair_index]
             prefix = bool((valid == (torch.arange(seq, device=valid.device) < lengths[:, None])).all())
             sizes = lengths[: self.js_rows].tolist()  # right padding: sequence b's pairs are its first n x n block
-            self._js_blocks = [(sum(n * n for n in sizes[:b]), n) for b, n in enumerate(sizes)] if prefix else None
+            starts = itertools.accumulate((n * n for n in sizes[:-1]), initial=0)
+            self._js_blocks = list(zip(starts, sizes)) if prefix else None
             size = self.shape[0] * self.shape[1] * len(self.pair_index)
             if self._storage is None or self._storage.numel() < size:  # kept across batches: no new pages each time
                 self._storage = torch.empty(size, device=valid.device)

@@ -76,8 +76,7 @@ def _colours(values: Sequence) -> tuple[list, dict]:
     if set(distinct) <= set(TYPE_COLOURS):
         mapping = {value: TYPE_COLOURS[value] for value in distinct}
     else:
-        cmap = plt.get_cmap("tab10" if len(distinct) <= 10 else "viridis", len(distinct))
-        mapping = {value: cmap(i) for i, value in enumerate(distinct)}
+        mapping = dict(zip(distinct, _palette(len(distinct))))
     return [mapping[v] for v in values], mapping
 
 
@@ -135,8 +134,8 @@ def _label_order(label: str) -> tuple[int, int, str]:
 
 
 def _palette(count: int) -> list[tuple[float, ...]]:
-    """``count`` distinct RGBA colours (tab10, tab20, then viridis)."""
-    cmap = plt.get_cmap("tab10" if count <= 10 else "tab20" if count <= 20 else "viridis", count)
+    """``count`` distinct RGBA colours (tab10, viridis for more)."""
+    cmap = plt.get_cmap("tab10" if count <= 10 else "viridis", count)
     return [to_rgba(cmap(i)) for i in range(count)]
 
 
