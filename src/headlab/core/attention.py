@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from copy import deepcopy
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,17 +152,46 @@ class Controller:
         self.masks: tuple | None = None  # (tensors, values, {name: mask}) of the latest forward
         self.route = "sdpa"  # what serves layers with drop_* heads: "sdpa" or "flex" (set_attention_route)
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
+        self.implementations: list | None = None  # the configs' implementations from before the current block
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
-        """The model's controller, installed on its first use."""
+        """The controller of the model's attention modules, installed on their first use.
+
+        One controller per set of self-attention modules, whichever wrapper reached them first: ``model.bert`` and
+        ``model`` share theirs, so a plan entered through either is seen by both (and nesting is refused).
+        """
         controller = model.__dict__.get(_CONTROLLER)
         if controller is None:
             register_attention()
-            controller = cls(model)
+            modules = self_attention_modules(model)
+            found = {id(c): c for m in modules if (c := m.__dict__.get(_CONTROLLER)) is not None}
+            if len(found) > 1 or (found and [id(m) for m in next(iter(found.values())).modules]
+                                  != [id(m) for m in modules]):
+                raise ValueError("the model's attention modules already belong to different headlab controllers")
+            controller = next(iter(found.values())) if found else cls(model)
+            controller.adopt(model)
             for owner in (model, *controller.modules):
                 owner.__dict__[_CONTROLLER] = controller
         return controller
+
+    def adopt(self, model: PreTrainedModel) -> None:
+        """Switch ``model``'s config objects along with the ones already controlled (a wrapper shares its base's)."""
+        for config in (model.config, *(m.config for m in self.modules if hasattr(m, "config"))):
+            if all(config is not c for c in self.configs):
+                self.configs.append(config)
+
+    def __deepcopy__(self, memo: dict) -> Controller:
+        """A copy of a controlled model gets an inert controller: stock attention, also when copied inside a block."""
+        copy = Controller.__new__(Controller)
+        memo[id(self)] = copy
+        copy.modules = deepcopy(self.modules, memo)
+        copy.configs = deepcopy(self.configs, memo)
+        for config, original in zip(copy.configs, self.implementations or ()):
+            config._attn_implementation_internal = original  # the implementation from before the block
+        copy.active, copy.observer, copy.masks, copy.states = None, None, None, {}
+        copy.route, copy.implementations = self.route, None
+        return copy
 
     def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
         """A dict that lives for one forward: masks built by the first layer that needs them, reused by the rest.
@@ -383,6 +413,8 @@ def ablate(
 def headlab_implementation(controller: Controller, switch: bool = True) -> Iterator[None]:
     """Inside the block the controller's configs use headlab's attention (when ``switch``); restored on exit."""
     originals = [config._attn_implementation_internal for config in controller.configs]
+    outer = controller.implementations
+    controller.implementations = originals if outer is None else outer
     try:
         if switch:
             for config in controller.configs:
@@ -391,3 +423,4 @@ def headlab_implementation(controller: Controller, switch: bool = True) -> Itera
     finally:
         for config, original in zip(controller.configs, originals):
             config._attn_implementation_internal = original
+        controller.implementations = outer

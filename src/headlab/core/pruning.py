@@ -20,12 +20,15 @@ from headlab.core.bert_family import encoder_layers, self_attention_modules
 from headlab.core.plans import HeadPlan
 from headlab.errors import UserError
 
-PRUNED = "_headlab_pruned_heads"  # {layer: [heads removed]} on a physically pruned model
+PRUNED = "_headlab_pruned_heads"  # [heads removed] on each pruned self-attention module
 
 
 def pruned_heads_of(model: PreTrainedModel) -> dict[int, list[int]]:
-    """``{layer: [heads]}`` physically removed from ``model`` by ``prune_heads`` (empty if none)."""
-    return model.__dict__.get(PRUNED, {})
+    """``{layer: [heads]}`` physically removed from ``model``'s attention modules by ``prune_heads`` (empty if none).
+
+    Read from the modules, so pruning ``model.bert`` shows on ``model`` too.
+    """
+    return {m.layer_idx: m.__dict__[PRUNED] for m in self_attention_modules(model) if PRUNED in m.__dict__}
 
 
 def _uninitialised_linear(*args, **kwargs) -> nn.Linear:
@@ -78,12 +81,11 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
     if pruned_heads_of(model):
         raise UserError("the model is already physically pruned; prune a fresh copy with the combined plan")
     _, layers = encoder_layers(model)
-    removed = {}
     for layer, attention in enumerate(self_attention_modules(model)):
         heads = plan.layer_groups(layer).get("prune", [])
         if not heads:
             continue
-        removed[layer] = heads
+        attention.__dict__[PRUNED] = heads
         width = attention.attention_head_size
         kept = [h for h in range(attention.num_attention_heads) if h not in heads]
         index = torch.tensor([h * width + i for h in kept for i in range(width)], dtype=torch.long,
@@ -96,5 +98,4 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         attention.all_head_size = len(kept) * width
         if not kept:
             attention.forward = _no_heads  # an instance attribute shadows the class's forward
-    model.__dict__[PRUNED] = removed
     return model
