@@ -177,3 +177,49 @@ def test_only_squad_scores_count_as_percent():
     glue = pd.DataFrame({"metric": ["accuracy", "f1", "loss"]})
     assert [layouts.in_percent(squad, m) for m in squad["metric"]] == [True, True, False, True]
     assert [layouts.in_percent(glue, m) for m in glue["metric"]] == [False, False, False]
+
+
+def test_a_sweep_reports_its_own_jobs_and_a_folder_of_two_configurations_is_refused(trained, tmp_path):
+    """Two sweeps into one folder that differ in data.max_eval_examples: each end-of-sweep report covers its own
+    jobs; mode=report over both refuses to merge them (one plan per name, Holm within one configuration)."""
+    from conftest import assert_one_error_line
+
+    root, _ = trained
+    sweep = tmp_path / "sweep"
+    common = ["-m", "mode=eval", "mask=prune", f"ckpt_path={root / 'train'}", f"hydra.sweep.dir={sweep}", *FAST]
+    run("ablate.py", *common, "mask.heads=L0,L1H0", cwd_tmp=root)
+    run("ablate.py", *common, "mask.heads=L0,L2", "data.max_eval_examples=30", cwd_tmp=root)
+    table = pd.read_parquet(sweep / "report/table.parquet")  # the second sweep's report: its two jobs only
+    assert sorted(table["rules"].unique()) == ["prune L0", "prune L2"] and (table["n"] == 30).all()
+    assert len(table) == 2 * 3 and table["job"].str.contains("max_eval_examples=30").all()
+    refused = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+                  cwd_tmp=root, check=False)
+    assert_one_error_line(refused, "data.max_eval_examples=30 vs 40")
+
+
+def test_two_presets_swept_into_one_folder_keep_their_jobs_apart(trained, tmp_path):
+    root, _ = trained
+    sweep = tmp_path / "sweep"
+    run("ablate.py", "-m", "experiment=single_head,single_head_uniform", "sweep.family=layer",
+        f"ckpt_path={root / 'train'}", f"hydra.sweep.dir={sweep}", *FAST, cwd_tmp=root)
+    jobs = sorted(p.parent for p in sweep.glob("sweep_heads/*/results.json"))
+    assert [json.loads((job / "results.json").read_text())["config"]["mask"]["policy"] for job in jobs] == [
+        "prune", "uniform"]
+    assert [job.name.split(",")[1] for job in jobs] == ["experiment=single_head", "experiment=single_head_uniform"]
+    run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
+    table = pd.read_parquet(sweep / "report/table.parquet")
+    assert sorted(table.groupby("policy")["plan"].nunique().items()) == [("prune", 3), ("uniform", 3)]
+
+
+def test_one_plan_name_twice_in_a_folder_is_refused(tmp_path):
+    from headlab.errors import UserError
+    from headlab.reporting.sweep_table import check_one_configuration
+
+    def job(name, clusters):
+        return {"mode": "eval", "model": "m", "task": "t", "checkpoint": {"weights_hash": "w"}, "plan_name": name,
+                "config": {"mode": "eval", "mask": {"clusters": clusters}, "data": {"max_eval_examples": 40}}}
+
+    a, b = tmp_path / "a/results.json", tmp_path / "b/results.json"
+    check_one_configuration(tmp_path, [(a, job("prune_dense", "x.json")), (b, job("prune_vertical", "x.json"))])
+    with pytest.raises(UserError, match="plan 'prune_dense' of m on t twice"):  # the same preset, other clusters
+        check_one_configuration(tmp_path, [(a, job("prune_dense", "x.json")), (b, job("prune_dense", "y.json"))])

@@ -29,7 +29,7 @@ def run_report(cfg: Any, output_dir: str | Path | None = None) -> Report | None:
     if cfg.sweep_dir is None:
         return None
     resampling, correction, formats = report_settings(cfg.report)
-    report = write_report(cfg.sweep_dir, resampling, correction, formats)
+    report = write_report(cfg.sweep_dir, resampling, correction, formats, cfg.get("latest_multirun", False))
     console = Console()
     for text in report.printed:
         console.print(text, markup=False, soft_wrap=True)

@@ -117,4 +117,5 @@ class ReportOnMultirunEnd(Callback):
         cfg = OmegaConf.masked_copy(config, ["report", "logger"])
         OmegaConf.set_struct(cfg, False)
         cfg.sweep_dir = config.hydra.sweep.dir
+        cfg.latest_multirun = True  # this multirun's jobs, not those of earlier sweeps into the same folder
         run_report(cfg)

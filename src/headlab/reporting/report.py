@@ -53,9 +53,10 @@ def _slug(text: str) -> str:
 
 
 def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING, correction: str = "holm",
-                 formats: tuple[str, ...] = ("png",)) -> Report:
-    """Collect ``sweep_dir`` and write its report (module docstring); returns what was written."""
-    frame = load_sweep(sweep_dir, resampling=resampling, correction=correction)
+                 formats: tuple[str, ...] = ("png",), latest_multirun: bool = False) -> Report:
+    """Collect ``sweep_dir`` and write its report (module docstring); returns what was written.
+    ``latest_multirun``: of the jobs of the multirun that last wrote the folder's ``multirun.yaml`` only."""
+    frame = load_sweep(sweep_dir, resampling=resampling, correction=correction, latest_multirun=latest_multirun)
     report = Report(frame, Path(sweep_dir) / "report", legend=layouts.plan_legend(resampling.confidence, correction))
     report.folder.mkdir(parents=True, exist_ok=True)
     for name in ("table.csv", "table.parquet"):

@@ -46,20 +46,28 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def collect_results(directory: str | Path) -> tuple[list[tuple[Path, dict[str, Any]]], list[Problem]]:
+def collect_results(directory: str | Path, latest_multirun: bool = False
+                    ) -> tuple[list[tuple[Path, dict[str, Any]]], list[Problem]]:
     """``[(results path, results)]`` of every finished evaluation under ``directory`` (the plans of head
-    sweeps included) and the problems: job directories without complete results, jobs never run."""
+    sweeps included) and the problems: job directories without complete results, jobs never run.
+    ``latest_multirun``: only the jobs of the multirun that wrote ``directory/multirun.yaml`` last (the jobs of
+    an earlier sweep into the same directory are left out)."""
     root = Path(directory)
     if not root.is_dir():
         raise UserError(f"sweep_dir={str(directory)!r} is not a directory")
+    expected = set(expected_jobs(root) or ()) if latest_multirun else None
     results, problems = [], []
     for path in sorted(root.rglob("results.json")):
+        if expected is not None and _overrides_of(_job_of(path, root)) not in expected:
+            continue
         data = _read(path)
         if data is None or not data.get("complete"):
             problems.append(Problem(str(path.parent.relative_to(root)), "results.json unreadable or incomplete"))
         elif data.get("kind") == "eval":
             results.append((path, data))
     for job in sorted(p.parent.parent for p in root.rglob(".hydra/overrides.yaml")):
+        if expected is not None and _overrides_of(job) not in expected:
+            continue
         if not (job / "results.json").is_file() and _mode(job) not in NO_RESULTS:
             problems.append(Problem(str(job.relative_to(root)) if job != root else ".",
                                     "no results.json: the job failed or was killed (rerun the sweep to finish it)"))
@@ -67,22 +75,42 @@ def collect_results(directory: str | Path) -> tuple[list[tuple[Path, dict[str, A
     return results, problems
 
 
-def never_started(root: Path) -> list[str]:
-    """The override lists (``a=1,b=2``) of the sweep's jobs that have no directory, from ``multirun.yaml``."""
+def _job_of(path: Path, root: Path) -> Path:
+    """The Hydra job directory holding ``path`` (a head sweep's plans lie one level below theirs)."""
+    for folder in path.parents:
+        if (folder / ".hydra/overrides.yaml").is_file() or folder == root:
+            return folder
+    return root
+
+
+def _overrides_of(job: Path) -> frozenset | None:
+    try:
+        return frozenset(OmegaConf.load(job / ".hydra/overrides.yaml"))
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def expected_jobs(root: Path) -> list[frozenset] | None:
+    """The override sets of the jobs of the multirun that wrote ``root/multirun.yaml`` (its sweep parameters
+    expanded as Hydra's basic sweeper does); None without a readable one."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     multirun = root / "multirun.yaml"
     if not multirun.is_file():
-        return []
+        return None
     config = OmegaConf.load(multirun)
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     arguments = [f"{key}={value}" for key, value in params.items()]
     arguments += list(OmegaConf.select(config, "hydra.overrides.task") or [])
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)
-        expected = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+        return [frozenset(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
     except Exception:
-        return []
+        return None
+
+
+def never_started(root: Path) -> list[str]:
+    """The override lists (``a=1,b=2``) of the sweep's jobs that have no directory, from ``multirun.yaml``."""
     found = {frozenset(OmegaConf.load(p)) for p in root.rglob(".hydra/overrides.yaml")}
-    return [",".join(job) for job in expected if frozenset(job) not in found]
+    return [",".join(sorted(job)) for job in expected_jobs(root) or () if job not in found]

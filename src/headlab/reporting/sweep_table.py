@@ -27,6 +27,13 @@ from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, adjust_
 from headlab.reporting.sweep_jobs import Problem, collect_results
 
 STAT_COLUMNS = ["ci_low", "ci_high", "p_value", "p_adjusted"]
+# Config keys (dotted prefixes) that may differ between the jobs of one table: the plan, what names the job, the
+# sections of other modes, and how a job ran (which does not change its numbers).
+FREE_KEYS = ("mask.", "plan.", "plans.", "sweep.", "mode.", "model.", "task.", "ckpt_path.", "group.", "logger.",
+             "baseline_dir.", "report.", "sweep_dir.", "demo.", "attention_route.", "compile.", "importance.",
+             "prune_curve.", "features.", "cluster.", "compare.", "allow_random_head.", "data.num_workers.",
+             "data.cache_dir.", "trainer.devices.", "trainer.num_nodes.", "trainer.accelerator.", "trainer.strategy.",
+             "trainer.enable_progress_bar.")
 HEAD_PLAN = re.compile(r"^L(\d+)(?:H(\d+))?$")
 
 
@@ -71,15 +78,57 @@ def _job_rows(root: Path, path: Path, result: dict[str, Any]) -> list[dict[str, 
             for split, metrics in result["metrics"].items() for metric, value in metrics.items()]
 
 
+def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(config, dict):
+        return {prefix: config}
+    return {k: v for key, value in config.items() for k, v in _flat(value, f"{prefix}{key}.").items()} or {prefix: {}}
+
+
+def _settings(result: dict[str, Any]) -> dict[str, Any]:
+    """The dotted config keys of a job that must agree across one table: all but its plan and what runs it."""
+    flat = _flat(result["config"])
+    return {key.rstrip("."): value for key, value in flat.items() if not key.startswith(FREE_KEYS)}
+
+
+def check_one_configuration(directory: str | Path, results: list[tuple[Path, dict[str, Any]]]) -> None:
+    """A ``UserError`` when the jobs of one model, task and checkpoint were run with different settings (say
+    ``data.max_eval_examples``) or give one plan name twice: one table, one correction family would mix them."""
+    sections: dict[tuple, list[tuple[Path, dict[str, Any]]]] = {}
+    for path, result in results:
+        sections.setdefault((result["model"], result["task"], result["checkpoint"]["weights_hash"]), []).append(
+            (path, result))
+    where = lambda path: str(path.parent.relative_to(directory))  # noqa: E731
+    for (model, task, _), jobs in sections.items():
+        first_path, first = jobs[0]
+        reference = _settings(first)
+        for path, result in jobs[1:]:
+            settings = _settings(result)
+            differ = sorted(k for k in reference.keys() | settings.keys() if reference.get(k) != settings.get(k))
+            if differ:
+                shown = ", ".join(f"{k}={reference.get(k)!r} vs {settings.get(k)!r}" for k in differ[:3])
+                raise UserError(f"sweep_dir={str(directory)!r} holds jobs of {model} on {task} run with different "
+                                f"settings ({shown}: {where(first_path)} vs {where(path)}); one table would mix them: "
+                                f"report each sweep from its own folder (hydra.sweep.dir=...)")
+        seen: dict[str, Path] = {}
+        for path, result in jobs:
+            if result["mode"] == "eval" and seen.setdefault(result["plan_name"], path) is not path:
+                raise UserError(f"sweep_dir={str(directory)!r} holds plan {result['plan_name']!r} of {model} on {task} "
+                                f"twice ({where(seen[result['plan_name']])} and {where(path)}); one table would keep "
+                                f"one of them: report each sweep from its own folder (hydra.sweep.dir=...)")
+
+
 def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Resampling = DEFAULT_RESAMPLING,
-               correction: str = "holm") -> pd.DataFrame:
+               correction: str = "holm", latest_multirun: bool = False) -> pd.DataFrame:
     """The tidy table of every finished evaluation under ``directory`` (see the module docstring).
 
     ``statistics=False`` skips the CIs and p-values (NaN). The jobs that failed or never ran are in
-    ``frame.attrs["problems"]`` (``[{"job", "reason"}]``), never silently dropped.
+    ``frame.attrs["problems"]`` (``[{"job", "reason"}]``), never silently dropped. The jobs must share their
+    settings but for the plan (``check_one_configuration``); ``latest_multirun``: only the jobs of the multirun
+    that last wrote ``directory/multirun.yaml`` (a sweep's own report, beside earlier sweeps in its folder).
     """
     root = Path(directory)
-    results, problems = collect_results(root)
+    results, problems = collect_results(root, latest_multirun)
+    check_one_configuration(root, results)
     if not results:
         listed = "; ".join(f"{p.job}: {p.reason}" for p in problems[:5])
         raise UserError(f"sweep_dir={str(directory)!r} holds no finished evaluation (results.json of ablate.py "
