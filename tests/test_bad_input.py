@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, assert_one_error_line, in_parallel
@@ -39,8 +40,21 @@ def files(tmp_path_factory):
     (folder / "features_job/results.json").write_text(json.dumps({"families": ["distance"], "shape": [3, 4]}))
     for name, shape in (("clusters_3x4", [3, 4]), ("clusters_2x2", [2, 2])):
         (folder / name).mkdir()
-        (folder / name / "clusters.json").write_text(json.dumps({"model": name, "shape": shape,
-                                                                  "labels": {"L0H0": "cluster0"}}))
+        labels = {f"L{l}H{h}": f"cluster{h % 2}" for l in range(shape[0]) for h in range(shape[1])}
+        (folder / name / "clusters.json").write_text(json.dumps({"model": name, "shape": shape, "labels": labels}))
+    (folder / "clusters_some").mkdir()  # labels 2 of a 3 x 4 model's heads
+    (folder / "clusters_some/clusters.json").write_text(json.dumps({"model": "m", "shape": [3, 4], "labels": {
+        "L0H0": "cluster0", "L0H1": "cluster1"}}))
+    (folder / "clusters_twice.json").write_text('{"labels": {"L0H0": "dense", "L0H1": "vertical", "L0H0": "x"}}')
+    (folder / "clusters_spellings.json").write_text(json.dumps({"labels": {"L0H0": "dense", "L00H0": "vertical"}}))
+    (folder / "features_list").mkdir()  # a results.json that is a list
+    (folder / "features_list/features.npz").write_bytes(b"")
+    (folder / "features_list/results.json").write_text("[1, 2]")
+    (folder / "features_2x2").mkdir()  # features of a 2 x 2 model beside the results of a 3 x 4 one
+    np.savez(folder / "features_2x2/features.npz", shape=np.array([2, 2, 5, 0]), families=np.array(["distance"]),
+             distance=np.full((2, 2, 21), 1 / 21), distance_sequences=np.full((5, 2, 2, 21), 1 / 21))
+    (folder / "features_2x2/results.json").write_text(json.dumps({"families": ["distance"], "shape": [3, 4],
+                                                                   "model": "tiny_random"}))
     return folder
 
 
@@ -127,8 +141,19 @@ CASES = [
     ("ablate.py", ["mode=cluster", "cluster.min_stability=95"], "cluster.min_stability=95"),
     ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4]"], "two or more"),
     ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4,FILES/clusters_2x2]"], "different shapes"),
+    ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4,FILES/clusters_some]"],
+     "no label for 10 of its heads (L0H2, L0H3, L1H0, L1H1, ...)"),
     ("ablate.py", ["experiment=guan2020_table2", "hydra.mode=RUN", "plan=prune_dense", "allow_random_head=true",
                    "mask.clusters=FILES/clusters_3x4/clusters.json"], "need clusters named dense, dense_vertical"),
+    ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:cluster0", "allow_random_head=true",
+                   "mask.clusters=FILES/clusters_2x2/clusters.json"], "2 layers x 2 heads; this model has 3 x 4"),
+    ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:dense", "allow_random_head=true",
+                   "mask.clusters=FILES/clusters_twice.json"], "has the key 'L0H0' twice"),
+    ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:dense", "allow_random_head=true",
+                   "mask.clusters=FILES/clusters_spellings.json"], "labels head L0H0 twice ('L0H0' and 'L00H0')"),
+    ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_job"], "features.npz' is not readable"),
+    ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_list"], "is not the results of a mode=features"),
+    ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_2x2"], "holds 2 x 2 heads, but its results.json"),
     # ablate.py mode=report
     ("ablate.py", ["mode=report"], "sweep_dir=DIR"),
     ("ablate.py", ["mode=report", "sweep_dir=/no/such/sweep"], "/no/such/sweep"),

@@ -11,6 +11,7 @@ from transformers import GPT2Config, GPT2Model
 
 import headlab
 from headlab.core.plans import HeadPlan, load_importance, select_heads
+from headlab.errors import UserError
 
 
 def heads_of(selector, layers=4, heads=3, **kwargs):
@@ -176,3 +177,31 @@ def test_drop_without_sentence_ids_fails_at_forward(tiny_model, inputs):
     wrong = torch.zeros(1, 3, dtype=torch.long)
     with headlab.ablate(tiny_model, plan), pytest.raises(ValueError, match=r"sentence_ids has shape \[1, 3\]"):
         tiny_model(**inputs, sentence_ids=wrong)
+
+
+def test_a_clusters_file_must_fit_the_model(tmp_path):
+    labels = {f"L{l}H{h}": "dense" if h else "vertical" for l in range(2) for h in range(2)}
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"labels": labels, "shape": [2, 2]}))  # a 2 x 2 model's file (mode=cluster's)
+    rules = [{"heads": "cluster:vertical", "policy": "prune"}]
+    with pytest.raises(UserError, match=r"2 layers x 2 heads; this model has 3 x 4"):
+        HeadPlan.from_rules(rules, 3, 4, clusters=small)
+    assert HeadPlan.from_rules(rules, 2, 2, clusters=small).heads_with("prune") == [(0, 0), (1, 0)]
+    with pytest.raises(UserError, match=r"labels head L1H0 twice \('L1H0' and 'L01H00'\)"):
+        HeadPlan.from_rules(rules, 2, 2, clusters={"L1H0": "vertical", "L01H00": "dense"})
+    assert HeadPlan.from_rules(rules, 2, 2, clusters={"L01H00": "vertical"}).heads_with("prune") == [(1, 0)]
+    with pytest.raises(UserError, match=r"no label for 1 of its heads \(L1H1\)"):
+        HeadPlan.from_rules(rules, 2, 2, clusters={"labels": {k: v for k, v in labels.items() if k != "L1H1"},
+                                                   "shape": [2, 2]})
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"labels": {"L0H0": "vertical", "L0H0": "dense"}}')
+    with pytest.raises(UserError, match=r"has the key 'L0H0' twice"):
+        HeadPlan.from_rules(rules, 2, 2, clusters=twice)
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5, True, None])
+def test_plan_sizes_must_be_positive_whole_numbers(size):
+    with pytest.raises(UserError, match="must be a positive whole number"):
+        HeadPlan.from_rules([], size, 4)
+    with pytest.raises(UserError, match="must be a positive whole number"):
+        HeadPlan.from_rules([], 3, size)

@@ -56,9 +56,25 @@ def read_json(path: str | Path, what: str) -> Any:
     if not path.is_file():
         raise UserError(f"{what} file {str(path)!r} does not exist")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"{what} file {str(path)!r} is not valid JSON: {error}") from None
+    except _DuplicateKey as error:
+        raise UserError(f"{what} file {str(path)!r} has the key {error.args[0]!r} twice in one object (JSON keeps "
+                        "the last silently); keep one") from None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, or ``_DuplicateKey`` when a key comes twice."""
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return found
 
 
 def config_hash(config: Any) -> str:

@@ -19,6 +19,7 @@ stability, embeds the heads and writes into the job directory:
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,32 @@ def features_job(source: str | Path) -> tuple[Path, dict[str, Any]]:
     if not (folder / "features.npz").is_file():
         raise UserError(f"cluster.features={str(source)!r}: no features.npz there; give a mode=features job directory")
     summary = read_json(folder / "results.json", "features results")
+    shape = summary.get("shape") if isinstance(summary, dict) else None
+    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(n, int) and n > 0 for n in shape)
+            and isinstance(summary.get("families"), list)):
+        raise UserError(f"cluster.features={str(source)!r}: {str(folder / 'results.json')!r} is not the results of a "
+                        "mode=features job (no [layers, heads] shape or families)")
     if "distance" not in summary.get("families", []):
         raise UserError(f"cluster.features={str(source)!r} has no distance features (families "
                         f"{summary.get('families')}); run mode=features with the distance family")
     return folder / "features.npz", summary
+
+
+def read_features(path: Path, summary: dict[str, Any]) -> AttentionFeatures:
+    """The features in ``path``, checked to be of the model its folder's ``results.json`` describes."""
+    try:
+        with np.load(path) as arrays:
+            features = AttentionFeatures.from_arrays(dict(arrays))
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
+        raise UserError(f"features file {str(path)!r} is not readable ({type(error).__name__}: {error}); run its "
+                        "mode=features job again") from None
+    if [features.num_layers, features.num_heads] != summary["shape"] or features.distance is None:
+        raise UserError(f"features file {str(path)!r} holds {features.num_layers} x {features.num_heads} heads"
+                        f"{'' if features.distance is not None else ' without distance features'}, but its "
+                        f"results.json says {summary.get('model', 'a model')} with {summary['shape'][0]} x "
+                        f"{summary['shape'][1]}: "
+                        "the folder mixes two jobs; run its mode=features job again")
+    return features
 
 
 def check_cluster(cfg: Any) -> None:
@@ -90,8 +113,7 @@ def stability_note(share: float, threshold: float | None) -> str | None:
 def run_cluster(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Cluster the heads of ``cfg.cluster.features``; ``cfg`` passed ``check_ablate_config``."""
     path, source = features_job(cfg.cluster.features)
-    with np.load(path) as arrays:
-        features = AttentionFeatures.from_arrays(dict(arrays))
+    features = read_features(path, source)
     logger = identity.logger(cfg.logger, f"cluster-{source['task']}-{source['model']}")
     options = cfg.cluster
     points = features.distance.reshape(-1, len(DISTANCE_BINS))  # [heads, 21]

@@ -29,6 +29,7 @@ from rich.console import Console
 from sklearn.metrics import adjusted_rand_score
 
 from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.core.plans import load_clusters
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
@@ -44,9 +45,10 @@ def read_clusters_run(source: str | Path) -> dict[str, Any]:
         raise UserError(f"compare.runs entry {str(source)!r}: no clusters.json there; give mode=cluster job "
                         "directories")
     clusters = read_json(path, "clusters")
-    if "labels" not in clusters or "shape" not in clusters:
+    if not isinstance(clusters, dict) or "labels" not in clusters or "shape" not in clusters:
         raise UserError(f"{str(path)!r} is not a clusters file written by mode=cluster (no labels/shape)")
-    return clusters | {"path": str(path.absolute())}
+    labels = load_clusters(path)  # every head of its shape, once, named L{layer}H{head}
+    return clusters | {"labels": labels, "path": str(path.absolute())}
 
 
 def read_runs(runs: list[str], names: list[str] | None) -> list[dict[str, Any]]:

@@ -194,10 +194,14 @@ def head_index(name: str, num_layers: int, num_heads: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------- clusters / importance
 
 
-def load_clusters(source: str | Path | Mapping[str, Any]) -> dict[str, str]:
-    """Head -> label mapping from a clusters file (DESIGN.md section 5) or an in-memory mapping.
+def load_clusters(source: str | Path | Mapping[str, Any], num_layers: int | None = None,
+                  num_heads: int | None = None) -> dict[str, str]:
+    """Head -> label mapping (heads named ``L{layer}H{head}``) from a clusters file (DESIGN.md section 5) or an
+    in-memory mapping.
 
-    Accepts ``{"labels": {"L0H0": "dense", ...}, ...}`` or the bare ``{"L0H0": "dense"}``.
+    Accepts ``{"labels": {"L0H0": "dense", ...}, "shape": [layers, heads], ...}`` or the bare ``{"L0H0": "dense"}``.
+    Given the model's ``num_layers`` and ``num_heads``, every head must be in range and a file's ``shape`` (mode=cluster
+    writes it: the file then labels every head) must be the model's. Two spellings of one head (``L00H0``) are an error.
     """
     data = _read_json(source, "clusters")
     labels = data.get("labels", data) if isinstance(data, Mapping) else None
@@ -206,11 +210,40 @@ def load_clusters(source: str | Path | Mapping[str, Any]) -> dict[str, str]:
             f"clusters {_describe(source)} must be a JSON object with a non-empty 'labels' mapping "
             "like {\"labels\": {\"L0H0\": \"dense\"}}"
         )
+    named: dict[str, str] = {}
+    spelled: dict[str, str] = {}
     for head, label in labels.items():
-        parse_head_name(head)
+        canonical = head_name(*parse_head_name(head))
+        if canonical in spelled:
+            raise UserError(f"clusters {_describe(source)} labels head {canonical} twice ({spelled[canonical]!r} and "
+                            f"{head!r}); keep one")
         if not isinstance(label, str):
             raise UserError(f"cluster label of {head} in {_describe(source)} must be a string, got {label!r}")
-    return dict(labels)
+        spelled[canonical], named[canonical] = head, label
+    shape = data.get("shape") if "labels" in data else None
+    if shape is not None:
+        check_clusters_shape(named, shape, _describe(source))
+    if num_layers is not None:
+        if shape is not None and list(shape) != [num_layers, num_heads]:
+            raise UserError(f"clusters {_describe(source)} are of a model with {shape[0]} layers x {shape[1]} heads; "
+                            f"this model has {num_layers} x {num_heads}")
+        for head in named:
+            head_index(head, num_layers, num_heads)
+    return named
+
+
+def check_clusters_shape(labels: Mapping[str, str], shape: Any, described: str) -> None:
+    """``shape`` is ``[layers, heads]`` and ``labels`` name exactly its heads (a file written by mode=cluster)."""
+    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(n, int) and n > 0 for n in shape)):
+        raise UserError(f"clusters {described} has shape {shape!r}; expected [layers, heads]")
+    expected = {head_name(l, h) for l in range(shape[0]) for h in range(shape[1])}
+    missing, extra = sorted(expected - set(labels)), sorted(set(labels) - expected)
+    if missing or extra:
+        more = ", ..." if len(missing) > 4 else ""
+        problem = (f"no label for {len(missing)} of its heads ({', '.join(missing[:4])}{more})" if missing
+                   else f"heads outside it ({', '.join(extra[:4])})")
+        raise UserError(f"clusters {described} is of a {shape[0]} x {shape[1]} model but has {problem}; a clusters "
+                        "file labels every head")
 
 
 def load_importance(source: str | Path | Mapping[str, Any] | Sequence, num_layers: int, num_heads: int,
@@ -314,11 +347,11 @@ class HeadPlan:
 
         ``estimator``: which of the importance file's ``estimators`` ``top:``/``bottom:`` use (None: ``importance``).
         """
+        for name, size in (("num_layers", num_layers), ("num_heads", num_heads)):
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+                raise UserError(f"{name} must be a positive whole number, got {size!r}")
         rules = check_rules(rules)
-        labels = None if clusters is None else load_clusters(clusters)
-        if labels is not None:
-            for head in labels:
-                head_index(head, num_layers, num_heads)
+        labels = None if clusters is None else load_clusters(clusters, num_layers, num_heads)
         scores = None if importance is None else load_importance(importance, num_layers, num_heads, estimator)
         policies = np.full((num_layers, num_heads), "keep", dtype=object)
         for rule in rules:
