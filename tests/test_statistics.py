@@ -33,12 +33,17 @@ def regression(n: int, seed: int = 0) -> tuple[dict, dict]:
             {"label": label, "prediction": base, "loss": rng.random(n)})
 
 
-def scipy_ci(metric, ablated, baseline, columns, method, resamples, seed, batch):
-    """scipy.stats.bootstrap, paired over examples, with the metric recomputed from scratch per resample."""
+def scipy_ci(metric, ablated, baseline, columns, method, resamples, seed, batch, lattice=False):
+    """scipy.stats.bootstrap, paired over examples, with the metric recomputed from scratch per resample.
+    ``lattice``: the metric is a mean of 0/1 values; its delta is taken exactly, from the two counts (the difference
+    of two rounded means ties with the observed delta by chance, and BCa counts ties)."""
     data = tuple(np.asarray(side[c]) for side in (ablated, baseline) for c in columns)
     k = len(columns)
 
     def statistic(*cols):
+        if lattice:
+            n = len(cols[0])
+            return (round(metric(*cols[:k]) * n) - round(metric(*cols[k:]) * n)) / n
         return metric(*cols[:k]) - metric(*cols[k:])
 
     result = scipy.stats.bootstrap(data, statistic, paired=True, vectorized=False, n_resamples=resamples,
@@ -58,7 +63,8 @@ def test_bootstrap_ci_equals_scipy_with_the_metric_recomputed_per_resample(name,
     ablated, baseline = data
     resamples = 400
     mine = paired_ci(ablated, baseline, name, resamples=resamples, method=method, seed=7, permutations=50)
-    low, high = scipy_ci(reference, ablated, baseline, columns, method, resamples, seed=7, batch=500)
+    low, high = scipy_ci(reference, ablated, baseline, columns, method, resamples, seed=7, batch=500,
+                         lattice=name == "accuracy")
     assert mine.delta == pytest.approx(reference(*[ablated[c] for c in columns])
                                        - reference(*[baseline[c] for c in columns]), abs=1e-12)
     assert (mine.ci_low, mine.ci_high) == pytest.approx((low, high), rel=1e-9, abs=1e-12)
@@ -192,3 +198,66 @@ def test_bad_statistics_input():
         paired_ci(a, b, "accuracy", method="normal")
     with pytest.raises(UserError, match="correction 'bonferroni'"):
         adjust_p_values([0.1], "bonferroni")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bca_on_exact_match_equals_scipy_on_the_lattice(seed):
+    """n = 60 SQuAD records: EM deltas lie on a grid of 100/60; resamples that tie with the observed delta must tie
+    exactly (they fell on either side by rounding, moving one interval in three by a grid step)."""
+    rng = np.random.default_rng(seed)
+    base = (rng.random(60) < 0.6).astype(float)
+    ablated = np.where(rng.random(60) < 0.25, 1.0 - base, base)
+    mine = paired_ci({"exact_match": ablated, "f1": ablated}, {"exact_match": base, "f1": base}, "exact_match",
+                     resamples=2000, permutations=100, seed=seed)
+    low, high = scipy_ci(np.mean, {"em": ablated}, {"em": base}, ["em"], "bca", 2000, seed, batch=500, lattice=True)
+    assert (mine.ci_low, mine.ci_high) == pytest.approx((100 * low, 100 * high), rel=1e-12, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_corrections_equal_statsmodels_with_ties_and_nan(seed):
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(seed)
+    p = rng.choice([0.001, 0.01, 0.02, 0.04, 0.3, 0.9, 1.0], 25) * rng.choice([1.0, 0.5], 25)  # ties
+    p[rng.choice(25, 3, replace=False)] = np.nan
+    present = ~np.isnan(p)
+    for correction, method in (("holm", "holm"), ("bh", "fdr_bh")):
+        out = adjust_p_values(p, correction)
+        assert np.isnan(out[~present]).all()
+        np.testing.assert_allclose(out[present], multipletests(p[present], method=method)[1], rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize(("metric", "column", "value"), [("accuracy", "prediction", np.nan),
+                                                         ("matthews", "prediction", np.nan),
+                                                         ("loss", "loss", np.inf), ("pearson", "label", np.nan)])
+def test_a_non_finite_record_names_the_plan_and_the_example(metric, column, value):
+    ablated, baseline = classification(40, 0.3, classes=3)
+    ablated = {**ablated, "example": np.arange(100, 140), column: ablated[column].astype(float)}
+    ablated[column][17] = value
+    with pytest.raises(UserError, match=rf"records of plan 'L0H1' hold {value} in '{column}' at example 117"):
+        paired_tests(metric, [ablated], baseline, Resampling(50, 50), names=["plan 'L0H1'"])
+
+
+def test_labels_must_match_between_the_sides():
+    ablated, baseline = classification(40, 0.3)
+    ablated = {**ablated, "label": ablated["label"].copy()}
+    ablated["label"][5] = 1 - ablated["label"][5]
+    with pytest.raises(UserError, match=r"give example 5 the label .* where the baseline has"):
+        paired_tests("accuracy", [ablated], baseline, Resampling(50, 50))
+
+
+def test_pearson_of_constant_predictions_is_undefined_not_significant():
+    """Sums of constant values rounded to a variance of ~1e-15: r came out 1.07e-9, with p = 0.0002."""
+    ablated, baseline = regression(80)
+    constant = {**ablated, "prediction": np.full(80, 2.7)}
+    assert np.isnan(scipy.stats.pearsonr(constant["prediction"], constant["label"]).statistic)
+    result = paired_tests("pearson", [constant, ablated], baseline, Resampling(200, 200))
+    assert np.isnan(result[0].value) and np.isnan(result[0].delta) and np.isnan(result[0].p_value)
+    assert np.isfinite(result[1].delta) and np.isfinite(result[1].p_value)
+    assert np.isnan(adjust_p_values([result[0].p_value, 0.01])[0])
+
+
+@pytest.mark.parametrize("values", [[], [80.0, np.nan, 81.0], [80.0, np.inf]])
+def test_across_seeds_refuses_missing_values(values):
+    with pytest.raises(UserError, match="one finite value per seed"):
+        across_seeds(values)

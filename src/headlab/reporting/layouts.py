@@ -43,8 +43,12 @@ def decimals_for(values: pd.Series, percent: bool) -> int:
 
 def describe_cell(row: pd.Series, digits: int) -> str:
     """``value (delta [low, high])*``; the baseline plan shows its value only."""
+    if not np.isfinite(row["value"]):
+        return "n/a"
     if row["heads"] == 0:
         return f"{row['value']:.{digits}f}"
+    if not np.isfinite(row["delta"]):
+        return f"{row['value']:.{digits}f} (n/a)"
     ci = f" [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}]" if np.isfinite(row["ci_low"]) else ""
     return f"{row['value']:.{digits}f} ({row['delta']:+.{digits}f}{ci}){significance(row['p_adjusted'])}"
 
@@ -98,6 +102,9 @@ def seeds_grid(seeds: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         for row in group.itertuples():
             task = seeds[seeds["task"] == row.task]
             digits = decimals_for(task.loc[task["metric"] == row.metric, "value_mean"], in_percent(task, row.metric))
+            if not np.isfinite(row.value_mean):  # undefined for some seed (its note says so)
+                line[row.metric] = "n/a"
+                continue
             cell = f"{row.value_mean:.{digits}f}"
             if row.rules != "keep":
                 low, high = f"{row.delta_ci_low:+.{digits}f}", f"{row.delta_ci_high:+.{digits}f}"

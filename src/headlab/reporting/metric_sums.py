@@ -30,6 +30,7 @@ class SumMetric:
     name: str
     features: Callable[[Columns], np.ndarray]
     finish: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    linear: bool = False  # finish is linear in the sums (a mean): a delta is finish of the difference of sums
 
     def value(self, columns: Columns) -> float:
         features = self.features(columns)
@@ -62,7 +63,7 @@ def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 
 def mean_metric(name: str, values: Callable[[Columns], np.ndarray], scale: float = 1.0) -> SumMetric:
     """``scale`` x the mean of a per-example value."""
-    return SumMetric(name, lambda c: values(c)[:, None], lambda s, n: scale * s[..., 0] / n)
+    return SumMetric(name, lambda c: values(c)[:, None], lambda s, n: scale * s[..., 0] / n, linear=True)
 
 
 def subset_mean_metric(name: str, values: Callable[[Columns], np.ndarray], subset: Callable[[Columns], np.ndarray],
@@ -108,9 +109,15 @@ def _pearson_features(columns: Columns) -> np.ndarray:
 
 
 def _pearson(sums: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Pearson's r from the sums; NaN (as scipy) when either side is constant. A variance below the rounding of its
+    own sums (``count * sxx`` to ~``count`` ulps) counts as 0: constant predictions gave 1e-9, not NaN."""
     sx, sy, sxx, syy, sxy = np.moveaxis(sums, -1, 0)
+    floor = 8 * np.finfo(np.float64).eps * np.maximum(count, 1.0)
+    var_x, var_y = count * sxx - sx**2, count * syy - sy**2
+    var_x = np.where(var_x <= floor * count * sxx, 0.0, var_x)
+    var_y = np.where(var_y <= floor * count * syy, 0.0, var_y)
     with np.errstate(invalid="ignore", divide="ignore"):  # constant values: NaN, as scipy
-        return (count * sxy - sx * sy) / np.sqrt((count * sxx - sx**2) * (count * syy - sy**2))
+        return np.where((var_x > 0) & (var_y > 0), (count * sxy - sx * sy) / np.sqrt(var_x * var_y), np.nan)
 
 
 def _spearman(prediction: np.ndarray, label: np.ndarray) -> np.ndarray:
@@ -119,6 +126,16 @@ def _spearman(prediction: np.ndarray, label: np.ndarray) -> np.ndarray:
     x, y = x - x.mean(-1, keepdims=True), y - y.mean(-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (x * y).sum(-1) / np.sqrt((x * x).sum(-1) * (y * y).sum(-1))
+
+
+def columns_read(name: str, columns: Columns) -> tuple[str, ...]:
+    """The record columns metric ``name`` reads (checked to be finite before any statistic)."""
+    if name == "loss":
+        return ("loss",)
+    if "exact_match" in columns and name.endswith(("exact_match", "f1")):
+        score = "exact_match" if name.endswith("exact_match") else "f1"
+        return (score, "has_answer") if name.startswith(("has_ans_", "no_ans_")) else (score,)
+    return ("label", "prediction")
 
 
 def metric_for(name: str, columns: Columns) -> SumMetric | RankMetric:

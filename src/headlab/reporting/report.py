@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
@@ -129,10 +130,14 @@ def _seeds(report: Report, frame: pd.DataFrame) -> None:
     for key, group in frame.groupby(SEED_KEYS, sort=False):
         if group["checkpoint"].nunique() < 2:
             continue
+        if not np.isfinite(group[["value", "delta"]].to_numpy()).all():  # a seed's metric is undefined (n/a)
+            rows.append({**dict(zip(SEED_KEYS, key)), "seeds": len(group),
+                         "note": "n/a: the metric is undefined for some seed; no mean over the others"})
+            continue
         value, delta = across_seeds(group["value"]), across_seeds(group["delta"])
         rows.append({**dict(zip(SEED_KEYS, key)), "seeds": value["seeds"],
                      **{f"value_{k}": v for k, v in value.items() if k != "seeds"},
-                     **{f"delta_{k}": v for k, v in delta.items() if k != "seeds"}})
+                     **{f"delta_{k}": v for k, v in delta.items() if k != "seeds"}, "note": ""})
     if rows:
         seeds = pd.DataFrame(rows)
         report.files.append(write_frame_atomic(seeds, report.folder / "seeds.csv"))

@@ -13,7 +13,7 @@ run, the delta = metric(ablated) - metric(baseline), with
 
 The runs of a sweep share resamples: one matrix product per batch serves every run
 (``headlab.reporting.metric_sums``), which is what makes a 72-plan report cheap (BENCHMARKS.md).
-Corrections across plans: Holm or Benjamini-Hochberg (``statsmodels.stats.multitest``).
+Corrections across plans: Holm or Benjamini-Hochberg (as ``statsmodels.stats.multitest``, in numpy).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import scipy.stats
 from scipy.special import ndtr, ndtri
 
 from headlab.errors import UserError
-from headlab.reporting.metric_sums import Columns, RankMetric, SumMetric, metric_for
+from headlab.reporting.metric_sums import Columns, RankMetric, SumMetric, columns_read, metric_for
 from headlab.reporting.settings import CI_METHODS, CORRECTIONS
 
 
@@ -83,12 +83,22 @@ class _Deltas:
             self.features = np.stack([np.stack(metric.columns(run)) for run in runs])  # [runs, 2, n]
         self.n = self.base.shape[-1] if isinstance(metric, RankMetric) else len(self.base)
 
-    def observed(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ablated values [runs], baseline value [])."""
+    def observed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ablated values [runs], baseline value [], deltas [runs])."""
         if isinstance(self.metric, RankMetric):
-            return self.metric.statistic(*np.moveaxis(self.features, 1, 0)), self.metric.statistic(*self.base)
+            ablated, base = self.metric.statistic(*np.moveaxis(self.features, 1, 0)), self.metric.statistic(*self.base)
+            return ablated, base, ablated - base
         count = np.asarray(float(self.n))
-        return self.metric.finish(self.features.sum(0), count), self.metric.finish(self.base.sum(0), count)
+        ablated, base = self.metric.finish(self.features.sum(0), count), self.metric.finish(self.base.sum(0), count)
+        return ablated, base, self._delta(self.features.sum(0), self.base.sum(0), count)
+
+    def _delta(self, runs: np.ndarray, base: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """Deltas from sums ``runs`` ``[..., runs, k]`` and ``base`` ``[..., k]``. A mean's is taken of the difference
+        of the sums: exact on a lattice (accuracy, EM: integer counts), so a resample that ties with the observed
+        delta ties exactly, as in scipy with an exact statistic (two rounded means tied by chance)."""
+        if self.metric.linear:
+            return self.metric.finish(runs - base[..., None, :], count[..., None])
+        return self.metric.finish(runs, count[..., None]) - self.metric.finish(base, count)[..., None]
 
     def resampled(self, index: np.ndarray) -> np.ndarray:
         """Deltas of bootstrap resamples ``index`` ``[batch, n]`` (example indices): ``[batch, runs]``."""
@@ -104,8 +114,7 @@ class _Deltas:
     def _weighted(self, weights: np.ndarray, count: np.ndarray) -> np.ndarray:
         k = self.base.shape[1]
         sums = weights @ np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
-        runs = self.metric.finish(sums[:, :-k].reshape(len(weights), self.runs, k), count[:, None])
-        return runs - self.metric.finish(sums[:, -k:], count)[:, None]
+        return self._delta(sums[:, :-k].reshape(len(weights), self.runs, k), sums[:, -k:], count)
 
     def jackknife(self) -> np.ndarray:
         """Deltas with each example left out in turn: ``[n, runs]``."""
@@ -113,10 +122,9 @@ class _Deltas:
             keep = ~np.eye(self.n, dtype=bool)
             return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
         total = np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
-        k, count = self.base.shape[1], np.asarray(float(self.n - 1))
+        k, count = self.base.shape[1], np.full(self.n, float(self.n - 1))
         left_out = total.sum(0) - total  # [n, runs * k + k]
-        runs = self.metric.finish(left_out[:, :-k].reshape(self.n, self.runs, k), count)
-        return runs - self.metric.finish(left_out[:, -k:], count)[:, None]
+        return self._delta(left_out[:, :-k].reshape(self.n, self.runs, k), left_out[:, -k:], count)
 
     def swapped(self, swaps: np.ndarray) -> np.ndarray:
         """Deltas with the examples where ``swaps`` ``[batch, n]`` is True swapped between the sides:
@@ -128,11 +136,13 @@ class _Deltas:
                 baseline = np.where(swaps[None], run[:, None], self.base[:, None])
                 out.append(self.metric.statistic(*ablated) - self.metric.statistic(*baseline))
             return np.stack(out, axis=1)
-        k, count = self.base.shape[1], np.asarray(float(self.n))
+        k, count = self.base.shape[1], np.full(len(swaps), float(self.n))
         difference = (self.base[:, None, :] - self.features).reshape(self.n, -1)  # [n, runs * k]
         moved = (swaps.astype(np.float64) @ difference).reshape(len(swaps), self.runs, k)
-        runs = self.metric.finish(self.features.sum(0) + moved, count)
-        return runs - self.metric.finish(self.base.sum(0) - moved, count)
+        if self.metric.linear:  # sum(run) - sum(base) + 2 moved, in one exact step on a lattice
+            return self.metric.finish(self.features.sum(0) - self.base.sum(0) + 2 * moved, count[:, None])
+        runs = self.metric.finish(self.features.sum(0) + moved, count[:, None])
+        return runs - self.metric.finish(self.base.sum(0) - moved, count[:, None])
 
 
 def bootstrap_distribution(deltas: _Deltas, config: Resampling) -> np.ndarray:
@@ -192,10 +202,41 @@ def permutation_p_values(deltas: _Deltas, observed: np.ndarray, config: Resampli
     return np.clip(2 * np.minimum(less, greater), 0.0, 1.0)
 
 
-def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config: Resampling = DEFAULT_RESAMPLING
-                 ) -> list[PairedResult]:
+def check_records(metric: str, runs: Sequence[Columns], baseline: Columns, names: Sequence[str] | None = None) -> None:
+    """A ``UserError`` naming the plan and the example when a record ``metric`` reads is NaN or infinite, or when a
+    run's labels are not the baseline's (the same examples must carry the same gold labels on both sides)."""
+    names = list(names or [f"run {i}" for i in range(len(runs))])
+    read = columns_read(metric, baseline)
+    for name, records in (*zip(names, runs), ("the baseline", baseline)):
+        for column in read:
+            if column not in records:
+                raise UserError(f"the records of {name} have no {column!r} column, which {metric} needs")
+            values = np.asarray(records[column], dtype=np.float64)
+            bad = np.flatnonzero(~np.isfinite(values))
+            if len(bad):
+                raise UserError(f"the records of {name} hold {values[bad[0]]} in {column!r} at example "
+                                f"{_example(records, bad[0])} ({len(bad)} non-finite in all): the run produced no "
+                                "usable score there; evaluate it again")
+    if "label" in read:
+        labels = np.asarray(baseline["label"], dtype=np.float64)
+        for name, records in zip(names, runs):
+            differ = np.flatnonzero(np.asarray(records["label"], dtype=np.float64) != labels)
+            if len(differ):
+                raise UserError(f"the records of {name} give example {_example(records, differ[0])} the label "
+                                f"{records['label'][differ[0]]} where the baseline has {labels[differ[0]]:g} "
+                                f"({len(differ)} labels differ): these are not the same examples")
+
+
+def _example(records: Columns, position: int) -> object:
+    """The id of the example at ``position`` (its ``example`` column when there is one)."""
+    return np.asarray(records["example"])[position] if "example" in records else position
+
+
+def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config: Resampling = DEFAULT_RESAMPLING,
+                 names: Sequence[str] | None = None) -> list[PairedResult]:
     """Each run's delta against ``baseline`` on ``metric``, with CI and p-value; the runs' records and the
-    baseline's list the same examples in the same order."""
+    baseline's list the same examples in the same order (``check_records``; ``names``: the runs', for its errors).
+    Where the metric is undefined (Pearson's r of constant predictions) the delta and p-value are NaN."""
     n = len(baseline[next(iter(baseline.keys()))]) if len(baseline) else 0
     if n < 2:
         raise UserError(f"a paired bootstrap needs at least 2 examples; the records have {n}")
@@ -203,12 +244,13 @@ def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config
         size = len(run[next(iter(run.keys()))])
         if size != n:
             raise UserError(f"paired statistics need the same examples on both sides: {size} vs {n} records")
+    check_records(metric, runs, baseline, names)
     everything = pd.concat([pd.DataFrame(dict(c)) for c in (*runs, baseline)], ignore_index=True)
     deltas = _Deltas(metric_for(metric, everything), runs, baseline)
-    ablated, base = deltas.observed()
-    observed = ablated - base
-    ci = confidence_intervals(deltas, observed, config)
-    p = permutation_p_values(deltas, observed, config)
+    ablated, base, observed = deltas.observed()
+    undefined = ~np.isfinite(observed)  # the metric is undefined on a side (Pearson's r of constant predictions)
+    ci = np.where(undefined[:, None], np.nan, confidence_intervals(deltas, observed, config))
+    p = np.where(undefined, np.nan, permutation_p_values(deltas, observed, config))
     return [PairedResult(metric, float(a), float(base), float(d), float(lo), float(hi), float(q), n)
             for a, d, (lo, hi), q in zip(ablated, observed, ci, p)]
 
@@ -227,22 +269,34 @@ def paired_ci(ablated: Columns, baseline: Columns, metric: str = "accuracy", *, 
 
 
 def adjust_p_values(p_values: Sequence[float], correction: str = "holm") -> np.ndarray:
-    """Adjusted p-values across a family of plans (NaN stays NaN): ``holm``, ``bh`` or ``none``."""
-    from statsmodels.stats.multitest import multipletests
+    """Adjusted p-values across a family of plans (NaN stays NaN and is not counted): ``holm``, ``bh`` or ``none``.
 
+    As ``statsmodels.stats.multitest.multipletests`` (``holm`` / ``fdr_bh``; tested against it), in numpy:
+    statsmodels runs ``gc.collect()`` on every call, about 0.2 s, once per plan family of a report.
+    """
     if correction not in CORRECTIONS:
         raise UserError(f"correction {correction!r} is not one of {', '.join(CORRECTIONS)}")
     p = np.asarray(p_values, dtype=np.float64)
     out = p.copy()
-    present = ~np.isnan(p)
-    if CORRECTIONS[correction] and present.any():
-        out[present] = multipletests(p[present], method=CORRECTIONS[correction])[1]
+    present = np.flatnonzero(~np.isnan(p))
+    if not CORRECTIONS[correction] or not len(present):
+        return out
+    order = present[np.argsort(p[present], kind="stable")]
+    ranked, m = p[order], len(order)
+    if correction == "holm":  # step down: max over the first i of (m - j) p_(j)
+        adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ranked))
+    else:  # Benjamini-Hochberg, step up: min over j >= i of m p_(j) / j
+        adjusted = np.minimum(1.0, np.minimum.accumulate((ranked / (np.arange(1, m + 1) / m))[::-1])[::-1])
+    out[order] = adjusted
     return out
 
 
 def across_seeds(values: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
-    """Mean, standard deviation and Student-t CI of one quantity over fine-tuning seeds."""
+    """Mean, standard deviation and Student-t CI of one quantity over fine-tuning seeds (a ``UserError`` for no value
+    or a NaN or infinite one: a mean over the others would pass for all seeds')."""
     x = np.asarray(values, dtype=np.float64)
+    if not len(x) or not np.isfinite(x).all():
+        raise UserError(f"across_seeds needs one finite value per seed; got {x.tolist()}")
     mean = float(x.mean())
     if len(x) < 2:
         return {"mean": mean, "std": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "seeds": len(x)}

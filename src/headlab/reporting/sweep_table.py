@@ -183,8 +183,16 @@ def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
         if len(base) < 2:
             frame.loc[usable, "note"] = "fewer than 2 examples: no bootstrap"
             continue
-        for index, result in zip(usable, paired_tests(metric, runs, base, resampling)):
+        names = [f"plan {frame.at[i, 'plan']!r} ({frame.at[i, 'job']})" for i in usable]
+        for index, result in zip(usable, paired_tests(metric, runs, base, resampling, names)):
             frame.loc[index, ["ci_low", "ci_high", "p_value"]] = [result.ci_low, result.ci_high, result.p_value]
+            if not np.isfinite(result.delta):
+                frame.loc[index, ["value", "delta", "p_value"]] = [result.value, np.nan, np.nan]
+                frame.at[index, "note"] = (f"n/a: {metric} is undefined here (constant predictions or labels), so "
+                                           "are its delta and p-value")
+            elif not (np.isfinite(result.ci_low) and np.isfinite(result.ci_high)):
+                frame.at[index, "note"] = ("no CI: the bootstrap resamples are degenerate (BCa's bias or acceleration "
+                                           "is not finite); try report.ci_method=percentile")
 
 
 def problems_of(frame: pd.DataFrame) -> list[Problem]:
