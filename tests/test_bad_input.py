@@ -34,7 +34,7 @@ def files(tmp_path_factory):
     (folder / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
     (folder / "empty_dir").mkdir()
     (folder / "blank.txt").write_text("\n  \n\n")
-    (folder / "three_texts.txt").write_text("One sentence.\nA question?\tAn answer.\nx\ty\tz\n")
+    (folder / "three_texts.txt").write_text("One\x0csentence.\r\nA question?\u2028\tAn answer.\nx\ty\tz\n")  # 3 lines
     (folder / "features_job").mkdir()  # what mode=cluster reads before anything loads
     (folder / "features_job/features.npz").write_bytes(b"")
     (folder / "features_job/results.json").write_text(json.dumps({"families": ["distance"], "shape": [3, 4]}))
@@ -55,6 +55,25 @@ def files(tmp_path_factory):
              distance=np.full((2, 2, 21), 1 / 21), distance_sequences=np.full((5, 2, 2, 21), 1 / 21))
     (folder / "features_2x2/results.json").write_text(json.dumps({"families": ["distance"], "shape": [3, 4],
                                                                    "model": "tiny_random"}))
+    (folder / "no_sentence2.jsonl").write_text('{"sentence1": "A cat.", "sentence2": "A dog.", "label": 0}\n'
+                                              '{"sentence1": "A cow.", "label": 1}\n')
+    for name, cut in (("job_truncated", True), ("job_no_weights", False)):  # a train.py job whose model/ is broken
+        job = folder / name
+        (job / "model").mkdir(parents=True)
+        (job / "results.json").write_text(json.dumps({"kind": "train", "complete": True, "model": "tiny_random",
+                                                      "task": "demo_pairs"}))
+        (job / "model/config.json").write_text(json.dumps({"model_type": "bert"}))
+        if cut:
+            header = json.dumps({"w": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 4000]}}).encode()
+            (job / "model/model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 99)
+    torch.save({"hyper_parameters": {"model": {"name": "tiny_random"}, "task": {"name": "demo_qa"}},
+                "state_dict": {}}, folder / "qa.ckpt")
+    (folder / "cut.ckpt").write_bytes((folder / "qa.ckpt").read_bytes()[:200])
+    (folder / "sweep_foreign/job").mkdir(parents=True)  # a results.json that only looks like an evaluation
+    (folder / "sweep_foreign/job/results.json").write_text(json.dumps({"complete": True, "kind": "eval"}))
+    (folder / "cluster_job").mkdir()  # a mode=cluster job where report.heads wants a features job
+    (folder / "cluster_job/heads.parquet").write_bytes(b"")
+    (folder / "cluster_job/results.json").write_text(json.dumps({"kind": "cluster", "model": "m", "task": "t"}))
     return folder
 
 
@@ -154,6 +173,15 @@ CASES = [
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_job"], "features.npz' is not readable"),
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_list"], "is not the results of a mode=features"),
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_2x2"], "holds 2 x 2 heads, but its results.json"),
+    # broken files where a job's weights, checkpoints or results should be
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/job_truncated"], "is truncated (1075 bytes; its tensors need 4083)"),
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/job_no_weights"], "has no weights file"),
+    ("train.py", ["model.random_init=false", "model.name_or_path=FILES/job_truncated/model"], "is truncated"),
+    ("train.py", ["ckpt_path=FILES/qa.ckpt"], "was trained with task=demo_qa (this config: task=demo_pairs)"),
+    ("train.py", ["ckpt_path=FILES/cut.ckpt"], "cut.ckpt' is not a readable Lightning checkpoint"),
+    ("train.py", ["task.data_files.validation=FILES/no_sentence2.jsonl"], "row 2 has no text in 'sentence2'"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/sweep_foreign"], "job: results.json is not one of ablate.py's"),
+    ("ablate.py", ["mode=report", "report.heads=[{features: FILES/cluster_job}]"], "is a mode=cluster job, not a"),
     # ablate.py mode=report
     ("ablate.py", ["mode=report"], "sweep_dir=DIR"),
     ("ablate.py", ["mode=report", "sweep_dir=/no/such/sweep"], "/no/such/sweep"),
@@ -178,15 +206,15 @@ CASES = [
 ]
 
 
-def run(script, overrides, files, tmp_path):
+def run(script, overrides, files, tmp_path, run_dir=None):
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "WANDB_MODE": "offline"}
     env.pop("HYDRA_FULL_ERROR", None)
     overrides = [o.replace("FILES", str(files)) for o in overrides]
     cache = [f"data.cache_dir={tmp_path / 'cache'}", f"data.max_eval_examples={8}"]
-    if script == "ablate.py":
+    if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
         cache.append(f"baseline_dir={tmp_path / 'baselines'}")
-    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    run_dir = f"hydra.run.dir={run_dir or tmp_path / 'run'}"
     command = [sys.executable, str(ROOT / script), *TINY[script], *overrides, *cache, run_dir]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -252,3 +280,23 @@ def test_compile_and_flex_route_need_a_recent_torch():
         require_torch("compile=true", "2.3.1")
     with pytest.raises(UserError, match=r"attention_route=flex needs torch >= 2.5; this is torch 2.4.1"):
         require_torch("attention_route=flex", "2.4.1")
+
+
+@pytest.mark.parametrize("read_only", ["baseline_dir", "hydra.run.dir"])
+def test_a_read_only_folder_is_an_error_before_anything_is_evaluated(tmp_path, read_only):
+    """A folder nobody may write to (root writes whatever the mode, so as root it is made immutable)."""
+    folders = {name: tmp_path / name for name in ("baseline_dir", "hydra.run.dir")}
+    for folder in folders.values():
+        folder.mkdir()
+    locked = folders[read_only]
+    as_root = os.geteuid() == 0
+    subprocess.run(["chattr", "+i", str(locked)], check=True) if as_root else locked.chmod(0o555)
+    try:
+        result = run("ablate.py", ["mode=eval", "mask=prune", "mask.heads=L0", "allow_random_head=true",
+                                   f"baseline_dir={folders['baseline_dir']}"], None, tmp_path,
+                     run_dir=folders["hydra.run.dir"])
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True) if as_root else locked.chmod(0o755)
+    assert_one_error_line(result, f"baseline_dir={str(locked)!r} is not writable (" if read_only == "baseline_dir"
+                          else f"cannot write '{locked}/")
+    assert not list(folders["baseline_dir"].iterdir())

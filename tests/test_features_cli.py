@@ -128,3 +128,14 @@ def test_a_line_that_is_neither_a_sequence_nor_a_pair_is_named(tmp_path, line, e
         read_text_lines(text)
     text.write_text("A sentence.\n\nQuestion?\tAnswer.\n")
     assert read_text_lines(text) == [(1, ["A sentence."]), (3, ["Question?", "Answer."])]
+
+
+def test_line_numbers_count_newlines_only(tmp_path):
+    """A form feed, U+2028 or a lone carriage return inside a line is no line break (str.splitlines took them for
+    one, and every later line number in errors was off); Windows line ends are."""
+    text = tmp_path / "lines.txt"
+    text.write_bytes("One\x0cpage.\r\nA\u2028b\rc.\tAnswer.\nx\ty\tz\n".encode())
+    with pytest.raises(UserError, match="line 3 has 3 tab-separated texts"):
+        read_text_lines(text)
+    text.write_bytes("One\x0cpage.\r\nA\u2028b.\tAnswer.".encode())
+    assert read_text_lines(text) == [(1, ["One\x0cpage."]), (2, ["A\u2028b.", "Answer."])]

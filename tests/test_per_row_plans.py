@@ -56,8 +56,16 @@ def test_per_row_plans_need_plan_ids_of_the_batch_size(tiny_model, inputs, sente
     with torch.no_grad(), headlab.ablate(tiny_model, plans):
         with pytest.raises(ValueError, match="plan_ids=LongTensor"):
             tiny_model(**inputs)
-        with pytest.raises(ValueError, match="plan_ids has shape"):
+        with pytest.raises(ValueError, match=r"shape \[batch\] = \[3\]; got \[2\]"):
             tiny_model(**inputs, plan_ids=torch.tensor([0, 1]))
+        for bad in (-1, 2):  # -1 picked the last plan
+            with pytest.raises(ValueError, match=rf"plan_ids holds {bad}; each must index one of the 2 plans"):
+                tiny_model(**inputs, plan_ids=torch.tensor([0, bad, 1]))
+        with pytest.raises(ValueError, match="must hold integers"):
+            tiny_model(**inputs, plan_ids=torch.tensor([0.0, 1.0, 1.0]))
+    one_plan = pytest.raises(ValueError, match="plan_ids given, but the model is under one plan")
+    with torch.no_grad(), headlab.ablate(tiny_model, plans[1]), one_plan:  # plan_ids would be ignored
+        tiny_model(**inputs, plan_ids=torch.tensor([0, 1, 0]))
     with pytest.raises(UserError, match="non-empty sequence of HeadPlans"), headlab.ablate(tiny_model, []):
         pass
 

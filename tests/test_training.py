@@ -340,23 +340,34 @@ class _Interrupted(Exception):
     pass
 
 
-def _fit_recording_batches(folder, accumulate=1, workers=0, interrupt_at=None, resume=None, **trainer_args):
+def _fit_recording_batches(folder, accumulate=1, workers=0, interrupt_at=None, resume=None, random=False,
+                           save_states=True, **trainer_args):
     """A real Lightning fit over 12 samples (6 batches of 2 per epoch, ``EpochSampler``, ``ResumeMidEpoch``,
-    validation after every 4th batch) for 3 epochs; the (epoch, samples) of every batch trained, the trainer."""
+    validation after every 4th batch) for 3 epochs; the (epoch, samples) of every batch trained, the trainer.
+    ``random``: the loss draws from torch (dropout), numpy and Python's generators; ``save_states``: with
+    ``RandomStates`` (as train.py)."""
+    import random as python_random
+
     import lightning.pytorch as pl
+    import numpy as np
     from torch.utils.data import DataLoader
 
+    from headlab.training.durable import AtomicCheckpointIO, RandomStates
     from headlab.training.epoch_order import EpochSampler, ResumeMidEpoch
     from headlab.training.finetune import checkpoint_callbacks
 
     class Recorder(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.layer, self.trained = torch.nn.Linear(1, 1), []
+            self.layer, self.trained = torch.nn.Linear(1, 4), []
 
         def training_step(self, batch, batch_idx):
             self.trained.append((self.current_epoch, batch.flatten().tolist()))
-            return self.layer(batch).pow(2).mean()
+            out = self.layer(batch)
+            if random:
+                noise = 1 + 0.1 * np.random.rand() + 0.1 * python_random.random()
+                out = torch.nn.functional.dropout(out, 0.5) * noise
+            return out.pow(2).mean()
 
         def validation_step(self, batch, batch_idx):
             self.log("validation/accuracy", 0.5)
@@ -375,9 +386,10 @@ def _fit_recording_batches(folder, accumulate=1, workers=0, interrupt_at=None, r
     module = Recorder()
     trainer = pl.Trainer(max_epochs=3, val_check_interval=4, accumulate_grad_batches=accumulate,
                          callbacks=[*checkpoint_callbacks(folder, "validation/accuracy"), ResumeMidEpoch(),
+                                    *([RandomStates()] if save_states else []),
                                     *([Interrupt()] if interrupt_at else [])],
                          logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         accelerator="cpu", default_root_dir=folder, **trainer_args)
+                         accelerator="cpu", default_root_dir=folder, plugins=[AtomicCheckpointIO()], **trainer_args)
     with contextlib.suppress(_Interrupted):
         trainer.fit(module, train, DataLoader(samples[:2]), ckpt_path=resume)
     return module.trained, trainer
@@ -407,3 +419,80 @@ def test_a_run_stopped_by_max_steps_and_continued_finishes_its_epoch_first(tmp_p
     after, _ = _fit_recording_batches(tmp_path / "continued", resume=tmp_path / "stopped.ckpt")
     assert [batch for _, batch in before + after[:3]] == [batch for _, batch in uninterrupted[:6]]
     assert [batch for _, batch in after[3:]] == [batch for epoch, batch in uninterrupted if epoch == 2]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_resumed_run_with_dropout_ends_with_the_uninterrupted_weights(tmp_path, workers):
+    """Killed mid-epoch and resumed: bit-equal final weights although every step draws dropout masks and numpy and
+    Python random numbers; without the saved random states they differ (the test can fail)."""
+    import lightning.pytorch as pl
+
+    def final_weights(folder, save_states, **arguments):
+        pl.seed_everything(0)  # as train.py: torch, numpy and Python
+        _, trainer = _fit_recording_batches(folder, workers=workers, random=True, save_states=save_states, **arguments)
+        return trainer.lightning_module.layer.weight.detach().clone()
+
+    for save_states in (True, False):
+        folder = tmp_path / str(save_states)
+        whole = final_weights(folder / "whole", save_states)
+        final_weights(folder / "killed", save_states, interrupt_at=11)
+        resumed = final_weights(folder / "killed", save_states, resume=folder / "killed/last.ckpt")
+        assert torch.equal(resumed, whole) == save_states, (resumed, whole)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise OSError(28, "No space left on device")  # as a full disk fails a write
+
+
+def test_checkpoints_are_written_beside_their_file_and_renamed_into_place(tmp_path, monkeypatch):
+    import tempfile
+
+    from headlab.training.durable import AtomicCheckpointIO
+
+    io, path = AtomicCheckpointIO(), tmp_path / "checkpoints/last.ckpt"
+    io.save_checkpoint({"step": 1, "weights": torch.ones(1000)}, path)
+    # Nothing passes through the system's temporary folder (Lightning's commit copied from there across
+    # filesystems: a full disk truncated last.ckpt).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no such folder"))
+    io.save_checkpoint({"step": 2, "weights": torch.ones(1000)}, path)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint({"step": 3, "weights": torch.ones(1000), "later": _Unpicklable()}, path)
+    assert torch.load(path, weights_only=False)["step"] == 2  # the failed write left the last whole checkpoint
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # and no temporary file
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_a_truncated_last_checkpoint_is_said_and_the_run_resumes_from_a_whole_one(tmp_path):
+    run_dir = tmp_path / "run"
+    train(tmp_path, "task=demo_pairs")
+    (run_dir / "results.json").unlink()  # killed after its last checkpoint
+    last = run_dir / "checkpoints/last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a disk that filled while writing it
+    out = train(tmp_path, "task=demo_pairs")
+    assert f"note: {last} is unreadable (BadZipFile" in out.stdout and "resuming from best.ckpt" in out.stdout
+    assert results(run_dir)["resumed_from"] == str(run_dir / "checkpoints/best.ckpt")
+    (run_dir / "results.json").unlink()
+    for name in ("last.ckpt", "best.ckpt"):
+        (run_dir / "checkpoints" / name).write_bytes(b"PK\x03\x04 cut")
+    out = train(tmp_path, "task=demo_pairs")
+    assert "no other checkpoint is whole: training starts over" in out.stdout
+    assert results(run_dir)["resumed_from"] is None and results(run_dir)["global_step"] == 4
+
+
+def test_a_second_run_of_one_folder_is_refused_while_the_first_trains(tmp_path):
+    from filelock import FileLock
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with FileLock(run_dir / ".train.lock"):  # a run training there (a process of its own would hold it the same)
+        out = train(tmp_path, "task=demo_pairs", check=False)
+    assert out.returncode == 2 and "error: another train.py run is training in" in out.stderr
+    assert not (run_dir / "checkpoints").exists()
+    train(tmp_path, "task=demo_pairs")  # once it is free

@@ -14,11 +14,44 @@ from typing import Any
 from headlab.errors import UserError
 
 
+def temporary_beside(path: Path) -> tuple[int, str]:
+    """``(fd, name)`` of a new temporary file in ``path``'s folder (so a rename replaces ``path`` atomically), with
+    the mode any new file gets (0666 less the umask: a group can read a shared ``baseline_dir``), not mkstemp's
+    0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux); elsewhere set and put back."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return umask
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """A ``UserError`` naming ``what`` unless files can be written in ``folder`` (made if missing): checked by
+    writing one, so read-only mounts and other users' folders count, before any work that would write there."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UserError(f"{what}={str(folder)!r} is not writable ({error.strerror}); give a folder you can write "
+                        "to") from None
+
+
 def write_json_atomic(path: str | Path, data: Any) -> Path:
     """Write ``data`` as JSON to ``path``; readers see the old file or the new one, never a part."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=2, sort_keys=False)

@@ -10,7 +10,8 @@ stability, embeds the heads and writes into the job directory:
 ``heads.parquet`` / .csv   the features job's per-head table with ``cluster`` and the embeddings' coordinates
 ``types_per_layer.csv``    heads of each type per layer (Guan Fig. 3)
 ``embeddings.png``         t-SNE and MDS of the distance features, by cluster and by layer (Guan Fig. 2, Clark
-                           Fig. 6), with the MDS of the JS distances when the features have them
+                           Fig. 6), with the MDS of the JS distances sqrt(JS) when the features have them
+                           (Clark's Fig. 6 embeds the divergence itself)
 ``feature_boxes.png``      the 21 distance features of each cluster's heads (Guan Fig. 1)
 ``types_per_layer.png``    stacked bars of the types per layer (Guan Fig. 3)
 ``results.json``           the summary; a complete one for the same config makes a rerun skip the job

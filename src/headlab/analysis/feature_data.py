@@ -54,8 +54,9 @@ def read_text_lines(path: str | Path) -> list[tuple[int, list[str]]]:
     if not path.is_file():
         raise UserError(f"features.text_file={str(path)!r}: no such file; give a text file with one sequence per "
                         "line (or two tab-separated texts per line)")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+    try:  # lines end at \n only (as `wc -l` and editors count them), not at a form feed or U+2028 inside a line
+        text = path.read_bytes().decode("utf-8")
+        lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
     except UnicodeDecodeError as error:
         raise UserError(f"features.text_file={str(path)!r} is not UTF-8 text: {error}") from None
     kept = [(number, _texts(line, number, path)) for number, line in enumerate(lines, 1) if line.strip()]

@@ -13,6 +13,7 @@ from headlab.cli.hydra_glue import job_dir, log_lightning_once, progress_bars_fo
 from headlab.cli.schema import check_config
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.errors import UserError, one_of
+from headlab.files import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ def check_ablate_config(cfg: Any) -> None:
         check_compare(cfg)
     if cfg.mode not in EVALUATING:
         return
+    check_writable(cfg.baseline_dir, "baseline_dir")  # written after the baseline's evaluation: checked before it
     check_preset_clusters(cfg)
     with open_dict(cfg):
         cfg.mask = job_mask(cfg)

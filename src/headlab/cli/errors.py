@@ -10,6 +10,7 @@ else is re-raised with its traceback. A user who sets ``HYDRA_FULL_ERROR=1`` get
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -90,6 +91,9 @@ def user_error_message(error: BaseException) -> str | None:
         return _one_line(str(error))
     if isinstance(error, FileNotFoundError):
         return f"file {error.filename!r} does not exist"
+    for exc in chain:  # Hydra's log file or .hydra/ in a folder the user may not write (a logging ValueError's cause)
+        if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and exc.filename:
+            return f"cannot write {exc.filename!r} ({exc.strerror}): give a folder you can write to (hydra.run.dir=...)"
     return None
 
 

@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -153,6 +154,8 @@ class Controller:
         self.route = "sdpa"  # what serves layers with drop_* heads: "sdpa" or "flex" (set_attention_route)
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
         self.implementations: list | None = None  # the configs' implementations from before the current block
+        self.per_row = 0  # how many per-row plans the active block has (0: one plan, or none)
+        self.checked: tuple | None = None  # (plan_ids, its version) last checked
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -190,7 +193,7 @@ class Controller:
         for config, original in zip(copy.configs, self.implementations or ()):
             config._attn_implementation_internal = original  # the implementation from before the block
         copy.active, copy.observer, copy.masks, copy.states = None, None, None, {}
-        copy.route, copy.implementations = self.route, None
+        copy.route, copy.implementations, copy.per_row, copy.checked = self.route, None, 0, None
         return copy
 
     def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
@@ -217,6 +220,27 @@ class Controller:
             cache[policy, renormalize] = unit_mask(policy, renormalize, *cache["unit inputs"])
         return cache[policy, renormalize]
 
+    def check_plan_ids(self, plan_ids: Any, batch: int) -> None:
+        """``plan_ids`` ``[batch]`` index the per-row plans (once per forward; under ``torch.compile``, never):
+        -1 would pick the last plan, and plan_ids under one plan would be ignored."""
+        if torch.compiler.is_compiling():
+            return
+        if self.checked is not None and self.checked[0] is plan_ids and self.checked[1] == _version(plan_ids):
+            return  # checked at the forward's first layer
+        if not self.per_row:
+            raise ValueError("plan_ids given, but the model is under one plan: give ablate a list of plans for "
+                             "per-row plans")
+        if not isinstance(plan_ids, torch.Tensor) or tuple(plan_ids.shape) != (batch,):
+            raise ValueError(f"plan_ids must be a LongTensor of shape [batch] = [{batch}]; got "
+                             f"{list(plan_ids.shape) if isinstance(plan_ids, torch.Tensor) else type(plan_ids)}")
+        if plan_ids.dtype.is_floating_point or plan_ids.dtype == torch.bool:
+            raise ValueError(f"plan_ids must hold integers; got {plan_ids.dtype}")
+        low, high = int(plan_ids.min()), int(plan_ids.max())
+        if low < 0 or high >= self.per_row:
+            raise ValueError(f"plan_ids holds {low if low < 0 else high}; each must index one of the "
+                             f"{self.per_row} plans (0..{self.per_row - 1})")
+        self.checked = (plan_ids, _version(plan_ids))
+
     def states_for(self, plan: HeadPlan | tuple[HeadPlan, ...], renormalize: bool, device: torch.device) -> tuple:
         """Per layer: a LayerState (one plan), a RowsState (a tuple of per-row plans) or None (all keep)."""
         key = (plan, renormalize, device)
@@ -241,6 +265,8 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         weights = F.dropout(controller.observer(module.layer_idx, query, key, attention_mask, scaling), dropout)
         return torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous(), None
     layer = None if controller is None or controller.active is None else controller.active[module.layer_idx]
+    if controller is not None and controller.active is not None and "plan_ids" in kwargs:
+        controller.check_plan_ids(kwargs["plan_ids"], query.shape[0])
     if layer is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -309,8 +335,6 @@ def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dr
     plan_ids = kwargs.get("plan_ids")
     if plan_ids is None:
         raise ValueError("the model is under per-row plans: pass plan_ids=LongTensor[batch] to the forward")
-    if tuple(plan_ids.shape) != (query.shape[0],):
-        raise ValueError(f"plan_ids has shape {list(plan_ids.shape)}; expected [batch] = [{query.shape[0]}]")
     plan_ids = plan_ids.to(query.device)
     rows = lambda table: None if table is None else table[plan_ids][:, :, None, None]  # noqa: E731  [batch, heads, 1, 1]
     out = _shared(rows(layer.prune), rows(layer.uniform), query, key, value, attention_mask, dropout, scaling)
@@ -401,12 +425,12 @@ def ablate(
     if pruned_heads_of(model):
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
     states = controller.states_for(plan, renormalize, _device(model))
-    controller.active = states
+    controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
     try:  # all keep: the stock model runs untouched
         with headlab_implementation(controller, switch=any(state is not None for state in states)):
             yield model
     finally:
-        controller.active, controller.masks = None, None
+        controller.active, controller.masks, controller.per_row, controller.checked = None, None, 0, None
 
 
 @contextmanager

@@ -8,8 +8,9 @@ those over examples (``HeadGradients``):
 ==========  ==========================================================================================
 example     mean over examples of |d loss_b / d gate|  (Michel et al.'s definition; the default)
 token       mean over examples of the sum over tokens of |g . z|  (Michel et al.'s code)
-batch       sum over batches of |sum over the batch of d loss_b / d gate|, / examples  (HF run_bertology,
-            with the gradient zeroed per batch; depends on the batches' composition)
+batch       sum over batches of |sum over the batch of d loss_b / d gate|, / examples  (after HF run_bertology,
+            with the gradient zeroed per batch; depends on the batches' composition; HF sums batch-mean
+            gradients, the same up to a constant only for batches of one size)
 fisher      mean over examples of (d loss_b / d gate)^2
 ==========  ==========================================================================================
 

@@ -8,6 +8,7 @@ a small WordPiece tokenizer built in code so that tests need no download.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import string
 from pathlib import Path
@@ -132,6 +133,8 @@ def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str,
             torch.manual_seed(cfg.get("seed", 0))
             model = HEADS[head].from_config(config)
         return model.eval(), [name for name, _ in model.named_parameters()]
+    if Path(cfg.name_or_path).is_dir():
+        check_weights_folder(cfg.name_or_path, f"model.name_or_path={cfg.name_or_path!r}")
     verbosity = hf_logging.get_verbosity()
     try:
         if quiet:
@@ -146,6 +149,38 @@ def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str,
     finally:
         hf_logging.set_verbosity(verbosity)
     return model.eval(), list(info["missing_keys"])
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def check_weights_folder(folder: str | Path, what: str) -> None:
+    """A ``UserError`` naming ``what`` when a local ``save_pretrained`` folder has no weights file or a truncated
+    ``model.safetensors`` (its header, or the tensors it lists, run past the end of the file). Reads the header only."""
+    folder = Path(folder)
+    found = [name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not found:
+        raise UserError(f"{what}: {str(folder)!r} has no weights file ({' or '.join(WEIGHT_FILES[::2])}); it was not "
+                        "saved whole: train or save it again")
+    if found[0] != "model.safetensors":
+        return
+    path = folder / "model.safetensors"
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if len(handle.read(min(length, size))) != length or length == 0:
+                raise ValueError("the header runs past the end of the file")
+            handle.seek(8)
+            header = json.loads(handle.read(length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        raise UserError(f"{what}: {str(path)!r} is not a readable safetensors file ({error}); train or save it "
+                        "again") from None
+    if 8 + length + end > size:
+        raise UserError(f"{what}: {str(path)!r} is truncated ({size} bytes; its tensors need {8 + length + end}); "
+                        "train or save it again")
 
 
 def weights_hash(model: torch.nn.Module) -> str:

@@ -30,6 +30,16 @@ def _file(source: str | Path, name: str, what: str) -> Path:
     return path
 
 
+def _results_of(source: str | Path, kind: str) -> dict[str, Any]:
+    """The ``results.json`` of a ``mode=KIND`` job (a ``UserError`` naming what ``source`` is instead)."""
+    data = read_json(_file(source, "results.json", f"a mode={kind} job"), f"{kind} results")
+    found = data.get("kind") if isinstance(data, dict) else None
+    if found != kind or "shape" not in data:
+        raise UserError(f"{kind}={str(source)!r} is {f'a mode={found} job' if found else 'not a headlab job'}, not "
+                        f"a mode={kind} job")
+    return data
+
+
 def _grid(values: Any, what: str, shape: tuple[int, int]) -> np.ndarray:
     array = np.asarray(values, dtype=float)
     if array.shape != shape:
@@ -46,11 +56,13 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
     shape, identity = None, {}
     if features is not None:
         frame = pd.read_parquet(_file(features, "heads.parquet", "a mode=features job"))
-        summary = read_json(_file(features, "results.json", "a mode=features job"), "features results")
+        summary = _results_of(features, "features")
         shape, identity = tuple(summary["shape"]), {"model": summary["model"], "task": summary["task"]}
         columns |= {c: frame[c].to_numpy() for c in frame.columns if c not in ("layer", "head", "name")}
     if clusters is not None:
         data = read_json(_file(clusters, "clusters.json", "a mode=cluster job"), "clusters")
+        if not isinstance(data, dict) or not {"labels", "shape", "model", "task"} <= set(data):
+            raise UserError(f"clusters {str(clusters)!r} is not a clusters file of a mode=cluster job")
         shape = shape or tuple(data["shape"])
         identity = identity or {"model": data["model"], "task": data["task"]}
         names = [head_name(layer, head) for layer in range(shape[0]) for head in range(shape[1])]
@@ -60,6 +72,8 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
         columns["cluster"] = [data["labels"][name] for name in names]
     if importance is not None:
         data = read_json(_file(importance, "importance.json", "a mode=importance job"), "importance")
+        if not isinstance(data, dict) or "importance" not in data:
+            raise UserError(f"importance {str(importance)!r} is not the importance.json of a mode=importance job")
         values = np.asarray(data["importance"], dtype=float)
         shape = shape or values.shape
         identity = identity or {"model": data.get("model"), "task": data.get("task")}

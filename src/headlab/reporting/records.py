@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from headlab.files import temporary_beside
 
 
 def write_records(path: str | Path, rows: list[dict[str, Any]]) -> Path:
@@ -13,8 +14,7 @@ def write_records(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     import pandas as pd  # pandas loads only where tables are written
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temporary_beside(path)
     os.close(fd)
     try:
         pd.DataFrame(rows).to_parquet(tmp, index=False)

@@ -18,6 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import UserError
 
+# what an evaluation's results.json holds (ablate.py mode=eval, and each plan of mode=sweep_heads)
+EVAL_KEYS = ("mode", "group", "model", "task", "checkpoint", "seed", "plan_name", "plan", "policy", "unit",
+             "renormalize", "metrics", "baseline", "delta", "num_examples", "records", "baseline_records", "config")
 NO_RESULTS = ("demo", "report")  # ablate.py modes whose jobs write no results.json (demo.json; the report's files)
 
 
@@ -64,7 +67,12 @@ def collect_results(directory: str | Path, latest_multirun: bool = False
         if data is None or not data.get("complete"):
             problems.append(Problem(str(path.parent.relative_to(root)), "results.json unreadable or incomplete"))
         elif data.get("kind") == "eval":
-            results.append((path, data))
+            lacking = [key for key in EVAL_KEYS if key not in data]
+            if lacking:
+                problems.append(Problem(str(path.parent.relative_to(root)), "results.json is not one of ablate.py's "
+                                        f"evaluations (no {', '.join(lacking[:3])})"))
+            else:
+                results.append((path, data))
     for job in sorted(p.parent.parent for p in root.rglob(".hydra/overrides.yaml")):
         if expected is not None and _overrides_of(job) not in expected:
             continue

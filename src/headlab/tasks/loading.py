@@ -90,6 +90,11 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
             f"data file {str(path)!r} lacks column(s) {missing}; task {task.name} expects columns {expected}, "
             f"the file has {dataset.column_names}"
         )
+    for field in task.text_fields:  # a row without the field (JSON lines) reads as None
+        empty = next((row for row, text in enumerate(dataset[field]) if not isinstance(text, str)), None)
+        if empty is not None:
+            raise UserError(f"data file {str(path)!r} row {empty + 1} has no text in {field!r} (task {task.name} "
+                            f"needs {', '.join(task.text_fields)} in every row)")
     return dataset
 
 

@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from headlab.core.models import load_model_reporting
+from headlab.core.models import check_weights_folder, load_model_reporting
 from headlab.errors import UserError
 from headlab.files import read_json
 from headlab.training.modules import task_head
@@ -52,8 +52,7 @@ def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> C
     if path.is_file():
         if path.suffix != ".ckpt":
             raise UserError(f"ckpt_path={ckpt_path!r} is a file but not a .ckpt; give {KINDS}")
-        hparams = _lightning_hparams(path)
-        _check_trained_for(ckpt_path, hparams["model"]["name"], hparams["task"]["name"], model_cfg, task_cfg)
+        check_lightning_checkpoint(path, model_cfg, task_cfg)
         return Checkpoint("lightning", str(path))
     if (path / "results.json").is_file():
         record = read_json(path / "results.json", "results")
@@ -64,11 +63,19 @@ def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> C
         if not (weights / "config.json").is_file():
             raise UserError(f"ckpt_path={ckpt_path!r}: the job has no final weights in {FINAL_WEIGHTS}/ (trained "
                             "before headlab saved them); pass its checkpoints/last.ckpt instead")
+        check_weights_folder(weights, f"ckpt_path={ckpt_path!r}")
         return Checkpoint("job", str(weights))
     if (path / "config.json").is_file():
+        check_weights_folder(path, f"ckpt_path={ckpt_path!r}")
         return Checkpoint("pretrained", str(path))
     raise UserError(f"ckpt_path={ckpt_path!r} is a directory with neither results.json (a train.py job) nor "
                     f"config.json (save_pretrained); give {KINDS}")
+
+
+def check_lightning_checkpoint(path: Path, model_cfg: Any, task_cfg: Any) -> None:
+    """A ``UserError`` unless ``path`` is a readable ``train.py`` checkpoint of ``model_cfg`` on ``task_cfg``."""
+    hparams = _lightning_hparams(path)
+    _check_trained_for(str(path), hparams["model"]["name"], hparams["task"]["name"], model_cfg, task_cfg)
 
 
 def _lightning_hparams(path: Path) -> dict[str, Any]:

@@ -27,8 +27,9 @@ from headlab.errors import UserError
 from headlab.files import input_stamps, write_json_atomic
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_changed_inputs
-from headlab.training.checkpoints import FINAL_WEIGHTS
+from headlab.training.checkpoints import FINAL_WEIGHTS, check_lightning_checkpoint
 from headlab.training.datamodule import TaskDataModule
+from headlab.training.durable import AtomicCheckpointIO, RandomStates, readable_checkpoint, training_lock
 from headlab.training.epoch_order import ResumeMidEpoch
 from headlab.training.modules import task_module
 from headlab.training.progress import ProgressLog
@@ -57,17 +58,35 @@ def checkpoints_owner(checkpoint_dir: Path) -> str | None:
     return None
 
 
-def resume_checkpoint(ckpt_path: str | None, checkpoint_dir: Path, job_hash: str) -> str | None:
-    """What ``trainer.fit`` resumes from: null -> this job's last.ckpt if this config wrote it; 'last'; or a path.
+def resume_checkpoint(cfg: Any, checkpoint_dir: Path, job_hash: str) -> str | None:
+    """What ``trainer.fit`` resumes from: ``ckpt_path`` null -> this job's last.ckpt if this config wrote it; 'last';
+    or a path (a readable checkpoint of this model and task, else a ``UserError``).
 
     Checkpoints of another config (an earlier run with other settings in the same ``hydra.run.dir``) are not resumed:
-    the new run would start at their step, or train no step at all."""
+    the new run would start at their step, or train no step at all. An unreadable ``last.ckpt`` (a disk that filled
+    while an older headlab wrote it) is said in a note; the run resumes from ``best.ckpt`` when that one is whole, or
+    starts over."""
+    ckpt_path = cfg.ckpt_path
     last = checkpoint_dir / "last.ckpt"
     if ckpt_path is None:
-        return str(last) if last.is_file() and checkpoints_owner(checkpoint_dir) in (None, job_hash) else None
+        if not last.is_file() or checkpoints_owner(checkpoint_dir) not in (None, job_hash):
+            return None
+        broken = readable_checkpoint(last)
+        if broken is None:
+            return str(last)
+        best = checkpoint_dir / "best.ckpt"
+        fallback = str(best) if best.is_file() and readable_checkpoint(best) is None else None
+        Console().print(f"note: {last} is unreadable ({broken}): resuming from {best.name}" if fallback else
+                        f"note: {last} is unreadable ({broken}) and no other checkpoint is whole: training starts "
+                        "over", markup=False, soft_wrap=True)
+        return fallback
     path = last if ckpt_path == "last" else Path(ckpt_path)
     if not path.is_file():
         raise UserError(f"ckpt_path={ckpt_path!r}: no checkpoint at {str(path)!r}")
+    broken = readable_checkpoint(path)
+    if broken is not None:
+        raise UserError(f"ckpt_path={ckpt_path!r} is not a readable Lightning checkpoint ({broken})")
+    check_lightning_checkpoint(path, cfg.model, cfg.task)
     return str(path)
 
 
@@ -110,7 +129,7 @@ def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir
         arguments.pop("val_check_interval", None)
     try:
         return pl.Trainer(**arguments, callbacks=[*callbacks, ProgressLog()], logger=logger or False,
-                          default_root_dir=output_dir, inference_mode=inference_mode)
+                          default_root_dir=output_dir, inference_mode=inference_mode, plugins=[AtomicCheckpointIO()])
     except (ValueError, TypeError, MisconfigurationException) as error:
         raise UserError(f"trainer: {error}") from None
 
@@ -118,9 +137,15 @@ def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir
 def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask``; returns the results record.
 
-    ``cfg`` is a config that passed ``headlab.cli.train.check_train_config``.
+    ``cfg`` is a config that passed ``headlab.cli.train.check_train_config``. One run per job directory at a time
+    (``training_lock``).
     """
     output_dir = Path(output_dir)
+    with training_lock(output_dir):
+        return _finetune(cfg, output_dir)
+
+
+def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     computed = {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}
     inputs = input_stamps(computed, INPUT_KEYS)
@@ -130,14 +155,15 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         return done
     note_changed_inputs(output_dir / "results.json", computed, inputs)
     checkpoint_dir = output_dir / "checkpoints"
-    resume = resume_checkpoint(cfg.ckpt_path, checkpoint_dir, job_hash)
+    resume = resume_checkpoint(cfg, checkpoint_dir, job_hash)
     monitor = f"{cfg.task.eval_splits[0]}/{cfg.task.main_metric}"
 
     pl.seed_everything(cfg.seed, workers=True)
     logger = build_logger(cfg.logger, run_id=job_hash, run_name=f"{cfg.task.name}-{cfg.model.name}-{job_hash[:6]}")
     with tracked_job():
         checkpoint, last = checkpoint_callbacks(checkpoint_dir, monitor)
-        callbacks = [checkpoint, last, ResumeMidEpoch(), *([LearningRateMonitor("step")] if logger else [])]
+        callbacks = [checkpoint, last, ResumeMidEpoch(), RandomStates(),
+                     *([LearningRateMonitor("step")] if logger else [])]
         trainer = make_trainer(cfg.trainer, callbacks, logger, output_dir)
         data = TaskDataModule(cfg.task, cfg.model, unit=cfg.mask.unit, seed=cfg.seed,
                               **OmegaConf.to_container(cfg.data, resolve=True))
