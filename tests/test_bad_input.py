@@ -168,6 +168,8 @@ CASES = [
                    "mask.clusters=FILES/clusters_2x2/clusters.json"], "2 layers x 2 heads; this model has 3 x 4"),
     ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:dense", "allow_random_head=true",
                    "mask.clusters=FILES/clusters_twice.json"], "has the key 'L0H0' twice"),
+    ("train.py", ["mask=prune", "mask.heads=cluster:cluster0", "mask.clusters=FILES/clusters_3x4/clusters.json"],
+     "was computed on model clusters_3x4; this job's model is tiny_random"),  # same shape, another model
     ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:dense", "allow_random_head=true",
                    "mask.clusters=FILES/clusters_spellings.json"], "labels head L0H0 twice ('L0H0' and 'L00H0')"),
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_job"], "features.npz' is not readable"),

@@ -8,8 +8,10 @@ import importlib.util
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from headlab.errors import UserError
 
@@ -48,21 +50,30 @@ def check_writable(folder: str | Path, what: str) -> None:
                         "to") from None
 
 
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as JSON to ``path``; readers see the old file or the new one, never a part."""
+@contextmanager
+def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """A file handle whose content replaces ``path`` when the block ends: written to a temporary file beside it,
+    flushed to disk, then renamed over it. Readers see the old file or the new one, never a part; an error in the
+    block (a full disk) leaves the old file and no temporary one."""
     path = Path(path)
     fd, tmp = temporary_beside(path)
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False)
-            handle.write("\n")
+        with os.fdopen(fd, mode) as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as JSON to ``path``; readers see the old file or the new one, never a part."""
+    with atomic_file(path) as handle:
+        json.dump(data, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+    return Path(path)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -77,7 +77,7 @@ def check_ablate_config(cfg: Any) -> None:
     from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
     from headlab.training.checkpoints import locate_checkpoint
 
-    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model)) if cfg.mode != "sweep_heads" else None
+    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name) if cfg.mode != "sweep_heads" else None
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     if cfg.mode == "prune_curve":
         check_prune_curve(cfg, plan)

@@ -19,7 +19,7 @@ def check_train_config(cfg: Any) -> None:
         raise UserError(f"ckpt_path={cfg.ckpt_path!r}: no such checkpoint file (or use ckpt_path=last / null)")
     from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
 
-    plan_from_mask(cfg.mask, *model_shape(cfg.model))
+    plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
 
 
 def run_train(cfg: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from headlab.core.plans import HeadPlan, check_policy, check_rules, check_unit
 from headlab.errors import UserError
+from headlab.files import read_json
 
 
 def mask_rules(mask: Any) -> list[dict[str, Any]]:
@@ -38,7 +39,18 @@ def check_mask(mask: Any) -> None:
         raise UserError(f"mask.renormalize must be true or false, got {mask.renormalize!r}")
 
 
-def plan_from_mask(mask: Any, num_layers: int, num_heads: int) -> HeadPlan:
+def plan_from_mask(mask: Any, num_layers: int, num_heads: int, model_name: str | None = None) -> HeadPlan:
+    """The mask's plan for a model of this shape; given ``model_name`` (the config's ``model.name``), a clusters or
+    importance file that names another model (as headlab's jobs write them) is a ``UserError``: heads of a model of
+    the same shape (BERT-base and RoBERTa-base: 12 x 12) are other heads."""
+    if model_name is not None:
+        for key in ("clusters", "importance"):
+            source = mask.get(key)
+            data = read_json(source, key) if isinstance(source, str) else None
+            written_for = data.get("model") if isinstance(data, dict) else None
+            if written_for is not None and written_for != model_name:
+                raise UserError(f"mask.{key}={source!r} was computed on model {written_for}; this job's model is "
+                                f"{model_name}")
     return HeadPlan.from_rules(
         mask_rules(mask), num_layers, num_heads, clusters=mask.get("clusters"), importance=mask.get("importance"),
         estimator=mask.get("importance_estimator"),

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import zipfile
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from headlab.errors import UserError
-from headlab.files import temporary_beside
+from headlab.files import atomic_file
 
 RANDOM_STATES = "headlab_random_states"  # the checkpoint's key
 LOCK_FILE = ".train.lock"
@@ -41,17 +40,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
-        path = Path(path)
-        fd, tmp = temporary_beside(path)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path, "wb") as handle:
+            torch.save(checkpoint, handle)
 
 
 def random_states() -> dict[str, Any]:

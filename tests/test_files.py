@@ -1,0 +1,34 @@
+"""Files headlab writes atomically: the mode any new file gets (mkstemp's 0600 kept a group from a shared folder), and
+JSON input that repeats a key."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from headlab.errors import UserError
+from headlab.files import read_json, write_json_atomic
+from headlab.reporting.records import write_records
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_atomic_files_get_the_mode_the_umask_gives(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        paths = [write_json_atomic(tmp_path / "results.json", {"a": 1}),
+                 write_records(tmp_path / "records.parquet", [{"example": 0, "label": 1}])]
+        (tmp_path / "plain.txt").write_text("a file made the ordinary way")
+    finally:
+        os.umask(previous)
+    expected = (tmp_path / "plain.txt").stat().st_mode & 0o777
+    assert expected == 0o666 & ~umask
+    assert [path.stat().st_mode & 0o777 for path in paths] == [expected, expected]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt", "records.parquet", "results.json"]
+
+
+def test_a_json_key_given_twice_is_an_error(tmp_path):
+    path = tmp_path / "importance.json"
+    path.write_text('{"model": "a", "nested": {"x": 1, "x": 2}}')
+    with pytest.raises(UserError, match=r"importance file .* has the key 'x' twice in one object"):
+        read_json(path, "importance")
