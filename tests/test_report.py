@@ -223,3 +223,38 @@ def test_one_plan_name_twice_in_a_folder_is_refused(tmp_path):
     check_one_configuration(tmp_path, [(a, job("prune_dense", "x.json")), (b, job("prune_vertical", "x.json"))])
     with pytest.raises(UserError, match="plan 'prune_dense' of m on t twice"):  # the same preset, other clusters
         check_one_configuration(tmp_path, [(a, job("prune_dense", "x.json")), (b, job("prune_dense", "y.json"))])
+
+
+def test_an_undefined_metric_shows_n_a_and_is_never_starred(tmp_path):
+    """Constant predictions: Pearson's r is undefined (scipy: NaN). The row keeps NaN with a note, its p-value is
+    NaN and out of the Holm family, and the plan grid shows n/a (it showed a delta of -0.73, p = 0.0002, starred)."""
+    from headlab.reporting.records import write_records
+
+    rng = np.random.default_rng(0)
+    label = rng.uniform(0, 5, 60).round(1)
+    predictions = {"baseline": label + rng.normal(0, 0.5, 60), "constant": np.full(60, 2.5),
+                   "noisy": label + rng.normal(0, 3.0, 60)}
+    base_records = write_records(tmp_path / "baseline.parquet", [
+        {"example": i, "split": "validation", "label": y, "prediction": p}
+        for i, (y, p) in enumerate(zip(label, predictions["baseline"]))])
+    r = {name: float(np.corrcoef(p, label)[0, 1]) if name != "constant" else float("nan")
+         for name, p in predictions.items()}
+    for name in ("constant", "noisy"):
+        job = tmp_path / "sweep" / name
+        write_records(job / "records.parquet", [{"example": i, "split": "validation", "label": y, "prediction": p}
+                                                for i, (y, p) in enumerate(zip(label, predictions[name]))])
+        (job / "results.json").write_text(json.dumps({
+            "kind": "eval", "complete": True, "mode": "eval", "group": "adhoc", "model": "m", "task": "stsb",
+            "checkpoint": {"weights_hash": "w"}, "seed": 0, "plan_name": name,
+            "plan": {"rules": [{"heads": "L0", "policy": "prune"}], "policies": {"L0H0": "prune"}},
+            "policy": "prune", "unit": "sentence", "renormalize": False,
+            "metrics": {"validation": {"pearson": r[name]}}, "baseline": {"validation": {"pearson": r["baseline"]}},
+            "delta": {"validation": {"pearson": r[name] - r["baseline"]}}, "num_examples": {"validation": 60},
+            "records": "records.parquet", "baseline_records": {"validation": str(base_records)},
+            "config": {"mode": "eval", "data": {"max_eval_examples": None}}}))
+    table = headlab.load_sweep(tmp_path / "sweep", resampling=Resampling(400, 400)).set_index("plan")
+    assert np.isnan(table.loc["constant", ["value", "delta", "p_value", "p_adjusted"]].astype(float)).all()
+    assert table.loc["constant", "note"].startswith("n/a: pearson is undefined")
+    assert table.loc["noisy", "p_adjusted"] == table.loc["noisy", "p_value"]  # a family of one: Holm leaves it
+    grid = layouts.plan_grid(table.reset_index(), "validation", ["pearson"]).to_string()
+    assert "n/a" in grid and "*" not in grid.split("n/a")[0].splitlines()[-1]
