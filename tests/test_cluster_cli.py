@@ -152,7 +152,8 @@ def test_default_run_names_say_what_tells_the_runs_apart(tmp_path):
     for number, (ckpt, method, k) in enumerate([(None, "kmeans", 4), (None, "gmm", 3), (None, "kmeans", 4),
                                                 ("runs/tuned", "kmeans", 4)]):
         clusters = {"model": "minilm", "task": "demo_qa", "checkpoint": {"ckpt_path": ckpt}, "method": method,
-                    "k": k, "seed": 0, "shape": [6, 12], "labels": {}}
+                    "k": k, "seed": 0, "shape": [6, 12],
+                    "labels": {f"L{layer}H{head}": "dense" for layer in range(6) for head in range(12)}}
         (tmp_path / f"{number}.json").write_text(json.dumps(clusters))
         runs.append(str(tmp_path / f"{number}.json"))
     names = [run["name"] for run in read_runs(runs, None)]

@@ -55,8 +55,8 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
     columns: dict[str, np.ndarray | list] = {}
     shape, identity = None, {}
     if features is not None:
-        frame = pd.read_parquet(_file(features, "heads.parquet", "a mode=features job"))
         summary = _results_of(features, "features")
+        frame = pd.read_parquet(_file(features, "heads.parquet", "a mode=features job"))
         shape, identity = tuple(summary["shape"]), {"model": summary["model"], "task": summary["task"]}
         columns |= {c: frame[c].to_numpy() for c in frame.columns if c not in ("layer", "head", "name")}
     if clusters is not None:
