@@ -496,3 +496,21 @@ def test_a_second_run_of_one_folder_is_refused_while_the_first_trains(tmp_path):
     assert out.returncode == 2 and "error: another train.py run is training in" in out.stderr
     assert not (run_dir / "checkpoints").exists()
     train(tmp_path, "task=demo_pairs")  # once it is free
+
+
+def test_the_last_line_is_an_ablate_command_ready_to_paste(tmp_path):
+    """A job folder named by overrides (``=`` and ``,``): the printed command, split as a shell splits it, runs."""
+    import shlex
+
+    run_dir = tmp_path / "runs/data.batch_size=8,optim.lr=1e-4"
+    out = train(tmp_path, "task=demo_pairs", run_dir=f'"{run_dir}"')  # quoted for Hydra, as a user must
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("next        python ablate.py mode=eval model=tiny_random task=demo_pairs ")
+    words = shlex.split(last.split(None, 1)[1])
+    result = subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:], "logger=none",
+                             "trainer.enable_progress_bar=false", "data.max_eval_examples=8",
+                             f"data.cache_dir={tmp_path / 'cache'}", f"baseline_dir={tmp_path / 'baselines'}",
+                             f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "eval/results.json").read_text())["checkpoint"]["ckpt_path"] == str(run_dir)

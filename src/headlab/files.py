@@ -121,6 +121,22 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
+NAME_LIMIT = 120  # bytes of a file or folder name made from overrides, paths or plan names (filesystems allow 255)
+
+
+def short_name(text: str, limit: int = NAME_LIMIT) -> str:
+    """``text`` as a file or folder name of at most ``limit`` bytes: itself when it fits, else its start (cut after
+    the last whole ``,``-separated part that fits) and ``+`` a hash of the whole, so two long names never meet."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    digest = hashlib.sha256(data).hexdigest()[:10]
+    head = data[: limit - len(digest) - 1].decode(errors="ignore")
+    if "," in head:
+        head = head[: head.rindex(",")]
+    return f"{head}+{digest}"
+
+
 def config_hash(config: Any) -> str:
     """Short stable hash of a (plain, resolved) config."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]

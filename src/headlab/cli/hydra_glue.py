@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.files import package_dir
+from headlab.files import package_dir, short_name
 
 
 def register_resolvers() -> None:
@@ -30,8 +30,10 @@ def register_resolvers() -> None:
 
 
 def job_dir_name(overrides: str) -> str:
-    """The overrides as one directory name (paths in values keep their slashes out: ``/`` -> ``~``)."""
-    return overrides.replace("/", "~") or "defaults"
+    """The overrides as one directory name (paths in values keep their slashes out: ``/`` -> ``~``); a long list is
+    cut to its first overrides and a hash of all (``short_name``): no name past the filesystem's 255 bytes, whatever
+    the command line (the full config is in the job's ``.hydra/``)."""
+    return short_name(overrides.replace("/", "~") or "defaults")
 
 
 def checkpoint_tag(ckpt_path: str | None) -> str:
@@ -40,7 +42,7 @@ def checkpoint_tag(ckpt_path: str | None) -> str:
         return "pretrained"
     path = Path(ckpt_path).expanduser().absolute()
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
-    return f"{path.name.removesuffix('.ckpt') or 'root'}-{digest}"
+    return f"{short_name(path.name.removesuffix('.ckpt') or 'root', 60)}-{digest}"
 
 
 FROM_JOBS = ("cluster", "compare", "report")  # modes that read other jobs' files: no model, task or checkpoint

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.files import short_name, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import layouts, plots
 from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, across_seeds
 from headlab.reporting.sweep_table import load_sweep
@@ -50,7 +50,8 @@ class Report:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9=+-]+", "_", text).strip("_")
+    """``text`` as part of a file name: safe characters, at most 100 bytes (long sweep folders get a hash)."""
+    return short_name(re.sub(r"[^A-Za-z0-9=+-]+", "_", text).strip("_"), 100)
 
 
 def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING, correction: str = "holm",

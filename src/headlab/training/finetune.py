@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -250,4 +252,15 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
     console.print(f"weights     {output_dir / FINAL_WEIGHTS} (save_pretrained; evaluate with ablate.py ckpt_path=DIR)")
     if logger is not None:
         console.print(f"logs        {logger.save_dir} ({type(logger).__name__})")
+    console.print(f"next        python ablate.py mode=eval model={result.model} task={result.task} "
+                  f"{pasteable('ckpt_path', output_dir.absolute())} mask=prune mask.heads=L0")
+
+
+def pasteable(key: str, value: Any) -> str:
+    """``key=value`` as one shell word that Hydra reads back as this very string (a job folder named by its
+    overrides holds ``=`` and ``,``, which Hydra would take for a sweep unless the value is quoted)."""
+    text = str(value)
+    if re.fullmatch(r"[\w./~+-]+", text):
+        return f"{key}={text}"
+    return shlex.quote(f'{key}="' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
 

@@ -1,0 +1,33 @@
+"""Folder and file names headlab makes from command lines and paths stay under the filesystem's 255 bytes: a long
+override list (a fine-tune's recipe, a path in ``importance.sweep``) failed with ``File name too long``."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run
+
+from headlab.cli.hydra_glue import checkpoint_tag, job_dir_name
+from headlab.files import short_name
+
+
+def test_long_names_become_a_readable_start_and_a_hash():
+    overrides = ",".join(f"data.option_{i}=value_{i}" for i in range(40))  # ~900 bytes
+    name = job_dir_name(overrides)
+    assert len(name.encode()) <= 120 and name.startswith("data.option_0=value_0,data.option_1=value_1,")
+    assert name.split("+")[0].endswith(tuple(f"value_{i}" for i in range(40)))  # cut between overrides
+    assert job_dir_name(overrides + "1") != name  # the hash covers all of it
+    assert job_dir_name("mask.heads=L0,mask=prune") == "mask.heads=L0,mask=prune"  # short names stay as they are
+    assert job_dir_name("") == "defaults" and job_dir_name("ckpt=/a/b") == "ckpt=~a~b"
+    assert len(short_name("é" * 300).encode()) <= 120  # cut on a character, not inside one
+    tag = checkpoint_tag("/runs/" + "x" * 300)
+    assert len(tag.encode()) <= 60 + 9 and tag != checkpoint_tag("/runs/" + "x" * 299)
+
+
+def test_a_job_with_a_very_long_command_line_runs(tmp_path):
+    texts = [f"Sentence number {i} is here. And another one follows it." for i in range(12)]  # ~700 bytes
+    result = run("ablate.py", "mode=demo", "demo.texts=[" + ",".join(f"'{t}'" for t in texts) + "]",
+                 "demo.text_pairs=[" + ",".join("'A pair.'" for _ in texts) + "]", cwd_tmp=tmp_path, cwd=tmp_path)
+    written = next((tmp_path / "outputs").rglob("demo.json"))
+    assert all(len(part.encode()) <= 255 for part in written.parts)
+    assert len(json.loads(written.read_text())) > 0 and "records written to" in result.stdout
