@@ -12,9 +12,12 @@ MIN_EXACT_MATCH = 70.0  # observed after 120 steps: EM 86.7 on all 360 questions
 
 @pytest.mark.slow
 def test_minilm_learns_demo_qa_in_120_steps(tmp_path):
-    train(tmp_path, "model=minilm", "task=demo_qa", "trainer.max_steps=120", "data.batch_size=32", "optim.lr=1e-4",
-          "trainer.val_check_interval=120", "trainer.check_val_every_n_epoch=null", "trainer.num_sanity_val_steps=0",
-          "data.max_train_examples=null", "data.max_eval_examples=150")
+    out = train(tmp_path, "model=minilm", "task=demo_qa", "trainer.max_steps=120", "data.batch_size=32",
+                "optim.lr=1e-4", "trainer.val_check_interval=120", "trainer.check_val_every_n_epoch=null",
+                "trainer.num_sanity_val_steps=0", "data.max_train_examples=null", "data.max_eval_examples=150")
     record = json.loads((tmp_path / "run/results.json").read_text())
     assert record["global_step"] == 120 and record["num_evaluated"] == {"validation": 150}
     assert record["metrics"]["validation"]["exact_match"] >= MIN_EXACT_MATCH, record["metrics"]
+    # The new QA head is said in one note line, not in transformers' LOAD REPORT table.
+    assert "LOAD REPORT" not in out.stdout + out.stderr
+    assert "note: 2 weight(s) not in" in out.stdout and "initialised at random: qa_outputs.bias" in out.stdout

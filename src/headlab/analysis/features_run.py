@@ -31,17 +31,11 @@ from rich.console import Console
 from headlab.analysis.feature_data import Sequences, model_max_length, task_sequences, text_file_sequences
 from headlab.analysis.features import AttentionFeatures, attention_features
 from headlab.analysis.job_identity import JobIdentity, resumable
-from headlab.core.models import load_model_reporting, load_tokenizer, model_config
+from headlab.core.models import load_model_reporting, load_tokenizer, model_config, note_random_weights
 from headlab.files import write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
 from headlab.reporting.sieve_roles import role_matrix, sieve_roles
-from headlab.training.checkpoints import (
-    load_checkpoint,
-    locate_checkpoint,
-    note_random_weights,
-    tokenizer_config,
-    weights_model_config,
-)
+from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
 

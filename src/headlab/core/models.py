@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -191,3 +192,12 @@ def weights_hash(model: torch.nn.Module) -> str:
         digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)};".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def note_random_weights(missing: list[str], weights: Any) -> None:
+    """One ``note:`` line naming the weights ``weights.name_or_path`` did not have (initialised at random), instead
+    of transformers' load report; nothing for a ``random_init`` model, random by request."""
+    if missing and not weights.get("random_init"):
+        missing = sorted(missing)  # transformers reports them as a set
+        Console().print(f"note: {len(missing)} weight(s) not in {weights.name_or_path}, initialised at random: "
+                        f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}", markup=False, soft_wrap=True)

@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from rich.console import Console
 
-from headlab.core.models import check_weights_folder, load_model_reporting
+from headlab.core.models import check_weights_folder, load_model_reporting, note_random_weights
 from headlab.errors import UserError
 from headlab.files import read_json
 from headlab.training.modules import task_head
@@ -137,12 +136,3 @@ def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any, allow
                         "or set allow_random_head=true")
     note_random_weights(missing, weights)
     return model.eval()
-
-
-def note_random_weights(missing: list[str], weights: Any) -> None:
-    """One ``note:`` line naming the weights ``weights.name_or_path`` did not have (initialised at random), instead
-    of transformers' load report; nothing for a ``random_init`` model, random by request."""
-    if missing and not weights.get("random_init"):
-        missing = sorted(missing)  # transformers reports them as a set
-        Console().print(f"note: {len(missing)} weight(s) not in {weights.name_or_path}, initialised at random: "
-                        f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}", markup=False, soft_wrap=True)

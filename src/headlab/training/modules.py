@@ -23,7 +23,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from headlab.core.attention import ablate
 from headlab.core.masks import plan_from_mask
-from headlab.core.models import load_model, model_shape
+from headlab.core.models import load_model_reporting, model_shape, note_random_weights
 from headlab.errors import UserError
 from headlab.tasks.metrics import SquadMetric, glue_metrics
 from headlab.tasks.squad import AnswerCollector, best_spans
@@ -43,7 +43,9 @@ class TaskModule(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.model_cfg, self.task, self.mask, self.optim = (OmegaConf.create(c) for c in (model, task, mask, optim))
-        self.model = load_model(self.model_cfg, *task_head(self.task)).train()  # Lightning keeps modes
+        self.model, missing = load_model_reporting(self.model_cfg, *task_head(self.task), quiet=True)
+        self.model.train()  # Lightning keeps modes
+        note_random_weights(missing, self.model_cfg)  # the new task head: one note, not transformers' table
         self.plan = plan_from_mask(self.mask, *model_shape(self.model_cfg))
         self.uses_units = any(count and policy.startswith("drop_") for policy, count in self.plan.counts().items())
         self.eval_splits = list(self.task.eval_splits)
