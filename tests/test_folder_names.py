@@ -1,5 +1,5 @@
-"""Folder and file names headlab makes from command lines and paths stay under the filesystem's 255 bytes: a long
-override list (a fine-tune's recipe, a path in ``importance.sweep``) failed with ``File name too long``."""
+"""What a user sees of the command line: folder and file names under the filesystem's 255 bytes (a long override
+list, a fine-tune's recipe or a path in ``importance.sweep``, failed with ``File name too long``), and ``--help``."""
 
 from __future__ import annotations
 
@@ -31,3 +31,18 @@ def test_a_job_with_a_very_long_command_line_runs(tmp_path):
     written = next((tmp_path / "outputs").rglob("demo.json"))
     assert all(len(part.encode()) <= 255 for part in written.parts)
     assert len(json.loads(written.read_text())) > 0 and "records written to" in result.stdout
+
+
+def test_help_starts_with_every_mode_one_line_each():
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from headlab.cli.ablate import MODES
+
+    out = subprocess.run([sys.executable, str(ROOT / "ablate.py"), "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120).stdout
+    head = out.split("== Configuration groups ==")[0]
+    listed = [line.split()[0] for line in head.split("== Modes (mode=...) ==")[1].strip().splitlines()[:len(MODES)]]
+    assert sorted(listed) == sorted(MODES) and out.index("== Modes") < out.index("== Config ==")
