@@ -261,8 +261,12 @@ def test_sweep_heads_equals_separate_eval_jobs(trained):
     (root / "heads/L1H2/results.json").unlink()
     again = run("ablate.py", "mode=sweep_heads", "mask.policy=drop_inter", "sweep.heads_per_batch=3",
                 f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'heads'}", cwd_tmp=root)
-    assert again.stdout.count("already done") == 2 and "L1H2 [drop_inter]" in again.stdout
+    assert again.stdout.count("already done") == 2 and "L1H2" not in again.stdout.split("layer 1 done")[0]
     assert "layer 1 (0-2): 4 plans; 4 of 12 plans done" in again.stdout  # progress over heads
+    deltas = sorted((results(root / f"heads/L1H{h}")["delta"]["validation"]["accuracy"], f"L1H{h}") for h in range(4))
+    assert (f"layer 1 done: 4 plans [drop_inter]; validation accuracy delta from {deltas[0][0]:+.4f} ({deltas[0][1]}) "
+            f"to {deltas[-1][0]:+.4f} ({deltas[-1][1]})") in again.stdout  # one line per layer, no path per plan
+    assert str(root / "heads/L1H0") not in again.stdout
     redone = results(root / "heads")["tables"]["validation"]["loss"]["delta"]
     np.testing.assert_allclose(redone, summary["tables"]["validation"]["loss"]["delta"], rtol=1e-6)
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob, summary_line
+from headlab.analysis.eval_job import EvalJob
 from headlab.analysis.evaluation import PlanEvaluator, Variant
 from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.analysis.sweep_plans import family_plans
@@ -146,14 +146,15 @@ def run_sweep_heads(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         records, baseline = job.evaluate(variants, lambda chosen, extra, layer=layer: LayerSweepEvaluator(
             job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
             extra[0] if extra else None))
+        done = []
         for variant in variants:
             mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
             result = job.result(variant, mine, baseline, output_dir / variant.name, plan_hash(variant.name))
             results[variant.name] = result.__dict__
+            done.append(result)
             job.log_metrics(result, prefix=f"{variant.name}/")
-            if job.trainer.is_global_zero:
-                console.print(summary_line(result, cfg.task.main_metric, output_dir / variant.name),
-                              markup=False, soft_wrap=True)
+        if job.trainer.is_global_zero:  # one line per layer, not a line and a path per plan
+            console.print(layer_line(layer, done, cfg.task.main_metric), markup=False, soft_wrap=True)
     summary = sweep_summary(cfg, plans, results, num_layers, num_heads, identity)
     if job.trainer.is_global_zero:
         write_tables(summary, cfg.task.main_metric, output_dir)
@@ -162,6 +163,16 @@ def run_sweep_heads(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                       f"{output_dir / 'results.json'}", markup=False, soft_wrap=True)
     job.finish()
     return summary
+
+
+def layer_line(layer: int, done: list, metric: str) -> str:
+    """``layer L done: N plans [policy]; split metric delta from D (plan) to D (plan)`` over the plans just run."""
+    parts = []
+    for split in done[0].delta:
+        deltas = sorted((result.delta[split][metric], result.plan_name) for result in done)
+        (low, low_plan), (high, high_plan) = deltas[0], deltas[-1]
+        parts.append(f"{split} {metric} delta from {low:+.4f} ({low_plan}) to {high:+.4f} ({high_plan})")
+    return f"layer {layer} done: {len(done)} plans [{done[0].policy}]; " + "; ".join(parts)
 
 
 def sweep_summary(cfg, plans, results, num_layers, num_heads, identity: JobIdentity) -> dict[str, Any]:
