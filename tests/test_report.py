@@ -65,7 +65,8 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     pd.testing.assert_frame_equal(result, table, check_dtype=False)
 
     # The seeds' layout and plots.
-    grid = (sweep / "report/plans_validation.md").read_text()
+    caption, grid = (sweep / "report/plans_validation.md").read_text().split("\n\n")  # what it shows, the table
+    assert caption.startswith("tiny_random on demo_pairs, validation: value (delta [95% CI])")
     assert grid.count("\n") == 2 + 3 and "✗" in grid and "accuracy" in grid
     assert "\\begin{table}" in (sweep / "report/plans_validation.tex").read_text()
     for name in ("bars_validation_accuracy.png", "bars_validation_f1.png"):
@@ -96,7 +97,8 @@ def test_a_head_sweep_report_has_its_heatmap_and_a_wandb_report_run(trained, tmp
     run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'heads'}", "logger=wandb", *FAST,
         f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
     report = tmp_path / "heads/report"
-    grid = (report / "heads_single_head_uniform_validation.md").read_text()
+    caption, grid = (report / "heads_single_head_uniform_validation.md").read_text().split("\n\n")
+    assert caption == "tiny_random on demo_pairs, validation: accuracy delta per head (single_head uniform)"
     assert grid.count("\n") == 2 + 3 and "H3" in grid  # 3 layers x 4 heads
     assert (report / "heatmap_single_head_uniform_validation_accuracy.png").stat().st_size > 5000
     table = pd.read_parquet(report / "table.parquet")
@@ -122,6 +124,8 @@ def test_jobs_of_two_tasks_in_one_directory_are_reported_separately(trained, tmp
     assert set(table["task"]) == {"demo_pairs", "demo_qa"} and table["ci_low"].notna().all()
     qa = next((tmp_path / "mixed/report").glob("demo_qa_*plans_validation.md")).read_text()
     pairs = next((tmp_path / "mixed/report").glob("demo_pairs_*plans_validation.md")).read_text()
+    header = qa.split("\n\n")[1].splitlines()[0]
+    assert header.index("| f1") < header.index("| exact_match")  # SQuAD's main metric leads
     for task, metric, text, percent in (("demo_qa", "exact_match", qa, True), ("demo_qa", "f1", qa, True),
                                         ("demo_pairs", "f1", pairs, False)):
         values = table.loc[(table["task"] == task) & (table["metric"] == metric), "value"]

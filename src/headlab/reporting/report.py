@@ -79,7 +79,8 @@ def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPL
 
 
 def _section(report: Report, frame: pd.DataFrame, prefix: str, title: str, formats: tuple[str, ...]) -> None:
-    metrics = [m for m in dict.fromkeys(frame["metric"]) if m != "loss"] or ["loss"]
+    main = [m for m in dict.fromkeys(frame["main_metric"]) if m in set(frame["metric"])]
+    metrics = list(dict.fromkeys([*main, *(m for m in frame["metric"] if m != "loss")])) or ["loss"]  # main first
     for split in dict.fromkeys(frame["split"]):
         grid_rows = frame[(frame["split"] == split) & (frame["family"] == "")]
         if len(grid_rows):
@@ -89,7 +90,9 @@ def _section(report: Report, frame: pd.DataFrame, prefix: str, title: str, forma
             first = rows.iloc[0]
             name = f"{prefix}{_slug(sweep) or _slug(first['family'] + '_' + first['policy'])}_{split}"
             grid = layouts.head_grid(rows, split, metrics[0])
-            _tables(report, grid, f"heads_{name}", f"{title}: {metrics[0]} delta per head ({sweep})", index=True)
+            which = f"{first['family']} {first['policy']}" + ("" if sweep == "." else f", {sweep}")
+            _tables(report, grid, f"heads_{name}", f"{title}, {split}: {metrics[0]} delta per head ({which})",
+                    index=True)
             for metric in metrics:
                 delta, significant = layouts.head_matrix(rows, split, metric)
                 label = f"{title}: {first['family']} {first['policy']}"
@@ -114,7 +117,7 @@ def _plan_grid(report, rows, split, metrics, prefix, title, formats) -> None:
 
 def _tables(report: Report, table: pd.DataFrame, name: str, caption: str, index: bool = False) -> None:
     markdown = layouts.to_markdown(table, index=index)
-    report.files.append(write_text_atomic(report.folder / f"{name}.md", markdown))
+    report.files.append(write_text_atomic(report.folder / f"{name}.md", f"{caption}\n\n{markdown}"))  # what it shows
     report.files.append(write_text_atomic(report.folder / f"{name}.tex", layouts.to_latex(table, caption, index=index)))
     report.printed.append(f"{caption}\n{markdown}")
     report.tables[name] = table.reset_index() if index else table

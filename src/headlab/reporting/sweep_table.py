@@ -1,9 +1,9 @@
 """``load_sweep``: every evaluation under a sweep directory as one tidy table, with paired statistics.
 
 One row per job x split x metric. Columns: ``job`` (its folder), ``experiment`` (the sweep's group),
-``model``, ``task``, ``checkpoint`` (weights hash), ``seed`` (the fine-tuning seed when the checkpoint
-is a train.py job, else the job's), ``plan``, ``rules`` (readable), ``heads`` (how many heads the plan
-changes), ``policy``, ``unit``, ``renormalize``, ``family`` / ``layer`` / ``head`` (plans of a
+``model``, ``task``, ``main_metric`` (the task's), ``checkpoint`` (weights hash), ``seed`` (the fine-tuning seed
+when the checkpoint is a train.py job, else the job's), ``plan``, ``rules`` (readable), ``heads`` (how many heads
+the plan changes), ``policy``, ``unit``, ``renormalize``, ``family`` / ``layer`` / ``head`` (plans of a
 ``sweep_heads`` job), ``split``, ``metric``, ``value``, ``baseline``, ``delta``, ``ci_low``, ``ci_high``,
 ``p_value``, ``p_adjusted``, ``n`` (examples), ``note`` (why a statistic is missing).
 
@@ -64,7 +64,8 @@ def _job_rows(root: Path, path: Path, result: dict[str, Any]) -> list[dict[str, 
     match = HEAD_PLAN.match(result["plan_name"]) if family else None
     job = {
         "job": str(path.parent.relative_to(root)), "experiment": result["group"], "model": result["model"],
-        "task": result["task"], "checkpoint": result["checkpoint"]["weights_hash"],
+        "task": result["task"], "main_metric": result["config"].get("task", {}).get("main_metric", ""),
+        "checkpoint": result["checkpoint"]["weights_hash"],
         "seed": _training_seed(result), "plan": result["plan_name"], "rules": readable_rules(result["plan"]),
         "heads": len(result["plan"]["policies"]),  # the heads whose policy is not keep
         "policy": result["policy"], "unit": result["unit"], "renormalize": result["renormalize"],
