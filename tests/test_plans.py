@@ -10,7 +10,8 @@ import torch
 from transformers import GPT2Config, GPT2Model
 
 import headlab
-from headlab.core.plans import HeadPlan, load_importance, select_heads
+from headlab.core.head_files import load_importance
+from headlab.core.plans import HeadPlan, select_heads
 from headlab.errors import UserError
 
 

@@ -18,7 +18,7 @@ _EXPORTS = {
     "POLICIES": "headlab.core.plans",
     "UNITS": "headlab.core.plans",
     "HeadPlan": "headlab.core.plans",
-    "head_name": "headlab.core.plans",
+    "head_name": "headlab.core.head_names",
     "select_heads": "headlab.core.plans",
     "ablate": "headlab.core.attention",
     "register_attention": "headlab.core.attention",
@@ -48,9 +48,10 @@ __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
 if TYPE_CHECKING:
     from headlab.analysis.features import AttentionFeatures, attention_features
     from headlab.core.attention import ablate, register_attention, set_attention_route
+    from headlab.core.head_names import head_name
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients
     from headlab.core.observe import observe_attention
-    from headlab.core.plans import POLICIES, UNITS, HeadPlan, head_name, select_heads
+    from headlab.core.plans import POLICIES, UNITS, HeadPlan, select_heads
     from headlab.core.pruning import prune_heads
     from headlab.core.units import split_sentences, unit_ids
     from headlab.errors import UserError

@@ -29,7 +29,7 @@ from rich.console import Console
 from sklearn.metrics import adjusted_rand_score
 
 from headlab.analysis.job_identity import JobIdentity, resumable
-from headlab.core.plans import load_clusters
+from headlab.core.head_files import load_clusters
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from headlab.core.head_names import head_name
 from headlab.core.observe import observe_attention
-from headlab.core.plans import head_name
 from headlab.errors import UserError
 
 FAMILIES = ("distance", "clark", "sieve", "js")

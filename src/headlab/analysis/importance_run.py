@@ -32,10 +32,11 @@ from rich.console import Console
 from headlab.analysis.eval_job import EvalJob
 from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.analysis.scoring import HeadScorer
+from headlab.core.head_names import head_name
 from headlab.core.importance import HeadGradients, normalize_importance, punctuation_ids
 from headlab.core.masks import plan_from_mask
 from headlab.core.models import load_tokenizer, model_shape
-from headlab.core.plans import GRANULARITIES, HeadPlan, head_name
+from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.agreement import agreement_table, read_head_sweep

@@ -39,8 +39,9 @@ from headlab.analysis.evaluation import Variant
 from headlab.analysis.importance_run import score_heads
 from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.analysis.timing import forward_seconds
+from headlab.core.head_names import head_name, parse_head_name
 from headlab.core.importance import normalize_importance
-from headlab.core.plans import GRANULARITIES, HeadPlan, head_name, parse_head_name
+from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.core.pruning import prune_heads
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots

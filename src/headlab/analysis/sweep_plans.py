@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from headlab.core.plans import POLICIES, HeadPlan, Rule, check_unit, head_name
+from headlab.core.head_names import head_name
+from headlab.core.plans import POLICIES, HeadPlan, Rule, check_unit
 from headlab.errors import UserError
 
 FAMILIES = ("single_head", "all_but_one", "layer")

@@ -86,7 +86,7 @@ def check_ablate_config(cfg: Any) -> None:
 
 def check_preset_clusters(cfg: Any) -> None:
     """Every ``cluster:NAME`` the preset's plans use is a label of ``mask.clusters`` (all missing names at once)."""
-    from headlab.core.plans import load_clusters
+    from headlab.core.head_files import load_clusters
 
     selectors = []
     for plan in cfg.plans.values():

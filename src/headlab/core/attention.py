@@ -43,10 +43,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from copy import deepcopy
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
@@ -55,7 +53,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from headlab.core import flex_route
 from headlab.core.bert_family import self_attention_modules
-from headlab.core.flex_route import FusedHeads
+from headlab.core.layer_states import LayerState, RowsState
 from headlab.core.plans import HeadPlan
 from headlab.core.pruning import pruned_heads_of
 from headlab.core.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
@@ -65,80 +63,6 @@ from headlab.requirements import require_torch
 ATTENTION_NAME = "headlab"
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
-
-
-@dataclass(frozen=True)
-class LayerState:
-    """One layer under a plan.
-
-    ``shared``: the keep / prune / uniform heads (a slice or an index tensor; None if there are none),
-    with ``[1, heads in shared, 1, 1]`` masks of its pruned and uniform heads (None if none).
-    ``skipped``: pruned heads left out of ``shared`` (their context is 0 without attention), when the other
-    shared heads then form one slice (so no gather of query, key and value); None otherwise.
-    ``drops``: ``(policy, heads)`` of the ``drop_*`` groups.
-    """
-
-    shared: slice | torch.Tensor | None
-    prune: torch.Tensor | None
-    uniform: torch.Tensor | None
-    drops: tuple[tuple[str, slice | torch.Tensor], ...]
-    renormalize: bool
-    fused: FusedHeads | None  # every head's policy for the fused route (None: no drop_* head)
-    skipped: slice | torch.Tensor | None
-
-    @classmethod
-    def build(cls, plan: HeadPlan, layer: int, renormalize: bool, device: torch.device) -> LayerState | None:
-        """The layer's state, or None when every head keeps its attention."""
-        groups = plan.layer_groups(layer)
-        if set(groups) == {"keep"}:
-            return None
-        attending = sorted(h for policy in ("keep", "uniform") for h in groups.get(policy, []))
-        pruned = groups.get("prune", [])
-        skip = bool(pruned) and (not attending or _is_range(attending))
-        shared = attending if skip else sorted(attending + pruned)
-
-        def marks(policy: str) -> torch.Tensor | None:
-            chosen = [h in groups.get(policy, ()) for h in shared]
-            return torch.tensor(chosen, device=device).view(1, -1, 1, 1) if any(chosen) else None
-
-        drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
-        fused = FusedHeads.build(groups, plan.num_heads, device) if drops else None
-        return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize,
-                   fused, _as_index(pruned, device) if skip else None)
-
-
-@dataclass(frozen=True)
-class RowsState:
-    """One layer under per-row plans: ``[plans, heads]`` boolean tables per policy (None if no plan uses it)."""
-
-    prune: torch.Tensor | None
-    uniform: torch.Tensor | None
-    drops: tuple[tuple[str, torch.Tensor], ...]
-    renormalize: bool
-
-    @classmethod
-    def build(cls, plans: tuple[HeadPlan, ...], layer: int, renormalize: bool, device) -> RowsState | None:
-        """The layer's state, or None when every plan keeps every head of the layer."""
-        table = np.array([[plan.policy_of(layer, h) for h in range(plan.num_heads)] for plan in plans])
-        if (table == "keep").all():
-            return None
-
-        def chosen(policy: str) -> torch.Tensor | None:
-            return torch.tensor(table == policy, device=device) if (table == policy).any() else None
-
-        drops = tuple((p, chosen(p)) for p in ("drop_intra", "drop_inter") if chosen(p) is not None)
-        return cls(chosen("prune"), chosen("uniform"), drops, renormalize)
-
-
-def _as_index(heads: list[int], device: torch.device) -> slice | torch.Tensor:
-    """A slice when the heads are contiguous (a view, no copy), else an index tensor on the model's device."""
-    if _is_range(heads):
-        return slice(heads[0], heads[-1] + 1)
-    return torch.tensor(heads, device=device)
-
-
-def _is_range(heads: list[int]) -> bool:
-    return heads == list(range(heads[0], heads[-1] + 1))
 
 
 class Controller:

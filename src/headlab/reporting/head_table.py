@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from headlab.core.plans import head_name
+from headlab.core.head_names import head_name
 from headlab.errors import UserError
 from headlab.files import read_json
 

@@ -16,7 +16,7 @@ import pandas as pd
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from headlab.core.plans import head_name
+from headlab.core.head_names import head_name
 
 METHODS = {"holm": "holm", "bh": "fdr_bh"}  # headlab name -> statsmodels name; "none": raw p-values
 
