@@ -8,6 +8,7 @@ parameters are expanded as Hydra's basic sweeper does, and each job's overrides 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +60,10 @@ def collect_results(directory: str | Path, latest_multirun: bool = False
     if not root.is_dir():
         raise UserError(f"sweep_dir={str(directory)!r} is not a directory")
     expected = set(expected_jobs(root) or ()) if latest_multirun else None
+    overrides = functools.cache(_overrides_of)  # a head sweep's plans share their job's overrides: read them once
     results, problems = [], []
     for path in sorted(root.rglob("results.json")):
-        if expected is not None and _overrides_of(_job_of(path, root)) not in expected:
+        if expected is not None and overrides(_job_of(path, root)) not in expected:
             continue
         data = _read(path)
         if data is None or not data.get("complete"):
@@ -74,7 +76,7 @@ def collect_results(directory: str | Path, latest_multirun: bool = False
             else:
                 results.append((path, data))
     for job in sorted(p.parent.parent for p in root.rglob(".hydra/overrides.yaml")):
-        if expected is not None and _overrides_of(job) not in expected:
+        if expected is not None and overrides(job) not in expected:
             continue
         if not (job / "results.json").is_file() and _mode(job) not in NO_RESULTS:
             problems.append(Problem(str(job.relative_to(root)) if job != root else ".",
