@@ -88,6 +88,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 def write_frame_atomic(frame: Any, path: str | Path) -> Path:
     """A pandas DataFrame as parquet or CSV (by the suffix), written atomically, without the index."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     frame.to_parquet(tmp, index=False) if path.suffix == ".parquet" else frame.to_csv(tmp, index=False)
     tmp.replace(path)

@@ -23,10 +23,12 @@ def register_resolvers() -> None:
     ``${scored:MODE,TASK,MODEL,CKPT_PATH,TEXT_FILE}``: what a job scores, as directories (``TASK/MODEL/CKPT_TAG``,
     ``text_file`` for the task of features of a text file), or ``from_jobs`` for the modes that read other jobs'
     files instead of running a model.
+    ``${ablate_dir:MODE,TASK,MODEL,CKPT_PATH,TEXT_FILE,STUDY_CHECKPOINT,OVERRIDES}``: an ``ablate.py`` job's folder.
     """
     OmegaConf.register_new_resolver("pkg_dir", package_dir, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_name, replace=True)
     OmegaConf.register_new_resolver("scored", scored_dirs, replace=True)
+    OmegaConf.register_new_resolver("ablate_dir", ablate_run_dir, replace=True)
 
 
 def job_dir_name(overrides: str) -> str:
@@ -55,6 +57,17 @@ def scored_dirs(mode: str, task: str, model: str, ckpt_path: str | None, text_fi
         return "from_jobs"
     data = "text_file" if mode == "features" and text_file else task
     return f"{data}/{model}/{checkpoint_tag(ckpt_path)}"
+
+
+def ablate_run_dir(mode: str, task: str, model: str, ckpt_path: str | None, text_file: str | None,
+                   study_checkpoint: str | None, overrides: str) -> str:
+    """``outputs/study/TASK/MODEL/NAME`` for the study (``finetuned``, or the tag of ``study.checkpoint``: the same
+    study finds the same folder whatever its other settings, and reruns only the stages they change), else
+    ``outputs/ablate/MODE/<scored_dirs>/<job_dir_name>``."""
+    if mode == "study":
+        name = "finetuned" if study_checkpoint is None else checkpoint_tag(study_checkpoint)
+        return f"outputs/study/{task}/{model}/{name}"
+    return f"outputs/ablate/{mode}/{scored_dirs(mode, task, model, ckpt_path, text_file)}/{job_dir_name(overrides)}"
 
 
 def job_dir() -> Path:

@@ -23,12 +23,14 @@ from headlab.cli.features_schema import ClusterConfig, CompareConfig, FeaturesCo
 from headlab.cli.hydra_glue import register_resolvers
 from headlab.cli.importance_schema import ImportanceConfig, PruneCurveConfig
 from headlab.cli.report_schema import ReportConfig
+from headlab.cli.study_schema import StudyConfig
 from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
 from headlab.requirements import require_torch
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "report", "demo")
+ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "report",
+                "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.attention.ROUTES
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
@@ -337,7 +339,7 @@ class SweepConfig:
 class AblateConfig(RunConfig):
     """``conf/ablate.yaml``."""
 
-    mode: str = "demo"
+    mode: str = "study"
     group: str = "adhoc"  # the sweep's name: W&B group and sweep directory (the preset's name by default)
     ckpt_path: str | None = None  # .ckpt, train.py job directory, save_pretrained directory, or null
     allow_random_head: bool = False
@@ -353,6 +355,7 @@ class AblateConfig(RunConfig):
     sweep_dir: str | None = None  # mode=report: the sweep directory to collect
     report: ReportConfig = field(default_factory=ReportConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)
 
 
 SCHEMAS = {

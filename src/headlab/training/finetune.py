@@ -147,11 +147,17 @@ def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
         return _finetune(cfg, output_dir)
 
 
-def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
+def finetune_identity(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
+    """``(resolved config, computed part, input stamps, hash)`` of a fine-tuning run: its ``results.json`` is this
+    run's when complete and of this hash."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     computed = {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}
     inputs = input_stamps(computed, INPUT_KEYS)
-    job_hash = hash_of_job(computed, inputs)
+    return resolved, computed, inputs, hash_of_job(computed, inputs)
+
+
+def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
+    resolved, computed, inputs, job_hash = finetune_identity(cfg)
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
         return done

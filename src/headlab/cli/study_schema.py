@@ -1,0 +1,30 @@
+"""The ``study`` section of ``conf/ablate.yaml`` (``mode=study``; sizes in ``conf/study/``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from headlab.study.stages import STAGES
+
+
+@dataclass
+class StudyConfig:
+    """Which stages run, on which fine-tuned models, and each stage's settings.
+
+    A stage's settings are config fields laid over that stage's config: ``finetune`` over ``conf/train.yaml``
+    (``{trainer: {max_epochs: 5}, optim: {lr: 1e-4}}``), the others over ``ablate.py``'s for their mode
+    (``features: {features: {max_sequences: 300}}``, ``tables: {data: {max_eval_examples: 200}}``).
+    """
+
+    checkpoint: str | None = None  # a train.py job directory (or .ckpt) of this model and task: no fine-tuning
+    seeds: list[int] = field(default_factory=lambda: [0])  # a fine-tuned model per seed
+    stages: list[str] = field(default_factory=lambda: list(STAGES))  # run these (in the study's order)
+    finetune: dict[str, Any] = field(default_factory=dict)
+    features: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+    compare: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, Any] = field(default_factory=dict)
+    sweep: dict[str, Any] = field(default_factory=dict)
+    importance: dict[str, Any] = field(default_factory=dict)
+    prune_curve: dict[str, Any] = field(default_factory=dict)

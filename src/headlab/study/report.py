@@ -1,0 +1,286 @@
+"""The study's report: ``study.md`` (GitHub markdown, figures by relative path), ``study.json``, a terminal summary.
+
+Every number is read from a stage's files, named under the table or sentence that shows it: the fine-tuning's
+``results.json``, the tables' ``report/`` (plan grids with paired CIs and adjusted p-values), the clusters'
+and the comparison's ``results.json``, ``importance.json`` and ``agreement.csv``, ``prune_curve.csv``. A stage
+that did not run is said to be missing, not left out silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+
+from headlab.core.head_names import head_name
+from headlab.files import read_json, write_json_atomic, write_text_atomic
+from headlab.reporting.layouts import to_markdown
+from headlab.study.stages import TABLES, Study
+
+TABLE_TITLES = {
+    "table2": "Table 2: heads of each type pruned (weights 0, ✗) or substituted (uniform 1/L)",
+    "table3": "Table 3: intra- or inter-sentence attention of head types removed (renormalize=false)",
+    "table3_renormalized": "Table 3 with renormalize=true (the other keys' scores renormalised by the softmax)",
+}
+TOP_HEADS = 10
+
+
+@dataclass
+class StudyReport:
+    """What the report says: markdown lines, the terminal's summary lines, and the numbers for ``study.json``."""
+
+    study: Study
+    markdown: list[str] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def path(self, *parts: str) -> Path:
+        return self.study.folder.joinpath(*parts)
+
+    def link(self, path: Path) -> str:
+        return str(path.relative_to(self.study.folder))
+
+    def section(self, title: str) -> None:
+        self.markdown += ["", f"## {title}", ""]
+
+    def missing(self, stage: str) -> None:
+        self.markdown.append(f"_Not run: the {stage} stage has no results in this study's folder._")
+
+    def figure(self, path: Path, alt: str) -> None:
+        if path.is_file():
+            self.markdown += ["", f"![{alt}]({self.link(path)})"]
+
+
+def number(value: float) -> str:
+    return f"{value:.4f}" if np.isfinite(value) else "n/a"
+
+
+def main_metric(study: Study) -> str:
+    return str(study.cfg.task.main_metric)
+
+
+def baseline(report: StudyReport) -> None:
+    report.section("Baseline")
+    rows = []
+    for name, _ in report.study.models:
+        path = report.path("finetune", name, "results.json")
+        if path.is_file():
+            metrics = read_json(path, "results")["metrics"]
+            source = report.link(path)
+        else:  # study.checkpoint: the unablated evaluation of Table 2
+            table = report.path("tables", "table2", name, "report", "table.csv")
+            if not table.is_file():
+                continue
+            frame = pd.read_csv(table)
+            first = frame[frame["job"] == frame["job"].iloc[0]]
+            metrics = {split: dict(zip(part["metric"], part["baseline"])) for split, part in first.groupby("split")}
+            source = report.link(table) + " (baseline)"
+        for split, values in metrics.items():
+            rows.append({"model": name, "split": split, **{k: f"{v:.4f}" for k, v in values.items()},
+                         "source": source})
+            report.numbers.setdefault("baseline", {}).setdefault(name, {})[split] = values
+            report.console.append(f"baseline {name} {split}: {main_metric(report.study)} "
+                                  f"{values.get(main_metric(report.study), float('nan')):.4f}")
+    if rows:
+        report.markdown.append(to_markdown(pd.DataFrame(rows)))
+    else:
+        report.missing("finetune")
+
+
+def tables(report: StudyReport) -> None:
+    metric = main_metric(report.study)
+    for table in TABLES:
+        report.section(f"Guan et al. {TABLE_TITLES[table]}")
+        found = False
+        for name, _ in report.study.models:
+            folder = report.path("tables", table, name, "report")
+            grids = sorted(folder.glob("plans_*.md"))
+            for grid in grids:
+                found = True
+                caption, _, body = grid.read_text().partition("\n\n")
+                report.markdown += [f"{caption} (`{report.link(grid)}`)", "", body.rstrip()]
+                report.console += [f"{TABLE_TITLES[table]}, {name}:", *console_grid(body, metric)]
+            split = grids[0].stem.removeprefix("plans_") if grids else None
+            if split:
+                report.figure(folder / f"bars_{split}_{metric}.png", f"{table} {name}")
+        seeds = report.path("tables", table, "report", "seeds.md")
+        if seeds.is_file():
+            report.markdown += ["", f"Across fine-tuning seeds (`{report.link(seeds)}`):", "",
+                                seeds.read_text().rstrip()]
+        if not found:
+            report.missing("tables")
+
+
+def console_grid(markdown: str, metric: str) -> list[str]:
+    """The plan and main-metric columns of a plan grid's markdown rows (the terminal's short form)."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    if len(lines) < 3:
+        return []
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    keep = [header.index("plan"), header.index(metric)] if metric in header else [header.index("plan")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    width = max(len(row[keep[0]]) for row in rows)
+    return [f"  {row[keep[0]]:<{width}}  {' '.join(row[k] for k in keep[1:])}" for row in rows]
+
+
+def head_types(report: StudyReport) -> None:
+    report.section("Head types (k-means of the distance features, Guan et al.)")
+    rows = []
+    for name in ["pretrained", *(n for n, _ in report.study.models)]:
+        path = report.path("cluster", name, "results.json")
+        if not path.is_file():
+            continue
+        result = read_json(path, "cluster results")
+        counts = ", ".join(f"{k} {v}" for k, v in result["counts"].items())
+        rows.append({"model": name, "types": counts, "stability": f"{result['stability']:.4f}",
+                     "silhouette": "n/a" if result["silhouette"] is None else f"{result['silhouette']:.4f}",
+                     "source": report.link(path)})
+        report.numbers.setdefault("clusters", {})[name] = {k: result[k] for k in ("counts", "stability", "silhouette")}
+        report.console.append(f"head types {name}: {counts}; stability {result['stability']:.4f}")
+    if not rows:
+        return report.missing("cluster")
+    report.markdown += ["Stability: the share of heads labelled the same in every fit on random halves (Guan et al. "
+                        "Table 1: 94-96%).", "", to_markdown(pd.DataFrame(rows))]
+    for name, _ in report.study.models:
+        report.figure(report.path("cluster", name, "types_per_layer.png"), f"head types per layer, {name}")
+
+
+def comparison(report: StudyReport) -> None:
+    report.section("Pre-trained vs fine-tuned")
+    found = False
+    for name in [n for n, _ in report.study.models] + ["seeds"]:
+        path = report.path("compare", name, "results.json")
+        if not path.is_file():
+            continue
+        found = True
+        result = read_json(path, "compare results")
+        pairs = "; ".join(f"{pair} {value:.4f}" for pair, value in result["ari"].items())
+        changed = "; ".join(f"{run}: {count} heads" for run, count in result["changed"].items())
+        report.markdown += [f"Adjusted Rand index: {pairs}. Heads whose type changed: {changed} "
+                            f"(`{report.link(path)}`).", ""]
+        report.numbers.setdefault("compare", {})[name] = {"ari": result["ari"], "changed": result["changed"]}
+        report.console.append(f"compare {name}: ARI {pairs}; type changed: {changed}")
+        transitions = path.parent / "transitions.md"
+        if name != "seeds" and transitions.is_file():
+            report.markdown += [f"Transitions (`{report.link(transitions)}`):", "", transitions.read_text().rstrip()]
+        report.figure(path.parent / "types_per_layer.png", f"head types per layer, {name}")
+    if not found:
+        report.missing("compare")
+
+
+def importance(report: StudyReport) -> None:
+    report.section("Head importance (Michel et al.) and its agreement with the single-head sweep")
+    found = False
+    for name, _ in report.study.models:
+        path = report.path("importance", name, "importance.json")
+        if not path.is_file():
+            continue
+        found = True
+        scores = read_json(path, "importance")
+        values = np.asarray(scores["importance"], dtype=float)  # [layers, heads]
+        order = np.argsort(-values, axis=None, kind="stable")[:TOP_HEADS]
+        top = [(head_name(*divmod(int(i), values.shape[1])), float(values.flat[i])) for i in order]
+        report.numbers.setdefault("importance", {})[name] = dict(top)
+        granularity = scores["settings"]["granularity"]
+        report.markdown += [f"Top {len(top)} heads of {name} by the {granularity} estimator (normalised; "
+                            f"`{report.link(path)}`):", "",
+                            to_markdown(pd.DataFrame([{"head": h, "importance": f"{v:.4f}"} for h, v in top]))]
+        report.console.append(f"top heads {name}: " + ", ".join(f"{h} {v:.3f}" for h, v in top[:5]))
+        agreement = path.parent / "agreement.csv"
+        if agreement.is_file():
+            frame = pd.read_csv(agreement)
+            report.markdown += ["Spearman correlation of each estimator with the measured sweep "
+                                f"(`{report.link(agreement)}`):", "", to_markdown(frame.round(4).astype(str))]
+            main = frame[frame["target"] == f"{main_metric(report.study)} drop"]
+            report.console += [f"  spearman {row.policy}/{row.estimator} vs {row.target}: {number(row.spearman)}"
+                               for row in main.itertuples() if row.estimator == granularity or
+                               row.estimator.startswith("estimate_")]
+        report.figure(path.parent / f"importance_{granularity}.png", f"importance, {name}")
+        sweep_table(report, name)
+    if not found:
+        report.missing("importance")
+
+
+def sweep_table(report: StudyReport, name: str) -> None:
+    """The single-head sweep's change of the main metric, layers x heads."""
+    for path in sorted(report.path("sweep", name).glob("deltas_*.csv")):
+        frame = pd.read_csv(path, index_col=0)
+        report.markdown += ["", f"Each head pruned alone: {frame.index.name} (`{report.link(path)}`):", "",
+                            to_markdown(frame.map(lambda v: f"{v:+.4f}"), index=True)]
+        worst = frame.stack().sort_values().head(3)
+        report.console.append(f"sweep {name} ({path.stem.removeprefix('deltas_')}): largest drops " + ", ".join(
+            f"{layer}{head} {value:+.4f}" for (layer, head), value in worst.items()))
+
+
+def prune_curve(report: StudyReport) -> None:
+    report.section("Pruning by importance vs random orders")
+    found = False
+    for name, _ in report.study.models:
+        path = report.path("prune_curve", name, "prune_curve.csv")
+        if not path.is_file():
+            continue
+        found = True
+        frame = pd.read_csv(path)
+        metric = main_metric(report.study)
+        rows = []
+        for (order, seed), part in frame.groupby(["order", "seed"], dropna=False, sort=False):
+            last = part.iloc[-1]
+            label = order if pd.isna(seed) else f"{order} (seed {int(seed)})"
+            rows.append({"order": label, "heads pruned": int(last["heads_pruned"]),
+                         metric: f"{last[metric]:.4f}", "of the baseline": f"{last['relative']:.4f}"})
+        report.markdown += [f"The last step of each order (`{report.link(path)}`):", "",
+                            to_markdown(pd.DataFrame(rows))]
+        report.console.append(f"prune curve {name}: " + "; ".join(
+            f"{r['order']} {r['heads pruned']} heads -> {metric} {r[metric]}" for r in rows))
+        report.figure(path.parent / "prune_curve.png", f"prune curve, {name}")
+    if not found:
+        report.missing("prune_curve")
+
+
+def files(report: StudyReport) -> None:
+    """Every file the study wrote, a folder of many alike (a sweep's plans) on one line."""
+    report.section("Files")
+    lines = []
+    for stage_dir in sorted(p for p in report.study.folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for path in sorted(stage_dir.rglob("*")):
+            if path.is_file() and not any(part.startswith(".") for part in path.relative_to(stage_dir).parts):
+                lines.append(report.link(path))
+    report.markdown += [f"{len(lines)} files under `{report.study.folder}`:", "", "```", *collapse(lines), "```"]
+
+
+def collapse(paths: list[str]) -> list[str]:
+    """Paths whose folders differ only by a plan's name (``sweep/seed0/L3H7/results.json``) shown once per pattern."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for path in paths:
+        parts = path.split("/")
+        key = ("/".join(parts[:-2]), parts[-1]) if len(parts) >= 3 else (path, "")
+        groups.setdefault(key, []).append(parts[-2] if len(parts) >= 3 else "")
+    lines = []
+    for (parent, name), folders in groups.items():
+        lines.append(f"{parent}/{folders[0]}/{name}" if len(folders) == 1 and name else
+                     f"{parent}/{{{len(folders)} folders: {folders[0]} ... {folders[-1]}}}/{name}" if name else parent)
+    return lines
+
+
+def write_study_report(study: Study, console: Console, inputs: dict[str, Any]) -> dict[str, Any]:
+    """``study.md`` and ``study.json`` (with ``inputs``: what the stages' markers said) in the study folder; the
+    summary printed to ``console``."""
+    report = StudyReport(study)
+    cfg = study.cfg
+    names = ", ".join(name for name, _ in study.models)
+    report.markdown += [f"# headlab study: {cfg.model.name} on {cfg.task.name}", "",
+                        f"Fine-tuned model(s): {names}. Every number is read from the stage file named beside it; "
+                        f"paths are relative to `{study.folder}`."]
+    for part in (baseline, tables, head_types, comparison, importance, prune_curve, files):
+        part(report)
+    write_text_atomic(study.folder / "study.md", "\n".join(report.markdown) + "\n")
+    summary = {"model": cfg.model.name, "task": cfg.task.name, "models": names.split(", "), **report.numbers,
+               "inputs": inputs}
+    write_json_atomic(study.folder / "study.json", summary)
+    for line in report.console:
+        console.print(line, markup=False)
+    return summary

@@ -1,0 +1,188 @@
+"""``ablate.py mode=study`` (the default): the whole study of one model on one task, in one process.
+
+The stages (``headlab.study.stages``) run in order, each in its own folder of the study folder, each one the
+same ``train.py`` or ``ablate.py`` code a person would run by hand. A stage whose jobs all hold complete results of
+their current config (the jobs' hashes) and whose ``stage.json`` says so is skipped: a killed study resumes by
+running the same command, and a changed setting reruns the stages whose configs or input files it changes.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from headlab.errors import UserError
+from headlab.files import config_hash, read_json, write_json_atomic
+from headlab.study.stages import ABOUT, STAGES, Job, Study, check_stages, stage_jobs
+
+MARKER = "stage.json"  # <study>/<stage>/stage.json: the hashes of the stage's jobs when it last finished
+
+
+def study_group(folder: Path) -> str:
+    """The W&B group of every run of the study: ``study-<task>-<model>-<folder name>`` (the last three folders)."""
+    folder = folder.absolute()
+    return "-".join(["study", *folder.parts[1:][-3:]])
+
+
+def done_stages(folder: Path) -> set[str]:
+    """The stages whose ``stage.json`` is in ``folder`` (finished once, for some config)."""
+    return {stage for stage in STAGES if (folder / stage / MARKER).is_file()}
+
+
+def check_study(cfg: Any, folder: str | Path) -> list[str]:
+    """Everything about ``study`` that needs no weights; returns the stages to run, in order."""
+    folder = Path(folder)
+    seeds = list(cfg.study.seeds)
+    if not seeds:
+        raise UserError("study.seeds=[] names no fine-tuning seed: give one or more, e.g. study.seeds=[0,1,2]")
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"study.seeds={seeds} names a seed twice")
+    if cfg.study.checkpoint is not None and len(seeds) > 1:
+        raise UserError(f"study.seeds={seeds} with study.checkpoint: the checkpoint is one fine-tuned model; give "
+                        "one seed, or leave study.checkpoint out to fine-tune a model per seed")
+    stages = check_stages(cfg, done_stages(folder))
+    from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
+
+    model_shape(cfg.model)  # a hub model that cannot be reached fails here, before any stage
+    if cfg.study.checkpoint is not None:
+        check_study_checkpoint(cfg)
+    return stages
+
+
+def check_study_checkpoint(cfg: Any) -> None:
+    """``study.checkpoint`` is a ``train.py`` job (or its ``.ckpt``) of this model on this task."""
+    from headlab.training.checkpoints import locate_checkpoint
+
+    try:
+        found = locate_checkpoint(cfg.study.checkpoint, cfg.model, cfg.task)
+    except UserError as error:
+        raise UserError(str(error).replace("ckpt_path=", "study.checkpoint=", 1)) from None
+    if found.kind not in ("job", "lightning"):
+        raise UserError(f"study.checkpoint={cfg.study.checkpoint!r} is not a headlab checkpoint (a train.py job "
+                        f"directory or its .ckpt) of {cfg.model.name} on {cfg.task.name}")
+
+
+def job_hash(job: Job) -> str:
+    """The hash of what ``job`` computes (its ``results.json`` carries it when the job is done); analysis configs
+    are checked first (``check_mode``, which also lays a preset's plan over the mask)."""
+    if job.kind == "train":
+        from headlab.training.finetune import finetune_identity
+
+        return finetune_identity(job.cfg)[3]
+    from headlab.analysis.job_identity import hashed_config
+    from headlab.analysis.modes import check_mode
+
+    check_mode(job.cfg)
+    return hashed_config(job.cfg)[2]
+
+
+def run_job(job: Job) -> None:
+    job.folder.mkdir(parents=True, exist_ok=True)  # as Hydra makes a job's folder before it runs
+    if job.kind == "train":
+        from headlab.training.finetune import run_finetuning
+
+        run_finetuning(job.cfg, job.folder)
+    else:
+        from headlab.analysis.modes import run_mode
+
+        run_mode(job.cfg, job.folder)
+
+
+class StudyRun:
+    """Runs the stages in order with a progress line as each starts and ends."""
+
+    def __init__(self, study: Study, stages: list[str]) -> None:
+        self.study, self.stages, self.start = study, stages, time.monotonic()
+        self.console = Console(soft_wrap=True, highlight=False)
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False)
+
+    def elapsed(self, since: float | None = None) -> str:
+        return str(timedelta(seconds=round(time.monotonic() - (self.start if since is None else since))))
+
+    def run(self) -> dict[str, Any]:
+        for number, stage in enumerate(self.stages, start=1):
+            where = f"[{number}/{len(self.stages)}] {stage}"
+            if stage == "report":
+                self.report(where)
+                continue
+            self.run_stage(stage, where)
+        self.say(f"study done in {self.elapsed()}: {self.study.folder / 'study.md'}")
+        return read_json(self.study.folder / "study.json", "study") if (self.study.folder / "study.json").is_file() \
+            else {}
+
+    def report(self, where: str) -> None:
+        """``study.md``, unless ``study.json`` says it was written from the stages' current results."""
+        from headlab.study.report import write_study_report
+
+        key, summary = self.inputs_key(), self.study.folder / "study.json"
+        if summary.is_file() and read_json(summary, "study").get("inputs") == key and \
+                (self.study.folder / "study.md").is_file():
+            self.say(f"{where}: skipped, done ({self.study.folder / 'study.md'})")
+            return
+        self.say(f"{where}: {ABOUT['report']} (elapsed {self.elapsed()})")
+        write_study_report(self.study, self.console, key)
+
+    def run_stage(self, stage: str, where: str) -> None:
+        """Run ``stage``'s jobs that are not done (then its reports), unless its marker says all are done."""
+        from headlab.reporting.results import read_complete
+
+        jobs = stage_jobs(self.study, stage)
+        hashes = {self.name(job): job_hash(job) for job in jobs}
+        key = {"jobs": hashes, **self.extra_key(stage)}
+        if self.is_done(stage, key):
+            self.say(f"{where}: skipped, done ({self.study.folder / stage})")
+            return
+        began = time.monotonic()
+        self.say(f"{where}: {ABOUT[stage]}, {len(jobs)} job{'s' * (len(jobs) != 1)} (elapsed {self.elapsed()})")
+        for job in jobs:
+            if read_complete(job.folder / "results.json", hashes[self.name(job)]) is None:
+                run_job(job)
+        if stage == "tables":
+            from headlab.study.tables import write_table_reports
+
+            write_table_reports(self.study)
+        write_json_atomic(self.study.folder / stage / MARKER, {"stage": stage, "key": key})
+        self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()})")
+
+    def name(self, job: Job) -> str:
+        return str(job.folder.relative_to(self.study.folder))
+
+    def extra_key(self, stage: str) -> dict[str, Any]:
+        """What a stage's own files depend on beyond its jobs (the tables' reports: the report settings)."""
+        if stage != "tables":
+            return {}
+        from omegaconf import OmegaConf
+
+        return {"report": config_hash(OmegaConf.to_container(self.study.cfg.report, resolve=True))}
+
+    def inputs_key(self) -> dict[str, Any]:
+        """The report's inputs: every other stage's marker."""
+        markers = {}
+        for stage in STAGES[:-1]:
+            path = self.study.folder / stage / MARKER
+            markers[stage] = read_json(path, "stage marker").get("key") if path.is_file() else None
+        return {"stages": config_hash(markers)}
+
+    def is_done(self, stage: str, key: dict[str, Any]) -> bool:
+        """The stage's marker holds ``key`` and each of its jobs' results are complete for its hash."""
+        from headlab.reporting.results import read_complete
+
+        path = self.study.folder / stage / MARKER
+        if not path.is_file() or read_json(path, "stage marker").get("key") != key:
+            return False
+        return all(read_complete(self.study.folder / name / "results.json", hash_) is not None
+                   for name, hash_ in key["jobs"].items())
+
+
+def run_study(cfg: Any, folder: str | Path, stages: list[str] | None = None) -> dict[str, Any]:
+    """Run the study of ``cfg`` (a config that passed ``check_study``) in ``folder``."""
+    folder = Path(folder)
+    stages = check_study(cfg, folder) if stages is None else stages
+    study = Study(cfg, folder, study_group(folder))
+    return StudyRun(study, stages).run()

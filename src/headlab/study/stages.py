@@ -1,0 +1,188 @@
+"""The study's stages, what each needs, and the jobs each runs, in the study folder's layout::
+
+    finetune/seed0/                      train.py job (results.json, model/, checkpoints/)
+    features/pretrained/, features/seed0/    mode=features of the pre-trained and the fine-tuned model
+    cluster/pretrained/, cluster/seed0/      mode=cluster (k = 4, Guan et al.'s names) of those features
+    compare/seed0/                       mode=compare: pre-trained vs fine-tuned; compare/seeds/: between seeds
+    tables/table2/seed0/<plan>/          mode=eval of each plan of Guan et al.'s Table 2 (prune, uniform by type)
+    tables/table3/seed0/<plan>/          ... of Table 3 (drop_intra / drop_inter by type), renormalize=false
+    tables/table3_renormalized/seed0/    ... and renormalize=true; each table's report/ beside its plans
+    sweep/seed0/                         mode=sweep_heads: every head pruned alone
+    importance/seed0/                    mode=importance, with its agreement with the sweep
+    prune_curve/seed0/                   mode=prune_curve: importance-guided pruning vs random orders
+    study.md, study.json                 the report
+
+``seed0`` is the model fine-tuned with seed 0 (``checkpoint`` when ``study.checkpoint`` gives the model). Each
+stage's jobs are built when the stage starts: they read the files of the stages before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headlab.errors import UserError
+from headlab.files import read_json
+from headlab.study.configs import analysis_config, train_config
+
+STAGES = ("finetune", "features", "cluster", "compare", "tables", "sweep", "importance", "prune_curve", "report")
+NEEDS = {"finetune": (), "features": ("finetune",), "cluster": ("features",), "compare": ("cluster",),
+         "tables": ("finetune", "cluster"), "sweep": ("finetune",), "importance": ("finetune",),
+         "prune_curve": ("finetune",), "report": ()}
+ABOUT = {
+    "finetune": "fine-tune the model on the task",
+    "features": "attention features of the pre-trained and the fine-tuned model",
+    "cluster": "head types (k-means of the distance features) and their stability",
+    "compare": "head types of the pre-trained vs the fine-tuned model",
+    "tables": "Guan et al.'s Tables 2 and 3: plans by head type, paired CIs and p-values",
+    "sweep": "every head pruned alone",
+    "importance": "gradient head importance and its agreement with the sweep",
+    "prune_curve": "heads pruned by importance vs random orders",
+    "report": "study.md",
+}
+STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "tables": "eval",
+               "sweep": "sweep_heads", "importance": "importance", "prune_curve": "prune_curve"}  # ablate.py modes
+TABLES = ("table2", "table3", "table3_renormalized")
+GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
+PRESETS = {"table2": "guan2020_table2", "table3": "guan2020_table3", "table3_renormalized": "guan2020_table3"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of a stage: its folder, its config (``train.py``'s or an ``ablate.py`` mode's) and its kind."""
+
+    folder: Path
+    cfg: Any
+    kind: str  # "train" or the ablate.py mode
+
+
+@dataclass(frozen=True)
+class Study:
+    """The study's config, folder and W&B group; the fine-tuned models it analyses."""
+
+    cfg: Any
+    folder: Path
+    group: str
+
+    @property
+    def models(self) -> list[tuple[str, str]]:
+        """``[(name, ckpt_path)]`` of the fine-tuned models: ``seed<N>`` jobs of the finetune stage, or the given
+        checkpoint."""
+        if self.cfg.study.checkpoint is not None:
+            return [("checkpoint", str(self.cfg.study.checkpoint))]
+        return [(f"seed{seed}", str(self.folder / "finetune" / f"seed{seed}")) for seed in self.cfg.study.seeds]
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.folder / stage
+
+    def analysis(self, stage: str, mode: str, ckpt_path: str | None, **fields: Any) -> Any:
+        return analysis_config(self.cfg, stage, mode, ckpt_path, self.group, **fields)
+
+
+def check_stages(cfg: Any, done: set[str]) -> list[str]:
+    """``study.stages`` in run order; a ``UserError`` for an unknown stage, or for one whose input stage is left out
+    (unless that stage's results are there, ``done``, or ``study.checkpoint`` stands for the fine-tuning)."""
+    stages = list(cfg.study.stages)
+    for stage in stages:
+        if stage not in STAGES:
+            raise UserError(f"study.stages: {stage!r} is not a stage; stages: {', '.join(STAGES)}")
+    for stage in stages:
+        for need in NEEDS[stage]:
+            if need in stages or need in done or (need == "finetune" and cfg.study.checkpoint is not None):
+                continue
+            hint = " or give study.checkpoint=DIR" if need == "finetune" else ""
+            raise UserError(f"study.stages: {stage} needs the results of {need}, which is left out and has not run "
+                            f"in this study's folder: add {need}{hint}")
+    return [stage for stage in STAGES if stage in stages]
+
+
+def stage_jobs(study: Study, stage: str) -> list[Job]:
+    """The jobs of ``stage`` (the report stage has none: ``headlab.study.report`` writes it)."""
+    return {"finetune": _finetune, "features": _features, "cluster": _cluster, "compare": _compare,
+            "tables": _tables, "sweep": _sweep, "importance": _importance, "prune_curve": _prune_curve,
+            "report": lambda _: []}[stage](study)
+
+
+def _finetune(study: Study) -> list[Job]:
+    if study.cfg.study.checkpoint is not None:
+        return []
+    return [Job(Path(path), train_config(study.cfg, seed, study.group), "train")
+            for seed, (_, path) in zip(study.cfg.study.seeds, study.models)]
+
+
+def _features(study: Study) -> list[Job]:
+    folder = study.stage_dir("features")
+    return [Job(folder / name, study.analysis("features", "features", ckpt), "features")
+            for name, ckpt in [("pretrained", None), *study.models]]
+
+
+def _cluster(study: Study) -> list[Job]:
+    features, folder = study.stage_dir("features"), study.stage_dir("cluster")
+    return [Job(folder / name, study.analysis("cluster", "cluster", None, **{"cluster.features": str(features / name)}),
+                "cluster") for name, _ in [("pretrained", None), *study.models]]
+
+
+def _compare(study: Study) -> list[Job]:
+    clusters, folder = study.stage_dir("cluster"), study.stage_dir("compare")
+    jobs = [Job(folder / name, study.analysis("compare", "compare", None, **{
+        "compare.runs": [str(clusters / "pretrained"), str(clusters / name)],
+        "compare.names": ["pre-trained", "fine-tuned"]}), "compare") for name, _ in study.models]
+    if len(study.models) > 1:
+        names = [name for name, _ in study.models]
+        jobs.append(Job(folder / "seeds", study.analysis("compare", "compare", None, **{
+            "compare.runs": [str(clusters / name) for name in names], "compare.names": names}), "compare"))
+    return jobs
+
+
+def _tables(study: Study) -> list[Job]:
+    jobs = []
+    for name, ckpt in study.models:
+        clusters = study.stage_dir("cluster") / name / "clusters.json"
+        types = list(read_json(clusters, "clusters")["names"])
+        for table in TABLES:
+            fields = {"mask.clusters": str(clusters), "mask.unit": "sentence",
+                      "mask.renormalize": table == "table3_renormalized"}
+            plans = table_plans(table, types)
+            for plan in plans:
+                cfg = study.analysis("tables", "eval", ckpt, plan=plan, plans=plans, **fields)
+                jobs.append(Job(study.stage_dir("tables") / table / name / plan, cfg, "eval"))
+    return jobs
+
+
+def table_plans(table: str, types: list[str]) -> dict[str, Any]:
+    """The plans of ``table``: the paper's (``conf/experiment/guan2020_*``) when the clusters carry Guan et al.'s four
+    names, else the same design over the clusters there are (prune / uniform each type; drop_intra / drop_inter
+    each type)."""
+    if sorted(types) == sorted(GUAN_TYPES):
+        from hydra import compose
+        from omegaconf import OmegaConf
+
+        preset = compose(config_name="ablate", overrides=[f"experiment={PRESETS[table]}"])
+        return OmegaConf.to_container(preset.plans, resolve=True)
+    rule = lambda name, policy: {"rules": [{"heads": f"cluster:{name}", "policy": policy}]}  # noqa: E731
+    if table == "table2":
+        return {"baseline": {"rules": []}, **{f"prune_{t}": rule(t, "prune") for t in types},
+                **{f"uniform_{t}": rule(t, "uniform") for t in types}}
+    return {f"{policy}_{t}": rule(t, policy) for t in types for policy in ("drop_intra", "drop_inter")}
+
+
+def _sweep(study: Study) -> list[Job]:
+    return [Job(study.stage_dir("sweep") / name, study.analysis(
+        "sweep", "sweep_heads", ckpt, **{"mask.policy": "prune", "sweep.family": "single_head"}), "sweep_heads")
+        for name, ckpt in study.models]
+
+
+def _importance(study: Study) -> list[Job]:
+    jobs = []
+    for name, ckpt in study.models:
+        sweep = study.stage_dir("sweep") / name
+        fields = {"importance.sweep": str(sweep)} if (sweep / "results.json").is_file() else {}
+        jobs.append(Job(study.stage_dir("importance") / name,
+                        study.analysis("importance", "importance", ckpt, **fields), "importance"))
+    return jobs
+
+
+def _prune_curve(study: Study) -> list[Job]:
+    return [Job(study.stage_dir("prune_curve") / name, study.analysis("prune_curve", "prune_curve", ckpt),
+                "prune_curve") for name, ckpt in study.models]
