@@ -218,6 +218,8 @@ def run(script, overrides, files, tmp_path, run_dir=None):
     if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
         cache.append(f"baseline_dir={tmp_path / 'baselines'}")
     run_dir = f"hydra.run.dir={run_dir or tmp_path / 'run'}"
+    if script == "ablate.py" and not any(o.startswith(("mode=", "experiment=")) for o in overrides):
+        overrides = ["mode=demo", *overrides]  # the cases without a mode check the single plan of mode=demo
     command = [sys.executable, str(ROOT / script), *TINY[script], *overrides, *cache, run_dir]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -100,7 +100,7 @@ def test_unknown_mask_lists_the_choices():
 
 
 def test_ablate_demo_cli_writes_records(tmp_path):
-    result = run_script("ablate.py", "model=tiny_random", "mask=drop_intra", "mask.heads=L0-1",
+    result = run_script("ablate.py", "mode=demo", "model=tiny_random", "mask=drop_intra", "mask.heads=L0-1",
                         f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     records = json.loads((tmp_path / "demo.json").read_text())["records"]

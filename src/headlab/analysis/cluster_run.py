@@ -112,7 +112,7 @@ def stability_note(share: float, threshold: float | None) -> str | None:
 
 @resumable
 def run_cluster(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
-    """Cluster the heads of ``cfg.cluster.features``; ``cfg`` passed ``check_ablate_config``."""
+    """Cluster the heads of ``cfg.cluster.features``; ``cfg`` passed ``check_mode``."""
     path, source = features_job(cfg.cluster.features)
     features = read_features(path, source)
     logger = identity.logger(cfg.logger, f"cluster-{source['task']}-{source['model']}")

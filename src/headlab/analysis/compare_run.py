@@ -134,7 +134,7 @@ def check_compare(cfg: Any) -> None:
 
 @resumable
 def run_compare(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
-    """Compare the head types of ``cfg.compare.runs``; ``cfg`` passed ``check_ablate_config``."""
+    """Compare the head types of ``cfg.compare.runs``; ``cfg`` passed ``check_mode``."""
     runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
     logger = identity.logger(cfg.logger, f"compare-{runs[0]['model']}")
     tables = comparison_tables(runs)

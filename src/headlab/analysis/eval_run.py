@@ -29,7 +29,7 @@ def plan_name(cfg: Any) -> str:
 
 @resumable
 def run_eval(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
-    """Evaluate ``cfg.ckpt_path`` on ``cfg.task`` under ``cfg.mask``; ``cfg`` passed ``check_ablate_config``."""
+    """Evaluate ``cfg.ckpt_path`` on ``cfg.task`` under ``cfg.mask``; ``cfg`` passed ``check_mode``."""
     variant = Variant(plan_name(cfg), plan_from_mask(cfg.mask, *model_shape(cfg.model)), cfg.mask.renormalize)
     job = EvalJob(cfg, identity)
     records, baseline = job.evaluate([variant])

@@ -77,7 +77,7 @@ def feature_device(trainer_cfg: Any) -> torch.device:
 
 @resumable
 def run_features(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
-    """Features of ``cfg.ckpt_path``'s heads; ``cfg`` passed ``check_ablate_config``."""
+    """Features of ``cfg.ckpt_path``'s heads; ``cfg`` passed ``check_mode``."""
     checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
     sequences = read_sequences(cfg, tokenizer, checkpoint)

@@ -69,7 +69,7 @@ def estimators_of(gradients: HeadGradients, options: Any) -> tuple[dict[str, np.
 
 @resumable
 def run_importance(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
-    """Score ``cfg.ckpt_path``'s heads on ``cfg.importance.split``; ``cfg`` passed ``check_ablate_config``."""
+    """Score ``cfg.ckpt_path``'s heads on ``cfg.importance.split``; ``cfg`` passed ``check_mode``."""
     plan = plan_from_mask(cfg.mask, *model_shape(cfg.model))
     pruned = [head_name(layer, head) for layer, head in plan.heads_with("prune")]
     if pruned:

@@ -30,7 +30,8 @@ from headlab.training.tracking import build_logger, tracked_job
 RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route")
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
-                 "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",)}
+                 "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",),
+                 "study": ("study",)}
 
 # Config keys that name files or job directories a job reads (as far as its mode reads that section): what
 # researchers write and may write again. Not ``model.name_or_path``: a model's own weights (hub cache or package) are

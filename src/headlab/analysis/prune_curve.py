@@ -208,7 +208,7 @@ def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> p
 
 @resumable
 def run_prune_curve(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
-    """The prune curve of ``cfg.ckpt_path`` on ``cfg.task``; ``cfg`` passed ``check_ablate_config``."""
+    """The prune curve of ``cfg.ckpt_path`` on ``cfg.task``; ``cfg`` passed ``check_mode``."""
     job = EvalJob(cfg, identity, estimation=cfg.importance)
     curve = PruneCurve(job)
     curve.run()

@@ -125,7 +125,7 @@ def _every_head_plan(layer: int, variants: list[Variant]) -> HeadPlan:
 
 @resumable
 def run_sweep_heads(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
-    """Every plan of ``cfg.sweep.family`` under ``cfg.mask.policy``; ``cfg`` passed ``check_ablate_config``."""
+    """Every plan of ``cfg.sweep.family`` under ``cfg.mask.policy``; ``cfg`` passed ``check_mode``."""
     num_layers, num_heads = model_shape(cfg.model)
     plans = family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads)
     plan_hash = lambda name: config_hash([identity.hash, name])  # noqa: E731  each plan's results belong to this job
