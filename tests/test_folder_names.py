@@ -46,3 +46,16 @@ def test_help_starts_with_every_mode_one_line_each():
     head = out.split("== Configuration groups ==")[0]
     listed = [line.split()[0] for line in head.split("== Modes (mode=...) ==")[1].strip().splitlines()[:len(MODES)]]
     assert sorted(listed) == sorted(MODES) and out.index("== Modes") < out.index("== Config ==")
+
+
+def test_each_report_and_study_gets_its_own_folder():
+    from headlab.cli.hydra_glue import ablate_run_dir
+
+    def folder(mode, sweep_dir=None, study_checkpoint=None):
+        return ablate_run_dir(mode, "demo_qa", "minilm", None, None, study_checkpoint, sweep_dir, "")
+
+    assert folder("report", "/runs/table2") != folder("report", "/runs/table3")
+    assert folder("report", "/runs/table2").startswith("outputs/ablate/report/from_jobs/table2-")
+    assert folder("study") == "outputs/study/demo_qa/minilm/finetuned"
+    assert folder("study", study_checkpoint="/runs/a/job").startswith("outputs/study/demo_qa/minilm/job-")
+    assert folder("study", study_checkpoint="/runs/a/job") != folder("study", study_checkpoint="/runs/b/job")

@@ -26,7 +26,7 @@ def headlab_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("headlab.")}
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("headlab."):
-            found.add(node.value.split(":")[0])  # lazy "module:function" references (cli/ablate.py MODES, analysis/modes.py)
+            found.add(node.value.split(":")[0])  # lazy "module:function" references (MODES)
     return {name for name in found if name.split(".")[1] in LAYERS}
 
 

@@ -61,12 +61,13 @@ def test_minilm_keep_plan_equals_stock(minilm):
     torch.testing.assert_close(patched, stock, rtol=1e-5, atol=1e-5)
 
 
-def test_readme_python_example_runs():
-    """The README's Python block runs as written (on the embedded MiniLM)."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+@pytest.mark.parametrize("document", ["README.md", "docs/plans.md"])
+def test_python_example_runs(document):
+    """The Python block of the README and of docs/plans.md runs as written (on the embedded MiniLM)."""
+    text = (ROOT / document).read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict = {}
-    exec(compile(block, "README.md", "exec"), namespace)
+    exec(compile(block, document, "exec"), namespace)
     assert namespace["plan"].policy_of(0, 1) == "prune"
     assert namespace["out"].last_hidden_state.shape[0] == 1
 

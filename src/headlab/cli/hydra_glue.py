@@ -23,7 +23,8 @@ def register_resolvers() -> None:
     ``${scored:MODE,TASK,MODEL,CKPT_PATH,TEXT_FILE}``: what a job scores, as directories (``TASK/MODEL/CKPT_TAG``,
     ``text_file`` for the task of features of a text file), or ``from_jobs`` for the modes that read other jobs'
     files instead of running a model.
-    ``${ablate_dir:MODE,TASK,MODEL,CKPT_PATH,TEXT_FILE,STUDY_CHECKPOINT,OVERRIDES}``: an ``ablate.py`` job's folder.
+    ``${ablate_dir:MODE,TASK,MODEL,CKPT_PATH,TEXT_FILE,STUDY_CHECKPOINT,SWEEP_DIR,OVERRIDES}``: an ``ablate.py``
+    job's folder.
     """
     OmegaConf.register_new_resolver("pkg_dir", package_dir, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_name, replace=True)
@@ -39,7 +40,8 @@ def job_dir_name(overrides: str) -> str:
 
 
 def checkpoint_tag(ckpt_path: str | None) -> str:
-    """``pretrained`` for the model's own weights, else the checkpoint's name and a hash of its absolute path."""
+    """``pretrained`` for the model's own weights, else the checkpoint's (or any folder's) name and a hash of its
+    absolute path."""
     if ckpt_path is None:
         return "pretrained"
     path = Path(ckpt_path).expanduser().absolute()
@@ -60,14 +62,18 @@ def scored_dirs(mode: str, task: str, model: str, ckpt_path: str | None, text_fi
 
 
 def ablate_run_dir(mode: str, task: str, model: str, ckpt_path: str | None, text_file: str | None,
-                   study_checkpoint: str | None, overrides: str) -> str:
+                   study_checkpoint: str | None, sweep_dir: str | None, overrides: str) -> str:
     """``outputs/study/TASK/MODEL/NAME`` for the study (``finetuned``, or the tag of ``study.checkpoint``: the same
     study finds the same folder whatever its other settings, and reruns only the stages they change), else
-    ``outputs/ablate/MODE/<scored_dirs>/<job_dir_name>``."""
+    ``outputs/ablate/MODE/<scored_dirs>/<job_dir_name>``; a report's folder is named by its sweep folder too (the
+    reports of two sweeps do not share one folder)."""
     if mode == "study":
         name = "finetuned" if study_checkpoint is None else checkpoint_tag(study_checkpoint)
         return f"outputs/study/{task}/{model}/{name}"
-    return f"outputs/ablate/{mode}/{scored_dirs(mode, task, model, ckpt_path, text_file)}/{job_dir_name(overrides)}"
+    job = job_dir_name(overrides)
+    if mode == "report" and sweep_dir is not None:
+        job = f"{checkpoint_tag(sweep_dir)}/{job}"
+    return f"outputs/ablate/{mode}/{scored_dirs(mode, task, model, ckpt_path, text_file)}/{job}"
 
 
 def job_dir() -> Path:

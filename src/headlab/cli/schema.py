@@ -270,6 +270,7 @@ class WandbLoggerConfig:
     id: str | None = None  # null: the job's config hash
     tags: list[str] = field(default_factory=list)
     save_dir: str = "."
+    settings: dict[str, Any] | None = None  # wandb.Settings fields for wandb.init ({silent: true}: no console lines)
 
 
 @dataclass

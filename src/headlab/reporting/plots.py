@@ -61,10 +61,16 @@ def plan_bars(rows: pd.DataFrame, metric: str, title: str, path: Path, formats: 
     high = (rows["ci_high"] - rows["delta"]).clip(lower=0).fillna(0)
     colours = ["#b2182b" if d < 0 else "#2166ac" for d in rows["delta"]]
     axes.bar(range(len(rows)), rows["delta"], yerr=[low, high], capsize=3, color=colours)
+    stars = []
     for i, row in rows.iterrows():
         if np.isfinite(row["p_adjusted"]) and row["p_adjusted"] < 0.05:
-            top = row["ci_high"] if np.isfinite(row["ci_high"]) else row["delta"]
-            axes.annotate("*", (i, max(top, 0)), ha="center", va="bottom", fontsize=12)
+            top = max(row["ci_high"] if np.isfinite(row["ci_high"]) else row["delta"], 0)
+            axes.annotate("*", (i, top), xytext=(0, 1), textcoords="offset points", ha="center", va="bottom",
+                          fontsize=12)
+            stars.append(top)
+    if stars:  # room above the highest star, so it stays inside the axes (below the title)
+        low, high = axes.get_ylim()
+        axes.set_ylim(low, max(high, max(stars) + 0.12 * (high - low)))
     axes.axhline(0.0, color="black", linewidth=0.8)
     axes.set_xticks(range(len(rows)), rows["plan"], rotation=45, ha="right")
     axes.set_ylabel(f"{metric} delta (ablated - baseline)")

@@ -7,7 +7,7 @@
 ``problems.csv``                             jobs that failed, were killed or never ran
 ``plans_<split>.md`` / ``.tex``              plan grids in Guan et al.'s Table 2/3 layout
 ``bars_<split>_<metric>.png``                each plan's delta with its CI
-``curve_<split>_<metric>.png``               the metric against the number of heads ablated
+``curve_<split>_<metric>.png``               the metric against the number of heads ablated (nested plans)
 ``heads_<sweep>_<split>.md`` / ``.tex``      a head sweep as layers x heads of the main metric's delta
 ``heatmap_<sweep>_<split>_<metric>.png``     the same as a heatmap, significant cells marked
 ``seeds.csv`` / ``.md``                      mean, sd and t-CI over fine-tuning seeds (when several)
@@ -20,6 +20,7 @@ Jobs of several models, tasks or checkpoints in one directory get one set of fil
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,10 +110,18 @@ def _plan_grid(report, rows, split, metrics, prefix, title, formats) -> None:
         if len(mine):
             _images(report, plots.plan_bars(mine, metric, f"{title}: {metric}",
                                             report.folder / f"{prefix}bars_{split}_{metric}", formats))
-        counts = mine.groupby("policy")["heads"].nunique()
-        if len(counts) and counts.max() >= 3:  # a curve needs several sizes of one policy
-            _images(report, plots.heads_curve(mine, metric, f"{title}: {metric}",
+        nested = mine[mine["policy"].isin([p for p, plans in mine.groupby("policy") if is_dose_series(plans)])]
+        if len(nested):  # a curve only where each plan adds heads to the last: a dose and its response
+            _images(report, plots.heads_curve(nested, metric, f"{title}: {metric}",
                                               report.folder / f"{prefix}curve_{split}_{metric}", formats))
+
+
+def is_dose_series(plans: pd.DataFrame) -> bool:
+    """Three or more plans of one policy whose changed heads are nested (each plan's heads include the smaller
+    plans'): heads pruned by importance, say. Plans of unrelated head types (Guan et al.'s Table 2) are not a
+    series: a line through them would show a dose-response where there is none."""
+    sets = sorted({frozenset(filter(None, changed.split(","))) for changed in plans["changed"]}, key=len)
+    return len({len(s) for s in sets}) == len(sets) >= 3 and all(a < b for a, b in itertools.pairwise(sets))
 
 
 def _tables(report: Report, table: pd.DataFrame, name: str, caption: str, index: bool = False) -> None:

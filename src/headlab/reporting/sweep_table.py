@@ -3,8 +3,9 @@
 One row per job x split x metric. Columns: ``job`` (its folder), ``experiment`` (the sweep's group),
 ``model``, ``task``, ``main_metric`` (the task's), ``checkpoint`` (weights hash), ``seed`` (the fine-tuning seed
 when the checkpoint is a train.py job, else the job's), ``plan``, ``rules`` (readable), ``heads`` (how many heads
-the plan changes), ``policy``, ``unit``, ``renormalize``, ``family`` / ``layer`` / ``head`` (plans of a
-``sweep_heads`` job), ``split``, ``metric``, ``value``, ``baseline``, ``delta``, ``ci_low``, ``ci_high``,
+the plan changes) and ``changed`` (which: comma-separated head names), ``policy``, ``unit``, ``renormalize``,
+``family`` / ``layer`` / ``head`` (plans of a ``sweep_heads`` job), ``split``, ``metric``, ``value``,
+``baseline``, ``delta``, ``ci_low``, ``ci_high``,
 ``p_value``, ``p_adjusted``, ``n`` (examples), ``note`` (why a statistic is missing).
 
 The statistics (``headlab.reporting.statistics``) pair each job's per-example records with its
@@ -68,6 +69,7 @@ def _job_rows(root: Path, path: Path, result: dict[str, Any]) -> list[dict[str, 
         "checkpoint": result["checkpoint"]["weights_hash"],
         "seed": _training_seed(result), "plan": result["plan_name"], "rules": readable_rules(result["plan"]),
         "heads": len(result["plan"]["policies"]),  # the heads whose policy is not keep
+        "changed": ",".join(sorted(result["plan"]["policies"])),  # which heads (plans are nested or not)
         "policy": result["policy"], "unit": result["unit"], "renormalize": result["renormalize"],
         "family": family, "layer": int(match[1]) if match else np.nan,
         "head": int(match[2]) if match and match[2] is not None else np.nan,

@@ -44,6 +44,9 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
     if cfg.study.checkpoint is not None and len(seeds) > 1:
         raise UserError(f"study.seeds={seeds} with study.checkpoint: the checkpoint is one fine-tuned model; give "
                         "one seed, or leave study.checkpoint out to fine-tune a model per seed")
+    if cfg.mask.rules or cfg.mask.policy or cfg.mask.heads or cfg.plan is not None:
+        raise UserError("mode=study analyses the whole model and makes its own plans (Tables 2 and 3, the sweep): "
+                        "leave mask and plan out, or give a mode that takes one (mode=eval)")
     stages = check_stages(cfg, done_stages(folder))
     from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
 
@@ -97,6 +100,7 @@ class StudyRun:
 
     def __init__(self, study: Study, stages: list[str]) -> None:
         self.study, self.stages, self.start = study, stages, time.monotonic()
+        self.tracked = False  # a W&B run of this study ran in this process
         self.console = Console(soft_wrap=True, highlight=False)
 
     def say(self, text: str) -> None:
@@ -112,6 +116,9 @@ class StudyRun:
                 self.report(where)
                 continue
             self.run_stage(stage, where)
+        if self.tracked and self.study.cfg.logger.offline:
+            self.say(f"W&B: the study's runs are in group {self.study.group}, offline; upload them with: wandb sync "
+                     f"{self.study.folder / 'wandb'}/offline-run-*")
         self.say(f"study done in {self.elapsed()}: {self.study.folder / 'study.md'}")
         return read_json(self.study.folder / "study.json", "study") if (self.study.folder / "study.json").is_file() \
             else {}
@@ -143,12 +150,20 @@ class StudyRun:
         for job in jobs:
             if read_complete(job.folder / "results.json", hashes[self.name(job)]) is None:
                 run_job(job)
+                self.quiet_tracking()
         if stage == "tables":
             from headlab.study.tables import write_table_reports
 
             write_table_reports(self.study)
         write_json_atomic(self.study.folder / stage / MARKER, {"stage": stage, "key": key})
         self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()})")
+
+    def quiet_tracking(self) -> None:
+        """After the study's first W&B run has printed its banner and how to sync, the others print nothing."""
+        logger = self.study.cfg.logger
+        if logger is not None and "WandbLogger" in str(logger.get("_target_")) and logger.get("settings") is None:
+            self.tracked = True
+            logger.settings = {"silent": True}
 
     def name(self, job: Job) -> str:
         return str(job.folder.relative_to(self.study.folder))

@@ -1,0 +1,203 @@
+"""``python ablate.py`` (mode=study) end to end on the tiny BERT and demo_qa, shortened by ``conf/study/quick.yaml``:
+every stage's files, every number of study.md against the stage file it comes from, a rerun that skips every
+stage, a killed study that resumes to the same numbers, a changed setting that reruns only what depends on it;
+bad input as one error line before any stage runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT, assert_one_error_line, in_parallel
+
+pytestmark = pytest.mark.slow
+STAGES = ["finetune", "features", "cluster", "compare", "tables", "sweep", "importance", "prune_curve", "report"]
+
+
+def command(folder: Path, *overrides: str) -> list[str]:
+    return [sys.executable, str(ROOT / "ablate.py"), "model=tiny_random", "study=quick",
+            f"data.cache_dir={folder.parent / 'cache'}", f"baseline_dir={folder.parent / 'baselines'}",
+            f"hydra.run.dir={folder}", *overrides]
+
+
+def environment(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp / "hf")}
+
+
+def study(folder: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(command(folder, *overrides), cwd=ROOT, env=environment(folder.parent),
+                            capture_output=True, text=True, timeout=900)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("study") / "study"
+    return folder, study(folder).stdout
+
+
+def markdown_table(text: str, after: str) -> pd.DataFrame:
+    """The first markdown table after the line containing ``after``, as strings."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if after in line)
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return pd.DataFrame(rows[2:], columns=rows[0])
+
+
+def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
+    folder, out = finished
+    for path in ["finetune/seed0/results.json", "finetune/seed0/model/config.json",
+                 "features/pretrained/features.npz", "features/seed0/features.npz",
+                 "cluster/pretrained/clusters.json", "cluster/seed0/clusters.json", "cluster/seed0/types_per_layer.png",
+                 "compare/seed0/ari.csv", "compare/seed0/transitions.md",
+                 "tables/table2/seed0/baseline/results.json", "tables/table2/seed0/report/plans_validation.md",
+                 "tables/table3/seed0/report/table.csv", "tables/table3_renormalized/seed0/report/table.csv",
+                 "sweep/seed0/deltas_validation.csv", "sweep/seed0/L2H3/results.json",
+                 "importance/seed0/importance.json", "importance/seed0/agreement.csv",
+                 "prune_curve/seed0/prune_curve.csv", "prune_curve/seed0/prune_curve.png", "study.md", "study.json"]:
+        assert (folder / path).is_file(), path
+    assert not (folder / "tables/table2/seed0/report/curve_validation_f1.png").exists()  # types are not a dose
+    renormalized = pd.read_csv(folder / "tables/table3_renormalized/seed0/report/table.csv")
+    assert renormalized["renormalize"].all() and renormalized["unit"].eq("sentence").all()
+    text = (folder / "study.md").read_text()
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (folder / link).is_file(), link
+    listed = text.split("## Files")[1]
+    for path in folder.rglob("*"):
+        if path.is_file() and path.parent.parent != folder / "sweep/seed0" and path.name != "stage.json" \
+                and not any(p.startswith(".") for p in path.relative_to(folder).parts) and path.name != "study.md":
+            relative = str(path.relative_to(folder))
+            assert relative in listed or relative.split("/")[0] == "wandb", relative
+    for number, stage in enumerate(STAGES, start=1):
+        assert f"[{number}/9] {stage}: " in out
+    assert re.search(r"study done in \d+:\d\d:\d\d: .*study\.md", out)
+
+
+def test_study_md_numbers_equal_the_stage_files(finished):
+    folder, _ = finished
+    text = (folder / "study.md").read_text()
+    trained = json.loads((folder / "finetune/seed0/results.json").read_text())["metrics"]["validation"]
+    base = markdown_table(text, "## Baseline").iloc[0]
+    for metric in ("exact_match", "f1", "loss"):
+        assert float(base[metric]) == pytest.approx(trained[metric], abs=5e-5)
+
+    for table in ("table2", "table3", "table3_renormalized"):
+        grid = markdown_table(text, f"tables/{table}/seed0/report/plans_validation.md")
+        tidy = pd.read_csv(folder / f"tables/{table}/seed0/report/table.csv")
+        assert len(grid) == tidy["plan"].nunique()
+        for row in grid.itertuples():
+            for metric in ("f1", "exact_match"):
+                value = float(getattr(row, metric).split()[0])
+                expected = tidy[(tidy["plan"] == row.plan) & (tidy["metric"] == metric)]["value"].item()
+                assert value == pytest.approx(expected, abs=0.005 + 1e-9), (table, row.plan, metric)
+
+    types = markdown_table(text, "Stability: the share").set_index("model")
+    for name in ("pretrained", "seed0"):
+        result = json.loads((folder / f"cluster/{name}/results.json").read_text())
+        assert float(types.loc[name, "stability"]) == pytest.approx(result["stability"], abs=5e-5)
+        assert types.loc[name, "types"] == ", ".join(f"{k} {v}" for k, v in result["counts"].items())
+
+    ari = json.loads((folder / "compare/seed0/results.json").read_text())["ari"]["pre-trained vs fine-tuned"]
+    assert float(re.search(r"pre-trained vs fine-tuned (-?[\d.]+)", text).group(1)) == pytest.approx(ari, abs=5e-5)
+
+    scores = np.asarray(json.loads((folder / "importance/seed0/importance.json").read_text())["importance"])
+    flat = sorted((-scores[layer, head], layer, head) for layer in range(3) for head in range(4))[:10]
+    top = markdown_table(text, "Top 10 heads of seed0")
+    assert list(top["head"]) == [f"L{layer}H{head}" for _, layer, head in flat]
+    assert [float(v) for v in top["importance"]] == pytest.approx([-s for s, _, _ in flat], abs=5e-5)
+
+    agreement = pd.read_csv(folder / "importance/seed0/agreement.csv")
+    shown = markdown_table(text, "Spearman correlation of each estimator")
+    assert len(shown) == len(agreement)
+    for mine, theirs in zip(shown["spearman"], agreement["spearman"]):
+        assert (mine == "nan" and np.isnan(theirs)) or float(mine) == pytest.approx(theirs, abs=5e-5)
+
+    deltas = pd.read_csv(folder / "sweep/seed0/deltas_validation.csv", index_col=0)
+    sweep = markdown_table(text, "Each head pruned alone").set_index(deltas.index.name)
+    assert np.allclose(sweep.map(float).to_numpy(), deltas.to_numpy(), atol=5e-5)
+
+    curve = pd.read_csv(folder / "prune_curve/seed0/prune_curve.csv")
+    last = markdown_table(text, "The last step of each order")
+    assert int(last.iloc[0]["heads pruned"]) == curve[curve["order"] == "importance"]["heads_pruned"].iloc[-1]
+    assert float(last.iloc[0]["f1"]) == pytest.approx(curve[curve["order"] == "importance"]["f1"].iloc[-1], abs=5e-5)
+
+    summary = json.loads((folder / "study.json").read_text())
+    assert summary["clusters"]["seed0"]["stability"] == json.loads(
+        (folder / "cluster/seed0/results.json").read_text())["stability"]
+    assert summary["baseline"]["seed0"]["validation"] == trained
+
+
+def test_a_rerun_skips_every_stage(finished):
+    folder, _ = finished
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")}
+    out = study(folder).stdout
+    assert all(f"[{n}/9] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")} == before
+
+
+def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
+    folder = tmp_path / "study"
+    process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    for line in process.stdout:
+        if line.startswith("[3/9] cluster"):
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=60)
+    assert not (folder / "study.md").exists() and (folder / "features/stage.json").is_file()
+    out = study(folder).stdout
+    assert "[1/9] finetune: skipped, done" in out and "[2/9] features: skipped, done" in out
+    assert "[3/9] cluster: head types" in out
+    mine, theirs = (json.loads((f / "study.json").read_text()) for f in (folder, finished[0]))
+    for key in ("baseline", "clusters", "compare", "importance"):
+        assert mine[key] == theirs[key], key
+
+
+def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
+    """Fewer stability fits: new clusters, so the comparison and the tables (their clusters file) run again; the
+    fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the study)."""
+    folder, _ = finished
+    out = study(folder, "study.cluster.cluster.stability_fits=2").stdout
+    ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/9] {stage}: skipped" not in out}
+    assert ran == {"cluster", "compare", "tables", "report"}, out
+
+
+def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_path):
+    folder, _ = finished
+    trained_elsewhere = folder / "finetune/seed0"
+    cases = [
+        (["study.stages=[finetune,bogus]"], "study.stages: 'bogus' is not a stage"),
+        (["study.stages=[cluster,report]"], "cluster needs the results of features"),
+        (["study.stages=[features]"], "features needs the results of finetune"),
+        (["study.seeds=[]"], "study.seeds=[]"),
+        (["study.seeds=[1,1]"], "names a seed twice"),
+        (["study.checkpoint=/no/such/job"], "study.checkpoint='/no/such/job'"),
+        ([f"study.checkpoint={trained_elsewhere}", "task=demo_pairs"], "task=demo_qa"),
+        ([f"study.checkpoint={trained_elsewhere / 'model'}"], "is not a headlab checkpoint"),
+        ([f"study.checkpoint={trained_elsewhere}", "study.seeds=[0,1]"], "the checkpoint is one fine-tuned model"),
+        (["model=bert_base_uncased"], "google-bert/bert-base-uncased"),  # the hub, offline
+        (["mask=prune", "mask.heads=L0"], "mode=study analyses the whole model"),
+        (["+study.features.features.bogus=1"], "study.features: Key 'bogus' not in"),
+        (["study.finetune.optim.lr=0"], "optim.lr=0.0"),
+    ]
+    folders = [tmp_path / f"case{i}" / "study" for i in range(len(cases))]
+    results = in_parallel(lambda case, where: study(where, *case[0], check=False), cases, folders)
+    for (overrides, expected), result, where in zip(cases, results, folders):
+        assert_one_error_line(result, expected)
+        assert not any((where / stage).exists() for stage in STAGES), overrides
