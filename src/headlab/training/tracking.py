@@ -24,7 +24,7 @@ def build_logger(logger_cfg: Any, run_id: str, run_name: str) -> Logger | None:
         fill["id"] = run_id
     if "name" in logger_cfg and logger_cfg.name is None:
         fill["name"] = run_name
-    return hydra.utils.instantiate(logger_cfg, **fill)
+    return hydra.utils.instantiate(logger_cfg, _convert_="all", **fill)  # plain dicts (W&B's settings)
 
 
 def log_artifacts(logger: Logger | None, tables: dict[str, Any] | None = None,
