@@ -27,6 +27,7 @@ TABLE_TITLES = {
     "table3_renormalized": "Table 3 with renormalize=true (the other keys' scores renormalised by the softmax)",
 }
 TOP_HEADS = 10
+COLLAPSE = 5  # files of this many sibling folders (a table's plans, a sweep's heads) are listed as one line
 
 
 @dataclass
@@ -242,18 +243,26 @@ def prune_curve(report: StudyReport) -> None:
 
 
 def files(report: StudyReport) -> None:
-    """Every file the study wrote, a folder of many alike (a sweep's plans) on one line."""
+    """Every file the study wrote (W&B's offline runs as one line; a folder of many alike, a sweep's plans, as one)."""
     report.section("Files")
-    lines = []
-    for stage_dir in sorted(p for p in report.study.folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for path in sorted(stage_dir.rglob("*")):
-            if path.is_file() and not any(part.startswith(".") for part in path.relative_to(stage_dir).parts):
-                lines.append(report.link(path))
-    report.markdown += [f"{len(lines)} files under `{report.study.folder}`:", "", "```", *collapse(lines), "```"]
+    lines, runs = [], set()
+    for path in sorted(report.study.folder.rglob("*")):
+        parts = path.relative_to(report.study.folder).parts
+        if not path.is_file() or any(part.startswith(".") for part in parts):
+            continue
+        if parts[0] == "wandb":
+            runs |= {parts[1]} if parts[1].startswith("offline-run-") else set()
+            continue
+        lines.append(report.link(path))
+    lines = sorted({*lines, "study.md", "study.json"})  # the report's own files, written after this list
+    wandb = [f"wandb/{{{len(runs)} offline runs: upload with wandb sync}}/"] if runs else []
+    report.markdown += [f"{len(lines)} files under `{report.study.folder}`:", "", "```", *collapse(lines), *wandb,
+                        "```"]
 
 
 def collapse(paths: list[str]) -> list[str]:
-    """Paths whose folders differ only by a plan's name (``sweep/seed0/L3H7/results.json``) shown once per pattern."""
+    """Paths whose folders differ only by a plan's name (``sweep/seed0/L3H7/results.json``) shown once per pattern
+    when ``COLLAPSE`` or more folders share it."""
     groups: dict[tuple[str, str], list[str]] = {}
     for path in paths:
         parts = path.split("/")
@@ -261,8 +270,12 @@ def collapse(paths: list[str]) -> list[str]:
         groups.setdefault(key, []).append(parts[-2] if len(parts) >= 3 else "")
     lines = []
     for (parent, name), folders in groups.items():
-        lines.append(f"{parent}/{folders[0]}/{name}" if len(folders) == 1 and name else
-                     f"{parent}/{{{len(folders)} folders: {folders[0]} ... {folders[-1]}}}/{name}" if name else parent)
+        if not name:
+            lines.append(parent)
+        elif len(folders) < COLLAPSE:
+            lines += [f"{parent}/{folder}/{name}" for folder in folders]
+        else:
+            lines.append(f"{parent}/{{{len(folders)} folders: {folders[0]} ... {folders[-1]}}}/{name}")
     return lines
 
 
