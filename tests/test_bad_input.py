@@ -236,7 +236,8 @@ def outcomes(files, tmp_path_factory):
 def test_bad_command_prints_one_error_line(case, outcomes):
     (_, _, expected), (result, tmp_path) = CASES[case], outcomes[case]
     assert_one_error_line(result, expected)
-    assert not (tmp_path / "run/checkpoints").exists()
+    assert not (tmp_path / "run").exists()  # nothing of the failed job, not even Hydra's record in an empty folder
+    assert not (tmp_path / "baselines").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

@@ -59,3 +59,28 @@ def test_each_report_and_study_gets_its_own_folder():
     assert folder("study") == "outputs/study/demo_qa/minilm/finetuned"
     assert folder("study", study_checkpoint="/runs/a/job").startswith("outputs/study/demo_qa/minilm/job-")
     assert folder("study", study_checkpoint="/runs/a/job") != folder("study", study_checkpoint="/runs/b/job")
+
+
+def test_a_failed_command_leaves_no_folder_and_a_finished_one_no_lock_file(tmp_path):
+    """Bad input removes the job folder Hydra made for it (and the empty folders above it); one with files of an
+    earlier run stays. A finished fine-tune leaves no .train.lock, a computed baseline no .lock."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def ablate(*overrides):
+        return subprocess.run([sys.executable, str(ROOT / "ablate.py"), "mode=eval", "model=tiny_random", "logger=none",
+                               "mask=prune", "mask.heads=L9", *overrides], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+
+    assert ablate().returncode == 2 and list(tmp_path.iterdir()) == []
+    kept = tmp_path / "earlier"
+    kept.mkdir()
+    (kept / "results.json").write_text("{}")
+    assert ablate(f"hydra.run.dir={kept}").returncode == 2 and (kept / "results.json").is_file()
+
+
+def test_the_lock_files_go_when_their_job_ends(trained):
+    root, _ = trained
+    assert not list(root.rglob("*.lock"))

@@ -77,7 +77,8 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     (jobs[0] / "results.json").unlink()
     shutil.rmtree(jobs[1])
     (jobs[2] / "records.parquet").unlink()
-    run("ablate.py", f"hydra.run.dir={sweep / 'demo'}", cwd_tmp=root)  # modes that write no results.json are no
+    run("ablate.py", "mode=demo", f"hydra.run.dir={sweep / 'demo'}",  # modes that write no results.json are no
+        cwd_tmp=root)
     again = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={sweep / 'r'}",  # problem
                 "report.confidence=0.9", "report.correction=bh", cwd_tmp=root)
     assert "value (delta [90% CI]); * / ** Benjamini-Hochberg-adjusted p < 0.05 / 0.01" in again.stdout

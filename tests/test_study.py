@@ -202,3 +202,38 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
     for (overrides, expected), result, where in zip(cases, results, folders):
         assert_one_error_line(result, expected)
         assert not any((where / stage).exists() for stage in STAGES), overrides
+
+
+def test_more_seeds_add_their_models_the_seeds_comparison_and_no_meaningless_mean(finished):
+    """study.seeds=[0,1] over the finished study: seed 1 is fine-tuned and analysed, seed 0's jobs are reused; the
+    clusters of the two seeds are compared; the tiny model's clusters are unnamed (cluster0 of one seed is not
+    cluster0 of the other), so no table averages them across seeds (runs last: it adds a seed to the study)."""
+    folder, _ = finished
+    before = (folder / "sweep/seed0/results.json").stat().st_mtime_ns
+    out = study(folder, "study.seeds=[0,1]").stdout
+    assert "[1/9] finetune: fine-tune the model on the task, 2 jobs" in out
+    assert (folder / "sweep/seed0/results.json").stat().st_mtime_ns == before
+    assert (folder / "finetune/seed1/model/config.json").is_file() and (folder / "prune_curve/seed1").is_dir()
+    seeds = json.loads((folder / "compare/seeds/results.json").read_text())
+    assert [run["name"] for run in seeds["runs"]] == ["seed0", "seed1"]
+    text = (folder / "study.md").read_text()
+    assert f"seed0 vs seed1 {seeds['ari']['seed0 vs seed1']:.4f}" in text
+    assert not (folder / "tables/table2/report").exists() and "No table across seeds" in text
+    assert set(json.loads((folder / "study.json").read_text())["importance"]) == {"seed0", "seed1"}
+
+
+def test_a_mean_over_seeds_needs_types_named_by_their_profiles(tmp_path):
+    from omegaconf import OmegaConf
+
+    from headlab.study.stages import Study
+    from headlab.study.tables import same_types_in_every_seed
+
+    cfg = OmegaConf.create({"study": {"checkpoint": None, "seeds": [0, 1]}})
+    study_ = Study(cfg, tmp_path, "g")
+    for named in ([True, True], [True, False], [(True, "by hand"), (True, "by hand")]):
+        for seed, how in enumerate(named):
+            by_hand = isinstance(how, tuple)
+            (tmp_path / f"cluster/seed{seed}").mkdir(parents=True, exist_ok=True)
+            (tmp_path / f"cluster/seed{seed}/clusters.json").write_text(json.dumps(
+                {"named": how[0] if by_hand else how, "named_by_hand": by_hand}))
+        assert same_types_in_every_seed(study_) == (named == [True, True])

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,13 +39,17 @@ def _umask() -> int:
 
 
 def check_writable(folder: str | Path, what: str) -> None:
-    """A ``UserError`` naming ``what`` unless files can be written in ``folder`` (made if missing): checked by
-    writing one, so read-only mounts and other users' folders count, before any work that would write there."""
-    folder = Path(folder)
+    """A ``UserError`` naming ``what`` unless files can be written in ``folder``: checked by writing one (in the
+    folder, made for the check and removed again if missing), so read-only mounts and other users' folders count,
+    before any work that would write there."""
+    folder = Path(folder).absolute()
+    made = next((f for f in reversed([folder, *folder.parents]) if not f.exists()), None)  # the first to be made
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
+        if made is not None:  # made only for the check: the job makes it again when it writes (no empty folder)
+            shutil.rmtree(made, ignore_errors=True)
     except OSError as error:
         raise UserError(f"{what}={str(folder)!r} is not writable ({error.strerror}); give a folder you can write "
                         "to") from None

@@ -135,11 +135,14 @@ class EvalJob:
         if cached is None:
             lock_path = Path(self.cfg.baseline_dir) / f"{self.weights}.lock"
             lock_path.parent.mkdir(parents=True, exist_ok=True)
-            with FileLock(lock_path):  # held while this job computes the baseline; others wait, then read it
-                cached = self._cached_baselines()
-                if cached is None:
-                    os.environ[decision] = "0"
-                    return self._run(variants, None, make_evaluator)
+            try:
+                with FileLock(lock_path):  # held while this job computes the baseline; others wait, then read it
+                    cached = self._cached_baselines()
+                    if cached is None:
+                        os.environ[decision] = "0"
+                        return self._run(variants, None, make_evaluator)
+            finally:  # no empty lock file stays; a job that waited on it reads the cache once it holds it
+                lock_path.unlink(missing_ok=True)
         os.environ[decision] = "1"
         return self._run(variants, cached, make_evaluator)
 

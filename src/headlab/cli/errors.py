@@ -48,10 +48,35 @@ def exits_on_user_error(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
         try:
             return task(cfg)
         except Exception as error:
+            if user_error_message(error) is not None:
+                remove_unused_job_dir()
             exit_if_user_error(error)
             raise
 
     return run
+
+
+def remove_unused_job_dir() -> None:
+    """After bad input, the job's folder goes if it holds nothing but Hydra's record of the failed command
+    (``.hydra/`` and the log), and so do the folders above it that this leaves empty (up to the working folder):
+    a failed command leaves no empty folders behind. A folder with anything else in it stays as it is."""
+    import shutil
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        folder = Path(HydraConfig.get().runtime.output_dir).absolute()
+        if any(entry.name != ".hydra" and entry.suffix != ".log" for entry in folder.iterdir()):
+            return
+        shutil.rmtree(folder)
+        top = Path.cwd().absolute()
+        for parent in folder.parents:
+            if parent == top or top not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    except (OSError, ValueError):  # no Hydra job, a folder that cannot be read or removed: it stays
+        return
 
 
 def exit_if_user_error(error: Exception) -> None:

@@ -112,6 +112,10 @@ def tables(report: StudyReport) -> None:
         if seeds.is_file():
             report.markdown += ["", f"Across fine-tuning seeds (`{report.link(seeds)}`):", "",
                                 seeds.read_text().rstrip()]
+        elif len(report.study.models) > 1 and found:
+            report.markdown += ["", "No table across seeds: some seed's clusters are not Guan et al.'s four types "
+                                "named by their profiles (other clusters are numbered by their first head, so "
+                                "cluster0 of one seed is not cluster0 of another)."]
         if not found:
             report.missing("tables")
 

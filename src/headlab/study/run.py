@@ -174,7 +174,9 @@ class StudyRun:
             return {}
         from omegaconf import OmegaConf
 
-        return {"report": config_hash(OmegaConf.to_container(self.study.cfg.report, resolve=True))}
+        from headlab.study.tables import table_report_settings
+
+        return {"report": config_hash(OmegaConf.to_container(table_report_settings(self.study), resolve=True))}
 
     def inputs_key(self) -> dict[str, Any]:
         """The report's inputs: every other stage's marker."""

@@ -117,3 +117,4 @@ def training_lock(output_dir: Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+        (output_dir / LOCK_FILE).unlink(missing_ok=True)  # no empty file stays behind (a run that starts now makes one)
