@@ -174,9 +174,15 @@ def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     """Fewer stability fits: new clusters, so the comparison and the tables (their clusters file) run again; the
     fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the study)."""
     folder, _ = finished
+    report = folder / "tables/table2/seed0/report"
+    listed = json.loads((report / "report.json").read_text())
+    (report / "report.json").write_text(json.dumps(listed | {"files": [*listed["files"], "curve_old.png"]}))
+    for name in ("curve_old.png", "mine.png"):  # a figure of the earlier report, a file of the user's
+        (report / name).write_bytes(b"png")
     out = study(folder, "study.cluster.cluster.stability_fits=2").stdout
     ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/9] {stage}: skipped" not in out}
     assert ran == {"cluster", "compare", "tables", "report"}, out
+    assert not (report / "curve_old.png").exists() and (report / "mine.png").is_file()
 
 
 def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_path):

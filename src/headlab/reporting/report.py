@@ -21,6 +21,7 @@ Jobs of several models, tasks or checkpoints in one directory get one set of fil
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,20 @@ def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPL
     summary = {"sweep_dir": str(sweep_dir), "jobs": int(frame["job"].nunique()), "rows": len(frame),
                "statistics": frame.attrs["statistics"], "problems": frame.attrs["problems"],
                "files": [str(p.relative_to(report.folder)) for p in report.files]}
+    earlier = _files_of_earlier_report(report.folder / "report.json")
     write_json_atomic(report.folder / "report.json", summary)
+    for stale in earlier - set(summary["files"]):  # a figure the data no longer gives (a curve) does not stay
+        (report.folder / stale).unlink(missing_ok=True)
     return report
+
+
+def _files_of_earlier_report(path: Path) -> set[str]:
+    """The files an earlier report in this folder wrote (its ``report.json``), names without folders only."""
+    try:
+        files = json.loads(path.read_text()).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {name for name in files if isinstance(name, str) and Path(name).name == name}
 
 
 def _section(report: Report, frame: pd.DataFrame, prefix: str, title: str, formats: tuple[str, ...]) -> None:
