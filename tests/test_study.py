@@ -44,7 +44,8 @@ def study(folder: Path, *overrides: str, check: bool = True) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     folder = tmp_path_factory.mktemp("study") / "study"
-    return folder, study(folder).stdout
+    result = study(folder)
+    return folder, result.stdout + result.stderr
 
 
 def markdown_table(text: str, after: str) -> pd.DataFrame:
@@ -88,6 +89,9 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
     for number, stage in enumerate(STAGES, start=1):
         assert f"[{number}/9] {stage}: " in out
     assert re.search(r"study done in \d+:\d\d:\d\d: .*study\.md", out)
+    assert out.count("wandb: Tracking run") == 1 and out.count("wandb sync") == 2  # once per study, then the end
+    runs = b"".join(path.read_bytes() for path in folder.glob("wandb/offline-run-*/*.wandb"))
+    assert b"table2_seed0" in runs and b"cluster_seed0_types_per_layer" in runs  # the report's run
 
 
 def test_study_md_numbers_equal_the_stage_files(finished):

@@ -38,6 +38,8 @@ class StudyReport:
     markdown: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)
     numbers: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, Path] = field(default_factory=dict)  # W&B key -> figure
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
 
     def path(self, *parts: str) -> Path:
         return self.study.folder.joinpath(*parts)
@@ -54,6 +56,7 @@ class StudyReport:
     def figure(self, path: Path, alt: str) -> None:
         if path.is_file():
             self.markdown += ["", f"![{alt}]({self.link(path)})"]
+            self.images[self.link(path).removesuffix(".png").replace("/", "_")] = path
 
 
 def number(value: float) -> str:
@@ -105,6 +108,8 @@ def tables(report: StudyReport) -> None:
                 caption, _, body = grid.read_text().partition("\n\n")
                 report.markdown += [f"{caption} (`{report.link(grid)}`)", "", body.rstrip()]
                 report.console += [f"{TABLE_TITLES[table]}, {name}:", *console_grid(body, metric)]
+            if (folder / "table.csv").is_file():
+                report.tables[f"{table}_{name}"] = pd.read_csv(folder / "table.csv")
             split = grids[0].stem.removeprefix("plans_") if grids else None
             if split:
                 report.figure(folder / f"bars_{split}_{metric}.png", f"{table} {name}")
@@ -300,4 +305,23 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any]) -
     write_json_atomic(study.folder / "study.json", summary)
     for line in report.console:
         console.print(line, markup=False)
+    log_report(study, report, inputs)
     return summary
+
+
+def log_report(study: Study, report: StudyReport, inputs: dict[str, Any]) -> None:
+    """The report's tables and figures in the study's last W&B run (``job_type=report``, the study's group)."""
+    from omegaconf import OmegaConf
+
+    from headlab.files import config_hash
+    from headlab.training.tracking import build_logger, log_artifacts, tracked_job
+
+    logger_cfg = study.cfg.logger
+    if logger_cfg is None or "WandbLogger" not in str(logger_cfg.get("_target_")):
+        return
+    logger_cfg = OmegaConf.merge(logger_cfg, {"group": study.group, "job_type": "report"})
+    run_id = config_hash({"study": str(study.folder.absolute()), "inputs": inputs})
+    with tracked_job():
+        logger = build_logger(logger_cfg, run_id=run_id, run_name=f"report-{study.group}")
+        log_artifacts(logger, report.tables, report.images)
+        logger.finalize("success")
