@@ -53,6 +53,14 @@ class StudyReport:
     def missing(self, stage: str) -> None:
         self.markdown.append(f"_Not run: the {stage} stage has no results in this study's folder._")
 
+    def sources(self, stage: str, file: str, names: list[str] | None = None) -> list[tuple[str, Path]]:
+        """``(name, path)`` of each model's ``<stage>/<name>/<file>`` that exists; none: the stage is said missing."""
+        names = [name for name, _ in self.study.models] if names is None else names
+        found = [(name, self.path(stage, name, file)) for name in names if self.path(stage, name, file).is_file()]
+        if not found:
+            self.missing(stage)
+        return found
+
     def figure(self, path: Path, alt: str) -> None:
         if path.is_file():
             self.markdown += ["", f"![{alt}]({self.link(path)})"]
@@ -140,10 +148,7 @@ def console_grid(markdown: str, metric: str) -> list[str]:
 def head_types(report: StudyReport) -> None:
     report.section("Head types (k-means of the distance features, Guan et al.)")
     rows = []
-    for name in ["pretrained", *(n for n, _ in report.study.models)]:
-        path = report.path("cluster", name, "results.json")
-        if not path.is_file():
-            continue
+    for name, path in report.sources("cluster", "results.json", ["pretrained", *(n for n, _ in report.study.models)]):
         result = read_json(path, "cluster results")
         counts = ", ".join(f"{k} {v}" for k, v in result["counts"].items())
         rows.append({"model": name, "types": counts, "stability": f"{result['stability']:.4f}",
@@ -152,7 +157,7 @@ def head_types(report: StudyReport) -> None:
         report.numbers.setdefault("clusters", {})[name] = {k: result[k] for k in ("counts", "stability", "silhouette")}
         report.console.append(f"head types {name}: {counts}; stability {result['stability']:.4f}")
     if not rows:
-        return report.missing("cluster")
+        return
     report.markdown += ["Stability: the share of heads labelled the same in every fit on random halves (Guan et al. "
                         "Table 1: 94-96%).", "", to_markdown(pd.DataFrame(rows))]
     for name, _ in report.study.models:
@@ -161,12 +166,7 @@ def head_types(report: StudyReport) -> None:
 
 def comparison(report: StudyReport) -> None:
     report.section("Pre-trained vs fine-tuned")
-    found = False
-    for name in [n for n, _ in report.study.models] + ["seeds"]:
-        path = report.path("compare", name, "results.json")
-        if not path.is_file():
-            continue
-        found = True
+    for name, path in report.sources("compare", "results.json", [n for n, _ in report.study.models] + ["seeds"]):
         result = read_json(path, "compare results")
         pairs = "; ".join(f"{pair} {value:.4f}" for pair, value in result["ari"].items())
         changed = "; ".join(f"{run}: {count} heads" for run, count in result["changed"].items())
@@ -178,18 +178,11 @@ def comparison(report: StudyReport) -> None:
         if name != "seeds" and transitions.is_file():
             report.markdown += [f"Transitions (`{report.link(transitions)}`):", "", transitions.read_text().rstrip()]
         report.figure(path.parent / "types_per_layer.png", f"head types per layer, {name}")
-    if not found:
-        report.missing("compare")
 
 
 def importance(report: StudyReport) -> None:
     report.section("Head importance (Michel et al.) and its agreement with the single-head sweep")
-    found = False
-    for name, _ in report.study.models:
-        path = report.path("importance", name, "importance.json")
-        if not path.is_file():
-            continue
-        found = True
+    for name, path in report.sources("importance", "importance.json"):
         scores = read_json(path, "importance")
         values = np.asarray(scores["importance"], dtype=float)  # [layers, heads]
         order = np.argsort(-values, axis=None, kind="stable")[:TOP_HEADS]
@@ -211,8 +204,6 @@ def importance(report: StudyReport) -> None:
                                row.estimator.startswith("estimate_")]
         report.figure(path.parent / f"importance_{granularity}.png", f"importance, {name}")
         sweep_table(report, name)
-    if not found:
-        report.missing("importance")
 
 
 def sweep_table(report: StudyReport, name: str) -> None:
@@ -228,12 +219,7 @@ def sweep_table(report: StudyReport, name: str) -> None:
 
 def prune_curve(report: StudyReport) -> None:
     report.section("Pruning by importance vs random orders")
-    found = False
-    for name, _ in report.study.models:
-        path = report.path("prune_curve", name, "prune_curve.csv")
-        if not path.is_file():
-            continue
-        found = True
+    for name, path in report.sources("prune_curve", "prune_curve.csv"):
         frame = pd.read_csv(path)
         metric = main_metric(report.study)
         rows = []
@@ -247,8 +233,6 @@ def prune_curve(report: StudyReport) -> None:
         report.console.append(f"prune curve {name}: " + "; ".join(
             f"{r['order']} {r['heads pruned']} heads -> {metric} {r[metric]}" for r in rows))
         report.figure(path.parent / "prune_curve.png", f"prune curve, {name}")
-    if not found:
-        report.missing("prune_curve")
 
 
 def files(report: StudyReport) -> None:
