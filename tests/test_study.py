@@ -206,6 +206,7 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
         (["mask=prune", "mask.heads=L0"], "mode=study analyses the whole model"),
         (["+study.features.features.bogus=1"], "study.features: Key 'bogus' not in"),
         (["study.finetune.optim.lr=0"], "optim.lr=0.0"),
+        (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"], "mode=study runs its stages in one process"),
     ]
     folders = [tmp_path / f"case{i}" / "study" for i in range(len(cases))]
     results = in_parallel(lambda case, where: study(where, *case[0], check=False), cases, folders)

@@ -47,6 +47,11 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
     if cfg.mask.rules or cfg.mask.policy or cfg.mask.heads or cfg.plan is not None:
         raise UserError("mode=study analyses the whole model and makes its own plans (Tables 2 and 3, the sweep): "
                         "leave mask and plan out, or give a mode that takes one (mode=eval)")
+    trainer = cfg.trainer
+    if "ddp" in str(trainer.strategy) or trainer.num_nodes > 1 or str(trainer.devices) not in ("1", "auto"):
+        raise UserError(f"mode=study runs its stages in one process on one device; trainer.devices="
+                        f"{trainer.devices}, trainer.strategy={trainer.strategy} would start processes that each run "
+                        "the study: use trainer=gpu (one GPU), or run the stages' own commands with trainer=ddp")
     stages = check_stages(cfg, done_stages(folder))
     from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
 
