@@ -35,7 +35,19 @@ def done_stages(folder: Path) -> set[str]:
 
 def check_study(cfg: Any, folder: str | Path) -> list[str]:
     """Everything about ``study`` that needs no weights; returns the stages to run, in order."""
-    folder = Path(folder)
+    check_seeds(cfg)
+    check_whole_model_one_process(cfg)
+    stages = check_stages(cfg, done_stages(Path(folder)))
+    from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
+
+    model_shape(cfg.model)  # a hub model that cannot be reached fails here, before any stage
+    if cfg.study.checkpoint is not None:
+        check_study_checkpoint(cfg)
+    return stages
+
+
+def check_seeds(cfg: Any) -> None:
+    """One or more different seeds; one only when ``study.checkpoint`` gives the fine-tuned model."""
     seeds = list(cfg.study.seeds)
     if not seeds:
         raise UserError("study.seeds=[] names no fine-tuning seed: give one or more, e.g. study.seeds=[0,1,2]")
@@ -44,6 +56,11 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
     if cfg.study.checkpoint is not None and len(seeds) > 1:
         raise UserError(f"study.seeds={seeds} with study.checkpoint: the checkpoint is one fine-tuned model; give "
                         "one seed, or leave study.checkpoint out to fine-tune a model per seed")
+
+
+def check_whole_model_one_process(cfg: Any) -> None:
+    """No mask or plan (the study makes its own), and a trainer of one process (DDP would rerun the study in
+    each of its processes)."""
     if cfg.mask.rules or cfg.mask.policy or cfg.mask.heads or cfg.plan is not None:
         raise UserError("mode=study analyses the whole model and makes its own plans (Tables 2 and 3, the sweep): "
                         "leave mask and plan out, or give a mode that takes one (mode=eval)")
@@ -52,13 +69,6 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
         raise UserError(f"mode=study runs its stages in one process on one device; trainer.devices="
                         f"{trainer.devices}, trainer.strategy={trainer.strategy} would start processes that each run "
                         "the study: use trainer=gpu (one GPU), or run the stages' own commands with trainer=ddp")
-    stages = check_stages(cfg, done_stages(folder))
-    from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
-
-    model_shape(cfg.model)  # a hub model that cannot be reached fails here, before any stage
-    if cfg.study.checkpoint is not None:
-        check_study_checkpoint(cfg)
-    return stages
 
 
 def check_study_checkpoint(cfg: Any) -> None:
