@@ -54,3 +54,16 @@ def test_import_headlab_is_light():
     code = "import sys, headlab, headlab.cli.train, headlab.cli.ablate; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_every_mode_module_has_check_and_run():
+    """ablate.py's modes share one interface: check(cfg) (no weights read) and run(cfg, out_dir)."""
+    import importlib
+    import inspect
+
+    from headlab.analysis.modes import ANALYSIS_MODES
+
+    for mode, name in ANALYSIS_MODES.items():
+        module = importlib.import_module(name)
+        assert list(inspect.signature(module.check).parameters) == ["cfg"], mode
+        assert list(inspect.signature(module.run).parameters)[:2] == ["cfg", "output_dir"], mode

@@ -74,7 +74,7 @@ def read_features(path: Path, summary: dict[str, Any]) -> AttentionFeatures:
     return features
 
 
-def check_cluster(cfg: Any) -> None:
+def check(cfg: Any) -> None:
     """The features job exists with distance features, and k fits its heads (no weights are read)."""
     if cfg.cluster.features is None:
         raise UserError("mode=cluster needs cluster.features=DIR: a mode=features job directory")
@@ -111,7 +111,7 @@ def stability_note(share: float, threshold: float | None) -> str | None:
 
 
 @resumable
-def run_cluster(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
+def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Cluster the heads of ``cfg.cluster.features``; ``cfg`` passed ``check_mode``."""
     path, source = features_job(cfg.cluster.features)
     features = read_features(path, source)

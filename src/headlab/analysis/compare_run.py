@@ -128,12 +128,12 @@ def _distance(run: dict[str, Any], heads: list[str]) -> np.ndarray | None:
     return table[[c for c in table.columns if c.startswith("dist_")]].to_numpy()
 
 
-def check_compare(cfg: Any) -> None:
+def check(cfg: Any) -> None:
     read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
 
 
 @resumable
-def run_compare(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
+def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Compare the head types of ``cfg.compare.runs``; ``cfg`` passed ``check_mode``."""
     runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
     logger = identity.logger(cfg.logger, f"compare-{runs[0]['model']}")

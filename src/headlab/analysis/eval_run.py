@@ -14,6 +14,7 @@ from rich.console import Console
 from headlab.analysis.eval_job import EvalJob, summary_line
 from headlab.analysis.evaluation import Variant
 from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.analysis.mode_checks import check_evaluation, warn_about_plan
 from headlab.core.masks import mask_rules, plan_from_mask
 from headlab.core.models import model_shape
 
@@ -27,8 +28,13 @@ def plan_name(cfg: Any) -> str:
     return "; ".join(f"{rule['policy']} {heads(rule['heads'])}" for rule in rules) or "baseline"
 
 
+def check(cfg: Any) -> None:
+    """The plan against the model's shape, the checkpoint, the baseline folder (no weights read)."""
+    warn_about_plan(cfg, check_evaluation(cfg))
+
+
 @resumable
-def run_eval(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
+def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` on ``cfg.task`` under ``cfg.mask``; ``cfg`` passed ``check_mode``."""
     variant = Variant(plan_name(cfg), plan_from_mask(cfg.mask, *model_shape(cfg.model)), cfg.mask.renormalize)
     job = EvalJob(cfg, identity)

@@ -28,10 +28,17 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from headlab.analysis.feature_data import Sequences, model_max_length, task_sequences, text_file_sequences
+from headlab.analysis.feature_data import (
+    Sequences,
+    model_max_length,
+    read_text_lines,
+    task_sequences,
+    text_file_sequences,
+)
 from headlab.analysis.features import AttentionFeatures, attention_features
 from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.core.models import load_model_reporting, load_tokenizer, model_config, note_random_weights
+from headlab.errors import one_of
 from headlab.files import write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
 from headlab.reporting.sieve_roles import role_matrix, sieve_roles
@@ -75,8 +82,17 @@ def feature_device(trainer_cfg: Any) -> torch.device:
     return torch.device("cuda") if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
 
 
+def check(cfg: Any) -> None:
+    """The text file has lines, or the split is one of the task's; the checkpoint exists (no weights read)."""
+    if cfg.features.text_file is not None:
+        read_text_lines(cfg.features.text_file)
+    else:
+        one_of("features.split", cfg.features.split, ["train", cfg.task.train_split, *cfg.task.eval_splits])
+    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+
+
 @resumable
-def run_features(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
+def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Features of ``cfg.ckpt_path``'s heads; ``cfg`` passed ``check_mode``."""
     checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))

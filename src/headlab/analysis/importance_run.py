@@ -31,6 +31,7 @@ from rich.console import Console
 
 from headlab.analysis.eval_job import EvalJob
 from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.analysis.mode_checks import check_estimation, check_evaluation, warn_about_plan
 from headlab.analysis.scoring import HeadScorer
 from headlab.core.head_names import head_name
 from headlab.core.importance import HeadGradients, normalize_importance, punctuation_ids
@@ -67,8 +68,15 @@ def estimators_of(gradients: HeadGradients, options: Any) -> tuple[dict[str, np.
     return written, raw
 
 
+def check(cfg: Any) -> None:
+    """The plan, the checkpoint, the estimation split and the sweeps to compare with (no weights read)."""
+    plan = check_evaluation(cfg)
+    check_estimation(cfg)
+    warn_about_plan(cfg, plan)
+
+
 @resumable
-def run_importance(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
+def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Score ``cfg.ckpt_path``'s heads on ``cfg.importance.split``; ``cfg`` passed ``check_mode``."""
     plan = plan_from_mask(cfg.mask, *model_shape(cfg.model))
     pruned = [head_name(layer, head) for layer, head in plan.heads_with("prune")]

@@ -93,4 +93,5 @@ def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str |
         with tracked_job():
             return run(cfg, JobIdentity(output_dir, resolved, this_hash, inputs))
 
+    del start.__wrapped__  # its signature is (cfg, output_dir), not the wrapped (cfg, job)
     return start

@@ -28,6 +28,7 @@ from rich.console import Console
 from headlab.analysis.eval_job import EvalJob
 from headlab.analysis.evaluation import PlanEvaluator, Variant
 from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.analysis.mode_checks import check_evaluation, warn_about_plan
 from headlab.analysis.sweep_plans import family_plans
 from headlab.core.attention import Controller, ablate, headlab_implementation
 from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
@@ -123,8 +124,13 @@ def _every_head_plan(layer: int, variants: list[Variant]) -> HeadPlan:
     return HeadPlan.from_rules([{"heads": f"L{layer}", "policy": policies.pop()}], first.num_layers, first.num_heads)
 
 
+def check(cfg: Any) -> None:
+    """The sweep's policy and family against the model's shape, the checkpoint, the baseline folder."""
+    warn_about_plan(cfg, check_evaluation(cfg, per_head=True))
+
+
 @resumable
-def run_sweep_heads(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
+def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Every plan of ``cfg.sweep.family`` under ``cfg.mask.policy``; ``cfg`` passed ``check_mode``."""
     num_layers, num_heads = model_shape(cfg.model)
     plans = family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads)

@@ -133,7 +133,7 @@ class ReportOnMultirunEnd(Callback):
             return
         if config.get("mode") not in ("eval", "sweep_heads"):
             return
-        from headlab.analysis.report_run import run_report  # pandas, scipy and matplotlib load only here
+        from headlab.analysis.report_run import run as run_report  # pandas, scipy and matplotlib load only here
 
         cfg = OmegaConf.masked_copy(config, ["report", "logger"])
         OmegaConf.set_struct(cfg, False)

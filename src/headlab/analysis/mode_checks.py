@@ -1,0 +1,97 @@
+"""The checks that several ``ablate.py`` modes share, none of which reads weights: a preset's plan laid over the
+mask, the plan against the model's shape, the checkpoint, the estimation data, the files a mode reads. Each mode's
+``check(cfg)`` (in its own module) calls the ones it needs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf, open_dict
+
+from headlab.core.masks import check_mask, plan_from_mask
+from headlab.errors import UserError, one_of
+from headlab.files import check_writable
+
+log = logging.getLogger(__name__)
+
+
+def job_mask(cfg: Any) -> Any:
+    """``mask`` with the fields of the named ``plan`` (a preset's plan) laid over it."""
+    if cfg.plan is None:
+        return cfg.mask
+    one_of("plan", cfg.plan, list(cfg.plans))
+    fields = OmegaConf.to_container(cfg.plans[cfg.plan], resolve=True)
+    if "rules" in fields:  # a plan gives rules, or one policy on heads: the other form is cleared
+        fields |= {"policy": None, "heads": None}
+    elif "policy" in fields:
+        fields |= {"rules": None}
+    return OmegaConf.merge(cfg.mask, fields)
+
+
+def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
+    """The checks of a mode that scores a checkpoint on a task (eval, sweep_heads, importance, prune_curve): the
+    baseline folder is writable, the preset's clusters exist, the plan (``per_head``: the sweep's policy) fits the
+    model's shape, the checkpoint is of this model and task. Returns the plan (None for a sweep)."""
+    check_writable(cfg.baseline_dir, "baseline_dir")  # written after the baseline's evaluation: checked before it
+    check_preset_clusters(cfg)
+    with open_dict(cfg):
+        cfg.mask = job_mask(cfg)
+    if per_head:
+        from headlab.analysis.sweep_plans import check_sweep_mask
+
+        check_sweep_mask(cfg.mask)
+    else:
+        check_mask(cfg.mask)
+    from headlab.core.models import model_shape
+    from headlab.training.checkpoints import locate_checkpoint
+
+    plan = None if per_head else plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
+    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    return plan
+
+
+def check_preset_clusters(cfg: Any) -> None:
+    """Every ``cluster:NAME`` the preset's plans use is a label of ``mask.clusters`` (all missing names at once)."""
+    from headlab.core.head_files import load_clusters
+
+    selectors = []
+    for plan in cfg.plans.values():
+        rules = plan.get("rules") or [{"heads": plan.get("heads")}]
+        for rule in rules:
+            heads = rule.get("heads")
+            selectors += [heads] if isinstance(heads, str) else list(heads or [])
+    needed = sorted({token.strip().removeprefix("cluster:") for selector in selectors
+                     for token in str(selector).split(",") if token.strip().startswith("cluster:")})
+    if not needed or cfg.mask.clusters is None:
+        return
+    labels = set(load_clusters(cfg.mask.clusters).values())
+    if set(needed) - labels:
+        raise UserError(f"the plans of {cfg.group} need clusters named {', '.join(needed)}; mask.clusters="
+                        f"{cfg.mask.clusters!r} has {', '.join(sorted(labels))} (name them with mode=cluster "
+                        "cluster.names=[...])")
+
+
+def check_estimation(cfg: Any) -> None:
+    """The estimation split exists; the evaluation split only when asked for (selection bias); sweeps exist."""
+    split = cfg.importance.split
+    one_of("importance.split", split, ["train", cfg.task.train_split, *cfg.task.eval_splits])
+    if split in cfg.task.eval_splits and split != cfg.task.train_split:
+        log.warning(f"importance.split={split}: heads are scored on the evaluation split, so evaluating a mask "
+                    "chosen by this importance on it is biased (the default estimates on a training subset)")
+    sweeps = cfg.importance.sweep
+    for sweep in [] if sweeps is None else [sweeps] if isinstance(sweeps, str) else list(sweeps):
+        if not Path(sweep).exists():
+            raise UserError(f"importance.sweep={sweep!r}: no such mode=sweep_heads job directory")
+
+
+def warn_about_plan(cfg: Any, plan: Any) -> None:
+    """Plans that run but are probably not what was meant."""
+    if plan is not None and plan.is_identity and any(rule.policy != "keep" for rule in plan.rules):
+        log.warning("the mask selects no head (every head keeps its attention): this job equals the baseline")
+    policies = [cfg.mask.policy] if plan is None else [p for p, n in plan.counts().items() if n]
+    single_segment = cfg.task.type != "extractive_qa" and len(cfg.task.text_fields) == 1
+    if cfg.mask.unit == "segment" and single_segment and any(str(p).startswith("drop_") for p in policies):
+        log.warning(f"unit=segment on task {cfg.task.name}, which has one segment: every key is intra-segment, so "
+                    "drop_intra equals prune and drop_inter changes nothing (use unit=sentence)")
