@@ -248,3 +248,15 @@ def test_a_mean_over_seeds_needs_types_named_by_their_profiles(tmp_path):
             (tmp_path / f"cluster/seed{seed}/clusters.json").write_text(json.dumps(
                 {"named": how[0] if by_hand else how, "named_by_hand": by_hand}))
         assert same_types_in_every_seed(study_) == (named == [True, True])
+
+
+def test_a_given_checkpoint_is_analysed_without_fine_tuning(finished, tmp_path):
+    folder = tmp_path / "study"
+    job = finished[0] / "finetune/seed0"
+    out = study(folder, f"study.checkpoint={job}", "study.stages=[finetune,features,cluster,compare,report]").stdout
+    assert f"[1/5] finetune: skipped, study.checkpoint={job} is the fine-tuned model" in out
+    assert not (folder / "finetune").exists() and (folder / "features/checkpoint/features.npz").is_file()
+    compared = json.loads((folder / "compare/checkpoint/results.json").read_text())
+    assert compared["runs"][1]["path"] == str(folder / "cluster/checkpoint/clusters.json")
+    assert json.loads((folder / "features/checkpoint/results.json").read_text())["checkpoint"]["path"] == str(
+        job / "model")

@@ -8,6 +8,7 @@ running the same command, and a changed setting reruns the stages whose configs 
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -110,6 +111,20 @@ def run_job(job: Job) -> None:
         run_mode(job.cfg, job.folder)
 
 
+class SayOnce(logging.Filter):
+    """Lets each message through once: Lightning's lines about the devices, said by every job's trainer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        new = message not in self.said
+        self.said.add(message)
+        return new
+
+
 class StudyRun:
     """Runs the stages in order with a progress line as each starts and ends."""
 
@@ -117,6 +132,7 @@ class StudyRun:
         self.study, self.stages, self.start = study, stages, time.monotonic()
         self.tracked = False  # a W&B run of this study ran in this process
         self.console = Console(soft_wrap=True, highlight=False)
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(SayOnce())  # "GPU available: ..."
 
     def say(self, text: str) -> None:
         self.console.print(text, markup=False)
@@ -155,6 +171,9 @@ class StudyRun:
         from headlab.reporting.results import read_complete
 
         jobs = stage_jobs(self.study, stage)
+        if not jobs:  # the fine-tuning, when study.checkpoint gives the fine-tuned model
+            self.say(f"{where}: skipped, study.checkpoint={self.study.cfg.study.checkpoint} is the fine-tuned model")
+            return
         hashes = {self.name(job): job_hash(job) for job in jobs}
         key = {"jobs": hashes, **self.extra_key(stage)}
         if self.is_done(stage, key):
