@@ -174,6 +174,16 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
         assert mine[key] == theirs[key], key
 
 
+def test_a_stage_left_out_with_other_settings_is_said_to_be_stale(finished):
+    """Only the report, with a sweep setting that differs from the sweep's files: the report says so."""
+    folder, _ = finished
+    out = study(folder, "study.stages=[report]", "study.sweep.data.max_eval_examples=8").stdout
+    assert "note: Not this command's settings: the files of sweep were computed with other settings" in out
+    assert "the files of sweep were computed" in (folder / "study.md").read_text()
+    study(folder)  # back to the study's settings: nothing stale, the report says nothing of it
+    assert "Not this command's settings" not in (folder / "study.md").read_text()
+
+
 def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     """Fewer stability fits: new clusters, so the comparison and the tables (their clusters file) run again; the
     fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the study)."""

@@ -272,15 +272,21 @@ def collapse(paths: list[str]) -> list[str]:
     return lines
 
 
-def write_study_report(study: Study, console: Console, inputs: dict[str, Any]) -> dict[str, Any]:
+def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
+                       stale: list[str] | None = None) -> dict[str, Any]:
     """``study.md`` and ``study.json`` (with ``inputs``: what the stages' markers said) in the study folder; the
-    summary printed to ``console``."""
+    summary printed to ``console``. ``stale``: stages left out of this run whose files are of other settings."""
     report = StudyReport(study)
     cfg = study.cfg
     names = ", ".join(name for name, _ in study.models)
     report.markdown += [f"# headlab study: {cfg.model.name} on {cfg.task.name}", "",
                         f"Fine-tuned model(s): {names}. Every number is read from the stage file named beside it; "
                         f"paths are relative to `{study.folder}`."]
+    if stale:
+        warning = (f"Not this command's settings: the files of {', '.join(stale)} were computed with other settings "
+                   "(or inputs) and were left out of this run; run those stages again to update them.")
+        report.markdown += ["", f"**{warning}**"]
+        report.console.append(f"note: {warning}")
     for part in (baseline, tables, head_types, comparison, importance, prune_curve, files):
         part(report)
     write_text_atomic(study.folder / "study.md", "\n".join(report.markdown) + "\n")

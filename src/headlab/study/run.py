@@ -158,13 +158,32 @@ class StudyRun:
         """``study.md``, unless ``study.json`` says it was written from the stages' current results."""
         from headlab.study.report import write_study_report
 
-        key, summary = self.inputs_key(), self.study.folder / "study.json"
+        stale = self.stale_stages()
+        key, summary = {**self.inputs_key(), "stale": stale}, self.study.folder / "study.json"
         if summary.is_file() and read_json(summary, "study").get("inputs") == key and \
                 (self.study.folder / "study.md").is_file():
             self.say(f"{where}: skipped, done ({self.study.folder / 'study.md'})")
             return
         self.say(f"{where}: {ABOUT['report']} (elapsed {self.elapsed()})")
-        write_study_report(self.study, self.console, key)
+        write_study_report(self.study, self.console, key, stale)
+
+    def stale_stages(self) -> list[str]:
+        """The stages left out of this run whose files are there but not of this command's settings and inputs."""
+        stale = []
+        for stage in STAGES[:-1]:
+            if stage in self.stages or not (self.study.folder / stage / MARKER).is_file():
+                continue
+            try:
+                current = self.is_done(stage, self.stage_key(stage, stage_jobs(self.study, stage)))
+            except UserError:  # an input of its jobs is gone
+                current = False
+            if not current:
+                stale.append(stage)
+        return stale
+
+    def stage_key(self, stage: str, jobs: list[Job]) -> dict[str, Any]:
+        """What a finished stage's marker holds: its jobs' hashes, and what its own files depend on."""
+        return {"jobs": {self.name(job): job_hash(job) for job in jobs}, **self.extra_key(stage)}
 
     def run_stage(self, stage: str, where: str) -> None:
         """Run ``stage``'s jobs that are not done (then its reports), unless its marker says all are done."""
@@ -174,8 +193,8 @@ class StudyRun:
         if not jobs:  # the fine-tuning, when study.checkpoint gives the fine-tuned model
             self.say(f"{where}: skipped, study.checkpoint={self.study.cfg.study.checkpoint} is the fine-tuned model")
             return
-        hashes = {self.name(job): job_hash(job) for job in jobs}
-        key = {"jobs": hashes, **self.extra_key(stage)}
+        key = self.stage_key(stage, jobs)
+        hashes = key["jobs"]
         if self.is_done(stage, key):
             self.say(f"{where}: skipped, done ({self.study.folder / stage})")
             return
