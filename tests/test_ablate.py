@@ -291,7 +291,7 @@ def test_presets_compose_and_name_the_group(preset, mode, count):
 
 
 def test_table2_plans_select_the_paper_head_types(tmp_path):
-    from headlab.analysis.modes import job_mask
+    from headlab.analysis.mode_checks import job_mask
     from headlab.core.masks import plan_from_mask
 
     clusters = tmp_path / "clusters.json"  # a hand-written clusters file, as mode=cluster will write
