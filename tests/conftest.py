@@ -104,10 +104,11 @@ def run(script, *overrides, cwd_tmp, check=True, cwd=ROOT):
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
-    """A train.py job on demo_pairs (a few steps): its directory and results."""
+    """A train.py job on demo_pairs (a few steps) that kept its checkpoints/last.ckpt: its directory and results."""
     root = tmp_path_factory.mktemp("ablate")
     run("train.py", "data.batch_size=16", "data.max_train_examples=400", "trainer.max_steps=25",
-        "trainer.val_check_interval=25", "optim.lr=2e-3", f"hydra.run.dir={root / 'train'}", cwd_tmp=root)
+        "trainer.val_check_interval=25", "optim.lr=2e-3", "keep_training_state=true", f"hydra.run.dir={root / 'train'}",
+        cwd_tmp=root)
     return root, json.loads((root / "train/results.json").read_text())
 
 

@@ -4,6 +4,7 @@ the cached baseline, per-example records, resumable sweeps, presets and launcher
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from headlab.cli.schema import register_configs
 from headlab.core.models import load_model
+from headlab.training.kept_files import weights_only
 
 register_configs()
 # every policy of the SDPA route under one plan (mask=rules)
@@ -34,14 +36,19 @@ def test_eval_reads_every_checkpoint_kind_and_its_baseline_equals_training(train
     root, train_result = trained
     job = root / "train"
     plan = ["mode=eval", "mask=prune", "mask.heads=[L0H1,L2]"]
+    slim = root / "weights_only.ckpt"  # what a run without keep_training_state keeps of a best.ckpt
+    shutil.copy(job / "checkpoints/last.ckpt", slim)
+    weights_only(slim)
+    assert "optimizer_states" not in torch.load(slim, weights_only=False)
     out = {}
-    for kind, path in (("job", job), ("lightning", job / "checkpoints/last.ckpt"), ("pretrained", job / "model")):
-        result = run("ablate.py", *plan, f"ckpt_path={path}", f"hydra.run.dir={root / kind}", cwd_tmp=root)
-        out[kind] = results(root / kind)
-        assert out[kind]["checkpoint"]["kind"] == kind and "prune L0H1,L2 [prune]" in result.stdout
+    for name, kind, path in (("job", "job", job), ("lightning", "lightning", job / "checkpoints/last.ckpt"),
+                             ("slim", "lightning", slim), ("pretrained", "pretrained", job / "model")):
+        result = run("ablate.py", *plan, f"ckpt_path={path}", f"hydra.run.dir={root / name}", cwd_tmp=root)
+        out[name] = results(root / name)
+        assert out[name]["checkpoint"]["kind"] == kind and "prune L0H1,L2 [prune]" in result.stdout
         assert "LeafSpec" not in result.stderr  # Lightning's deprecation warning about its own use of torch
         assert "validation will run" not in result.stdout + result.stderr  # its val_check_interval note: no training
-    assert len({r["checkpoint"]["weights_hash"] for r in out.values()}) == 1  # the same weights, three ways
+    assert len({r["checkpoint"]["weights_hash"] for r in out.values()}) == 1  # the same weights, four ways
     record = out["job"]
     # The baseline is the fine-tuned model's score, computed by the training module's torchmetrics: another path.
     for metric, value in train_result["metrics"]["validation"].items():
@@ -52,7 +59,7 @@ def test_eval_reads_every_checkpoint_kind_and_its_baseline_equals_training(train
     for metric in record["metrics"]["validation"]:
         delta = record["metrics"]["validation"][metric] - record["baseline"]["validation"][metric]
         assert record["delta"]["validation"][metric] == pytest.approx(delta)
-    for other in ("lightning", "pretrained"):
+    for other in ("lightning", "slim", "pretrained"):
         assert flat(out[other]["metrics"]) == pytest.approx(flat(record["metrics"]))
     # Per-example records: recompute the metrics by hand from the rows.
     rows = pd.read_parquet(root / "job/records.parquet")

@@ -6,15 +6,18 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, compose_train
+from conftest import ROOT, assert_one_error_line, compose_train
+from safetensors.torch import load_file
 
 from headlab.cli.schema import register_configs
 from headlab.core.models import load_model
+from headlab.training.kept_files import WEIGHT_KEYS, weights_only
 
 register_configs()
 QUICK = ["model=tiny_random", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=8",
@@ -57,13 +60,21 @@ def test_finetune_demo_pairs_writes_typed_results_and_skips_when_done(tmp_path):
     assert record["main_metric"] == "validation/accuracy"
     assert record["num_examples"] == {"train": 64, "validation": 40}
     assert record["num_evaluated"] == {"validation": 40}
-    assert record["last_checkpoint"] == str(run / "checkpoints/last.ckpt")
-    assert record["best_checkpoint"] == str(run / "checkpoints/best.ckpt") and record["best_score"] is not None
-    assert (run / "checkpoints/best.ckpt").is_file() and (run / "checkpoints/last.ckpt").is_file()
+    # The final weights once (model/); a best.ckpt only when it holds others, with its weights only.
+    assert record["final_weights"] == str(run / "model") and record["last_checkpoint"] is None
+    assert not (run / "checkpoints/last.ckpt").exists() and record["best_score"] is not None
+    best_step = 4 if record["best_checkpoint"] == str(run / "model") else 2
+    if best_step == 2:
+        assert record["best_checkpoint"] == str(run / "checkpoints/best.ckpt")
+        assert set(torch.load(run / "checkpoints/best.ckpt", weights_only=False)) == set(WEIGHT_KEYS)
+    else:
+        assert not (run / "checkpoints").exists() and not (run / "checkpoints.json").exists()
     assert record["versions"]["torch"] == torch.__version__ and len(record["config_hash"]) == 16
     assert record["config"]["task"]["name"] == "demo_pairs" and record["plan"]["rules"] == []
     assert str(run / "results.json") in out.stdout
-    assert f"(best validation/accuracy {record['best_score']:.4f}: {run / 'checkpoints/best.ckpt'})" in out.stdout
+    where = "the final weights" if best_step == 4 else run / "checkpoints/best.ckpt"
+    assert f"best        validation/accuracy {record['best_score']:.4f}: {where}\n" in out.stdout
+    assert f"weights     {run / 'model'} (the final weights" in out.stdout and "state  " not in out.stdout
     console = out.stdout + out.stderr  # Lightning's messages once each (no tips), and in the log file
     assert console.count("GPU available:") == 1 and "GPU available:" in (run / "train.log").read_text()
     assert "Tip: " not in console and "weights_only" not in console  # Lightning's note on an implicit default
@@ -91,10 +102,13 @@ def test_finetune_demo_qa_merges_windows_and_writes_predictions(tmp_path):
 
 def test_resume_continues_from_a_checkpoint(tmp_path):
     first = tmp_path / "first"
-    train(tmp_path, "task=demo_pairs", run_dir=first)
+    out = train(tmp_path, "task=demo_pairs", "keep_training_state=true", run_dir=first)
+    last = first / "checkpoints/last.ckpt"
+    assert results(first)["last_checkpoint"] == str(last) and "optimizer_states" in torch.load(last, weights_only=False)
+    assert f"state       {last} (continue training with train.py ckpt_path=PATH)" in out.stdout
     second = tmp_path / "second"
     out = train(tmp_path, "task=demo_pairs", "trainer.max_steps=8", f"ckpt_path={first / 'checkpoints/last.ckpt'}",
-                run_dir=second)
+                "keep_training_state=true", run_dir=second)
     record = results(second)
     assert record["global_step"] == 8 and record["resumed_from"] == str(first / "checkpoints/last.ckpt")
     assert "Restoring states from the checkpoint" in out.stderr + out.stdout
@@ -105,15 +119,25 @@ def test_resume_continues_from_a_checkpoint(tmp_path):
     (first / "results.json").unlink()
     train(tmp_path, "task=demo_pairs", run_dir=first)
     assert results(first)["resumed_from"] == str(first / "checkpoints/last.ckpt")
-    assert results(first)["global_step"] == 4
+    assert results(first)["global_step"] == 4 and not last.exists()  # kept only when asked
+
+    # A checkpoint without the training state (what a finished run keeps of best.ckpt) cannot be continued.
+    slim = tmp_path / "slim.ckpt"
+    shutil.copy(second / "checkpoints/last.ckpt", slim)
+    weights_only(slim)
+    for path, said in ((slim, "holds weights only"),
+                       (last, "no such checkpoint file (a finished run keeps it only with keep_training_state=true)")):
+        out = train(tmp_path, "task=demo_pairs", "trainer.max_steps=12", f"ckpt_path={path}", run_dir=tmp_path / "x",
+                    check=False)
+        assert_one_error_line(out, said)
 
 
 def test_another_config_in_the_same_directory_starts_afresh(tmp_path):
     """A second run with other settings in one hydra.run.dir: never resumed from the first run's last.ckpt (it
     would start at step 4 of 4 and train nothing)."""
-    train(tmp_path, "task=demo_pairs")
+    train(tmp_path, "task=demo_pairs", "keep_training_state=true")
     first = results(tmp_path / "run")
-    out = train(tmp_path, "task=demo_pairs", "optim.lr=1e-3")
+    out = train(tmp_path, "task=demo_pairs", "optim.lr=1e-3", "keep_training_state=true")
     second = results(tmp_path / "run")
     assert second["config_hash"] != first["config_hash"]
     assert second["resumed_from"] is None and second["global_step"] == 4
@@ -146,11 +170,11 @@ def test_the_mask_applies_during_training(tmp_path):
     """Pruned heads give their query / key / value weights no gradient: with no weight decay
     they end where they started, while the other layers move."""
     train(tmp_path, "task=demo_pairs", "mask=prune", "mask.heads=L0", "optim.weight_decay=0", "optim.lr=1e-2")
-    state = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=False)["state_dict"]
+    state = load_file(tmp_path / "run/model/model.safetensors")  # the final weights, as ablate.py reads them
     initial = load_model(compose_train().model, "sequence_classification", {"num_labels": 2}).state_dict()
     for layer, same in ((0, True), (1, False)):
         name = f"bert.encoder.layer.{layer}.attention.self.query.weight"
-        assert torch.equal(state[f"model.{name}"], initial[name]) is same
+        assert torch.equal(state[name], initial[name]) is same
     assert results(tmp_path / "run")["plan"]["policies"] == {f"L0H{h}": "prune" for h in range(4)}
 
 
@@ -240,7 +264,7 @@ def test_compiled_fine_tune_applies_the_plan_and_equals_eager(tmp_path):
     are not),
     the pruned layer's query / key / value got no gradient, and the metrics are eager's. (This tiny model's
     metrics hardly move under any plan, so they alone could not tell.)"""
-    plan = ["task=demo_pairs", "mask=rules", "optim.weight_decay=0", "optim.lr=1e-2",
+    plan = ["task=demo_pairs", "mask=rules", "optim.weight_decay=0", "optim.lr=1e-2", "keep_training_state=true",
             "+model.config.hidden_dropout_prob=0.0", "+model.config.attention_probs_dropout_prob=0.0",
             "mask.rules=[{heads: L0, policy: prune}, {heads: L1H1, policy: uniform}, "
             "{heads: L1-2H2-3, policy: drop_intra}]"]
@@ -267,7 +291,7 @@ def test_a_run_that_ends_before_its_first_validation_is_validated_once_and_has_n
     record = results(tmp_path / "run")
     assert record["best_checkpoint"] is None and record["best_score"] is None and record["global_step"] == 1
     assert set(record["metrics"]["validation"]) == {"accuracy", "f1", "loss"}
-    assert "(no best.ckpt: no validation ran during training)" in out.stdout
+    assert "best        none: no validation ran during training" in out.stdout
     assert "could not find the monitored key" not in out.stderr  # Lightning's ModelCheckpoint warning
 
 
@@ -303,9 +327,9 @@ def test_the_training_loss_reaches_the_progress_bar_only_when_there_is_one(tmp_p
     assert "train/loss" in trainer.callback_metrics  # logged all the same
 
 
-def test_last_ckpt_follows_every_validation_when_the_metric_stops_improving(tmp_path):
-    """A killed run resumes from its last validation, not from its last improvement (Lightning 2.6's save_last
-    writes last.ckpt only at steps where the best checkpoint was written)."""
+def _fit_with_checkpoints(folder, max_steps, improving):
+    """A real Lightning fit with train.py's checkpoint callbacks, validating every 2 steps; its metric rises with
+    every validation (``improving``) or never moves after the first. Returns the trainer and the best callback."""
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -314,26 +338,63 @@ def test_last_ckpt_follows_every_validation_when_the_metric_stops_improving(tmp_
     class Plateau(pl.LightningModule):
         def __init__(self):
             super().__init__()
+            self.save_hyperparameters({"model": {"name": "plateau"}, "task": {"name": "demo_pairs"}})
             self.layer = torch.nn.Linear(3, 1)
 
         def training_step(self, batch, batch_idx):
             return self.layer(batch[0]).pow(2).mean()
 
         def validation_step(self, batch, batch_idx):
-            self.log("validation/accuracy", 0.5)  # never improves after the first validation
+            self.log("validation/accuracy", float(self.global_step) if improving else 0.5)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = DataLoader(TensorDataset(torch.randn(20, 3)), batch_size=2)
-    best, last = checkpoint_callbacks(tmp_path, "validation/accuracy")
-    trainer = pl.Trainer(max_steps=7, val_check_interval=2, callbacks=[best, last], logger=False,
+    best, last = checkpoint_callbacks(folder, "validation/accuracy")
+    trainer = pl.Trainer(max_steps=max_steps, val_check_interval=2, callbacks=[best, last], logger=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         accelerator="cpu", default_root_dir=tmp_path)
+                         accelerator="cpu", default_root_dir=folder)
     trainer.fit(Plateau(), train_dataloaders=data, val_dataloaders=DataLoader(TensorDataset(torch.randn(4, 3))))
+    return trainer, best
+
+
+def test_last_ckpt_follows_every_validation_when_the_metric_stops_improving(tmp_path):
+    """A killed run resumes from its last validation, not from its last improvement (Lightning 2.6's save_last
+    writes last.ckpt only at steps where the best checkpoint was written)."""
+    _fit_with_checkpoints(tmp_path, 7, improving=False)
     assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["best.ckpt", "last.ckpt"]
     assert torch.load(tmp_path / "best.ckpt", weights_only=False)["global_step"] == 2
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6  # validations at 2, 4, 6
+
+
+@pytest.mark.parametrize("improving", [False, True])
+def test_a_finished_run_keeps_its_weights_once(tmp_path, improving):
+    """Finished, the checkpoints keep only what model/ (the final weights) lacks: a best.ckpt of another step, with
+    its weights and hyper-parameters only; nothing when the best is the final step (the metric kept improving)."""
+    from headlab.training.kept_files import keep_only, kept_checkpoints
+
+    folder, final = tmp_path / "checkpoints", tmp_path / "model"
+    trainer, callback = _fit_with_checkpoints(folder, 6, improving)
+    (tmp_path / "checkpoints.json").write_text("{}")
+    whole = torch.load(folder / "best.ckpt", weights_only=False)
+    assert {"optimizer_states", "loops"} <= set(whole) and whole["global_step"] == (6 if improving else 2)
+    best, last = kept_checkpoints(folder, callback.best_model_path, trainer.global_step, final, False)
+    assert last is None and best == (str(final) if improving else str(folder / "best.ckpt"))
+    assert kept_checkpoints(folder, callback.best_model_path, 6, final, True) == (str(folder / "best.ckpt"),
+                                                                                  str(folder / "last.ckpt"))
+    record = {"best_checkpoint": best, "last_checkpoint": last}
+    for _ in range(2):  # idempotent: a rerun finishes what a killed one left
+        keep_only(folder, record)
+        if improving:
+            assert not folder.exists() and not (tmp_path / "checkpoints.json").exists()
+        else:
+            assert [p.name for p in folder.iterdir()] == ["best.ckpt"]
+            slim = torch.load(folder / "best.ckpt", weights_only=False)
+            assert set(slim) == set(WEIGHT_KEYS) and slim["global_step"] == 2
+            for name, value in whole["state_dict"].items():
+                assert torch.equal(slim["state_dict"][name], value)
+            assert slim["hyper_parameters"] == whole["hyper_parameters"]
 
 
 class _Interrupted(Exception):
@@ -471,17 +532,17 @@ def _umask():
 
 def test_a_truncated_last_checkpoint_is_said_and_the_run_resumes_from_a_whole_one(tmp_path):
     run_dir = tmp_path / "run"
-    train(tmp_path, "task=demo_pairs")
+    train(tmp_path, "task=demo_pairs", "keep_training_state=true")
     (run_dir / "results.json").unlink()  # killed after its last checkpoint
     last = run_dir / "checkpoints/last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a disk that filled while writing it
-    out = train(tmp_path, "task=demo_pairs")
+    out = train(tmp_path, "task=demo_pairs", "keep_training_state=true")
     assert f"note: {last} is unreadable (BadZipFile" in out.stdout and "resuming from best.ckpt" in out.stdout
     assert results(run_dir)["resumed_from"] == str(run_dir / "checkpoints/best.ckpt")
     (run_dir / "results.json").unlink()
     for name in ("last.ckpt", "best.ckpt"):
         (run_dir / "checkpoints" / name).write_bytes(b"PK\x03\x04 cut")
-    out = train(tmp_path, "task=demo_pairs")
+    out = train(tmp_path, "task=demo_pairs", "keep_training_state=true")
     assert "no other checkpoint is whole: training starts over" in out.stdout
     assert results(run_dir)["resumed_from"] is None and results(run_dir)["global_step"] == 4
 

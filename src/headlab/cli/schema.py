@@ -315,6 +315,7 @@ class TrainConfig(RunConfig):
     experiment: str = "finetune"  # the run's or sweep's name (conf/train.yaml: experiment=NAME)
     group: str = "finetune"  # W&B group (conf/train.yaml: the experiment)
     ckpt_path: str | None = None  # null (resume this job's last.ckpt if any), last, or a .ckpt path
+    keep_training_state: bool = False  # keep checkpoints/*.ckpt whole once finished (to continue training later)
 
 
 @dataclass

@@ -69,15 +69,16 @@ class TrainResult:
     model: str
     seed: int
     plan: dict[str, Any]  # HeadPlan.to_dict() of the mask trained under
-    metrics: dict[str, dict[str, float]]  # eval split -> metric -> value, of the final weights (last_checkpoint)
+    metrics: dict[str, dict[str, float]]  # eval split -> metric -> value, of the final weights (final_weights)
     main_metric: str  # "{split}/{metric}" that picks the best checkpoint
     num_examples: dict[str, int]  # split -> examples in the data
     num_evaluated: dict[str, int]  # eval split -> examples scored (all processes; equals num_examples)
-    last_checkpoint: str  # the final weights
-    best_checkpoint: str | None  # best main metric among the validations during training
+    final_weights: str  # model/: the final weights and tokenizer (save_pretrained)
+    best_checkpoint: str | None  # the best main metric among the validations (final_weights when those are it)
     best_score: float | None
     resumed_from: str | None
     global_step: int
+    last_checkpoint: str | None  # checkpoints/last.ckpt with the training state (keep_training_state=true), or None
     config_hash: str
     config: dict[str, Any]  # the resolved config
     inputs: dict[str, Any]  # size and modification time of the local data files (task.data_files)

@@ -207,10 +207,19 @@ def importance(report: StudyReport) -> None:
 
 
 def sweep_table(report: StudyReport, name: str) -> None:
-    """The single-head sweep's change of the main metric, layers x heads."""
-    for path in sorted(report.path("sweep", name).glob("deltas_*.csv")):
+    """The single-head sweep's change of the main metric, layers x heads, with its baseline and data."""
+    folder = report.path("sweep", name)
+    if not (folder / "results.json").is_file():
+        return
+    summary = read_json(folder / "results.json", "sweep results")
+    limit = summary["config"]["data"]["max_eval_examples"]
+    examples = "every example" if limit is None else f"the first {limit} examples"
+    for path in sorted(folder.glob("deltas_*.csv")):
+        split = path.stem.removeprefix("deltas_")
         frame = pd.read_csv(path, index_col=0)
-        report.markdown += ["", f"Each head pruned alone: {frame.index.name} (`{report.link(path)}`):", "",
+        base = summary["tables"][split][main_metric(report.study)]["baseline"]
+        report.markdown += ["", f"Each head pruned alone: {frame.index.name} against the unablated "
+                            f"{base:.4f}, on {examples} of {split} (`{report.link(path)}`):", "",
                             to_markdown(frame.map(lambda v: f"{v:+.4f}"), index=True)]
         worst = frame.stack().sort_values().head(3)
         report.console.append(f"sweep {name} ({path.stem.removeprefix('deltas_')}): largest drops " + ", ".join(

@@ -2,9 +2,9 @@
 
 The job directory is a pure function of the command line (Hydra's run dir, see conf/train.yaml).
 Rerunning a finished job prints its results and stops; rerunning a killed one resumes from its
-``checkpoints/last.ckpt`` (never from another config's, ``checkpoints.json``). The final weights are also
-saved with ``save_pretrained`` (and the tokenizer) in ``model/``, readable by any Hugging Face tool and by
-``ablate.py ckpt_path=JOB_DIR``.
+``checkpoints/last.ckpt`` (never from another config's, ``checkpoints.json``). The final weights are saved with
+``save_pretrained`` (and the tokenizer) in ``model/``, readable by any Hugging Face tool and by
+``ablate.py ckpt_path=JOB_DIR``; then the checkpoints keep only what ``model/`` does not hold (``kept_files``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ from headlab.training.checkpoints import FINAL_WEIGHTS, check_lightning_checkpoi
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.durable import AtomicCheckpointIO, RandomStates, readable_checkpoint, training_lock
 from headlab.training.epoch_order import ResumeMidEpoch
+from headlab.training.kept_files import has_training_state, keep_only, kept_checkpoints
 from headlab.training.modules import task_module
 from headlab.training.progress import ProgressLog
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("ckpt_path", "logger", "experiment", "group", "attention_route")
+RUNTIME_KEYS = ("ckpt_path", "keep_training_state", "logger", "experiment", "group", "attention_route")
 # Local files the job reads: data regenerated at the same path makes a finished run train again (their size and
 # modification time count in the hash; see headlab.analysis.job_identity for ablate.py's).
 INPUT_KEYS = ("task.data_files",)
@@ -84,11 +85,16 @@ def resume_checkpoint(cfg: Any, checkpoint_dir: Path, job_hash: str) -> str | No
         return fallback
     path = last if ckpt_path == "last" else Path(ckpt_path)
     if not path.is_file():
-        raise UserError(f"ckpt_path={ckpt_path!r}: no checkpoint at {str(path)!r}")
+        raise UserError(f"ckpt_path={ckpt_path!r}: no checkpoint at {str(path)!r}" + (
+            " (a finished run keeps it only with keep_training_state=true)" if path.name == "last.ckpt" else ""))
     broken = readable_checkpoint(path)
     if broken is not None:
         raise UserError(f"ckpt_path={ckpt_path!r} is not a readable Lightning checkpoint ({broken})")
     check_lightning_checkpoint(path, cfg.model, cfg.task)
+    if not has_training_state(path):
+        raise UserError(f"ckpt_path={ckpt_path!r} holds weights only (its run finished without "
+                        "keep_training_state=true): training cannot continue from it; evaluate it with ablate.py "
+                        "ckpt_path=PATH")
     return str(path)
 
 
@@ -158,11 +164,12 @@ def finetune_identity(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], dict[st
 
 def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
     resolved, computed, inputs, job_hash = finetune_identity(cfg)
+    checkpoint_dir = output_dir / "checkpoints"
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
+        keep_only(checkpoint_dir, done)  # a run killed while it removed them
         return done
     note_changed_inputs(output_dir / "results.json", computed, inputs)
-    checkpoint_dir = output_dir / "checkpoints"
     resume = resume_checkpoint(cfg, checkpoint_dir, job_hash)
     monitor = f"{cfg.task.eval_splits[0]}/{cfg.task.main_metric}"
 
@@ -187,6 +194,9 @@ def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
         if module.validated_step != trainer.global_step:  # training ended between validations
             trainer.validate(module, datamodule=data, verbose=False)
         trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)  # the metrics' weights, resumable
+        final_weights = output_dir / FINAL_WEIGHTS
+        best, last = kept_checkpoints(checkpoint_dir, checkpoint.best_model_path or None, trainer.global_step,
+                                      final_weights, cfg.keep_training_state)
         result = TrainResult(
             task=cfg.task.name,
             model=cfg.model.name,
@@ -196,9 +206,10 @@ def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
             main_metric=monitor,
             num_examples=data.num_examples,
             num_evaluated=module.last_counts,
-            best_checkpoint=checkpoint.best_model_path or None,
+            final_weights=str(final_weights),
+            best_checkpoint=best,
             best_score=None if checkpoint.best_model_score is None else float(checkpoint.best_model_score),
-            last_checkpoint=str(checkpoint_dir / "last.ckpt"),
+            last_checkpoint=last,
             resumed_from=resume,
             global_step=trainer.global_step,
             config_hash=job_hash,
@@ -206,9 +217,10 @@ def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
             inputs=inputs,
         )
         if trainer.is_global_zero:
-            save_final_weights(module.model, load_tokenizer(cfg.model), output_dir / FINAL_WEIGHTS)
+            save_final_weights(module.model, load_tokenizer(cfg.model), final_weights)
             write_predictions(module, output_dir)
             result.write(output_dir / "results.json")
+            keep_only(checkpoint_dir, asdict(result))
             _print_summary(result, output_dir, logger)
         return asdict(result)
 
@@ -252,10 +264,14 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
     for split, values in result.metrics.items():
         console.print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
     console.print(f"results     {output_dir / 'results.json'}")
-    best = (f"best {result.main_metric} {result.best_score:.4f}: {result.best_checkpoint}" if result.best_checkpoint
-            else "no best.ckpt: no validation ran during training")
-    console.print(f"checkpoint  {result.last_checkpoint} ({best})")
-    console.print(f"weights     {output_dir / FINAL_WEIGHTS} (save_pretrained; evaluate with ablate.py ckpt_path=DIR)")
+    console.print(f"weights     {result.final_weights} (the final weights, save_pretrained)")
+    if result.best_checkpoint is None:
+        console.print("best        none: no validation ran during training")
+    else:
+        where = "the final weights" if result.best_checkpoint == result.final_weights else result.best_checkpoint
+        console.print(f"best        {result.main_metric} {result.best_score:.4f}: {where}")
+    if result.last_checkpoint is not None:
+        console.print(f"state       {result.last_checkpoint} (continue training with train.py ckpt_path=PATH)")
     if logger is not None:
         console.print(f"logs        {logger.save_dir} ({type(logger).__name__})")
     console.print(f"next        python ablate.py mode=eval model={result.model} task={result.task} "
