@@ -1,6 +1,6 @@
 """Generator of the two bundled demo tasks (deterministic; the output is committed).
 
-    python -m headlab.tasks.demo_tasks            # rewrites src/headlab/tasks/data/demo_{qa,pairs}/
+    python -m headlab.tasks.demo_tasks            # rewrites src/headlab/tasks/data/demo_{qa,pairs,syntax}/
 
 * ``demo_qa`` (SQuAD v1.1 JSON): each context is 4-6 sentences of one shape about invented
   people, places and years ("Mira Okafor was born in Varnholm in 1942."). Each question
@@ -9,6 +9,7 @@
 * ``demo_pairs`` (GLUE-like JSON lines: sentence1, sentence2, label, idx): sentence1 is 2-3
   such facts; label 1 if sentence2 restates one of them, 0 if it mixes the parts of two
   facts or changes one part. Balanced classes.
+* ``demo_syntax`` (CoNLL-U, train and dev): sentences with gold dependency trees (``demo_treebank``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+
+from headlab.tasks.demo_treebank import write_demo_treebank
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SPLITS = {"train": 0, "validation": 1}  # split -> seed offset
@@ -110,7 +113,7 @@ def write_demo_tasks(root: Path = DATA_DIR) -> list[Path]:
         pairs.parent.mkdir(parents=True, exist_ok=True)
         pairs.write_text("".join(json.dumps(row) + "\n" for row in pairs_split(split)))
         written += [qa, pairs]
-    return written
+    return written + write_demo_treebank(root)
 
 
 if __name__ == "__main__":

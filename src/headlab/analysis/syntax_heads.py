@@ -1,0 +1,134 @@
+"""Which heads track which dependency relation (Clark et al. 2019, section 4.2).
+
+Each head is a parser: a word's predicted head is the word it attends to most (``dep->head``), or the word that
+attends to it most (``head->dep``; ``headlab.core.word_attention``). Per word, head and direction: is the prediction
+the gold head (``judged`` by the possessive's ``'s`` token where ``syntax_data`` says so)? The baselines predict the
+word a fixed offset away, clipped to the sentence as Clark et al.'s code does (offsets -3..+2; 0, the word itself,
+is never a head). Accuracies per relation are means of these per-word outcomes, which also feed the paired bootstrap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headlab.analysis.syntax_data import EncodedTreebank
+from headlab.core.head_names import head_name
+from headlab.core.observe import observe_attention
+from headlab.core.word_attention import DIRECTIONS, most_attended, slot_matrix, word_level
+
+OFFSETS = (-3, -2, -1, 1, 2)
+LEFT_OUT = ("root", "punct")  # not in the table (Clark et al.); "all" is every other word
+
+
+@dataclass
+class SyntaxScores:
+    """Per-word outcomes: ``correct[word, layer, head, direction]`` and ``offsets[offset][word]``."""
+
+    correct: np.ndarray  # bool [words, layers, heads, 2]
+    offsets: dict[int, np.ndarray]  # offset -> bool [words]
+    relations: np.ndarray  # str [words]
+
+    def scope(self, relation: str) -> np.ndarray:
+        """The words a table row counts: one relation, or ``all`` (every word but root and punct)."""
+        if relation == "all":
+            return ~np.isin(self.relations, LEFT_OUT)
+        return self.relations == relation
+
+
+def offset_outcomes(encoded: EncodedTreebank) -> dict[int, np.ndarray]:
+    """Per offset, whether the word ``offset`` away (from the judged slot, clipped to 0..n) is the gold head."""
+    return {offset: np.clip(encoded.judged + offset, 0, encoded.length) == encoded.gold for offset in OFFSETS}
+
+
+class WordOutcomes:
+    """Observer of every layer's attention: each word's outcome under every head and direction, batch by batch."""
+
+    def __init__(self, encoded: EncodedTreebank, layers: int, heads: int, device: torch.device):
+        self.encoded, self.device = encoded, device
+        self.correct = np.zeros((encoded.num_words, layers, heads, len(DIRECTIONS)), dtype=bool)
+        self.start = 0  # the batch's first word in the flat order
+
+    def begin(self, batch: dict[str, torch.Tensor]) -> None:
+        lengths = batch["lengths"].to(self.device)
+        slots = int(lengths.max()) + 2
+        self.onehot = slot_matrix(batch["token_slots"].to(self.device), slots)  # [batch, T, slots]
+        index = torch.arange(slots, device=self.device)
+        self.words = (index >= 1) & (index <= lengths.unsqueeze(-1))  # [batch, slots]
+        count = int(self.words.sum())
+        self.range = slice(self.start, self.start + count)
+        self.lengths = lengths
+        self.judged = self._scatter(self.encoded.judged)  # [batch, slots]
+        self.gold = self._scatter(self.encoded.gold)
+        self.start += count
+
+    def _scatter(self, values: np.ndarray) -> torch.Tensor:
+        out = torch.zeros(self.words.shape, dtype=torch.long, device=self.device)
+        out[self.words] = torch.as_tensor(values[self.range], device=self.device)
+        return out
+
+    def layer(self, layer: int, weights: torch.Tensor) -> None:
+        """``weights`` ``[batch, heads, T, T]``: this layer's outcomes of the batch's words."""
+        predicted = most_attended(word_level(weights, self.onehot), self.lengths)
+        heads = weights.shape[1]
+        judged = self.judged.unsqueeze(1).expand(-1, heads, -1)  # [batch, heads, slots]
+        for number, direction in enumerate(DIRECTIONS):
+            right = predicted[direction].gather(-1, judged) == self.gold.unsqueeze(1)  # [batch, heads, slots]
+            self.correct[self.range, layer, :, number] = right.transpose(1, 2)[self.words].cpu().numpy()
+
+
+def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, torch.Tensor]]) -> SyntaxScores:
+    """Every head's per-word outcomes on ``encoded`` (``batches``: its ``batches()``, in order) and the offsets'."""
+    device = next(model.parameters()).device
+    config = model.config
+    outcomes = WordOutcomes(encoded, config.num_hidden_layers, config.num_attention_heads, device)
+    with torch.inference_mode(), observe_attention(model, outcomes.layer):
+        for batch in batches:
+            outcomes.begin(batch)
+            model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations))
+
+
+def relation_counts(scores: SyntaxScores, min_count: int, relations: Iterable[str] | None = None) -> pd.Series:
+    """Words per relation in the table: ``all`` first, then by count (at least ``min_count``; root, punct out)."""
+    counts = pd.Series(scores.relations).value_counts()
+    counts = counts[~counts.index.isin(LEFT_OUT) & (counts >= min_count)]
+    if relations is not None:
+        counts = counts[counts.index.isin(list(relations))]
+    return pd.concat([pd.Series({"all": int(scores.scope("all").sum())}), counts.astype(int)])
+
+
+def head_accuracies(scores: SyntaxScores, relations: Iterable[str]) -> pd.DataFrame:
+    """One row per head, direction and relation: layer, head, name, direction, relation, count, accuracy."""
+    layers, heads = scores.correct.shape[1:3]
+    frames = []
+    for relation in relations:
+        words = scores.scope(relation)
+        accuracy = scores.correct[words].mean(0)  # [layers, heads, 2]
+        for number, direction in enumerate(DIRECTIONS):
+            frames.append(pd.DataFrame({
+                "layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
+                "name": [head_name(l, h) for l in range(layers) for h in range(heads)], "direction": direction,
+                "relation": relation, "count": int(words.sum()), "accuracy": accuracy[:, :, number].ravel()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def best_heads(scores: SyntaxScores, counts: pd.Series,
+               paired: Callable[[np.ndarray, np.ndarray], dict[str, float]]) -> pd.DataFrame:
+    """Clark et al.'s table: per relation the best head (either direction) and the best offset baseline, with
+    ``paired(head_outcomes, baseline_outcomes)`` (per word; a CI and p-value of the difference) merged in."""
+    rows = []
+    for relation, count in counts.items():
+        words = scores.scope(relation)
+        accuracy = scores.correct[words].mean(0)  # [layers, heads, 2]
+        layer, head, direction = np.unravel_index(np.argmax(accuracy), accuracy.shape)
+        offset = max(OFFSETS, key=lambda o: (scores.offsets[o][words].mean(), -abs(o)))
+        chosen, base = scores.correct[words, layer, head, direction], scores.offsets[offset][words]
+        rows.append({"relation": relation, "count": int(count), "head": head_name(int(layer), int(head)),
+                     "direction": DIRECTIONS[direction], "accuracy": float(chosen.mean()),
+                     "baseline_offset": offset, "baseline_accuracy": float(base.mean()), **paired(chosen, base)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,168 @@
+"""Syntax heads (Clark et al. 2019, section 4) against references written here, one word pair at a time, in float64:
+CoNLL-U reading, word-level attention, every head's per-word outcome in both directions, the offset baselines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from headlab.analysis.syntax_data import encode_treebank
+from headlab.analysis.syntax_heads import OFFSETS, head_accuracies, syntax_scores
+from headlab.core.word_attention import slot_matrix, word_level
+from headlab.errors import UserError
+from headlab.tasks.treebank import read_conllu
+from tests.reference import bert_forward, params_of
+
+COLUMNS = "{id}\t{form}\t_\t_\t_\t_\t{head}\t{rel}\t_\t_"
+# A multiword token (didn't = did + n't), punctuation, a possessive with its own 's, a word of several pieces,
+# an empty node (3.1) and a non-projective arc (the relative clause of "man" across the root "arrived").
+TREEBANK = """# sent_id = first
+1\tMira\t_\t_\t_\t_\t3\tnmod:poss\t_\t_
+2\t's\t_\t_\t_\t_\t1\tcase\t_\t_
+3\tdog\t_\t_\t_\t_\t6\tnsubj\t_\t_
+4-5\tdidn't\t_\t_\t_\t_\t_\t_\t_\t_
+4\tdid\t_\t_\t_\t_\t6\taux\t_\t_
+5\tn't\t_\t_\t_\t_\t6\tadvmod\t_\t_
+6\tfind\t_\t_\t_\t_\t0\troot\t_\t_
+7\tthe\t_\t_\t_\t_\t9\tdet\t_\t_
+8\tVartorholm\t_\t_\t_\t_\t9\tcompound\t_\t_
+9\tkey\t_\t_\t_\t_\t6\tobj\t_\t_
+10\t.\t_\t_\t_\t_\t6\tpunct\t_\t_
+
+# sent_id = second
+1\tA\t_\t_\t_\t_\t2\tdet\t_\t_
+2\tman\t_\t_\t_\t_\t3\tnsubj\t_\t_
+3\tarrived\t_\t_\t_\t_\t0\troot\t_\t_
+3.1\tgone\t_\t_\t_\t_\t_\t_\t3:conj\t_
+4\twho\t_\t_\t_\t_\t6\tnsubj\t_\t_
+5\twas\t_\t_\t_\t_\t6\tcop\t_\t_
+6\ttired\t_\t_\t_\t_\t2\tacl:relcl\t_\t_
+7\t.\t_\t_\t_\t_\t3\tpunct\t_\t_
+
+"""
+
+
+@pytest.fixture
+def treebank(tmp_path):
+    path = tmp_path / "hand.conllu"
+    path.write_text(TREEBANK)
+    return read_conllu(path)
+
+
+def test_conllu_keeps_syntactic_words_only(treebank):
+    first, second = treebank
+    assert first.words == ("Mira", "'s", "dog", "did", "n't", "find", "the", "Vartorholm", "key", ".")
+    assert first.heads == (3, 1, 6, 6, 6, 0, 9, 9, 6, 6) and first.relations[0] == "nmod:poss"
+    assert second.words == ("A", "man", "arrived", "who", "was", "tired", ".") and second.heads[5] == 2
+
+
+# ----------------------------------------------------------------------------- references, one word at a time
+
+
+def reference_word_attention(maps, slots):
+    """``maps`` [L, H, T, T] float64, ``slots`` per token -> [L, H, S, S]: to a word = sum over its pieces' columns,
+    from a word = mean over its pieces' rows (loops over slots and tokens)."""
+    count = max(slots) + 1
+    layers, heads = maps.shape[:2]
+    out = np.zeros((layers, heads, count, count))
+    for a in range(count):
+        rows = [t for t, s in enumerate(slots) if s == a]
+        for b in range(count):
+            cols = [t for t, s in enumerate(slots) if s == b]
+            for t in rows:
+                for u in cols:
+                    out[:, :, a, b] += maps[:, :, t, u] / len(rows)
+    return out
+
+
+def clark_predictions(word_maps):
+    """Clark et al.'s attn_head_predictor: zero the diagonal, crop [CLS] / [SEP], argmax + 1 (ROOT is 0)."""
+    predictions = {}
+    for direction, transpose in (("dep->head", False), ("head->dep", True)):
+        attention = word_maps.T.copy() if transpose else word_maps.copy()
+        attention[range(len(attention)), range(len(attention))] = 0
+        predictions[direction] = np.argmax(attention[1:-1, 1:-1], axis=-1) + 1
+    return predictions
+
+
+def clark_outcomes(predictions, sentence):
+    """Clark et al.'s evaluate_predictor per word, with the possessive case (the 's token's prediction counts)."""
+    out = []
+    for i, (head, relation) in enumerate(zip(sentence.heads, sentence.relations)):
+        judged = predictions[i]
+        if relation == "nmod:poss" and i + 1 < len(sentence) and sentence.words[i + 1] in ("'s", "'", "s'"):
+            judged = predictions[i + 1]
+        out.append(judged == head)
+    return out
+
+
+def test_word_attention_sums_pieces_into_columns_and_averages_rows():
+    generator = torch.Generator().manual_seed(0)
+    weights = torch.rand(2, 3, 7, 7, generator=generator, dtype=torch.float64).softmax(-1)  # [batch, heads, T, T]
+    slots = [[0, 1, 1, 1, 2, 3, 4], [0, 1, 2, 2, 3, -1, -1]]  # a word of 3 pieces; the second row padded
+    weights[1, :, :, 5:] = 0  # no attention to padding, as the model's
+    weights[1] /= weights[1].sum(-1, keepdim=True)
+    words = word_level(weights.float(), slot_matrix(torch.tensor(slots), 5))
+    for row, token_slots in enumerate(slots):
+        real = [s for s in token_slots if s >= 0]
+        expected = reference_word_attention(weights[row:row + 1, :, :len(real), :len(real)].numpy(), real)[0]
+        size = max(real) + 1
+        np.testing.assert_allclose(words[row, :, :size, :size].numpy(), expected, atol=1e-6)
+        np.testing.assert_allclose(words[row, :, :size, :size].sum(-1).numpy(), 1.0, atol=1e-6)
+
+
+def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tokenizer):
+    encoded = encode_treebank(treebank, tokenizer, max_length=512)
+    assert [len(t) for t in encoded.token_slots] == [len(ids) for ids in encoded.input_ids]
+    assert max(encoded.token_slots[0].count(8), 0) >= 3  # "Vartorholm" (slot 8) has several pieces
+    scores = syntax_scores(tiny_model, encoded, encoded.batches(2, tokenizer.pad_token_id))
+    layers, heads = tiny_model.config.num_hidden_layers, tiny_model.config.num_attention_heads
+    expected = np.zeros((encoded.num_words, layers, heads, 2), dtype=bool)
+    start = 0
+    for sentence, ids, slots in zip(encoded.sentences, encoded.input_ids, encoded.token_slots):
+        record = {"weights": []}
+        ids = torch.tensor([ids])
+        bert_forward(params_of(tiny_model), tiny_model.config, ids, torch.ones_like(ids), torch.zeros_like(ids),
+                     lambda layer, head: "keep", record=record)
+        maps = np.zeros((layers, heads, len(slots), len(slots)))
+        for layer, _, head, weights in record["weights"]:
+            maps[layer, head] = weights.numpy()
+        words = reference_word_attention(maps, slots)
+        for layer in range(layers):
+            for head in range(heads):
+                predictions = clark_predictions(words[layer, head])
+                for number, direction in enumerate(("dep->head", "head->dep")):
+                    outcome = clark_outcomes(predictions[direction], sentence)
+                    expected[start:start + len(sentence), layer, head, number] = outcome
+        for offset in OFFSETS:  # Clark et al.'s offset_predictor: max(0, min(i + offset + 1, n)), 0-based i
+            predictions = [max(0, min(i + offset + 1, len(sentence))) for i in range(len(sentence))]
+            np.testing.assert_array_equal(scores.offsets[offset][start:start + len(sentence)],
+                                          clark_outcomes(predictions, sentence))
+        start += len(sentence)
+    np.testing.assert_array_equal(scores.correct, expected)
+    assert expected.any() and not expected.all()  # the check can fail both ways
+    table = head_accuracies(scores, ["all", "nsubj"])
+    nsubj = np.array([r == "nsubj" for s in encoded.sentences for r in s.relations])
+    row = table[(table.relation == "nsubj") & (table.name == "L1H2") & (table.direction == "head->dep")]
+    assert row["accuracy"].item() == pytest.approx(expected[nsubj, 1, 2, 1].mean())
+    assert row["count"].item() == 3  # dog, man, who
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("1\tA\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tman\t_\t_\t_\t_\t1\tnsubj\t_\t_\n\n", "0 roots"),
+    ("1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n2\tman\t_\t_\t_\t_\t0\troot\t_\t_\n\n", "2 roots"),
+    ("1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n2\tb\t_\t_\t_\t_\t3\tdep\t_\t_\n3\tc\t_\t_\t_\t_\t2\tdep\t_\t_\n\n",
+     "form a cycle"),
+    ("1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n2\tman\t_\t_\t_\t_\t7\tnsubj\t_\t_\n\n", "word 2 has head 7, outside 0..2"),
+    ("hello world\n", "is not CoNLL-U"),
+    ("1\tword\n\n", "is not a CoNLL-U word line"),
+    ("", "holds no sentence"),
+])
+def test_a_broken_treebank_is_named_with_its_sentence(tmp_path, text, said):
+    path = tmp_path / "bad.conllu"
+    path.write_text("# sent_id = bad-one\n" + text if text else text)
+    with pytest.raises(UserError, match=said) as error:
+        read_conllu(path)
+    if "sentence" not in said and text.startswith("1"):
+        assert "sentence bad-one" in str(error.value)
