@@ -3,9 +3,13 @@ CoNLL-U reading, word-level attention, every head's per-word outcome in both dir
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from conftest import ROOT, assert_one_error_line, run
 
 from headlab.analysis.syntax_data import encode_treebank
 from headlab.analysis.syntax_heads import OFFSETS, head_accuracies, syntax_scores
@@ -166,3 +170,75 @@ def test_a_broken_treebank_is_named_with_its_sentence(tmp_path, text, said):
         read_conllu(path)
     if "sentence" not in said and text.startswith("1"):
         assert "sentence bad-one" in str(error.value)
+
+
+# ----------------------------------------------------------------------------- ablate.py mode=syntax
+
+
+def clark_offset_accuracy(sentences, relation, offset):
+    """Clark et al.'s offset_predictor and evaluate_predictor over the sentences, for one relation."""
+    right = total = 0
+    for sentence in sentences:
+        predictions = [max(0, min(i + offset + 1, len(sentence))) for i in range(len(sentence))]
+        for outcome, rel in zip(clark_outcomes(predictions, sentence), sentence.relations):
+            if rel == relation:
+                right, total = right + outcome, total + 1
+    return right / total
+
+
+def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
+    out = run("ablate.py", "mode=syntax", "allow_random_head=true", "syntax.min_count=40", "syntax.resamples=200",
+              f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path)
+    job = tmp_path / "job"
+    record = json.loads((job / "syntax.json").read_text())
+    summary = json.loads((job / "results.json").read_text())
+    assert summary["complete"] and summary["num_sentences"] == 300 and summary["too_long"] == 0
+    for name in summary["files"]:
+        assert (job / name).is_file(), name
+    sentences = read_conllu(ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu")
+    heads = pd.DataFrame(record["heads"])
+    table = pd.read_csv(job / "syntax.csv")
+    assert list(table["relation"])[:3] == ["all", "det", "nsubj"] and (table["count"][1:] >= 40).all()
+    assert "punct" not in set(table["relation"]) and "root" not in set(table["relation"])
+    for row in table.itertuples():
+        rows = heads[heads["relation"] == row.relation]
+        assert row.accuracy == pytest.approx(rows["accuracy"].max())  # the best head, either direction
+        best = rows.loc[rows["accuracy"].idxmax()]
+        assert (best["name"], best["direction"]) == (row.head, row.direction)
+        if row.relation != "all":
+            words = sum(r == row.relation for s in sentences for r in s.relations)
+            assert row.count == words
+            expected = max(clark_offset_accuracy(sentences, row.relation, o) for o in OFFSETS)
+            assert row.baseline_accuracy == pytest.approx(expected)
+            assert row.baseline_accuracy == pytest.approx(
+                clark_offset_accuracy(sentences, row.relation, row.baseline_offset))
+        assert row.difference == pytest.approx(row.accuracy - row.baseline_accuracy)
+        assert row.ci_low <= row.difference <= row.ci_high
+    markdown = (job / "syntax.md").read_text()
+    first = table.iloc[1]
+    assert f"| {first.relation} " in markdown and f"{100 * first.accuracy:.1f}" in markdown
+    assert f"{first['head']} ({first.direction})" in out.stdout
+    again = run("ablate.py", "mode=syntax", "allow_random_head=true", "syntax.min_count=40", "syntax.resamples=200",
+                f"hydra.run.dir={job}", cwd_tmp=tmp_path)
+    assert "already done" in again.stdout
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["syntax.conllu=/nonexistent/dev.conllu"], "syntax.conllu='/nonexistent/dev.conllu': no such file"),
+    (["syntax.conllu=BAD"], "is not CoNLL-U"),
+    (["syntax.conllu=CYCLE"], "sentence cyc-1: the heads of words [2, 3] form a cycle"),
+    (["syntax.max_length=3"], "no sentence of the treebank fits max_length=3"),
+    (["syntax.relations=[nsubj,dobj]"], "syntax.relations: 'dobj' not in the treebank"),
+    (["mask=prune", "mask.heads=L0"], "mode=syntax scores every head of the model as it is"),
+    (["syntax.min_count=0"], "syntax.min_count=0 must be at least 1"),
+])
+def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):
+    (tmp_path / "bad.conllu").write_text('{"not": "conllu"}\n')
+    (tmp_path / "cycle.conllu").write_text("# sent_id = cyc-1\n1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n"
+                                           "2\tb\t_\t_\t_\t_\t3\tdep\t_\t_\n3\tc\t_\t_\t_\t_\t2\tdep\t_\t_\n\n")
+    overrides = [o.replace("BAD", str(tmp_path / "bad.conllu")).replace("CYCLE", str(tmp_path / "cycle.conllu"))
+                 for o in overrides]
+    result = run("ablate.py", "mode=syntax", "allow_random_head=true", *overrides,
+                 f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
+    assert_one_error_line(result, said)
+    assert not (tmp_path / "job").exists()

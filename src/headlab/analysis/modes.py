@@ -21,6 +21,7 @@ ANALYSIS_MODES = {
     "features": "headlab.analysis.features_run",
     "cluster": "headlab.analysis.cluster_run",
     "compare": "headlab.analysis.compare_run",
+    "syntax": "headlab.analysis.syntax_run",
     "report": "headlab.analysis.report_run",
     "demo": "headlab.analysis.demo",
 }

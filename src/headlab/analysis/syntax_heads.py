@@ -93,6 +93,26 @@ def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, t
     return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations))
 
 
+def word_maps(model, encoded: EncodedTreebank, sentences: list[int], layer: int, head: int,
+              pad_id: int) -> list[np.ndarray]:
+    """Word attention ``[n, n]`` (row word attends to column word; [CLS] and [SEP] left out) of one head on the
+    sentences numbered ``sentences``."""
+    subset = EncodedTreebank([encoded.sentences[i] for i in sentences], [encoded.input_ids[i] for i in sentences],
+                             [encoded.token_slots[i] for i in sentences])
+    batch = next(subset.batches(len(sentences), pad_id))
+    device = next(model.parameters()).device
+    captured = {}
+
+    def observe(number: int, weights: torch.Tensor) -> None:
+        if number == layer:
+            slots = int(batch["lengths"].max()) + 2
+            captured["words"] = word_level(weights[:, head:head + 1], slot_matrix(batch["token_slots"].to(device),
+                                                                                    slots))[:, 0]
+    with torch.inference_mode(), observe_attention(model, observe):
+        model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    return [captured["words"][i, 1:n + 1, 1:n + 1].cpu().numpy() for i, n in enumerate(batch["lengths"].tolist())]
+
+
 def relation_counts(scores: SyntaxScores, min_count: int, relations: Iterable[str] | None = None) -> pd.Series:
     """Words per relation in the table: ``all`` first, then by count (at least ``min_count``; root, punct out)."""
     counts = pd.Series(scores.relations).value_counts()

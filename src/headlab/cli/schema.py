@@ -24,13 +24,14 @@ from headlab.cli.hydra_glue import register_resolvers
 from headlab.cli.importance_schema import ImportanceConfig, PruneCurveConfig
 from headlab.cli.report_schema import ReportConfig
 from headlab.cli.study_schema import StudyConfig
+from headlab.cli.syntax_schema import SyntaxConfig
 from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, one_of
 from headlab.requirements import require_torch
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "report",
-                "demo")
+ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "syntax",
+                "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.attention.ROUTES
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
@@ -354,6 +355,7 @@ class AblateConfig(RunConfig):
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    syntax: SyntaxConfig = field(default_factory=SyntaxConfig)
     sweep_dir: str | None = None  # mode=report: the sweep directory to collect
     report: ReportConfig = field(default_factory=ReportConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -371,7 +373,7 @@ SCHEMAS = {
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
 CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "importance", "prune_curve", "features",
-                  "cluster", "compare", "report")
+                  "cluster", "compare", "syntax", "report")
 
 
 def register_configs() -> None:

@@ -1,0 +1,183 @@
+"""``ablate.py mode=syntax``: which heads track which dependency relation of a treebank (Clark et al. 2019, §4).
+
+The treebank (``syntax.conllu``, or the bundled ``demo_syntax`` dev split) is read, checked and tokenised before the
+weights load; the checkpoint's encoder (``ckpt_path=null``: the model's own pre-trained weights) then runs once over
+its sentences, one per sequence, and every head's word-level attention is scored as it comes. The job directory gets:
+
+=========================  ==============================================================================
+``syntax.json``            every head x relation x direction accuracy, the offset baselines per relation,
+                           the counts and what was skipped
+``syntax.csv`` / ``.md``   Clark et al.'s table: per relation the best head and direction, its accuracy, the
+                           best offset baseline, the difference with a paired bootstrap CI over words and a
+                           permutation p-value (Holm-adjusted across the rows)
+``syntax_heads_*.png``     per direction, each head's best relation and its accuracy
+``syntax_examples.png``    the best heads of the top relations on example sentences (Clark et al.'s Fig. 5)
+``results.json``           the summary; a complete one for the same config makes a rerun skip the job
+=========================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+
+from headlab.analysis.features_run import encoder, feature_device
+from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.analysis.syntax_data import EncodedTreebank, encode_treebank
+from headlab.analysis.syntax_heads import (
+    SyntaxScores,
+    best_heads,
+    head_accuracies,
+    relation_counts,
+    syntax_scores,
+    word_maps,
+)
+from headlab.core.models import load_tokenizer, model_config
+from headlab.core.word_attention import DIRECTIONS
+from headlab.errors import UserError
+from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.reporting.layouts import to_markdown
+from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
+from headlab.reporting.syntax_plots import attention_lines, best_relation_heatmap
+from headlab.tasks.treebank import Sentence, read_conllu
+from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
+from headlab.training.progress import ProgressLines, counted_batches
+from headlab.training.tracking import log_artifacts
+
+DEMO_TREEBANK = Path(__file__).resolve().parents[1] / "tasks" / "data" / "demo_syntax" / "dev.conllu"
+
+
+def treebank_path(cfg: Any) -> Path:
+    return DEMO_TREEBANK if cfg.syntax.conllu is None else Path(cfg.syntax.conllu)
+
+
+def read_treebank(cfg: Any) -> list[Sentence]:
+    """The treebank's (first ``max_sentences``) sentences, checked; the relations asked for must occur in it."""
+    sentences = read_conllu(treebank_path(cfg), "syntax.conllu")[:cfg.syntax.max_sentences]
+    if cfg.syntax.relations is not None:
+        found = sorted({relation for sentence in sentences for relation in sentence.relations})
+        unknown = [r for r in cfg.syntax.relations if r not in found and r != "all"]
+        if unknown:
+            raise UserError(f"syntax.relations: {', '.join(map(repr, unknown))} not in the treebank; its relations: "
+                            f"{', '.join(found)}")
+    return sentences
+
+
+def check(cfg: Any) -> None:
+    """No plan (the heads are scored as the checkpoint has them); the treebank reads; the checkpoint exists."""
+    if cfg.mask.get("policy") not in (None, "keep") or cfg.mask.get("rules") or cfg.mask.get("heads"):
+        raise UserError("mode=syntax scores every head of the model as it is: leave the mask out (mask=none)")
+    read_treebank(cfg)
+    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+
+
+@resumable
+def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
+    """Syntax heads of ``cfg.ckpt_path`` on the treebank; ``cfg`` passed ``check``."""
+    checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
+    limit = model_config(weights_model_config(checkpoint, cfg.model)).max_position_embeddings
+    max_length = limit if cfg.syntax.max_length is None else min(cfg.syntax.max_length, limit)
+    encoded = encode_treebank(read_treebank(cfg), tokenizer, max_length)
+    skipped = encoded.too_long + encoded.no_pieces
+    if skipped:
+        Console().print(f"note: {skipped} sentences skipped ({encoded.too_long} longer than {max_length} word "
+                        f"pieces, {encoded.no_pieces} with a word of no piece); {len(encoded.sentences)} scored",
+                        markup=False)
+    model = encoder(checkpoint, cfg).to(feature_device(cfg.trainer))
+    logger = identity.logger(cfg.logger, f"syntax-{treebank_path(cfg).stem}-{cfg.model.name}")
+    batches = counted_batches(encoded.batches(cfg.syntax.batch_size, tokenizer.pad_token_id),
+                              ProgressLines("syntax", len(encoded.sentences), "sentences"))
+    scores = syntax_scores(model, encoded, batches)
+    counts = relation_counts(scores, cfg.syntax.min_count, cfg.syntax.relations)
+    accuracies = head_accuracies(scores, counts.index)
+    table = best_heads(scores, counts, paired_difference(cfg.syntax, cfg.seed))
+    table["p_adjusted"] = adjust_p_values(table["p_value"].to_numpy(), "holm")
+    out = identity.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "syntax.json", syntax_record(scores, accuracies, counts, encoded, table))
+    write_frame_atomic(table, out / "syntax.csv")
+    title = f"{cfg.model.name} on {treebank_path(cfg).name}: {len(encoded.sentences)} sentences"
+    write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table)))
+    formats = tuple(cfg.report.formats)
+    images = {f"heads_{d}": best_relation_heatmap(accuracies, d, f"best relation per head ({d}), {title}",
+                                                  out / f"syntax_heads_{d.replace('->', '_to_')}", formats)[0]
+              for d in DIRECTIONS}
+    if cfg.syntax.examples and len(table) > 1:
+        images["examples"] = example_figure(model, encoded, table, cfg.syntax.examples, tokenizer.pad_token_id,
+                                            title, out / "syntax_examples", formats)
+    log_artifacts(logger, {"syntax": table}, images)
+    summary = identity.complete({
+        "kind": "syntax", "model": cfg.model.name, "treebank": str(treebank_path(cfg).absolute()),
+        "num_sentences": len(encoded.sentences), "num_words": encoded.num_words, "too_long": encoded.too_long,
+        "no_pieces": encoded.no_pieces, "best": table.set_index("relation")[["head", "direction", "accuracy",
+                                                                              "baseline_accuracy"]].to_dict("index"),
+        "checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},
+        "files": ["syntax.json", "syntax.csv", "syntax.md", *(p.name for p in images.values())]})
+    write_json_atomic(out / "results.json", summary)
+    Console(soft_wrap=True).print(f"{title}\n" + to_markdown(clark_layout(table)) + f"-> {out / 'syntax.md'}",
+                                  markup=False)
+    if logger:
+        logger.finalize("success")
+    return summary
+
+
+def paired_difference(options: Any, seed: int):
+    """Per relation: the best head's accuracy minus the baseline's, with a paired bootstrap CI over words (BCa) and
+    a paired permutation p-value (``headlab.reporting.statistics``: words are the examples)."""
+    config = Resampling(options.resamples, options.resamples, options.confidence, "bca", seed)
+
+    def paired(head: np.ndarray, baseline: np.ndarray) -> dict[str, float]:
+        ones = np.ones(len(head), dtype=np.int64)
+        result = paired_tests("accuracy", [{"label": ones, "prediction": head.astype(np.int64)}],
+                              {"label": ones, "prediction": baseline.astype(np.int64)}, config)[0]
+        return {"difference": result.delta, "ci_low": result.ci_low, "ci_high": result.ci_high,
+                "p_value": result.p_value}
+    return paired
+
+
+def clark_layout(table: pd.DataFrame) -> pd.DataFrame:
+    """Clark et al.'s Table 1: relation, head (direction), accuracy, baseline (offset), with our CI and p-value."""
+    return pd.DataFrame({
+        "relation": table["relation"], "words": table["count"],
+        "head": table["head"] + " (" + table["direction"] + ")",
+        "accuracy": (100 * table["accuracy"]).map("{:.1f}".format),
+        "baseline": [f"{100 * a:.1f} ({o:+d})" for a, o in zip(table["baseline_accuracy"], table["baseline_offset"])],
+        "difference [CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                            for d, lo, hi in zip(table["difference"], table["ci_low"], table["ci_high"])],
+        "p (Holm)": table["p_adjusted"].map("{:.3g}".format)})
+
+
+def syntax_record(scores: SyntaxScores, accuracies: pd.DataFrame, counts: pd.Series, encoded: EncodedTreebank,
+                  table: pd.DataFrame) -> dict[str, Any]:
+    offsets = {relation: {str(o): float(v[scores.scope(relation)].mean()) for o, v in scores.offsets.items()}
+               for relation in counts.index}
+    return {"counts": {k: int(v) for k, v in counts.items()}, "offsets": offsets,
+            "heads": accuracies.to_dict("records"), "table": table.to_dict("records"),
+            "sentences": len(encoded.sentences), "too_long": encoded.too_long, "no_pieces": encoded.no_pieces}
+
+
+def example_figure(model, encoded: EncodedTreebank, table: pd.DataFrame, examples: int, pad_id: int, title: str,
+                   path: Path, formats) -> Path:
+    """The best heads of the three relations the heads beat their baseline by most, each on the first ``examples``
+    sentences that have the relation."""
+    rows = table[table["relation"] != "all"].sort_values("difference", ascending=False).head(3)
+    panels = []
+    for row in rows.itertuples():
+        chosen = [i for i, s in enumerate(encoded.sentences) if row.relation in s.relations][:examples]
+        layer, head = (int(part) for part in row.head[1:].split("H"))
+        maps = word_maps(model, encoded, chosen, layer, head, pad_id)
+        for number, weights in zip(chosen, maps):
+            sentence = encoded.sentences[number]
+            arcs = [(i, h - 1) for i, (h, r) in enumerate(zip(sentence.heads, sentence.relations))
+                    if r == row.relation and h > 0]
+            if row.direction == "head->dep":
+                arcs = [(h, i) for i, h in arcs]
+            panels.append({"words": sentence.words, "weights": weights, "arcs": arcs,
+                           "label": f"{row.relation}: {row.head} ({row.direction})"})
+    return attention_lines(panels, f"best heads (blue: attention; red: gold arcs), {title}", path, formats)[0]
+

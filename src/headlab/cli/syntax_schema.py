@@ -1,0 +1,37 @@
+"""The ``syntax`` section of ``conf/ablate.yaml`` (``mode=syntax``): which treebank, which relations, how many."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from headlab.errors import UserError
+
+
+@dataclass
+class SyntaxConfig:
+    """Dependency relations per head from a treebank (Clark et al. 2019, section 4)."""
+
+    conllu: str | None = None  # a CoNLL-U treebank (the evaluation split); null: the bundled demo_syntax dev split
+    relations: list[str] | None = None  # the table's relations (null: every one with min_count words; root, punct out)
+    min_count: int = 20  # a relation needs this many words in the treebank to get a row
+    max_sentences: int | None = None  # the treebank's first N sentences (null: all)
+    max_length: int | None = None  # word pieces per sentence with [CLS] and [SEP] (null: the model's maximum)
+    batch_size: int = 32
+    resamples: int = 10_000  # paired bootstrap of the best head against the best offset baseline, over words
+    confidence: float = 0.95
+    examples: int = 2  # sentences drawn with the best heads' attention in syntax_examples.png
+
+    def __post_init__(self) -> None:
+        for key in ("min_count", "batch_size", "resamples"):
+            if getattr(self, key) < 1:
+                raise UserError(f"syntax.{key}={getattr(self, key)} must be at least 1")
+        if self.max_sentences is not None and self.max_sentences < 1:
+            raise UserError(f"syntax.max_sentences={self.max_sentences} must be at least 1 (or null: all)")
+        if self.max_length is not None and self.max_length < 3:
+            raise UserError(f"syntax.max_length={self.max_length} must be at least 3 ([CLS] word [SEP])")
+        if not 0 < self.confidence < 1:
+            raise UserError(f"syntax.confidence={self.confidence} must be in (0, 1)")
+        if self.examples < 0:
+            raise UserError(f"syntax.examples={self.examples} must be at least 0")
+        if self.relations is not None and not self.relations:
+            raise UserError("syntax.relations is empty; give relation names (e.g. [nsubj, obj]) or null: all")
