@@ -1,4 +1,4 @@
-"""The bundled demo tasks: reproducible from the generator, well-formed, and not solvable by position."""
+"""The bundled demo tasks and treebank: reproducible from the generator, well-formed, and not solvable by position."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections import Counter
 
 from headlab.core.units import split_sentences
 from headlab.tasks.demo_tasks import DATA_DIR, write_demo_tasks
+from headlab.tasks.treebank import read_conllu
 
 
 def test_committed_files_equal_a_fresh_generation(tmp_path):
@@ -41,3 +42,32 @@ def test_demo_pairs_are_balanced_and_labelled_by_the_facts():
     for row in rows:
         facts = {sentence.strip() for sentence in row["sentence1"].split(".") if sentence.strip()}
         assert (row["sentence2"].rstrip(".") in facts) == bool(row["label"])
+
+
+def test_a_second_generation_leaves_unchanged_files_untouched(tmp_path):
+    """Jobs count their data files' modification times: regenerating the same data must not make them rerun."""
+    first = {path: path.stat().st_mtime_ns for path in write_demo_tasks(tmp_path)}
+    assert {path: path.stat().st_mtime_ns for path in write_demo_tasks(tmp_path)} == first
+
+
+def test_demo_treebank_has_every_relation_of_the_tables_and_a_non_projective_arc():
+    sentences = read_conllu(DATA_DIR / "demo_syntax" / "dev.conllu")
+    relations = Counter(r for s in sentences for r in s.relations)
+    wanted = ("nsubj obj iobj amod advmod det case nmod obl nmod:poss aux aux:pass cop mark cc conj punct root").split()
+    assert all(relations[r] >= 20 for r in wanted), relations
+
+    def dominates(heads, top, word):
+        while word != 0:
+            if word == top:
+                return True
+            word = heads[word - 1]
+        return False
+
+    crossing = longest = 0
+    for s in sentences:
+        for dependent, head in enumerate(s.heads, start=1):
+            if head:
+                longest = max(longest, abs(head - dependent))
+                between = range(min(head, dependent) + 1, max(head, dependent))
+                crossing += any(not dominates(s.heads, head, w) for w in between)
+    assert crossing > 0 and longest >= 7

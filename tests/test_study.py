@@ -19,7 +19,8 @@ import pytest
 from conftest import ROOT, assert_one_error_line, in_parallel
 
 pytestmark = pytest.mark.slow
-STAGES = ["finetune", "features", "cluster", "compare", "tables", "sweep", "importance", "prune_curve", "report"]
+STAGES = ["finetune", "features", "cluster", "compare", "syntax", "tables", "sweep", "importance", "prune_curve",
+          "report"]
 
 
 def command(folder: Path, *overrides: str) -> list[str]:
@@ -48,6 +49,10 @@ def finished(tmp_path_factory):
     return folder, result.stdout + result.stderr
 
 
+def summary_of(folder: Path) -> dict:
+    return json.loads((folder / "study.json").read_text())
+
+
 def markdown_table(text: str, after: str) -> pd.DataFrame:
     """The first markdown table after the line containing ``after``, as strings."""
     lines = text.splitlines()
@@ -66,7 +71,8 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
     for path in ["finetune/seed0/results.json", "finetune/seed0/model/config.json",
                  "features/pretrained/features.npz", "features/seed0/features.npz",
                  "cluster/pretrained/clusters.json", "cluster/seed0/clusters.json", "cluster/seed0/types_per_layer.png",
-                 "compare/seed0/ari.csv", "compare/seed0/transitions.md",
+                 "compare/seed0/ari.csv", "compare/seed0/transitions.md", "syntax/pretrained/syntax.csv",
+                 "syntax/seed0/syntax.md", "syntax/seed0/syntax_examples.png",
                  "tables/table2/seed0/baseline/results.json", "tables/table2/seed0/report/plans_validation.md",
                  "tables/table3/seed0/report/table.csv", "tables/table3_renormalized/seed0/report/table.csv",
                  "sweep/seed0/deltas_validation.csv", "sweep/seed0/L2H3/results.json",
@@ -87,7 +93,7 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
             assert str(relative) in listed or re.search(alike, listed), relative  # folders of many plans: one line
     assert re.search(r"wandb/\{\d+ offline runs", listed)
     for number, stage in enumerate(STAGES, start=1):
-        assert f"[{number}/9] {stage}: " in out
+        assert f"[{number}/10] {stage}: " in out
     assert re.search(r"study done in \d+:\d\d:\d\d: .*study\.md", out)
     assert out.count("wandb: Tracking run") == 1 and out.count("wandb sync") == 2  # once per study, then the end
     runs = b"".join(path.read_bytes() for path in folder.glob("wandb/offline-run-*/*.wandb"))
@@ -121,6 +127,15 @@ def test_study_md_numbers_equal_the_stage_files(finished):
     ari = json.loads((folder / "compare/seed0/results.json").read_text())["ari"]["pre-trained vs fine-tuned"]
     assert float(re.search(r"pre-trained vs fine-tuned (-?\d+\.\d+)", text).group(1)) == pytest.approx(ari, abs=5e-5)
 
+    for name in ("pretrained", "seed0"):
+        best = pd.read_csv(folder / f"syntax/{name}/syntax.csv")
+        shown = markdown_table(text, f"`syntax/{name}/syntax.csv`")
+        assert list(shown["relation"]) == list(best["relation"])
+        assert [float(v) for v in shown["accuracy"]] == pytest.approx(list(100 * best["accuracy"]), abs=0.05 + 1e-9)
+        assert list(shown["head"]) == [f"{h} ({d})" for h, d in zip(best["head"], best["direction"])]
+    assert summary_of(folder)["syntax"]["seed0"]["all"]["accuracy"] == best.set_index("relation").loc["all",
+                                                                                                      "accuracy"]
+
     scores = np.asarray(json.loads((folder / "importance/seed0/importance.json").read_text())["importance"])
     flat = sorted((-scores[layer, head], layer, head) for layer in range(3) for head in range(4))[:10]
     top = markdown_table(text, "Top 10 heads of seed0")
@@ -152,7 +167,7 @@ def test_a_rerun_skips_every_stage(finished):
     folder, _ = finished
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")}
     out = study(folder).stdout
-    assert all(f"[{n}/9] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
+    assert all(f"[{n}/10] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")} == before
 
 
@@ -161,16 +176,16 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(tmp_path), stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     for line in process.stdout:
-        if line.startswith("[3/9] cluster"):
+        if line.startswith("[3/10] cluster"):
             process.send_signal(signal.SIGKILL)
             break
     process.wait(timeout=60)
     assert not (folder / "study.md").exists() and (folder / "features/stage.json").is_file()
     out = study(folder).stdout
-    assert "[1/9] finetune: skipped, done" in out and "[2/9] features: skipped, done" in out
-    assert "[3/9] cluster: head types" in out
+    assert "[1/10] finetune: skipped, done" in out and "[2/10] features: skipped, done" in out
+    assert "[3/10] cluster: head types" in out
     mine, theirs = (json.loads((f / "study.json").read_text()) for f in (folder, finished[0]))
-    for key in ("baseline", "clusters", "compare", "importance"):
+    for key in ("baseline", "clusters", "compare", "syntax", "importance"):
         assert mine[key] == theirs[key], key
 
 
@@ -194,7 +209,7 @@ def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     for name in ("curve_old.png", "mine.png"):  # a figure of the earlier report, a file of the user's
         (report / name).write_bytes(b"png")
     out = study(folder, "study.cluster.cluster.stability_fits=2").stdout
-    ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/9] {stage}: skipped" not in out}
+    ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/10] {stage}: skipped" not in out}
     assert ran == {"cluster", "compare", "tables", "report"}, out
     assert not (report / "curve_old.png").exists() and (report / "mine.png").is_file()
 
@@ -232,7 +247,7 @@ def test_more_seeds_add_their_models_the_seeds_comparison_and_no_meaningless_mea
     folder, _ = finished
     before = (folder / "sweep/seed0/results.json").stat().st_mtime_ns
     out = study(folder, "study.seeds=[0,1]").stdout
-    assert "[1/9] finetune: fine-tune the model on the task, 2 jobs" in out
+    assert "[1/10] finetune: fine-tune the model on the task, 2 jobs" in out
     assert (folder / "sweep/seed0/results.json").stat().st_mtime_ns == before
     assert (folder / "finetune/seed1/model/config.json").is_file() and (folder / "prune_curve/seed1").is_dir()
     seeds = json.loads((folder / "compare/seeds/results.json").read_text())

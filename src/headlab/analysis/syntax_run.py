@@ -40,7 +40,7 @@ from headlab.core.models import load_tokenizer, model_config
 from headlab.core.word_attention import DIRECTIONS
 from headlab.errors import UserError
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
-from headlab.reporting.layouts import to_markdown
+from headlab.reporting.layouts import clark_layout, to_markdown
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.reporting.syntax_plots import attention_lines, best_relation_heatmap
 from headlab.tasks.treebank import Sentence, read_conllu
@@ -138,18 +138,6 @@ def paired_difference(options: Any, seed: int):
         return {"difference": result.delta, "ci_low": result.ci_low, "ci_high": result.ci_high,
                 "p_value": result.p_value}
     return paired
-
-
-def clark_layout(table: pd.DataFrame) -> pd.DataFrame:
-    """Clark et al.'s Table 1: relation, head (direction), accuracy, baseline (offset), with our CI and p-value."""
-    return pd.DataFrame({
-        "relation": table["relation"], "words": table["count"],
-        "head": table["head"] + " (" + table["direction"] + ")",
-        "accuracy": (100 * table["accuracy"]).map("{:.1f}".format),
-        "baseline": [f"{100 * a:.1f} ({o:+d})" for a, o in zip(table["baseline_accuracy"], table["baseline_offset"])],
-        "difference [CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                            for d, lo, hi in zip(table["difference"], table["ci_low"], table["ci_high"])],
-        "p (Holm)": table["p_adjusted"].map("{:.3g}".format)})
 
 
 def syntax_record(scores: SyntaxScores, accuracies: pd.DataFrame, counts: pd.Series, encoded: EncodedTreebank,

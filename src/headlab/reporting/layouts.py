@@ -152,3 +152,15 @@ def to_latex(table: pd.DataFrame, caption: str, index: bool = False) -> str:
     """A ``table`` environment (booktabs) with the text escaped for LaTeX."""
     text = table.to_latex(index=index, escape=True, caption=caption, position="t")
     return text.replace("✓", r"\checkmark{}").replace("✗", r"$\times$")
+
+
+def clark_layout(table: pd.DataFrame) -> pd.DataFrame:
+    """Clark et al.'s Table 1: relation, head (direction), accuracy, baseline (offset), with our CI and p-value."""
+    return pd.DataFrame({
+        "relation": table["relation"], "words": table["count"],
+        "head": table["head"] + " (" + table["direction"] + ")",
+        "accuracy": (100 * table["accuracy"]).map("{:.1f}".format),
+        "baseline": [f"{100 * a:.1f} ({o:+d})" for a, o in zip(table["baseline_accuracy"], table["baseline_offset"])],
+        "difference [CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                            for d, lo, hi in zip(table["difference"], table["ci_low"], table["ci_high"])],
+        "p (Holm)": table["p_adjusted"].map("{:.3g}".format)})

@@ -33,6 +33,15 @@ def _save(figure, path: Path, formats: Sequence[str]) -> list[Path]:
     return out
 
 
+def label_head_grid(axes, layers: int, heads: int, title: str) -> None:
+    """Ticks ``L<layer>`` (rows) and ``H<head>`` (columns), axis labels and title of a layers x heads image."""
+    axes.set_xticks(range(heads), [f"H{h}" for h in range(heads)] if heads > 1 else ["layer"])
+    axes.set_yticks(range(layers), [f"L{layer}" for layer in range(layers)])
+    axes.set_xlabel("head")
+    axes.set_ylabel("layer")
+    axes.set_title(title)
+
+
 def head_heatmap(delta: np.ndarray, significant: np.ndarray, metric: str, title: str, path: Path,
                  formats: Sequence[str] = ("png",)) -> list[Path]:
     """Layers (rows) x heads (columns) of a metric's delta; ``*`` marks significant cells."""
@@ -43,11 +52,7 @@ def head_heatmap(delta: np.ndarray, significant: np.ndarray, metric: str, title:
     image = axes.imshow(delta, cmap="RdBu", norm=TwoSlopeNorm(0.0, -limit, limit), aspect="auto")
     for layer, head in zip(*np.nonzero(significant)):
         axes.text(head, layer, "*", ha="center", va="center", fontsize=11, color="black")
-    axes.set_xticks(range(heads), [f"H{h}" for h in range(heads)] if heads > 1 else ["layer"])
-    axes.set_yticks(range(layers), [f"L{layer}" for layer in range(layers)])
-    axes.set_xlabel("head")
-    axes.set_ylabel("layer")
-    axes.set_title(title)
+    label_head_grid(axes, layers, heads, title)
     figure.colorbar(image, ax=axes, label=f"{metric} delta (ablated - baseline)")
     return _save(figure, path, formats)
 
@@ -107,11 +112,7 @@ def score_heatmap(scores: np.ndarray, label: str, title: str, path: Path, format
         image = axes.imshow(scores, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -limit, limit), aspect="auto")
     else:
         image = axes.imshow(scores, cmap="viridis", aspect="auto")
-    axes.set_xticks(range(heads), [f"H{h}" for h in range(heads)])
-    axes.set_yticks(range(layers), [f"L{layer}" for layer in range(layers)])
-    axes.set_xlabel("head")
-    axes.set_ylabel("layer")
-    axes.set_title(title)
+    label_head_grid(axes, layers, heads, title)
     figure.colorbar(image, ax=axes, label=label)
     return _save(figure, path, formats)
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from headlab.reporting.plots import _save
+from headlab.reporting.plots import _save, label_head_grid
 
 
 def best_relation_heatmap(accuracies: pd.DataFrame, direction: str, title: str, path: Path,
@@ -30,11 +30,7 @@ def best_relation_heatmap(accuracies: pd.DataFrame, direction: str, title: str, 
         colour = "black" if row.accuracy > 0.6 else "white"
         axes.text(row.head, row.layer, f"{row.relation}\n{row.accuracy:.2f}", ha="center", va="center",
                   fontsize=6, color=colour)
-    axes.set_xticks(range(heads), [f"H{h}" for h in range(heads)])
-    axes.set_yticks(range(layers), [f"L{layer}" for layer in range(layers)])
-    axes.set_xlabel("head")
-    axes.set_ylabel("layer")
-    axes.set_title(title)
+    label_head_grid(axes, layers, heads, title)
     figure.colorbar(image, ax=axes, label=f"best relation's accuracy ({direction})")
     return _save(figure, path, formats)
 

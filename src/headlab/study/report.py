@@ -18,7 +18,7 @@ from rich.console import Console
 
 from headlab.core.head_names import head_name
 from headlab.files import read_json, write_json_atomic, write_text_atomic
-from headlab.reporting.layouts import to_markdown
+from headlab.reporting.layouts import clark_layout, to_markdown
 from headlab.study.stages import TABLES, Study
 
 TABLE_TITLES = {
@@ -180,6 +180,27 @@ def comparison(report: StudyReport) -> None:
         report.figure(path.parent / "types_per_layer.png", f"head types per layer, {name}")
 
 
+def syntax(report: StudyReport) -> None:
+    report.section("Syntax heads (Clark et al.): the best head per dependency relation vs offset baselines")
+    for name, path in report.sources("syntax", "syntax.csv", ["pretrained", *(n for n, _ in report.study.models)]):
+        table = pd.read_csv(path)
+        result = read_json(path.parent / "results.json", "syntax results")
+        beaten = table[(table["relation"] != "all") & (table["difference"] > 0) & (table["p_adjusted"] < 0.05)]
+        report.markdown += [f"{name}, {result['num_sentences']} sentences of `{Path(result['treebank']).name}`: "
+                            f"{len(beaten)} of {len(table) - 1} relations have a head that beats the best offset "
+                            f"(Holm-adjusted p < 0.05; `{report.link(path)}`):", "",
+                            to_markdown(clark_layout(table))]
+        overall = table.set_index("relation").loc["all"]
+        report.numbers.setdefault("syntax", {})[name] = {
+            "all": {"head": overall["head"], "direction": overall["direction"], "accuracy": float(overall["accuracy"]),
+                    "baseline": float(overall["baseline_accuracy"])},
+            "relations_beaten": sorted(beaten["relation"])}
+        report.console.append(f"syntax {name}: best single head {overall['head']} ({overall['direction']}) "
+                              f"{100 * overall['accuracy']:.1f} vs offset {100 * overall['baseline_accuracy']:.1f}; "
+                              f"{len(beaten)} of {len(table) - 1} relations beat their offset")
+    report.figure(report.path("syntax", "pretrained", "syntax_examples.png"), "best syntax heads, pre-trained")
+
+
 def importance(report: StudyReport) -> None:
     report.section("Head importance (Michel et al.) and its agreement with the single-head sweep")
     for name, path in report.sources("importance", "importance.json"):
@@ -296,7 +317,7 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
                    "(or inputs) and were left out of this run; run those stages again to update them.")
         report.markdown += ["", f"**{warning}**"]
         report.console.append(f"note: {warning}")
-    for part in (baseline, tables, head_types, comparison, importance, prune_curve, files):
+    for part in (baseline, tables, head_types, comparison, syntax, importance, prune_curve, files):
         part(report)
     write_text_atomic(study.folder / "study.md", "\n".join(report.markdown) + "\n")
     summary = {"model": cfg.model.name, "task": cfg.task.name, "models": names.split(", "), **report.numbers,

@@ -4,6 +4,7 @@
     features/pretrained/, features/seed0/    mode=features of the pre-trained and the fine-tuned model
     cluster/pretrained/, cluster/seed0/      mode=cluster (k = 4, Guan et al.'s names) of those features
     compare/seed0/                       mode=compare: pre-trained vs fine-tuned; compare/seeds/: between seeds
+    syntax/pretrained/, syntax/seed0/        mode=syntax: the best head per dependency relation (Clark et al.)
     tables/table2/seed0/<plan>/          mode=eval of each plan of Guan et al.'s Table 2 (prune, uniform by type)
     tables/table3/seed0/<plan>/          ... of Table 3 (drop_intra / drop_inter by type), renormalize=false
     tables/table3_renormalized/seed0/    ... and renormalize=true; each table's report/ beside its plans
@@ -26,23 +27,26 @@ from headlab.errors import UserError
 from headlab.files import read_json
 from headlab.study.configs import analysis_config, train_config
 
-STAGES = ("finetune", "features", "cluster", "compare", "tables", "sweep", "importance", "prune_curve", "report")
+STAGES = ("finetune", "features", "cluster", "compare", "syntax", "tables", "sweep", "importance", "prune_curve",
+          "report")
 NEEDS = {"finetune": (), "features": ("finetune",), "cluster": ("features",), "compare": ("cluster",),
-         "tables": ("finetune", "cluster"), "sweep": ("finetune",), "importance": ("finetune",),
-         "prune_curve": ("finetune",), "report": ()}
+         "syntax": ("finetune",), "tables": ("finetune", "cluster"), "sweep": ("finetune",),
+         "importance": ("finetune",), "prune_curve": ("finetune",), "report": ()}
 ABOUT = {
     "finetune": "fine-tune the model on the task",
     "features": "attention features of the pre-trained and the fine-tuned model",
     "cluster": "head types (k-means of the distance features) and their stability",
     "compare": "head types of the pre-trained vs the fine-tuned model",
+    "syntax": "the best head per dependency relation of a treebank vs offset baselines (Clark et al.)",
     "tables": "Guan et al.'s Tables 2 and 3: plans by head type, paired CIs and p-values",
     "sweep": "every head pruned alone",
     "importance": "gradient head importance and its agreement with the sweep",
     "prune_curve": "heads pruned by importance vs random orders",
     "report": "study.md",
 }
-STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "tables": "eval",
-               "sweep": "sweep_heads", "importance": "importance", "prune_curve": "prune_curve"}  # ablate.py modes
+STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "syntax": "syntax",
+               "tables": "eval", "sweep": "sweep_heads", "importance": "importance",
+               "prune_curve": "prune_curve"}  # ablate.py modes
 TABLES = ("table2", "table3", "table3_renormalized")
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
 PRESETS = {"table2": "guan2020_table2", "table3": "guan2020_table3", "table3_renormalized": "guan2020_table3"}
@@ -100,8 +104,8 @@ def check_stages(cfg: Any, done: set[str]) -> list[str]:
 def stage_jobs(study: Study, stage: str) -> list[Job]:
     """The jobs of ``stage`` (the report stage has none: ``headlab.study.report`` writes it)."""
     return {"finetune": _finetune, "features": _features, "cluster": _cluster, "compare": _compare,
-            "tables": _tables, "sweep": _sweep, "importance": _importance, "prune_curve": _prune_curve,
-            "report": lambda _: []}[stage](study)
+            "syntax": _syntax, "tables": _tables, "sweep": _sweep, "importance": _importance,
+            "prune_curve": _prune_curve, "report": lambda _: []}[stage](study)
 
 
 def _finetune(study: Study) -> list[Job]:
@@ -133,6 +137,12 @@ def _compare(study: Study) -> list[Job]:
         jobs.append(Job(folder / "seeds", study.analysis("compare", "compare", None, **{
             "compare.runs": [str(clusters / name) for name in names], "compare.names": names}), "compare"))
     return jobs
+
+
+def _syntax(study: Study) -> list[Job]:
+    folder = study.stage_dir("syntax")
+    return [Job(folder / name, study.analysis("syntax", "syntax", ckpt), "syntax")
+            for name, ckpt in [("pretrained", None), *study.models]]
 
 
 def _tables(study: Study) -> list[Job]:

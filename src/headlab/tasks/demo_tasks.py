@@ -18,7 +18,8 @@ import json
 import random
 from pathlib import Path
 
-from headlab.tasks.demo_treebank import write_demo_treebank
+from headlab.tasks.demo_treebank import SPLITS as TREEBANK_SPLITS
+from headlab.tasks.demo_treebank import treebank_split
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SPLITS = {"train": 0, "validation": 1}  # split -> seed offset
@@ -103,17 +104,24 @@ def pairs_split(split: str) -> list[dict]:
     return rows
 
 
+def write_if_changed(path: Path, text: str) -> Path:
+    """Write ``text`` unless the file holds it already: an unchanged file keeps its modification time, so the jobs
+    that read it (whose hashes count it) are not run again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
 def write_demo_tasks(root: Path = DATA_DIR) -> list[Path]:
     written = []
     for split in SPLITS:
-        qa = root / "demo_qa" / f"{split}.json"
-        qa.parent.mkdir(parents=True, exist_ok=True)
-        qa.write_text(json.dumps(qa_split(split), indent=None) + "\n")
-        pairs = root / "demo_pairs" / f"{split}.jsonl"
-        pairs.parent.mkdir(parents=True, exist_ok=True)
-        pairs.write_text("".join(json.dumps(row) + "\n" for row in pairs_split(split)))
-        written += [qa, pairs]
-    return written + write_demo_treebank(root)
+        written.append(write_if_changed(root / "demo_qa" / f"{split}.json",
+                                        json.dumps(qa_split(split), indent=None) + "\n"))
+        written.append(write_if_changed(root / "demo_pairs" / f"{split}.jsonl",
+                                        "".join(json.dumps(row) + "\n" for row in pairs_split(split))))
+    return written + [write_if_changed(root / "demo_syntax" / f"{split}.conllu", treebank_split(split))
+                      for split in TREEBANK_SPLITS]
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ long and a non-projective one (an extraposed relative clause: "A man arrived who
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 SPLITS = {"train": (3000, 900), "dev": (3001, 300)}  # split -> (seed, sentences)
 
@@ -88,13 +87,3 @@ def treebank_split(split: str) -> str:
     seed, count = SPLITS[split]
     rng = random.Random(seed)
     return "\n".join(line for number in range(count) for line in sentence_lines(number, split, rng)) + "\n"
-
-
-def write_demo_treebank(root: Path) -> list[Path]:
-    written = []
-    for split in SPLITS:
-        path = root / "demo_syntax" / f"{split}.conllu"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(treebank_split(split))
-        written.append(path)
-    return written
