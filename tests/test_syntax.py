@@ -242,3 +242,36 @@ def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):
                  f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, said)
     assert not (tmp_path / "job").exists()
+
+
+def byte_level_bpe_tokenizer(texts, trim_offsets=True):
+    """A RoBERTa-style tokenizer (byte-level BPE, <s> ... </s>) trained here on ``texts``; untrimmed, a token's
+    offsets include the space before its word."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import RobertaTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    ids = {token: bpe.token_to_id(token) for token in ("<s>", "</s>")}
+    bpe.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]),
+                                                      trim_offsets=trim_offsets)
+    return RobertaTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                unk_token="<unk>", cls_token="<s>", sep_token="</s>", trim_offsets=trim_offsets)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "byte-level BPE", "byte-level BPE, untrimmed offsets"])
+def test_each_word_gets_exactly_its_own_pieces(treebank, tokenizer, kind):
+    if kind != "wordpiece":
+        tokenizer = byte_level_bpe_tokenizer([" ".join(s.words) for s in treebank] * 3, "untrimmed" not in kind)
+    encoded = encode_treebank(treebank, tokenizer, max_length=512)
+    for sentence, ids, slots in zip(encoded.sentences, encoded.input_ids, encoded.token_slots):
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        assert slots[0] == 0 and slots[-1] == len(sentence) + 1 and slots == sorted(slots)
+        for number, word in enumerate(sentence.words, start=1):
+            text = tokenizer.convert_tokens_to_string([p for p, s in zip(pieces, slots) if s == number])
+            assert text.strip().replace(" ", "") == word.lower() if kind == "wordpiece" else text.strip() == word
+    pieces_of_longest = max(slots.count(8) for slots in encoded.token_slots[:1])  # "Vartorholm" is slot 8
+    assert pieces_of_longest >= (3 if kind == "wordpiece" else 1)

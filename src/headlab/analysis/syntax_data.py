@@ -1,7 +1,10 @@
 """A treebank tokenised for the syntax heads: one sentence per sequence, each token's word slot, each word's gold.
 
-Sequences are ``[CLS] words [SEP]`` (``is_split_into_words``: each treebank word is tokenised alone, so word pieces
-never cross words). Slots (``headlab.core.word_attention``): 0 ``[CLS]``, 1..n the words, n + 1 ``[SEP]``.
+Sequences are ``[CLS] words [SEP]``: the words joined by spaces (as Clark et al. do), tokenised with character
+offsets, each piece given to the word whose characters it covers. This serves WordPiece and byte-level BPE alike
+(RoBERTa's tokenizer refuses pre-split words unless made with ``add_prefix_space``). Slots
+(``headlab.core.word_attention``): 0 ``[CLS]`` (the first special token), 1..n the words, n + 1 ``[SEP]`` (any later
+special token).
 Sentences longer than ``max_length`` word pieces are skipped and counted, as are sentences with a word that the
 tokenizer turns into no piece at all (a control character): its attention would be undefined.
 
@@ -62,17 +65,16 @@ def encode_treebank(sentences: Sequence[Sentence], tokenizer, max_length: int) -
         raise UserError(f"the syntax heads need a fast tokenizer (word_ids); {type(tokenizer).__name__} is not one")
     encoded = EncodedTreebank([], [], [])
     for sentence in sentences:
-        encoding = tokenizer(list(sentence.words), is_split_into_words=True, truncation=False)
-        word_ids = encoding.word_ids()
-        if len(word_ids) > max_length:
+        ids, slots = _tokens(tokenizer, sentence.words)
+        if len(ids) > max_length:
             encoded.too_long += 1
             continue
-        if len({w for w in word_ids if w is not None}) != len(sentence):
+        if len(set(slots) - {0, len(sentence) + 1}) != len(sentence):
             encoded.no_pieces += 1
             continue
         encoded.sentences.append(sentence)
-        encoded.input_ids.append(list(encoding["input_ids"]))
-        encoded.token_slots.append(_slots(word_ids, len(sentence)))
+        encoded.input_ids.append(ids)
+        encoded.token_slots.append(slots)
     if not encoded.sentences:
         raise UserError(f"no sentence of the treebank fits max_length={max_length} word pieces "
                         f"({encoded.too_long} longer, {encoded.no_pieces} with a word of no piece)")
@@ -80,10 +82,20 @@ def encode_treebank(sentences: Sequence[Sentence], tokenizer, max_length: int) -
     return encoded
 
 
-def _slots(word_ids: list[int | None], words: int) -> list[int]:
-    """Per token its slot: a special token before the first word is [CLS] (0), any other is [SEP] (n + 1)."""
-    first = next(i for i, w in enumerate(word_ids) if w is not None)
-    return [w + 1 if w is not None else 0 if i < first else words + 1 for i, w in enumerate(word_ids)]
+def _tokens(tokenizer, words: Sequence[str]) -> tuple[list[int], list[int]]:
+    """The token ids of the words joined by spaces, and each token's slot: the word of its last character (a BPE
+    token's offsets may include the space before its word)."""
+    starts = np.cumsum([0] + [len(word) + 1 for word in words[:-1]])  # each word's first character
+    encoding = tokenizer(" ".join(words), truncation=False, return_offsets_mapping=True,
+                         return_special_tokens_mask=True)
+    slots, seen_word = [], False
+    for (start, end), special in zip(encoding["offset_mapping"], encoding["special_tokens_mask"]):
+        if special or start == end:
+            slots.append(len(words) + 1 if seen_word else 0)
+        else:
+            slots.append(int(np.searchsorted(starts, end - 1, side="right")))  # 1-based
+            seen_word = True
+    return list(encoding["input_ids"]), slots
 
 
 def _flatten(encoded: EncodedTreebank) -> None:
