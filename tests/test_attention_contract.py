@@ -55,9 +55,39 @@ def test_plan_states_are_built_once_and_cached(tiny_model):
     with pytest.raises(ValueError, match="nesting is not supported"), \
             headlab.observe_attention(tiny_model, lambda layer, weights: None), headlab.ablate(tiny_model, plan):
         pass
-    with pytest.raises(ValueError, match="inside headlab.ablate or already observed"), \
-            headlab.ablate(tiny_model, plan), headlab.observe_attention(tiny_model, lambda layer, weights: None):
+    with pytest.raises(ValueError, match="already observed; observe_attention does not nest"), \
+            headlab.observe_attention(tiny_model, lambda layer, weights: None), \
+            headlab.observe_attention(tiny_model, lambda layer, weights: None):
         pass
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_observed_inside_a_plan_the_output_is_the_plans_and_kept_heads_show_their_weights(
+        tiny_model, inputs, sentence_ids, renormalize):
+    """``observe_attention`` inside ``ablate``: the model's output is the plan's (float64 reference), and the heads
+    the plan keeps show the reference's weights, which the changed heads of earlier layers shaped."""
+    from tests.reference import bert_forward, params_of
+
+    model = tiny_model.double()
+    plan = plan_of(MIXED_RULES, model)
+    seen = {}
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize), \
+            headlab.observe_attention(model, lambda layer, weights: seen.__setitem__(layer, weights.clone())):
+        out = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    record = {"weights": []}
+    expected = bert_forward(params_of(model), model.config, inputs["input_ids"], inputs["attention_mask"],
+                            inputs["token_type_ids"], plan.policy_of, sentence_ids, renormalize, record=record)
+    valid = inputs["attention_mask"].bool()
+    assert_close_rel(out[valid], expected[valid], rtol=1e-10)
+    compared = 0
+    for layer, example, head, weights in record["weights"]:
+        if plan.policy_of(layer, head) == "keep":
+            n = int(valid[example].sum())
+            rows = valid[example].nonzero().flatten()
+            observed = seen[layer][example, head][rows][:, valid[example]]
+            torch.testing.assert_close(observed.double(), weights[rows][:, valid[example]], rtol=0, atol=1e-6)
+            compared += n
+    assert compared > 0 and len(seen) == model.config.num_hidden_layers
 
 
 def compiled_equals_eager(model, inputs, sentence_ids, plan, renormalize, backend):

@@ -13,6 +13,7 @@ from conftest import ROOT, assert_one_error_line, run
 
 from headlab.analysis.syntax_data import encode_treebank
 from headlab.analysis.syntax_heads import OFFSETS, head_accuracies, syntax_scores
+from headlab.core.plans import HeadPlan
 from headlab.core.word_attention import slot_matrix, word_level
 from headlab.errors import UserError
 from headlab.tasks.treebank import read_conllu
@@ -116,19 +117,27 @@ def test_word_attention_sums_pieces_into_columns_and_averages_rows():
         np.testing.assert_allclose(words[row, :, :size, :size].sum(-1).numpy(), 1.0, atol=1e-6)
 
 
-def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tokenizer):
+PLANS = {"none": None, "mixed": [{"heads": "L0H0", "policy": "prune"}, {"heads": "L0H1", "policy": "uniform"},
+                                   {"heads": "L1H2-3", "policy": "drop_intra"}]}
+
+
+@pytest.mark.parametrize("plan_name", list(PLANS))
+def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tokenizer, plan_name):
+    """Per word, head and direction, as Clark et al.'s predictor on the float64 reference's attention; under a
+    plan, the kept heads see what the plan's earlier layers passed on, and the changed heads get no accuracy."""
+    plan = None if PLANS[plan_name] is None else HeadPlan.from_rules(PLANS[plan_name], num_layers=3, num_heads=4)
     encoded = encode_treebank(treebank, tokenizer, max_length=512)
     assert [len(t) for t in encoded.token_slots] == [len(ids) for ids in encoded.input_ids]
-    assert max(encoded.token_slots[0].count(8), 0) >= 3  # "Vartorholm" (slot 8) has several pieces
-    scores = syntax_scores(tiny_model, encoded, encoded.batches(2, tokenizer.pad_token_id))
+    scores = syntax_scores(tiny_model, encoded, encoded.batches(2, tokenizer.pad_token_id), plan)
     layers, heads = tiny_model.config.num_hidden_layers, tiny_model.config.num_attention_heads
+    policy_of = plan.policy_of if plan is not None else lambda layer, head: "keep"
     expected = np.zeros((encoded.num_words, layers, heads, 2), dtype=bool)
     start = 0
     for sentence, ids, slots in zip(encoded.sentences, encoded.input_ids, encoded.token_slots):
         record = {"weights": []}
         ids = torch.tensor([ids])
         bert_forward(params_of(tiny_model), tiny_model.config, ids, torch.ones_like(ids), torch.zeros_like(ids),
-                     lambda layer, head: "keep", record=record)
+                     policy_of, sentence_ids=torch.zeros_like(ids), record=record)
         maps = np.zeros((layers, heads, len(slots), len(slots)))
         for layer, _, head, weights in record["weights"]:
             maps[layer, head] = weights.numpy()
@@ -144,12 +153,15 @@ def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tok
             np.testing.assert_array_equal(scores.offsets[offset][start:start + len(sentence)],
                                           clark_outcomes(predictions, sentence))
         start += len(sentence)
-    np.testing.assert_array_equal(scores.correct, expected)
+    kept = np.array([[policy_of(layer, head) == "keep" for head in range(heads)] for layer in range(layers)])
+    np.testing.assert_array_equal(scores.correct[:, kept], expected[:, kept])
     assert expected.any() and not expected.all()  # the check can fail both ways
     table = head_accuracies(scores, ["all", "nsubj"])
+    assert table.set_index(["layer", "head"])["accuracy"].isna().groupby(level=[0, 1]).all().to_numpy().tolist() == (
+        ~kept).ravel().tolist()
     nsubj = np.array([r == "nsubj" for s in encoded.sentences for r in s.relations])
-    row = table[(table.relation == "nsubj") & (table.name == "L1H2") & (table.direction == "head->dep")]
-    assert row["accuracy"].item() == pytest.approx(expected[nsubj, 1, 2, 1].mean())
+    row = table[(table.relation == "nsubj") & (table.name == "L2H1") & (table.direction == "head->dep")]
+    assert row["accuracy"].item() == pytest.approx(expected[nsubj, 2, 1, 1].mean())
     assert row["count"].item() == 3  # dog, man, who
 
 
@@ -229,7 +241,7 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     (["syntax.conllu=CYCLE"], "sentence cyc-1: the heads of words [2, 3] form a cycle"),
     (["syntax.max_length=3"], "no sentence of the treebank fits max_length=3"),
     (["syntax.relations=[nsubj,dobj]"], "syntax.relations: 'dobj' not in the treebank"),
-    (["mask=prune", "mask.heads=L0"], "mode=syntax scores every head of the model as it is"),
+    (["mask=prune", "mask.heads=all"], "a plan that changes every head (prune=12): no head is left to score"),
     (["syntax.min_count=0"], "syntax.min_count=0 must be at least 1"),
 ])
 def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):

@@ -5,10 +5,14 @@ attends to it most (``head->dep``; ``headlab.core.word_attention``). Per word, h
 the gold head (``judged`` by the possessive's ``'s`` token where ``syntax_data`` says so)? The baselines predict the
 word a fixed offset away, clipped to the sentence as Clark et al.'s code does (offsets -3..+2; 0, the word itself,
 is never a head). Accuracies per relation are means of these per-word outcomes, which also feed the paired bootstrap.
+
+Under a plan (``headlab.ablate``), every head is scored on the attention it computes from what the plan's earlier
+layers passed on; the heads the plan itself changes get no accuracy (NaN): their attention is not theirs to show.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -17,8 +21,10 @@ import pandas as pd
 import torch
 
 from headlab.analysis.syntax_data import EncodedTreebank
+from headlab.core.attention import ablate
 from headlab.core.head_names import head_name
 from headlab.core.observe import observe_attention
+from headlab.core.plans import HeadPlan
 from headlab.core.word_attention import DIRECTIONS, most_attended, slot_matrix, word_level
 
 OFFSETS = (-3, -2, -1, 1, 2)
@@ -32,6 +38,14 @@ class SyntaxScores:
     correct: np.ndarray  # bool [words, layers, heads, 2]
     offsets: dict[int, np.ndarray]  # offset -> bool [words]
     relations: np.ndarray  # str [words]
+    changed: np.ndarray | None = None  # bool [layers, heads]: heads the plan changes (no accuracy)
+
+    def accuracy(self, words: np.ndarray) -> np.ndarray:
+        """``[layers, heads, 2]`` share of ``words`` each head predicts right; NaN for the heads the plan changes."""
+        accuracy = self.correct[words].mean(0)
+        if self.changed is not None:
+            accuracy[self.changed] = np.nan
+        return accuracy
 
     def scope(self, relation: str) -> np.ndarray:
         """The words a table row counts: one relation, or ``all`` (every word but root and punct)."""
@@ -81,16 +95,24 @@ class WordOutcomes:
             self.correct[self.range, layer, :, number] = right.transpose(1, 2)[self.words].cpu().numpy()
 
 
-def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, torch.Tensor]]) -> SyntaxScores:
-    """Every head's per-word outcomes on ``encoded`` (``batches``: its ``batches()``, in order) and the offsets'."""
+def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, torch.Tensor]],
+                  plan: HeadPlan | None = None, renormalize: bool = False) -> SyntaxScores:
+    """Every head's per-word outcomes on ``encoded`` (``batches``: its ``batches()``, in order) and the offsets',
+    under ``plan`` when given (one sentence per sequence: the ``drop_*`` policies' units are that sentence)."""
     device = next(model.parameters()).device
     config = model.config
     outcomes = WordOutcomes(encoded, config.num_hidden_layers, config.num_attention_heads, device)
-    with torch.inference_mode(), observe_attention(model, outcomes.layer):
+    under_plan = ablate(model, plan, renormalize) if plan is not None else contextlib.nullcontext()
+    with torch.inference_mode(), under_plan, observe_attention(model, outcomes.layer):
         for batch in batches:
             outcomes.begin(batch)
-            model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
-    return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations))
+            mask = batch["attention_mask"].to(device)
+            extra = {"sentence_ids": torch.where(mask.bool(), 0, -1)} if plan is not None else {}
+            model(input_ids=batch["input_ids"].to(device), attention_mask=mask, **extra)
+    changed = None if plan is None else np.array([[plan.policy_of(layer, head) != "keep"
+                                                   for head in range(config.num_attention_heads)]
+                                                  for layer in range(config.num_hidden_layers)])
+    return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations), changed)
 
 
 def word_maps(model, encoded: EncodedTreebank, sentences: list[int], layer: int, head: int,
@@ -128,7 +150,7 @@ def head_accuracies(scores: SyntaxScores, relations: Iterable[str]) -> pd.DataFr
     frames = []
     for relation in relations:
         words = scores.scope(relation)
-        accuracy = scores.correct[words].mean(0)  # [layers, heads, 2]
+        accuracy = scores.accuracy(words)  # [layers, heads, 2]
         for number, direction in enumerate(DIRECTIONS):
             frames.append(pd.DataFrame({
                 "layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
@@ -144,8 +166,8 @@ def best_heads(scores: SyntaxScores, counts: pd.Series,
     rows = []
     for relation, count in counts.items():
         words = scores.scope(relation)
-        accuracy = scores.correct[words].mean(0)  # [layers, heads, 2]
-        layer, head, direction = np.unravel_index(np.argmax(accuracy), accuracy.shape)
+        accuracy = scores.accuracy(words)  # [layers, heads, 2]
+        layer, head, direction = np.unravel_index(np.nanargmax(accuracy), accuracy.shape)
         offset = max(OFFSETS, key=lambda o: (scores.offsets[o][words].mean(), -abs(o)))
         chosen, base = scores.correct[words, layer, head, direction], scores.offsets[offset][words]
         rows.append({"relation": relation, "count": int(count), "head": head_name(int(layer), int(head)),

@@ -2,7 +2,8 @@
 
 The treebank (``syntax.conllu``, or the bundled ``demo_syntax`` dev split) is read, checked and tokenised before the
 weights load; the checkpoint's encoder (``ckpt_path=null``: the model's own pre-trained weights) then runs once over
-its sentences, one per sequence, and every head's word-level attention is scored as it comes. The job directory gets:
+its sentences, one per sequence, under the mask's plan if any, and every head's word-level attention is scored as
+it comes (the heads the plan changes are not scored). The job directory gets:
 
 =========================  ==============================================================================
 ``syntax.json``            every head x relation x direction accuracy, the offset baselines per relation,
@@ -12,7 +13,7 @@ its sentences, one per sequence, and every head's word-level attention is scored
                            permutation p-value (Holm-adjusted across the rows)
 ``syntax_heads_*.png``     per direction, each head's best relation and its accuracy
 ``syntax_examples.png``    the best heads of the top relations on example sentences (Clark et al.'s Fig. 5)
-``results.json``           the summary; a complete one for the same config makes a rerun skip the job
+``results.json``           the summary (with the plan); a complete one for the same config makes a rerun skip it
 =========================  ==============================================================================
 """
 
@@ -36,7 +37,9 @@ from headlab.analysis.syntax_heads import (
     syntax_scores,
     word_maps,
 )
-from headlab.core.models import load_tokenizer, model_config
+from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.models import load_tokenizer, model_config, model_shape
+from headlab.core.plans import HeadPlan
 from headlab.core.word_attention import DIRECTIONS
 from headlab.errors import UserError
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
@@ -67,10 +70,21 @@ def read_treebank(cfg: Any) -> list[Sentence]:
     return sentences
 
 
+def syntax_plan(cfg: Any) -> HeadPlan | None:
+    """The mask's plan (None when every head keeps); a ``UserError`` when it changes every head (none to score)."""
+    check_mask(cfg.mask)
+    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
+    if plan.is_identity:
+        return None
+    if plan.counts()["keep"] == 0:
+        raise UserError(f"mode=syntax under a plan that changes every head ({plan.describe()}): no head is left to "
+                        "score; keep some heads")
+    return plan
+
+
 def check(cfg: Any) -> None:
-    """No plan (the heads are scored as the checkpoint has them); the treebank reads; the checkpoint exists."""
-    if cfg.mask.get("policy") not in (None, "keep") or cfg.mask.get("rules") or cfg.mask.get("heads"):
-        raise UserError("mode=syntax scores every head of the model as it is: leave the mask out (mask=none)")
+    """The plan fits the model and keeps a head; the treebank reads; the checkpoint exists."""
+    syntax_plan(cfg)
     read_treebank(cfg)
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
 
@@ -92,7 +106,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     logger = identity.logger(cfg.logger, f"syntax-{treebank_path(cfg).stem}-{cfg.model.name}")
     batches = counted_batches(encoded.batches(cfg.syntax.batch_size, tokenizer.pad_token_id),
                               ProgressLines("syntax", len(encoded.sentences), "sentences"))
-    scores = syntax_scores(model, encoded, batches)
+    plan = syntax_plan(cfg)
+    scores = syntax_scores(model, encoded, batches, plan, bool(cfg.mask.renormalize))
     counts = relation_counts(scores, cfg.syntax.min_count, cfg.syntax.relations)
     accuracies = head_accuracies(scores, counts.index)
     table = best_heads(scores, counts, paired_difference(cfg.syntax, cfg.seed))
@@ -102,6 +117,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     write_json_atomic(out / "syntax.json", syntax_record(scores, accuracies, counts, encoded, table))
     write_frame_atomic(table, out / "syntax.csv")
     title = f"{cfg.model.name} on {treebank_path(cfg).name}: {len(encoded.sentences)} sentences"
+    if plan is not None:
+        title += f", under {plan.describe()} (those heads not scored)"
     write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table)))
     formats = tuple(cfg.report.formats)
     images = {f"heads_{d}": best_relation_heatmap(accuracies, d, f"best relation per head ({d}), {title}",
@@ -111,11 +128,11 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         images["examples"] = example_figure(model, encoded, table, cfg.syntax.examples, tokenizer.pad_token_id,
                                             title, out / "syntax_examples", formats)
     log_artifacts(logger, {"syntax": table}, images)
+    best = table.set_index("relation")[["head", "direction", "accuracy", "baseline_accuracy"]].to_dict("index")
     summary = identity.complete({
         "kind": "syntax", "model": cfg.model.name, "treebank": str(treebank_path(cfg).absolute()),
         "num_sentences": len(encoded.sentences), "num_words": encoded.num_words, "too_long": encoded.too_long,
-        "no_pieces": encoded.no_pieces, "best": table.set_index("relation")[["head", "direction", "accuracy",
-                                                                              "baseline_accuracy"]].to_dict("index"),
+        "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
         "checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},
         "files": ["syntax.json", "syntax.csv", "syntax.md", *(p.name for p in images.values())]})
     write_json_atomic(out / "results.json", summary)

@@ -186,8 +186,11 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     """
     controller = module.__dict__.get(_CONTROLLER)
     if controller is not None and controller.observer is not None:  # observe_attention: its weights give the output
-        weights = F.dropout(controller.observer(module.layer_idx, query, key, attention_mask, scaling), dropout)
-        return torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous(), None
+        weights = controller.observer(module.layer_idx, query, key, attention_mask, scaling)
+        if controller.active is None:
+            weights = F.dropout(weights, dropout)
+            return torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous(), None
+        # observed inside ablate: the observer saw each head's own softmax; the plan's route gives the output
     layer = None if controller is None or controller.active is None else controller.active[module.layer_idx]
     if controller is not None and controller.active is not None and "plan_ids" in kwargs:
         controller.check_plan_ids(kwargs["plan_ids"], query.shape[0])

@@ -6,6 +6,11 @@ attention function receives (float32, ``[batch, heads, seq, seq]``, 0 on padding
 then give the layer's output (``weights @ values``, as the eager implementation computes it), so the
 attention is computed once; the weights are dropped after the layer, and a consumer that reduces them as
 they come holds one layer's maps at most.
+
+Inside ``headlab.ablate`` (``with ablate(model, plan), observe_attention(model, f):``) the observer gets each
+head's own softmax weights as above, computed from the queries and keys the plan's earlier layers led to, and the
+plan gives the output: the weights of the heads the plan changes are what they would attend to, not what the plan
+makes them do.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, attention_mask, sc
 def observe_attention(model: PreTrainedModel, observer: Observer) -> Iterator[PreTrainedModel]:
     """Call ``observer(layer, weights)`` for every layer of every forward inside the block (module docstring)."""
     controller = Controller.of(model)
-    if controller.active is not None or controller.observer is not None:
-        raise ValueError("the model is inside headlab.ablate or already observed; observe it on its own")
+    if controller.observer is not None:
+        raise ValueError("the model is already observed; observe_attention does not nest")
     if pruned_heads_of(model):
         raise UserError("the model's heads were physically removed (headlab.prune_heads): features need every head")
 

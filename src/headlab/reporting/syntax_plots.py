@@ -20,8 +20,9 @@ def best_relation_heatmap(accuracies: pd.DataFrame, direction: str, title: str, 
                           formats: Sequence[str] = ("png",)) -> list[Path]:
     """Layers x heads: each head's highest accuracy over the relations (``all`` left out), the relation written in."""
     rows = accuracies[(accuracies["direction"] == direction) & (accuracies["relation"] != "all")]
-    best = rows.loc[rows.groupby(["layer", "head"])["accuracy"].idxmax()]
     layers, heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
+    rows = rows.dropna(subset=["accuracy"])  # heads a plan changes: no accuracy, a blank cell
+    best = rows.loc[rows.groupby(["layer", "head"])["accuracy"].idxmax()]
     values = np.full((layers, heads), np.nan)
     values[best["layer"], best["head"]] = best["accuracy"]
     figure, axes = plt.subplots(figsize=(max(4.0, 0.9 * heads + 2.0), max(3.0, 0.5 * layers + 1.5)))
