@@ -243,13 +243,18 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     (["syntax.relations=[nsubj,dobj]"], "syntax.relations: 'dobj' not in the treebank"),
     (["mask=prune", "mask.heads=all"], "a plan that changes every head (prune=12): no head is left to score"),
     (["syntax.min_count=0"], "syntax.min_count=0 must be at least 1"),
+    (["syntax.probe=mlp"], "syntax.probe"),
+    (["syntax.probe=attn", "syntax.conllu=CYCLE_FREE"], "needs a training treebank"),
+    (["syntax.probe=attn", "mask=prune", "mask.heads=L0"], "syntax.probe=attn reads every head"),
+    (["syntax.probe=attn", "syntax.train_conllu=BAD"], "syntax.train_conllu="),
 ])
 def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):
     (tmp_path / "bad.conllu").write_text('{"not": "conllu"}\n')
     (tmp_path / "cycle.conllu").write_text("# sent_id = cyc-1\n1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n"
                                            "2\tb\t_\t_\t_\t_\t3\tdep\t_\t_\n3\tc\t_\t_\t_\t_\t2\tdep\t_\t_\n\n")
-    overrides = [o.replace("BAD", str(tmp_path / "bad.conllu")).replace("CYCLE", str(tmp_path / "cycle.conllu"))
-                 for o in overrides]
+    (tmp_path / "fine.conllu").write_text(TREEBANK)
+    overrides = [o.replace("BAD", str(tmp_path / "bad.conllu")).replace("CYCLE_FREE", str(tmp_path / "fine.conllu"))
+                 .replace("CYCLE", str(tmp_path / "cycle.conllu")) for o in overrides]
     result = run("ablate.py", "mode=syntax", "allow_random_head=true", *overrides,
                  f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, said)
@@ -287,3 +292,21 @@ def test_each_word_gets_exactly_its_own_pieces(treebank, tokenizer, kind):
             assert text.strip().replace(" ", "") == word.lower() if kind == "wordpiece" else text.strip() == word
     pieces_of_longest = max(slots.count(8) for slots in encoded.token_slots[:1])  # "Vartorholm" is slot 8
     assert pieces_of_longest >= (3 if kind == "wordpiece" else 1)
+
+
+def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path):
+    (tmp_path / "hand.conllu").write_text(TREEBANK)
+    hand = str(tmp_path / "hand.conllu")
+    run("ablate.py", "mode=syntax", "allow_random_head=true", f"syntax.conllu={hand}", f"syntax.train_conllu={hand}",
+        "syntax.probe=attn", "syntax.probe_epochs=2", "syntax.min_count=1", "syntax.resamples=50",
+        f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path)
+    probe = json.loads((tmp_path / "job/probe.json").read_text())
+    right = total = 0
+    for sentence in read_conllu(tmp_path / "hand.conllu"):  # each word's head the next word, the last word's ROOT
+        for index, (head, relation) in enumerate(zip(sentence.heads, sentence.relations), start=1):
+            if relation != "punct":
+                right, total = right + (head == (index + 1 if index < len(sentence) else 0)), total + 1
+    assert probe["right_branching"]["uas"] == pytest.approx(right / total) and probe["probe"]["words"] == total
+    assert 0 <= probe["probe"]["uas"] <= 1 and probe["train_sentences"] == 2 and probe["epochs"] == 2
+    assert f"UAS {100 * probe['probe']['uas']:.1f}" in (tmp_path / "job/syntax.md").read_text()
+

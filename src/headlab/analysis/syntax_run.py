@@ -37,6 +37,7 @@ from headlab.analysis.syntax_heads import (
     syntax_scores,
     word_maps,
 )
+from headlab.analysis.syntax_probe import attachment, probe_sentences, right_branching, train_probe
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.core.models import load_tokenizer, model_config, model_shape
 from headlab.core.plans import HeadPlan
@@ -82,10 +83,24 @@ def syntax_plan(cfg: Any) -> HeadPlan | None:
     return plan
 
 
+def train_treebank_path(cfg: Any) -> Path:
+    """The probe's training treebank: ``syntax.train_conllu``, or the demo's train split beside the demo's dev."""
+    if cfg.syntax.train_conllu is not None:
+        return Path(cfg.syntax.train_conllu)
+    if cfg.syntax.conllu is not None:
+        raise UserError(f"syntax.probe={cfg.syntax.probe} needs a training treebank: syntax.conllu="
+                        f"{cfg.syntax.conllu!r} is given without syntax.train_conllu=FILE (its train split)")
+    return DEMO_TREEBANK.with_name("train.conllu")
+
+
 def check(cfg: Any) -> None:
-    """The plan fits the model and keeps a head; the treebank reads; the checkpoint exists."""
-    syntax_plan(cfg)
+    """The plan fits the model and keeps a head; the treebanks read; the checkpoint exists."""
+    plan = syntax_plan(cfg)
     read_treebank(cfg)
+    if cfg.syntax.probe is not None:
+        if plan is not None:
+            raise UserError(f"syntax.probe={cfg.syntax.probe} reads every head: run it without a plan (mask=none)")
+        read_conllu(train_treebank_path(cfg), "syntax.train_conllu")
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
 
 
@@ -128,19 +143,49 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         images["examples"] = example_figure(model, encoded, table, cfg.syntax.examples, tokenizer.pad_token_id,
                                             title, out / "syntax_examples", formats)
     log_artifacts(logger, {"syntax": table}, images)
+    probe = None
+    if cfg.syntax.probe is not None:
+        train = encode_treebank(read_conllu(train_treebank_path(cfg), "syntax.train_conllu"), tokenizer, max_length)
+        probe = run_probe(cfg, model, train, encoded, tokenizer.pad_token_id)
+        write_json_atomic(out / "probe.json", probe)
+        write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + probe_sentence(probe) + "\n")
     best = table.set_index("relation")[["head", "direction", "accuracy", "baseline_accuracy"]].to_dict("index")
     summary = identity.complete({
         "kind": "syntax", "model": cfg.model.name, "treebank": str(treebank_path(cfg).absolute()),
         "num_sentences": len(encoded.sentences), "num_words": encoded.num_words, "too_long": encoded.too_long,
         "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
+        "probe": probe,
         "checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},
-        "files": ["syntax.json", "syntax.csv", "syntax.md", *(p.name for p in images.values())]})
+        "files": ["syntax.json", "syntax.csv", "syntax.md", *(["probe.json"] if probe else []),
+                  *(p.name for p in images.values())]})
     write_json_atomic(out / "results.json", summary)
-    Console(soft_wrap=True).print(f"{title}\n" + to_markdown(clark_layout(table)) + f"-> {out / 'syntax.md'}",
+    Console(soft_wrap=True).print(f"{title}\n" + to_markdown(clark_layout(table))
+                                  + (probe_sentence(probe) + "\n" if probe else "") + f"-> {out / 'syntax.md'}",
                                   markup=False)
     if logger:
         logger.finalize("success")
     return summary
+
+
+def run_probe(cfg: Any, model, train: EncodedTreebank, evaluation: EncodedTreebank, pad_id: int) -> dict[str, Any]:
+    """Clark et al.'s attention probe trained on ``train``, its UAS on ``evaluation`` and the right-branching one."""
+    options = cfg.syntax
+    with_embeddings = options.probe == "attn_emb"
+    sentences = lambda encoded: probe_sentences(model, encoded, options.batch_size, pad_id, with_embeddings)  # noqa: E731
+    heads = model.config.num_hidden_layers * model.config.num_attention_heads
+    dim = model.get_input_embeddings().weight.shape[1] if with_embeddings else 0
+    probe = train_probe(options.probe, lambda: sentences(train), heads, dim, options.probe_epochs, options.probe_lr,
+                        cfg.seed)
+    return {"kind": options.probe, "epochs": options.probe_epochs, "lr": options.probe_lr,
+            "train_treebank": str(train_treebank_path(cfg).absolute()), "train_sentences": len(train.sentences),
+            "probe": attachment(probe, sentences(evaluation)), "right_branching": right_branching(evaluation)}
+
+
+def probe_sentence(probe: dict[str, Any]) -> str:
+    return (f"Attention probe ({probe['kind']}, Clark et al. section 6; trained {probe['epochs']} epoch(s) on "
+            f"{probe['train_sentences']} sentences): UAS {100 * probe['probe']['uas']:.1f} "
+            f"({probe['probe']['words']} words, punctuation left out) against the right-branching baseline's "
+            f"{100 * probe['right_branching']['uas']:.1f}.")
 
 
 def paired_difference(options: Any, seed: int):
@@ -149,6 +194,9 @@ def paired_difference(options: Any, seed: int):
     config = Resampling(options.resamples, options.resamples, options.confidence, "bca", seed)
 
     def paired(head: np.ndarray, baseline: np.ndarray) -> dict[str, float]:
+        if len(head) < 2:  # one word: no interval, no test
+            return {"difference": float(head.mean() - baseline.mean()), "ci_low": np.nan, "ci_high": np.nan,
+                    "p_value": np.nan}
         ones = np.ones(len(head), dtype=np.int64)
         result = paired_tests("accuracy", [{"label": ones, "prediction": head.astype(np.int64)}],
                               {"label": ones, "prediction": baseline.astype(np.int64)}, config)[0]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headlab.errors import UserError
+from headlab.errors import UserError, one_of
+
+PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax_probe.KINDS (no torch import here)
 
 
 @dataclass
@@ -20,6 +22,10 @@ class SyntaxConfig:
     resamples: int = 10_000  # paired bootstrap of the best head against the best offset baseline, over words
     confidence: float = 0.95
     examples: int = 2  # sentences drawn with the best heads' attention in syntax_examples.png
+    probe: str | None = None  # Clark et al.'s attention probe: attn | attn_emb (with the words' embeddings) | null
+    train_conllu: str | None = None  # the probe's training treebank (null: demo_syntax's train split, with conllu)
+    probe_epochs: int = 1  # passes over the training treebank (Clark et al.: 1)
+    probe_lr: float = 0.002  # Adam, one sentence a step (Clark et al.)
 
     def __post_init__(self) -> None:
         for key in ("min_count", "batch_size", "resamples"):
@@ -33,5 +39,11 @@ class SyntaxConfig:
             raise UserError(f"syntax.confidence={self.confidence} must be in (0, 1)")
         if self.examples < 0:
             raise UserError(f"syntax.examples={self.examples} must be at least 0")
+        if self.probe is not None:
+            one_of("syntax.probe", self.probe, PROBES)
+        if self.probe_epochs < 1:
+            raise UserError(f"syntax.probe_epochs={self.probe_epochs} must be at least 1")
+        if not self.probe_lr > 0:
+            raise UserError(f"syntax.probe_lr={self.probe_lr} must be above 0")
         if self.relations is not None and not self.relations:
             raise UserError("syntax.relations is empty; give relation names (e.g. [nsubj, obj]) or null: all")

@@ -161,6 +161,7 @@ def clark_layout(table: pd.DataFrame) -> pd.DataFrame:
         "head": table["head"] + " (" + table["direction"] + ")",
         "accuracy": (100 * table["accuracy"]).map("{:.1f}".format),
         "baseline": [f"{100 * a:.1f} ({o:+d})" for a, o in zip(table["baseline_accuracy"], table["baseline_offset"])],
-        "difference [CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        "difference [CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" if np.isfinite(lo) else
+                            f"{100 * d:+.1f} [n/a]"
                             for d, lo, hi in zip(table["difference"], table["ci_low"], table["ci_high"])],
-        "p (Holm)": table["p_adjusted"].map("{:.3g}".format)})
+        "p (Holm)": table["p_adjusted"].map(lambda p: "n/a" if np.isnan(p) else f"{p:.3g}")})
