@@ -102,6 +102,28 @@ def clark_outcomes(predictions, sentence):
     return out
 
 
+def reference_sieve_scores(word_maps, sentence):
+    """Pande et al.'s syntactic sieve bias scores of one head on one sentence, word by word: per role the mean, over
+    words with a non-empty sieve, of attention to the sieve / (|sieve| / slots); NaN when no word has one."""
+    roles = {"syntactic": None, "nsubj": {"nsubj"}, "obj": {"obj", "dobj"}, "amod": {"amod"}, "advmod": {"advmod"}}
+    n = len(sentence)
+    out = {}
+    for role, names in roles.items():
+        values = []
+        for i in range(1, n + 1):
+            sieve = set()
+            head, relation = sentence.heads[i - 1], sentence.relations[i - 1]
+            if head != 0 and (names is None or relation in names):
+                sieve.add(head)
+            for k in range(1, n + 1):
+                if sentence.heads[k - 1] == i and (names is None or sentence.relations[k - 1] in names):
+                    sieve.add(k)
+            if sieve:
+                values.append(sum(word_maps[i, k] for k in sieve) * (n + 2) / len(sieve))
+        out[role] = float(np.mean(values)) if values else float("nan")
+    return out
+
+
 def test_word_attention_sums_pieces_into_columns_and_averages_rows():
     generator = torch.Generator().manual_seed(0)
     weights = torch.rand(2, 3, 7, 7, generator=generator, dtype=torch.float64).softmax(-1)  # [batch, heads, T, T]
@@ -133,7 +155,7 @@ def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tok
     policy_of = plan.policy_of if plan is not None else lambda layer, head: "keep"
     expected = np.zeros((encoded.num_words, layers, heads, 2), dtype=bool)
     start = 0
-    for sentence, ids, slots in zip(encoded.sentences, encoded.input_ids, encoded.token_slots):
+    for index, (sentence, ids, slots) in enumerate(zip(encoded.sentences, encoded.input_ids, encoded.token_slots)):
         record = {"weights": []}
         ids = torch.tensor([ids])
         bert_forward(params_of(tiny_model), tiny_model.config, ids, torch.ones_like(ids), torch.zeros_like(ids),
@@ -144,6 +166,13 @@ def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tok
         words = reference_word_attention(maps, slots)
         for layer in range(layers):
             for head in range(heads):
+                if policy_of(layer, head) == "keep":
+                    for role, expected_score in reference_sieve_scores(words[layer, head], sentence).items():
+                        got = scores.sieve[role][index, layer, head]
+                        assert (np.isnan(got) and np.isnan(expected_score)) or got == pytest.approx(expected_score,
+                                                                                                    rel=1e-5)
+                else:
+                    assert all(np.isnan(scores.sieve[role][index, layer, head]) for role in scores.sieve)
                 predictions = clark_predictions(words[layer, head])
                 for number, direction in enumerate(("dep->head", "head->dep")):
                     outcome = clark_outcomes(predictions[direction], sentence)
@@ -227,6 +256,11 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
         assert row.difference == pytest.approx(row.accuracy - row.baseline_accuracy)
         assert row.ci_low <= row.difference <= row.ci_high
     markdown = (job / "syntax.md").read_text()
+    roles = pd.read_csv(job / "sieve_roles.csv")
+    assert set(roles["sieve"]) == {"syntactic", "nsubj", "obj", "amod", "advmod"} and len(roles) == 5 * 12
+    counts = ", ".join(f"{sieve} {int(flags.sum())}" for sieve, flags in roles.groupby("sieve", sort=False)["role"])
+    assert f"): {counts} of 12 heads." in markdown and summary["roles"] == json.loads(
+        json.dumps({s: int(f.sum()) for s, f in roles.groupby("sieve", sort=False)["role"]}))
     first = table.iloc[1]
     assert f"| {first.relation} " in markdown and f"{100 * first.accuracy:.1f}" in markdown
     assert f"{first['head']} ({first.direction})" in out.stdout

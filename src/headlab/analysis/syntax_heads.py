@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 
 from headlab.analysis.syntax_data import EncodedTreebank
+from headlab.analysis.syntax_sieves import SYNTACTIC_SIEVES, sieve_members, sieve_scores
 from headlab.core.attention import ablate
 from headlab.core.head_names import head_name
 from headlab.core.observe import observe_attention
@@ -39,6 +40,7 @@ class SyntaxScores:
     offsets: dict[int, np.ndarray]  # offset -> bool [words]
     relations: np.ndarray  # str [words]
     changed: np.ndarray | None = None  # bool [layers, heads]: heads the plan changes (no accuracy)
+    sieve: dict[str, np.ndarray] = field(default_factory=dict)  # role -> [sentences, layers, heads] (syntax_sieves)
 
     def accuracy(self, words: np.ndarray) -> np.ndarray:
         """``[layers, heads, 2]`` share of ``words`` each head predicts right; NaN for the heads the plan changes."""
@@ -65,7 +67,8 @@ class WordOutcomes:
     def __init__(self, encoded: EncodedTreebank, layers: int, heads: int, device: torch.device):
         self.encoded, self.device = encoded, device
         self.correct = np.zeros((encoded.num_words, layers, heads, len(DIRECTIONS)), dtype=bool)
-        self.start = 0  # the batch's first word in the flat order
+        self.sieve = {role: np.full((len(encoded.sentences), layers, heads), np.nan) for role in SYNTACTIC_SIEVES}
+        self.start = self.first_sentence = 0  # the batch's first word in the flat order, its first sentence
 
     def begin(self, batch: dict[str, torch.Tensor]) -> None:
         lengths = batch["lengths"].to(self.device)
@@ -79,6 +82,9 @@ class WordOutcomes:
         self.judged = self._scatter(self.encoded.judged)  # [batch, slots]
         self.gold = self._scatter(self.encoded.gold)
         self.start += count
+        sentences = slice(self.first_sentence, self.first_sentence + len(lengths))
+        self.sentences, self.first_sentence = sentences, sentences.stop
+        self.members = sieve_members(self.gold, [s.relations for s in self.encoded.sentences[sentences]], self.words)
 
     def _scatter(self, values: np.ndarray) -> torch.Tensor:
         out = torch.zeros(self.words.shape, dtype=torch.long, device=self.device)
@@ -87,7 +93,10 @@ class WordOutcomes:
 
     def layer(self, layer: int, weights: torch.Tensor) -> None:
         """``weights`` ``[batch, heads, T, T]``: this layer's outcomes of the batch's words."""
-        predicted = most_attended(word_level(weights, self.onehot), self.lengths)
+        words = word_level(weights, self.onehot)  # [batch, heads, slots, slots]
+        predicted = most_attended(words, self.lengths)
+        for role, members in self.members.items():
+            self.sieve[role][self.sentences, layer] = sieve_scores(words, members, self.lengths).cpu().numpy()
         heads = weights.shape[1]
         judged = self.judged.unsqueeze(1).expand(-1, heads, -1)  # [batch, heads, slots]
         for number, direction in enumerate(DIRECTIONS):
@@ -112,7 +121,11 @@ def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, t
     changed = None if plan is None else np.array([[plan.policy_of(layer, head) != "keep"
                                                    for head in range(config.num_attention_heads)]
                                                   for layer in range(config.num_hidden_layers)])
-    return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations), changed)
+    if changed is not None:
+        for scores in outcomes.sieve.values():
+            scores[:, changed] = np.nan
+    return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations), changed,
+                        outcomes.sieve)
 
 
 def word_maps(model, encoded: EncodedTreebank, sentences: list[int], layer: int, head: int,

@@ -13,6 +13,9 @@ it comes (the heads the plan changes are not scored). The job directory gets:
                            permutation p-value (Holm-adjusted across the rows)
 ``syntax_heads_*.png``     per direction, each head's best relation and its accuracy
 ``syntax_examples.png``    the best heads of the top relations on example sentences (Clark et al.'s Fig. 5)
+``sieve_roles.csv``        Pande et al.'s syntactic roles: per head and role (syntactic, nsubj, obj, amod, advmod)
+                           the sentences, mean sieve score, t, p, adjusted p, role; ``syntax_roles.png``
+``probe.json``             with ``syntax.probe``: the attention probe's UAS and the right-branching baseline's
 ``results.json``           the summary (with the plan); a complete one for the same config makes a rerun skip it
 =========================  ==============================================================================
 """
@@ -44,7 +47,9 @@ from headlab.core.plans import HeadPlan
 from headlab.core.word_attention import DIRECTIONS
 from headlab.errors import UserError
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.reporting.head_plots import role_panels
 from headlab.reporting.layouts import clark_layout, to_markdown
+from headlab.reporting.sieve_roles import sieve_roles
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.reporting.syntax_plots import attention_lines, best_relation_heatmap
 from headlab.tasks.treebank import Sentence, read_conllu
@@ -135,10 +140,16 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     if plan is not None:
         title += f", under {plan.describe()} (those heads not scored)"
     write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table)))
+    options = cfg.syntax
+    roles = sieve_roles(scores.sieve, options.sieve_tau, options.sieve_alpha, options.sieve_correction)
+    write_frame_atomic(roles, out / "sieve_roles.csv")
+    write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + roles_sentence(roles) + "\n")
     formats = tuple(cfg.report.formats)
     images = {f"heads_{d}": best_relation_heatmap(accuracies, d, f"best relation per head ({d}), {title}",
                                                   out / f"syntax_heads_{d.replace('->', '_to_')}", formats)[0]
               for d in DIRECTIONS}
+    images["roles"] = role_panels(roles, f"syntactic sieve scores and roles (Pande et al.), {title}",
+                                  out / "syntax_roles", formats)[0]
     if cfg.syntax.examples and len(table) > 1:
         images["examples"] = example_figure(model, encoded, table, cfg.syntax.examples, tokenizer.pad_token_id,
                                             title, out / "syntax_examples", formats)
@@ -154,12 +165,12 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         "kind": "syntax", "model": cfg.model.name, "treebank": str(treebank_path(cfg).absolute()),
         "num_sentences": len(encoded.sentences), "num_words": encoded.num_words, "too_long": encoded.too_long,
         "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
-        "probe": probe,
+        "probe": probe, "roles": role_counts(roles),
         "checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},
-        "files": ["syntax.json", "syntax.csv", "syntax.md", *(["probe.json"] if probe else []),
+        "files": ["syntax.json", "syntax.csv", "syntax.md", "sieve_roles.csv", *(["probe.json"] if probe else []),
                   *(p.name for p in images.values())]})
     write_json_atomic(out / "results.json", summary)
-    Console(soft_wrap=True).print(f"{title}\n" + to_markdown(clark_layout(table))
+    Console(soft_wrap=True).print(f"{title}\n" + to_markdown(clark_layout(table)) + roles_sentence(roles) + "\n"
                                   + (probe_sentence(probe) + "\n" if probe else "") + f"-> {out / 'syntax.md'}",
                                   markup=False)
     if logger:
@@ -179,6 +190,18 @@ def run_probe(cfg: Any, model, train: EncodedTreebank, evaluation: EncodedTreeba
     return {"kind": options.probe, "epochs": options.probe_epochs, "lr": options.probe_lr,
             "train_treebank": str(train_treebank_path(cfg).absolute()), "train_sentences": len(train.sentences),
             "probe": attachment(probe, sentences(evaluation)), "right_branching": right_branching(evaluation)}
+
+
+def role_counts(roles: pd.DataFrame) -> dict[str, int]:
+    return {sieve: int(flags.sum()) for sieve, flags in roles.groupby("sieve", sort=False)["role"]}
+
+
+def roles_sentence(roles: pd.DataFrame) -> str:
+    counts = ", ".join(f"{sieve} {count}" for sieve, count in role_counts(roles).items())
+    settings = roles.attrs
+    return (f"Syntactic roles (Pande et al.; heads whose mean sieve score is above {settings['tau']:g}, one-sided "
+            f"t-test over sentences, {settings['correction']} at {settings['alpha']:g}; `sieve_roles.csv`): {counts} "
+            f"of {roles['name'].nunique()} heads.")
 
 
 def probe_sentence(probe: dict[str, Any]) -> str:

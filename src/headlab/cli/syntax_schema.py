@@ -22,6 +22,9 @@ class SyntaxConfig:
     resamples: int = 10_000  # paired bootstrap of the best head against the best offset baseline, over words
     confidence: float = 0.95
     examples: int = 2  # sentences drawn with the best heads' attention in syntax_examples.png
+    sieve_tau: float = 3.0  # Pande et al.'s syntactic roles: mean sieve score above tau ...
+    sieve_alpha: float = 0.05  # ... by a one-sided t-test over sentences at this level ...
+    sieve_correction: str = "holm"  # ... corrected across heads and roles: holm | bh | none
     probe: str | None = None  # Clark et al.'s attention probe: attn | attn_emb (with the words' embeddings) | null
     train_conllu: str | None = None  # the probe's training treebank (null: demo_syntax's train split, with conllu)
     probe_epochs: int = 1  # passes over the training treebank (Clark et al.: 1)
@@ -39,6 +42,11 @@ class SyntaxConfig:
             raise UserError(f"syntax.confidence={self.confidence} must be in (0, 1)")
         if self.examples < 0:
             raise UserError(f"syntax.examples={self.examples} must be at least 0")
+        one_of("syntax.sieve_correction", self.sieve_correction, ("holm", "bh", "none"))
+        if self.sieve_tau <= 0:
+            raise UserError(f"syntax.sieve_tau={self.sieve_tau} must be above 0 (uniform attention scores 1)")
+        if not 0 < self.sieve_alpha < 1:
+            raise UserError(f"syntax.sieve_alpha={self.sieve_alpha} must be in (0, 1)")
         if self.probe is not None:
             one_of("syntax.probe", self.probe, PROBES)
         if self.probe_epochs < 1:

@@ -190,11 +190,15 @@ def syntax(report: StudyReport) -> None:
                             f"{len(beaten)} of {len(table) - 1} relations have a head that beats the best offset "
                             f"(Holm-adjusted p < 0.05; `{report.link(path)}`):", "",
                             to_markdown(clark_layout(table))]
+        if "roles" in result:
+            roles = ", ".join(f"{role} {count}" for role, count in result["roles"].items())
+            report.markdown += [f"Syntactic roles of {name}'s heads (Pande et al.'s sieves; "
+                                f"`{report.link(path.parent / 'sieve_roles.csv')}`): {roles}.", ""]
         overall = table.set_index("relation").loc["all"]
         report.numbers.setdefault("syntax", {})[name] = {
             "all": {"head": overall["head"], "direction": overall["direction"], "accuracy": float(overall["accuracy"]),
                     "baseline": float(overall["baseline_accuracy"])},
-            "relations_beaten": sorted(beaten["relation"])}
+            "relations_beaten": sorted(beaten["relation"]), "roles": result.get("roles")}
         report.console.append(f"syntax {name}: best single head {overall['head']} ({overall['direction']}) "
                               f"{100 * overall['accuracy']:.1f} vs offset {100 * overall['baseline_accuracy']:.1f}; "
                               f"{len(beaten)} of {len(table) - 1} relations beat their offset")
