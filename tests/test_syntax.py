@@ -16,6 +16,7 @@ from headlab.analysis.syntax_heads import OFFSETS, head_accuracies, syntax_score
 from headlab.core.plans import HeadPlan
 from headlab.core.word_attention import slot_matrix, word_level
 from headlab.errors import UserError
+from headlab.reporting.head_table import head_table
 from headlab.tasks.treebank import read_conllu
 from tests.reference import bert_forward, params_of
 
@@ -261,6 +262,13 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     counts = ", ".join(f"{sieve} {int(flags.sum())}" for sieve, flags in roles.groupby("sieve", sort=False)["role"])
     assert f"): {counts} of 12 heads." in markdown and summary["roles"] == json.loads(
         json.dumps({s: int(f.sum()) for s, f in roles.groupby("sieve", sort=False)["role"]}))
+    joined = head_table(syntax=job, label="tiny").set_index("name")  # the per-head table of mode=report
+    for row in heads.itertuples():
+        other = heads[(heads["name"] == row.name) & (heads["relation"] == row.relation)]["accuracy"].max()
+        assert joined.loc[row.name, f"syntax_{row.relation}"] == pytest.approx(other)
+    for row in roles.itertuples():
+        assert joined.loc[row.name, f"sieve_{row.sieve}"] == pytest.approx(row.mean, nan_ok=True)
+        assert joined.loc[row.name, f"role_{row.sieve}"] == row.role
     first = table.iloc[1]
     assert f"| {first.relation} " in markdown and f"{100 * first.accuracy:.1f}" in markdown
     assert f"{first['head']} ({first.direction})" in out.stdout

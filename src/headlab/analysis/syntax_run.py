@@ -163,6 +163,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     best = table.set_index("relation")[["head", "direction", "accuracy", "baseline_accuracy"]].to_dict("index")
     summary = identity.complete({
         "kind": "syntax", "model": cfg.model.name, "treebank": str(treebank_path(cfg).absolute()),
+        "shape": list(model_shape(cfg.model)),
         "num_sentences": len(encoded.sentences), "num_words": encoded.num_words, "too_long": encoded.too_long,
         "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
         "probe": probe, "roles": role_counts(roles),

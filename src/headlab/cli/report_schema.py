@@ -8,7 +8,7 @@ from typing import Any
 from headlab.errors import UserError, one_of
 from headlab.reporting.settings import CI_METHODS, CORRECTIONS, FIGURE_FORMATS
 
-HEAD_SOURCES = ("features", "clusters", "importance", "sweeps", "label")
+HEAD_SOURCES = ("features", "clusters", "importance", "sweeps", "syntax", "label")
 
 
 @dataclass
@@ -23,7 +23,8 @@ class ReportConfig:
     correction: str = "holm"  # holm | bh (Benjamini-Hochberg) | none, across the plans of a sweep
     seed: int = 0
     formats: list[str] = field(default_factory=lambda: ["png"])  # png, pdf, svg
-    heads: list[Any] = field(default_factory=list)  # per-head tables: [{features, clusters, importance, sweeps, label}]
+    heads: list[Any] = field(default_factory=list)  # per-head tables: [{features, clusters, importance, sweeps,
+    #                                                  syntax, label}]
 
     def __post_init__(self) -> None:
         for key in ("resamples", "permutations"):

@@ -4,8 +4,10 @@ Sources (each optional, each a job directory or its file): a ``mode=features`` j
 ``sieve_*``, ``role_*``), a ``mode=cluster`` job (``cluster``), a ``mode=importance`` job (``importance`` and
 ``importance_<estimator>``, raw), and ``mode=sweep_heads`` jobs of single-head ablations (``delta_<policy>_<metric>``,
 the measured change of each metric with the head ablated alone; ``_<split>`` is added when a sweep has several
-splits). Every source must describe a model of the same shape. With ``model`` / ``task`` columns, tables of
-several models concatenate, so "do vertical heads matter more on SQuAD than on MRPC?" is one groupby.
+splits), and a ``mode=syntax`` job (``syntax_<relation>``: the head's accuracy on the relation, the better direction;
+``sieve_<role>`` / ``role_<role>``: Pande et al.'s syntactic sieve scores and roles). Every source must describe a
+model of the same shape. With ``model`` / ``task`` columns, tables of several models concatenate, so "do vertical
+heads matter more on SQuAD than on MRPC?" is one groupby.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ def _results_of(source: str | Path, kind: str) -> dict[str, Any]:
     """The ``results.json`` of a ``mode=KIND`` job (a ``UserError`` naming what ``source`` is instead)."""
     data = read_json(_file(source, "results.json", f"a mode={kind} job"), f"{kind} results")
     found = data.get("kind") if isinstance(data, dict) else None
-    if found != kind or "shape" not in data:
+    if found == kind and "shape" not in data:
+        raise UserError(f"{kind}={str(source)!r} was written by an older headlab (its results.json has no shape): "
+                        f"delete it and run that mode={kind} job again")
+    if found != kind:
         raise UserError(f"{kind}={str(source)!r} is {f'a mode={found} job' if found else 'not a headlab job'}, not "
                         f"a mode={kind} job")
     return data
@@ -49,7 +54,7 @@ def _grid(values: Any, what: str, shape: tuple[int, int]) -> np.ndarray:
 
 def head_table(features: str | Path | None = None, clusters: str | Path | None = None,
                importance: str | Path | None = None, sweeps: Iterable[str | Path] = (),
-               label: str | None = None) -> pd.DataFrame:
+               syntax: str | Path | None = None, label: str | None = None) -> pd.DataFrame:
     """One row per head: ``layer``, ``head``, ``name``, ``model``, ``task``, ``label`` and a column per quantity of
     the given sources (module docstring). At least one source is needed."""
     columns: dict[str, np.ndarray | list] = {}
@@ -90,10 +95,31 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
                 shape = shape or np.asarray(table["delta"]).shape
                 suffix = f"_{split}" if len(data["tables"]) > 1 else ""
                 columns[f"delta_{data['policy']}_{metric}{suffix}"] = _grid(table["delta"], f"sweep {sweep}", shape)
+    if syntax is not None:
+        summary = _results_of(syntax, "syntax")
+        shape = shape or tuple(summary["shape"])
+        identity = identity or {"model": summary["model"], "task": Path(summary["treebank"]).name}
+        columns |= _syntax_columns(syntax, shape)
     if shape is None:
-        raise UserError("head_table needs at least one source: features, clusters, importance or sweeps")
+        raise UserError("head_table needs at least one source: features, clusters, importance, sweeps or syntax")
     layers, heads = shape
     table = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
                           "name": [head_name(layer, head) for layer in range(layers) for head in range(heads)],
                           "model": identity.get("model"), "task": identity.get("task"), "label": label})
     return pd.concat([table, pd.DataFrame(columns)], axis=1)
+
+
+def _syntax_columns(syntax: str | Path, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """A mode=syntax job's per-head columns: accuracy per relation (the better direction), sieve scores and roles."""
+    heads = pd.DataFrame(read_json(_file(syntax, "syntax.json", "a mode=syntax job"), "syntax")["heads"])
+    best = heads.groupby(["relation", "layer", "head"], sort=False)["accuracy"].max()  # NaN: a head a plan changed
+    columns = {f"syntax_{relation}": _grid(best[relation].unstack().sort_index().sort_index(axis=1).to_numpy(),
+                                           f"syntax {syntax}", shape)
+               for relation in dict.fromkeys(heads["relation"])}
+    roles = pd.read_csv(_file(syntax, "sieve_roles.csv", "a mode=syntax job"))
+    for sieve, rows in roles.groupby("sieve", sort=False):
+        rows = rows.sort_values(["layer", "head"])
+        columns[f"sieve_{sieve}"] = _grid(rows["mean"].to_numpy().reshape(shape), f"syntax {syntax}", shape)
+        columns[f"role_{sieve}"] = rows["role"].to_numpy().astype(bool)
+    return columns
+
