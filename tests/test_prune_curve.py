@@ -109,3 +109,18 @@ def test_lowest_heads_skip_pruned_heads_and_keep_the_layer_floor():
     order = random_heads(7, (2, 3), 6, 0)
     assert sorted(order) == sorted(f"L{i}H{j}" for i in range(2) for j in range(3))
     assert random_heads(7, (2, 3), 2, 0) == order[:2] and random_heads(8, (2, 3), 6, 0) != order
+
+
+def test_a_baseline_of_zero_or_less_sets_no_threshold_and_no_fraction():
+    """An untrained head's F1 of 0 (or a negative correlation): a fraction of it means nothing (it crashed with a
+    ZeroDivisionError, and a negative baseline stopped the curve at once): every step runs, fractions are NaN."""
+    from types import SimpleNamespace
+
+    from headlab.analysis.prune_curve import PruneCurve, relative
+
+    assert relative(0.5, 2.0) == 0.25 and np.isnan(relative(0.5, 0.0)) and np.isnan(relative(0.1, -0.2))
+    curve = PruneCurve.__new__(PruneCurve)
+    curve.options, curve.split, curve.metric = SimpleNamespace(stop_below=0.9), "validation", "f1"
+    for base, threshold in ((50.0, 45.0), (0.0, float("-inf")), (-0.2, float("-inf"))):
+        curve.baseline = {"validation": {"f1": base}}
+        assert curve.threshold == threshold

@@ -104,10 +104,22 @@ class PruneCurve:
 
     @property
     def threshold(self) -> float:
-        return self.options.stop_below * self.baseline[self.split][self.metric]
+        """``stop_below`` x the baseline; a baseline of 0 or less (an untrained head's F1, a negative correlation)
+        has no meaningful fraction: no threshold, every step runs (``note_baseline`` says so)."""
+        base = self.baseline[self.split][self.metric]
+        return self.options.stop_below * base if base > 0 else float("-inf")
+
+    def note_baseline(self) -> None:
+        base = self.baseline[self.split][self.metric]
+        if base <= 0 and self.job.is_global_zero:
+            Console().print(f"note: the unablated {self.split} {self.metric} is {base:.4f}: prune_curve.stop_below="
+                            f"{self.options.stop_below:g} of it means nothing, so no step stops the curve",
+                            markup=False, soft_wrap=True)
 
     def run(self) -> None:
         """Score, prune, evaluate, until the metric falls below the threshold or no head may go."""
+        if self.baseline is not None:
+            self.note_baseline()
         while self.stopped is None:
             pruned = self.steps[-1]["pruned"] if self.steps else []
             scores = self._scores(pruned)
@@ -145,6 +157,7 @@ class PruneCurve:
         task = self.job.cfg.task
         if self.baseline is None:
             self.baseline = {split: metrics_from_records(rows, task) for split, rows in baseline.items()}
+            self.note_baseline()
         return {v.name: {split: metrics_from_records(records[(v.name, split)], task) for split in baseline}
                 for v in variants}
 
@@ -169,8 +182,8 @@ class PruneCurve:
         value, base = step["metrics"][self.split][self.metric], self.baseline[self.split][self.metric]
         total = self.shape[0] * self.shape[1]
         Console().print(f"step {step['step']}: {step['heads_pruned']}/{total} heads pruned, {self.split} "
-                        f"{self.metric} {value:.4f} ({value / base:.1%} of the baseline {base:.4f})", markup=False,
-                        soft_wrap=True)
+                        f"{self.metric} {value:.4f} ({relative(value, base):.1%} of the baseline {base:.4f})",
+                        markup=False, soft_wrap=True)
         if self.job.logger:
             self.job.logger.log_metrics({f"prune_curve/{self.split}/{self.metric}": value,
                                          "prune_curve/heads_pruned": step["heads_pruned"]}, step=step["step"])
@@ -192,6 +205,11 @@ def time_final_mask(job: EvalJob, heads: list[str], shape: tuple[int, int], roun
             "seconds": seconds}
 
 
+def relative(value: float, base: float) -> float:
+    """``value`` as a fraction of a positive ``base``; NaN when ``base`` is 0 or less (no meaningful fraction)."""
+    return value / base if base > 0 else float("nan")
+
+
 def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> pd.DataFrame:
     """One row per curve, step and split; step 0 is the baseline."""
     total = curve.shape[0] * curve.shape[1]
@@ -204,7 +222,7 @@ def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> p
                 rows.append({"order": order, "seed": seed, "step": point["step"],
                              "heads_pruned": point["heads_pruned"], "fraction_pruned": point["heads_pruned"] / total,
                              "split": split, **metrics,
-                             "relative": metrics[curve.metric] / curve.baseline[split][curve.metric]})
+                             "relative": relative(metrics[curve.metric], curve.baseline[split][curve.metric])})
     return pd.DataFrame(rows).astype({"seed": "Int64"})
 
 

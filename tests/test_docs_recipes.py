@@ -1,0 +1,101 @@
+"""The recipes of README.md and docs/*.md that name other jobs' folders (``ckpt_path=JOB``, ``CLUSTERS_DIR``,
+``SWEEP_DIR``, ``runs/...``, a multirun's folder) run as written on the tiny model: in one working folder, in the
+documents' order (a recipe that reads ``runs/cluster_pre`` runs after the one that writes it), the placeholders
+replaced by real jobs and a few overrides added that make them small (``model=tiny_random``, a few examples). The
+recipes that need a GPU, the hub or several processes only compose (tests/test_docs_commands.py); the study runs in
+tests/test_study.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from test_docs_commands import COMMANDS, is_cheap
+
+pytestmark = pytest.mark.slow
+
+NEEDS_MORE = ("trainer=gpu", "trainer=ddp", "model=bert", "model=roberta", "compile=true", "attention_route=flex",
+              "precision", "hydra/launcher", "task=squad", "task=mrpc", "task=mnli", "study.",
+              "_squad")  # report.heads of SQuAD and MRPC jobs
+# the tiny random BERT in MiniLM's shape (6 layers x 12 heads), so the documents' head selectors exist
+TINY = ["model=tiny_random", "model.config.num_hidden_layers=6", "model.config.num_attention_heads=12",
+        "model.config.hidden_size=48"]
+SMALL = {"train.py": [*TINY, "trainer.max_steps=2", "trainer.val_check_interval=1.0", "trainer.num_sanity_val_steps=0",
+                      "data.max_train_examples=32", "data.max_eval_examples=16"],
+         "ablate.py": [*TINY, "allow_random_head=true", "data.max_eval_examples=12", "importance.max_examples=12",
+                       "features.max_sequences=12", "features.js_max_sequences=2", "cluster.stability_fits=2",
+                       "cluster.perplexity=3", "prune_curve.random_seeds=[0]", "prune_curve.timing_rounds=1",
+                       "prune_curve.stop_below=0.99", "report.resamples=50", "report.permutations=50",
+                       "syntax.resamples=50", "syntax.min_count=3"]}
+
+
+def recipes() -> list[tuple[str, list[str]]]:
+    """The documented commands this test runs: not cheap (those run as written already), not the study, none that
+    needs more than a CPU and the bundled data; those that write ``runs/`` first (the others read them)."""
+    chosen = []
+    for where, words in COMMANDS:
+        text = " ".join(words)
+        if is_cheap(words) or any(marker in text for marker in NEEDS_MORE):
+            continue
+        if words[0] == "ablate.py" and not any(w.startswith(("mode=", "experiment=")) for w in words):
+            continue  # the study (mode=study is the default)
+        chosen.append((where, words))
+    return sorted(chosen, key=lambda recipe: not any(w.startswith("hydra.run.dir=runs/") for w in recipe[1]))
+
+
+def placeholders(folder) -> dict[str, str]:
+    """Placeholder or example path -> the real folder it stands for."""
+    job, clusters, sweep = folder / "jobs/train", folder / "jobs/cluster", folder / "jobs/sweep"
+    return {"outputs/study/demo_qa/minilm/finetuned/finetune/seed0": str(job),
+            "outputs/train/demo_qa/minilm/defaults": str(job), "outputs/train/demo_qa/minilm/...": str(job),
+            "outputs/ablate/sweep_heads/...": str(sweep),
+            "outputs/ablate/multirun/guan2020_table2/demo_qa/minilm/train-1a2b3c4d": "MULTIRUN_JOB",
+            "CLUSTERS_DIR": str(clusters), "SWEEP_DIR": str(sweep), "JOB": str(job),
+            "mask.clusters=clusters.json": f"mask.clusters={clusters}/clusters.json",
+            "wiki.txt": str(folder / "wiki.txt"), "en_ewt-ud-dev.conllu": str(folder / "dev.conllu")}
+
+
+def filled(word: str, replace: dict[str, str], folder) -> str:
+    for placeholder in sorted(replace, key=len, reverse=True):
+        word = word.replace(placeholder, replace[placeholder])
+    if "MULTIRUN_JOB" in word:  # the example folder of a report: the multirun an earlier recipe made
+        made = sorted((folder / "outputs/ablate/multirun/guan2020_table2").glob("*/*/*"))
+        word = word.replace("MULTIRUN_JOB", str(made[0]) if made else "none-made")
+    return word
+
+
+def run(folder, script: str, *words: str) -> subprocess.CompletedProcess:
+    flags = [w for w in words if w.startswith("-")]  # -m before the overrides
+    extra = [f"data.cache_dir={folder / 'cache'}", "logger=csv"]
+    if script == "ablate.py":
+        extra.append(f"baseline_dir={folder / 'baselines'}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    return subprocess.run([sys.executable, str(ROOT / script), *flags, *(w for w in words if w not in flags),
+                           *SMALL[script], *extra], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_recipes_that_read_other_jobs_run_on_the_tiny_model(tmp_path):
+    folder = tmp_path
+    (folder / "wiki.txt").write_text("The cat sat on the mat.\nA dog barked.\tIt was late.\n" * 4)
+    shutil.copy(ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu", folder / "dev.conllu")
+    jobs = folder / "jobs"
+    setup = [("train.py", ["task=demo_qa", f"hydra.run.dir={jobs / 'train'}"]),  # the jobs the placeholders name
+             ("ablate.py", ["mode=features", f"ckpt_path={jobs / 'train'}", f"hydra.run.dir={jobs / 'f'}"]),
+             ("ablate.py", ["mode=cluster", f"cluster.features={jobs / 'f'}", f"hydra.run.dir={jobs / 'cluster'}",
+                            "cluster.names=[dense,diagonal,dense_vertical,vertical]"]),
+             ("ablate.py", ["mode=sweep_heads", f"ckpt_path={jobs / 'train'}", "mask.policy=prune",
+                            f"hydra.run.dir={jobs / 'sweep'}"])]
+    for script, words in setup:
+        result = run(folder, script, *words)
+        assert result.returncode == 0, result.stderr[-2000:]
+    replace, failed, chosen = placeholders(folder), [], recipes()
+    for where, words in chosen:
+        line = [filled(word, replace, folder) for word in words[1:]]
+        result = run(folder, words[0], *line)
+        if result.returncode != 0:
+            failed.append(f"{where}: {words[0]} {' '.join(line)}\n{result.stderr.strip()[-1500:]}")
+    assert len(chosen) >= 15 and not failed, "\n\n".join(failed)
