@@ -53,7 +53,7 @@ def placeholders(folder) -> dict[str, str]:
     return {"outputs/study/demo_qa/minilm/finetuned/finetune/seed0": str(job),
             "outputs/train/demo_qa/minilm/defaults": str(job), "outputs/train/demo_qa/minilm/...": str(job),
             "outputs/ablate/sweep_heads/...": str(sweep),
-            "outputs/ablate/multirun/guan2020_table2/demo_qa/minilm/train-1a2b3c4d": "MULTIRUN_JOB",
+            "outputs/ablate/multirun/guan2020_table2/demo_qa/minilm/train-1a2b3c4d": "@MULTIRUN@",
             "CLUSTERS_DIR": str(clusters), "SWEEP_DIR": str(sweep), "JOB": str(job),
             "mask.clusters=clusters.json": f"mask.clusters={clusters}/clusters.json",
             "wiki.txt": str(folder / "wiki.txt"), "en_ewt-ud-dev.conllu": str(folder / "dev.conllu")}
@@ -62,9 +62,9 @@ def placeholders(folder) -> dict[str, str]:
 def filled(word: str, replace: dict[str, str], folder) -> str:
     for placeholder in sorted(replace, key=len, reverse=True):
         word = word.replace(placeholder, replace[placeholder])
-    if "MULTIRUN_JOB" in word:  # the example folder of a report: the multirun an earlier recipe made
+    if "@MULTIRUN@" in word:  # the example folder of a report: the multirun an earlier recipe made
         made = sorted((folder / "outputs/ablate/multirun/guan2020_table2").glob("*/*/*"))
-        word = word.replace("MULTIRUN_JOB", str(made[0]) if made else "none-made")
+        word = word.replace("@MULTIRUN@", str(made[0]) if made else "none-made")
     return word
 
 
