@@ -352,3 +352,13 @@ def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path
     assert 0 <= probe["probe"]["uas"] <= 1 and probe["train_sentences"] == 2 and probe["epochs"] == 2
     assert f"UAS {100 * probe['probe']['uas']:.1f}" in (tmp_path / "job/syntax.md").read_text()
 
+
+
+def test_relations_named_get_a_row_whatever_their_count():
+    """``syntax.relations`` is what the user asked for: a rare relation (or punct) is not dropped by min_count."""
+    from headlab.analysis.syntax_heads import SyntaxScores, relation_counts
+
+    relations = np.array(["nsubj"] * 30 + ["iobj"] * 3 + ["punct"] * 5 + ["root"] * 2)
+    scores = SyntaxScores(np.zeros((len(relations), 1, 1, 2), dtype=bool), {}, relations)
+    assert relation_counts(scores, 20).to_dict() == {"all": 33, "nsubj": 30}
+    assert relation_counts(scores, 20, ["iobj", "punct"]).to_dict() == {"all": 33, "punct": 5, "iobj": 3}

@@ -149,11 +149,13 @@ def word_maps(model, encoded: EncodedTreebank, sentences: list[int], layer: int,
 
 
 def relation_counts(scores: SyntaxScores, min_count: int, relations: Iterable[str] | None = None) -> pd.Series:
-    """Words per relation in the table: ``all`` first, then by count (at least ``min_count``; root, punct out)."""
+    """Words per relation in the table: ``all`` first, then by count. ``relations`` named: those (whatever their
+    count); else every relation with at least ``min_count`` words but root and punct."""
     counts = pd.Series(scores.relations).value_counts()
-    counts = counts[~counts.index.isin(LEFT_OUT) & (counts >= min_count)]
     if relations is not None:
         counts = counts[counts.index.isin(list(relations))]
+    else:
+        counts = counts[~counts.index.isin(LEFT_OUT) & (counts >= min_count)]
     return pd.concat([pd.Series({"all": int(scores.scope("all").sum())}), counts.astype(int)])
 
 

@@ -15,7 +15,7 @@ class SyntaxConfig:
 
     conllu: str | None = None  # a CoNLL-U treebank (the evaluation split); null: the bundled demo_syntax dev split
     relations: list[str] | None = None  # the table's relations (null: every one with min_count words; root, punct out)
-    min_count: int = 20  # a relation needs this many words in the treebank to get a row
+    min_count: int = 20  # without relations: a relation needs this many words in the treebank to get a row
     max_sentences: int | None = None  # the treebank's first N sentences (null: all)
     max_length: int | None = None  # word pieces per sentence with [CLS] and [SEP] (null: the model's maximum)
     batch_size: int = 32
