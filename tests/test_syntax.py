@@ -281,7 +281,9 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     (["syntax.conllu=/nonexistent/dev.conllu"], "syntax.conllu='/nonexistent/dev.conllu': no such file"),
     (["syntax.conllu=BAD"], "is not CoNLL-U"),
     (["syntax.conllu=CYCLE"], "sentence cyc-1: the heads of words [2, 3] form a cycle"),
-    (["syntax.max_length=3"], "no sentence of the treebank fits max_length=3"),
+    (["syntax.max_length=3"], "dev.conllu' fits max_length=3"),
+    (["syntax.probe=attn", "syntax.conllu=SHORT", "syntax.train_conllu=CYCLE_FREE", "syntax.max_length=12"],
+     "fine.conllu' fits max_length=12"),  # the probe's training treebank: too long for max_length
     (["syntax.relations=[nsubj,dobj]"], "syntax.relations: 'dobj' not in the treebank"),
     (["mask=prune", "mask.heads=all"], "a plan that changes every head (prune=12): no head is left to score"),
     (["syntax.min_count=0"], "syntax.min_count=0 must be at least 1"),
@@ -295,8 +297,14 @@ def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):
     (tmp_path / "cycle.conllu").write_text("# sent_id = cyc-1\n1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n"
                                            "2\tb\t_\t_\t_\t_\t3\tdep\t_\t_\n3\tc\t_\t_\t_\t_\t2\tdep\t_\t_\n\n")
     (tmp_path / "fine.conllu").write_text(TREEBANK)
-    overrides = [o.replace("BAD", str(tmp_path / "bad.conllu")).replace("CYCLE_FREE", str(tmp_path / "fine.conllu"))
-                 .replace("CYCLE", str(tmp_path / "cycle.conllu")) for o in overrides]
+    (tmp_path / "short.conllu").write_text("1\tA\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tb\t_\t_\t_\t_\t0\troot\t_\t_\n\n")
+    files = {"SHORT": "short", "BAD": "bad", "CYCLE_FREE": "fine", "CYCLE": "cycle"}  # CYCLE_FREE before CYCLE
+
+    def filled(override: str) -> str:
+        for placeholder, name in files.items():
+            override = override.replace(placeholder, str(tmp_path / f"{name}.conllu"))
+        return override
+    overrides = [filled(o) for o in overrides]
     result = run("ablate.py", "mode=syntax", "allow_random_head=true", *overrides,
                  f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, said)
@@ -362,3 +370,14 @@ def test_relations_named_get_a_row_whatever_their_count():
     scores = SyntaxScores(np.zeros((len(relations), 1, 1, 2), dtype=bool), {}, relations)
     assert relation_counts(scores, 20).to_dict() == {"all": 33, "nsubj": 30}
     assert relation_counts(scores, 20, ["iobj", "punct"]).to_dict() == {"all": 33, "punct": 5, "iobj": 3}
+
+
+def test_a_treebank_without_a_frequent_relation_gets_the_all_row_only(tmp_path):
+    """No relation reaches min_count: the table has its ``all`` row and no per-relation figure (it crashed)."""
+    (tmp_path / "short.conllu").write_text("1\tA\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tb\t_\t_\t_\t_\t0\troot\t_\t_\n\n"
+                                           "1\tC\t_\t_\t_\t_\t2\tamod\t_\t_\n2\td\t_\t_\t_\t_\t0\troot\t_\t_\n\n")
+    run("ablate.py", "mode=syntax", "allow_random_head=true", f"syntax.conllu={tmp_path / 'short.conllu'}",
+        "syntax.resamples=20", f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path)
+    table = pd.read_csv(tmp_path / "job/syntax.csv")
+    assert list(table["relation"]) == ["all"] and table["count"].item() == 2
+    assert not list((tmp_path / "job").glob("syntax_heads_*.png"))

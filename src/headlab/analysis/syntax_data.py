@@ -59,8 +59,9 @@ class EncodedTreebank:
                    "lengths": torch.tensor([len(s) for s in self.sentences[start:start + batch_size]])}
 
 
-def encode_treebank(sentences: Sequence[Sentence], tokenizer, max_length: int) -> EncodedTreebank:
-    """Tokenise every sentence (module docstring); a ``UserError`` when none fits ``max_length``."""
+def encode_treebank(sentences: Sequence[Sentence], tokenizer, max_length: int,
+                    what: str = "the treebank") -> EncodedTreebank:
+    """Tokenise every sentence (module docstring); a ``UserError`` naming ``what`` when none fits ``max_length``."""
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"the syntax heads need a fast tokenizer (word_ids); {type(tokenizer).__name__} is not one")
     encoded = EncodedTreebank([], [], [])
@@ -76,7 +77,7 @@ def encode_treebank(sentences: Sequence[Sentence], tokenizer, max_length: int) -
         encoded.input_ids.append(ids)
         encoded.token_slots.append(slots)
     if not encoded.sentences:
-        raise UserError(f"no sentence of the treebank fits max_length={max_length} word pieces "
+        raise UserError(f"no sentence of {what} fits max_length={max_length} word pieces "
                         f"({encoded.too_long} longer, {encoded.no_pieces} with a word of no piece)")
     _flatten(encoded)
     return encoded

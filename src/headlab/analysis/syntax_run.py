@@ -116,12 +116,17 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
     limit = model_config(weights_model_config(checkpoint, cfg.model)).max_position_embeddings
     max_length = limit if cfg.syntax.max_length is None else min(cfg.syntax.max_length, limit)
-    encoded = encode_treebank(read_treebank(cfg), tokenizer, max_length)
+    encoded = encode_treebank(read_treebank(cfg), tokenizer, max_length, f"syntax.conllu={str(treebank_path(cfg))!r}")
     skipped = encoded.too_long + encoded.no_pieces
     if skipped:
         Console().print(f"note: {skipped} sentences skipped ({encoded.too_long} longer than {max_length} word "
                         f"pieces, {encoded.no_pieces} with a word of no piece); {len(encoded.sentences)} scored",
                         markup=False)
+    train = None  # the probe's training treebank, tokenised before the weights load (bad input is said first)
+    if cfg.syntax.probe is not None:
+        where = str(train_treebank_path(cfg))
+        train = encode_treebank(read_conllu(where, "syntax.train_conllu"), tokenizer, max_length,
+                                f"syntax.train_conllu={where!r}")
     model = encoder(checkpoint, cfg).to(feature_device(cfg.trainer))
     logger = identity.logger(cfg.logger, f"syntax-{treebank_path(cfg).stem}-{cfg.model.name}")
     batches = counted_batches(encoded.batches(cfg.syntax.batch_size, tokenizer.pad_token_id),
@@ -145,9 +150,11 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     write_frame_atomic(roles, out / "sieve_roles.csv")
     write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + roles_sentence(roles) + "\n")
     formats = tuple(cfg.report.formats)
-    images = {f"heads_{d}": best_relation_heatmap(accuracies, d, f"best relation per head ({d}), {title}",
-                                                  out / f"syntax_heads_{d.replace('->', '_to_')}", formats)[0]
-              for d in DIRECTIONS}
+    images = {}
+    if len(counts) > 1:  # relations besides "all" (none with min_count words: no per-relation figure)
+        images |= {f"heads_{d}": best_relation_heatmap(accuracies, d, f"best relation per head ({d}), {title}",
+                                                       out / f"syntax_heads_{d.replace('->', '_to_')}", formats)[0]
+                   for d in DIRECTIONS}
     images["roles"] = role_panels(roles, f"syntactic sieve scores and roles (Pande et al.), {title}",
                                   out / "syntax_roles", formats)[0]
     if cfg.syntax.examples and len(table) > 1:
@@ -155,8 +162,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                                             title, out / "syntax_examples", formats)
     log_artifacts(logger, {"syntax": table}, images)
     probe = None
-    if cfg.syntax.probe is not None:
-        train = encode_treebank(read_conllu(train_treebank_path(cfg), "syntax.train_conllu"), tokenizer, max_length)
+    if train is not None:
         probe = run_probe(cfg, model, train, encoded, tokenizer.pad_token_id)
         write_json_atomic(out / "probe.json", probe)
         write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + probe_sentence(probe) + "\n")
