@@ -130,15 +130,18 @@ def attachment(probe: AttentionProbe | None, sentences: Iterable[ProbeSentence])
             "words_with_punct": total_all}
 
 
-def right_branching(encoded: EncodedTreebank) -> dict[str, float]:
-    """``attachment`` of the right-branching baseline on ``encoded`` (it needs no attention)."""
-    start, sentences = 0, []
+def gold_trees(encoded: EncodedTreebank) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sentence of ``encoded``, in order: its gold heads ``[n]`` and which of its words are punctuation."""
+    start = 0
     for sentence in encoded.sentences:
         words = slice(start, start + len(sentence))
-        punct = torch.as_tensor(np.asarray(encoded.relations[words]) == PUNCT)
-        sentences.append(ProbeSentence(torch.empty(0), torch.as_tensor(encoded.gold[words]), punct))
+        yield torch.as_tensor(encoded.gold[words]), torch.as_tensor(np.asarray(encoded.relations[words]) == PUNCT)
         start += len(sentence)
-    return attachment(None, sentences)
+
+
+def right_branching(encoded: EncodedTreebank) -> dict[str, float]:
+    """``attachment`` of the right-branching baseline on ``encoded`` (it needs no attention)."""
+    return attachment(None, [ProbeSentence(torch.empty(0), heads, punct) for heads, punct in gold_trees(encoded)])
 
 
 class AllHeads:
@@ -163,21 +166,18 @@ def probe_sentences(model, encoded: EncodedTreebank, batch_size: int, pad_id: in
     consumer runs with gradients: nothing is yielded inside the no-grad block)."""
     device = next(model.parameters()).device
     table = model.get_input_embeddings().weight.detach() if embeddings else None
-    observer, start = AllHeads(), 0
+    observer, trees = AllHeads(), gold_trees(encoded)
     for batch in encoded.batches(batch_size, pad_id):
         lengths = batch["lengths"].tolist()
         with torch.no_grad(), observe_attention(model, observer.layer):
             observer.begin(slot_matrix(batch["token_slots"].to(device), max(lengths) + 2))
             model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
         attention = observer.stacked().float().cpu()
-        for row, n in enumerate(lengths):
-            words = slice(start, start + n)
-            punct = torch.as_tensor(np.asarray(encoded.relations[words]) == PUNCT)
+        for row, (n, (heads, punct)) in enumerate(zip(lengths, trees)):
             vectors = None
             if table is not None:
                 vectors = _word_embeddings(table, batch["input_ids"][row], batch["token_slots"][row], n)
-            yield ProbeSentence(root_merged(attention[row], n), torch.as_tensor(encoded.gold[words]), punct, vectors)
-            start += n
+            yield ProbeSentence(root_merged(attention[row], n), heads, punct, vectors)
 
 
 def _word_embeddings(table: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor, n: int) -> torch.Tensor:
