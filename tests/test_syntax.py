@@ -291,6 +291,8 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     (["syntax.probe=attn", "syntax.conllu=CYCLE_FREE"], "needs a training treebank"),
     (["syntax.probe=attn", "mask=prune", "mask.heads=L0"], "syntax.probe=attn reads every head"),
     (["syntax.probe=attn", "syntax.train_conllu=BAD"], "syntax.train_conllu="),
+    (["syntax.probe=attn", "syntax.conllu=CYCLE_FREE", "syntax.train_conllu=CYCLE_FREE"],
+     "is the evaluation treebank too"),
 ])
 def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):
     (tmp_path / "bad.conllu").write_text('{"not": "conllu"}\n')
@@ -346,8 +348,9 @@ def test_each_word_gets_exactly_its_own_pieces(treebank, tokenizer, kind):
 
 def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path):
     (tmp_path / "hand.conllu").write_text(TREEBANK)
-    hand = str(tmp_path / "hand.conllu")
-    run("ablate.py", "mode=syntax", "allow_random_head=true", f"syntax.conllu={hand}", f"syntax.train_conllu={hand}",
+    (tmp_path / "train.conllu").write_text(TREEBANK)  # the same trees in a file of their own (train = dev is refused)
+    hand, train = str(tmp_path / "hand.conllu"), str(tmp_path / "train.conllu")
+    run("ablate.py", "mode=syntax", "allow_random_head=true", f"syntax.conllu={hand}", f"syntax.train_conllu={train}",
         "syntax.probe=attn", "syntax.probe_epochs=2", "syntax.min_count=1", "syntax.resamples=50",
         f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path)
     probe = json.loads((tmp_path / "job/probe.json").read_text())

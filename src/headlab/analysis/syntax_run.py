@@ -105,6 +105,9 @@ def check(cfg: Any) -> None:
     if cfg.syntax.probe is not None:
         if plan is not None:
             raise UserError(f"syntax.probe={cfg.syntax.probe} reads every head: run it without a plan (mask=none)")
+        if train_treebank_path(cfg).resolve() == treebank_path(cfg).resolve():
+            raise UserError(f"syntax.train_conllu={cfg.syntax.train_conllu!r} is the evaluation treebank too: the "
+                            "probe would be scored on the sentences it was trained on; give its train split")
         read_conllu(train_treebank_path(cfg), "syntax.train_conllu")
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
 
