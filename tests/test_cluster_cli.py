@@ -9,7 +9,7 @@ from math import comb
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run, wandb_log
+from conftest import assert_one_error_line, run, wandb_log
 from sklearn.cluster import KMeans
 
 from headlab.analysis.compare_run import read_runs
@@ -91,6 +91,53 @@ def test_compare_gives_the_adjusted_rand_index_and_transitions(clustered):
     silhouettes = [json.loads((jobs[name][0] / "clusters.json").read_text())["silhouette"]
                    for name in ("random", "tuned", "random")]
     assert qualities.loc["silhouette"].tolist() == pytest.approx(silhouettes)
+
+
+def test_compare_puts_each_runs_sieve_roles_side_by_side_with_the_syntax_jobs(clustered):
+    """Roles of the features jobs (local, block, ...) and of compare.syntax's mode=syntax jobs, per head and run;
+    the counts and kept / gained / lost recomputed here from the jobs' own sieve_roles.csv files."""
+    root, jobs = clustered
+    syntax = {}
+    for name, ckpt in (("random", "null"), ("tuned", str(root / "train"))):
+        syntax[name] = root / f"syntax_{name}"
+        run("ablate.py", "mode=syntax", "allow_random_head=true", f"ckpt_path={ckpt}", "syntax.max_sentences=60",
+            "syntax.resamples=100", "syntax.sieve_tau=1.0", f"hydra.run.dir={syntax[name]}", cwd_tmp=root)
+    job = root / "compare_roles"
+    runs = f"compare.runs=[{jobs['random'][0]},{jobs['tuned'][0]}]"
+    out = run("ablate.py", "mode=compare", runs, "compare.names=[pre,tuned]",
+              f"compare.syntax=[{syntax['random']},{syntax['tuned']}]", f"hydra.run.dir={job}", cwd_tmp=root).stdout
+    assert "Heads per sieve role" in out
+    has = {}
+    for name in ("random", "tuned"):
+        sources = [root / f"features_{name}/sieve_roles.csv", syntax[name] / "sieve_roles.csv"]
+        frame = pd.concat([pd.read_csv(path) for path in sources])
+        has[name] = {role: dict(zip(rows["name"], rows["role"].astype(bool))) for role, rows in frame.groupby("sieve")}
+    assert {"local", "block", "syntactic", "nsubj", "obj", "amod", "advmod"} <= set(has["random"])
+    roles = pd.read_csv(job / "roles.csv").set_index("role")
+    heads = pd.read_parquet(job / "heads.parquet").set_index("name")
+    assert sorted(roles.index) == sorted(has["random"])
+    for role, pre in has["random"].items():
+        tuned = has["tuned"][role]
+        names = list(pre)
+        assert roles.loc[role, "pre"] == sum(pre.values()) and roles.loc[role, "tuned"] == sum(tuned.values())
+        assert roles.loc[role, "kept/tuned"] == sum(pre[h] and tuned[h] for h in names)
+        assert roles.loc[role, "gained/tuned"] == sum(tuned[h] and not pre[h] for h in names)
+        assert roles.loc[role, "lost/tuned"] == sum(pre[h] and not tuned[h] for h in names)
+        assert heads[f"role_{role}/pre"].to_dict() == pre and heads[f"role_{role}/tuned"].to_dict() == tuned
+    assert roles.to_numpy().sum() > 0  # some head has some role: the comparison is not of empty columns
+    summary = json.loads((job / "results.json").read_text())
+    assert summary["roles"]["local"] == {"pre": roles.loc["local", "pre"], "tuned": roles.loc["local", "tuned"]}
+    # The syntax jobs given in the wrong order, one too few, or one run under a plan: refused before anything runs.
+    planned = root / "syntax_planned"
+    run("ablate.py", "mode=syntax", "allow_random_head=true", "mask=prune", "mask.heads=[L0H0]",
+        "syntax.max_sentences=20", "syntax.resamples=50", f"hydra.run.dir={planned}", cwd_tmp=root)
+    for given, expected in (([syntax["tuned"], syntax["random"]], "give the syntax jobs in the order of compare.runs"),
+                            ([syntax["random"]], "compare.syntax has 1 mode=syntax jobs for 2 compare.runs"),
+                            ([planned, syntax["tuned"]], "ran under a plan"),
+                            ([jobs["random"][0], syntax["tuned"]], "is not a finished mode=syntax job")):
+        result = run("ablate.py", "mode=compare", runs, f"compare.syntax=[{','.join(map(str, given))}]",
+                     f"hydra.run.dir={root / 'refused'}", cwd_tmp=root, check=False)
+        assert_one_error_line(result, expected)
 
 
 def test_the_clusters_file_feeds_the_guan_table_2_preset(clustered):

@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, assert_one_error_line, in_parallel
 
 pytestmark = pytest.mark.slow
-STAGES = ["finetune", "features", "cluster", "compare", "syntax", "tables", "sweep", "importance", "prune_curve",
+STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "importance", "prune_curve",
           "report"]
 
 
@@ -124,8 +124,13 @@ def test_study_md_numbers_equal_the_stage_files(finished):
         assert float(types.loc[name, "stability"]) == pytest.approx(result["stability"], abs=5e-5)
         assert types.loc[name, "types"] == ", ".join(f"{k} {v}" for k, v in result["counts"].items())
 
-    ari = json.loads((folder / "compare/seed0/results.json").read_text())["ari"]["pre-trained vs fine-tuned"]
+    compared = json.loads((folder / "compare/seed0/results.json").read_text())
+    ari = compared["ari"]["pre-trained vs fine-tuned"]
     assert float(re.search(r"pre-trained vs fine-tuned (-?\d+\.\d+)", text).group(1)) == pytest.approx(ari, abs=5e-5)
+    roles = markdown_table(text, "`compare/seed0/roles.md`").set_index("role")  # the syntax stage ran before it
+    assert {"local", "syntactic", "nsubj"} <= set(roles.index)
+    for role, counts in compared["roles"].items():
+        assert [int(roles.loc[role, run]) for run in ("pre-trained", "fine-tuned")] == list(counts.values())
 
     for name in ("pretrained", "seed0"):
         best = pd.read_csv(folder / f"syntax/{name}/syntax.csv")

@@ -292,15 +292,19 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     (["syntax.probe=attn", "mask=prune", "mask.heads=L0"], "syntax.probe=attn reads every head"),
     (["syntax.probe=attn", "syntax.train_conllu=BAD"], "syntax.train_conllu="),
     (["syntax.probe=attn", "syntax.conllu=CYCLE_FREE", "syntax.train_conllu=CYCLE_FREE"],
-     "is the evaluation treebank too"),
+     "is the evaluation file too"),
+    (["syntax.probe=attn", "syntax.conllu=CYCLE_FREE", "syntax.train_conllu=COPY"],
+     "holds every evaluation sentence"),  # a copy under another name
 ])
 def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):
     (tmp_path / "bad.conllu").write_text('{"not": "conllu"}\n')
     (tmp_path / "cycle.conllu").write_text("# sent_id = cyc-1\n1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n"
                                            "2\tb\t_\t_\t_\t_\t3\tdep\t_\t_\n3\tc\t_\t_\t_\t_\t2\tdep\t_\t_\n\n")
     (tmp_path / "fine.conllu").write_text(TREEBANK)
+    (tmp_path / "copy.conllu").write_text(TREEBANK)
     (tmp_path / "short.conllu").write_text("1\tA\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tb\t_\t_\t_\t_\t0\troot\t_\t_\n\n")
-    files = {"SHORT": "short", "BAD": "bad", "CYCLE_FREE": "fine", "CYCLE": "cycle"}  # CYCLE_FREE before CYCLE
+    # CYCLE_FREE before CYCLE
+    files = {"SHORT": "short", "BAD": "bad", "CYCLE_FREE": "fine", "CYCLE": "cycle", "COPY": "copy"}
 
     def filled(override: str) -> str:
         for placeholder, name in files.items():
@@ -348,7 +352,8 @@ def test_each_word_gets_exactly_its_own_pieces(treebank, tokenizer, kind):
 
 def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path):
     (tmp_path / "hand.conllu").write_text(TREEBANK)
-    (tmp_path / "train.conllu").write_text(TREEBANK)  # the same trees in a file of their own (train = dev is refused)
+    demo = (ROOT / "src/headlab/tasks/data/demo_syntax/train.conllu").read_text().strip().split("\n\n")
+    (tmp_path / "train.conllu").write_text("\n\n".join(demo[:30]) + "\n\n")  # trees apart from the evaluated ones
     hand, train = str(tmp_path / "hand.conllu"), str(tmp_path / "train.conllu")
     run("ablate.py", "mode=syntax", "allow_random_head=true", f"syntax.conllu={hand}", f"syntax.train_conllu={train}",
         "syntax.probe=attn", "syntax.probe_epochs=2", "syntax.min_count=1", "syntax.resamples=50",
@@ -360,7 +365,7 @@ def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path
             if relation != "punct":
                 right, total = right + (head == (index + 1 if index < len(sentence) else 0)), total + 1
     assert probe["right_branching"]["uas"] == pytest.approx(right / total) and probe["probe"]["words"] == total
-    assert 0 <= probe["probe"]["uas"] <= 1 and probe["train_sentences"] == 2 and probe["epochs"] == 2
+    assert 0 <= probe["probe"]["uas"] <= 1 and probe["train_sentences"] == 30 and probe["epochs"] == 2
     assert f"UAS {100 * probe['probe']['uas']:.1f}" in (tmp_path / "job/syntax.md").read_text()
 
 

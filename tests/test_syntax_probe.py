@@ -58,7 +58,7 @@ def test_scores_equal_the_definition_pair_by_pair():
                 clipped = min(max(i - j, -DISTANCE_CLIP), DISTANCE_CLIP)
                 bucket = 2 * DISTANCE_CLIP + 1 if i == 0 else clipped + DISTANCE_CLIP
                 expected = (w * a[:, i, j]).sum() + (u * a[:, j, i]).sum() + probe.distance.double()[bucket]
-                assert float(scores[j - 1, i]) == pytest.approx(float(expected), rel=1e-5, abs=1e-5)
+                assert float(scores[j - 1, i]) == pytest.approx(expected.item(), rel=1e-5, abs=1e-5)
 
 
 def test_root_is_cls_and_sep_together():

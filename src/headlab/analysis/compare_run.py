@@ -13,6 +13,9 @@ from a model of the same shape (layers x heads). The job directory gets:
                            its distance features from the first run (L2 norm of the 21-dim difference), and
                            when every run's clusters are named: the type most runs give it (ties: the earliest
                            run's) and the share of runs that agree (e.g. over fine-tuning seeds)
+``roles.csv`` / .md        per sieve role (Pande et al.: local, delimiter, block from the features jobs; syntactic,
+                           nsubj, obj, amod, advmod from ``compare.syntax``): heads with it in each run, and
+                           kept / gained / lost from the first run; ``heads`` gets ``role_<role>/<run>``
 ``results.json``           the summary; a complete one for the same config makes a rerun skip the job
 =========================  ==============================================================================
 """
@@ -28,6 +31,7 @@ import pandas as pd
 from rich.console import Console
 from sklearn.metrics import adjusted_rand_score
 
+from headlab.analysis.compare_roles import read_syntax_jobs, role_tables
 from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.core.head_files import load_clusters
 from headlab.errors import UserError
@@ -85,8 +89,8 @@ def _default_names(runs: list[dict[str, Any]]) -> list[str]:
     return [name[0] + (f" {' '.join(name[1:])}" if len(name) > 1 else "") for name in names]
 
 
-def comparison_tables(runs: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
-    """ARI, transitions from the first run, stability, types per layer and the per-head table."""
+def comparison_tables(runs: list[dict[str, Any]], syntax: list[Path] | None = None) -> dict[str, pd.DataFrame]:
+    """ARI, transitions from the first run, stability, types per layer, sieve roles and the per-head table."""
     heads = list(runs[0]["labels"])
     labels = {run["name"]: [run["labels"][h] for h in heads] for run in runs}
     names = list(labels)
@@ -114,9 +118,11 @@ def comparison_tables(runs: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
         types = [Counter(row) for row in zip(*labels.values())]  # per head: runs per type, in run order
         table["modal_type"] = [count.most_common(1)[0][0] for count in types]
         table["agreement"] = [count.most_common(1)[0][1] / len(runs) for count in types]
+    roles, role_columns = role_tables(runs, syntax)
+    table = pd.concat([table, role_columns], axis=1)
     table = table[["layer", "head", "name", *table.columns[3:]]]
     return {"ari": ari, "transitions": transitions, "stability": stability, "types_per_layer": per_layer,
-            "heads": table}
+            "roles": roles, "heads": table}
 
 
 def _distance(run: dict[str, Any], heads: list[str]) -> np.ndarray | None:
@@ -128,19 +134,25 @@ def _distance(run: dict[str, Any], heads: list[str]) -> np.ndarray | None:
     return table[[c for c in table.columns if c.startswith("dist_")]].to_numpy()
 
 
+def read_inputs(cfg: Any) -> tuple[list[dict[str, Any]], list[Path] | None]:
+    """The runs and their ``mode=syntax`` jobs, checked."""
+    runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
+    return runs, read_syntax_jobs(None if cfg.compare.syntax is None else list(cfg.compare.syntax), runs)
+
+
 def check(cfg: Any) -> None:
-    read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
+    read_inputs(cfg)
 
 
 @resumable
 def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Compare the head types of ``cfg.compare.runs``; ``cfg`` passed ``check_mode``."""
-    runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
+    runs, syntax = read_inputs(cfg)
     logger = identity.logger(cfg.logger, f"compare-{runs[0]['model']}")
-    tables = comparison_tables(runs)
+    tables = comparison_tables(runs, syntax)
     output_dir = identity.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("ari", "transitions", "stability"):
+    for name in ("ari", "transitions", "stability", "roles"):
         write_frame_atomic(tables[name], output_dir / f"{name}.csv")
         write_text_atomic(output_dir / f"{name}.md", to_markdown(tables[name].round(4)))
     write_frame_atomic(tables["types_per_layer"], output_dir / "types_per_layer.csv")
@@ -149,7 +161,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     colours = head_plots.matched_colours({run["name"]: tables["heads"][f"type/{run['name']}"] for run in runs})
     image = head_plots.types_per_layer(tables["types_per_layer"], "head types per layer",
                                        output_dir / "types_per_layer", tuple(cfg.report.formats), colours)[0]
-    log_artifacts(logger, {name: tables[name] for name in ("ari", "transitions", "stability", "heads")},
+    log_artifacts(logger, {name: tables[name] for name in ("ari", "transitions", "stability", "roles", "heads")},
                   {"types_per_layer": image})
     ari = tables["ari"].set_index("run")
     heads = tables["heads"]
@@ -160,12 +172,16 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         "ari": {f"{a} vs {b}": float(ari.loc[a, b]) for i, a in enumerate(ari.index) for b in ari.index[i + 1:]},
         "changed": {r["name"]: int(tables["heads"][f"changed/{r['name']}"].sum()) for r in runs[1:]},
         "same_type_in_every_run": agreed,
+        "roles": tables["roles"].set_index("role")[[r["name"] for r in runs]].to_dict("index"),
+        "syntax": None if syntax is None else [str(path.absolute()) for path in syntax],
         "files": ["ari.csv", "ari.md", "transitions.csv", "transitions.md", "stability.csv", "stability.md",
+                  "roles.csv", "roles.md",
                   "types_per_layer.csv", image.name, "heads.parquet", "heads.csv"]})
     write_json_atomic(output_dir / "results.json", summary)
     same = "" if agreed is None else f"\n\nHeads of the same type in every run: {agreed} of {len(heads)}"
+    roles = "" if tables["roles"].empty else f"\n\nHeads per sieve role\n{to_markdown(tables['roles'])}"
     Console().print(f"Adjusted Rand index\n{to_markdown(tables['ari'].round(4))}\n\nStability\n"
-                    f"{to_markdown(tables['stability'].round(4))}{same}\n-> {output_dir}", markup=False,
+                    f"{to_markdown(tables['stability'].round(4))}{same}{roles}\n-> {output_dir}", markup=False,
                     soft_wrap=True)
     if logger:
         logger.finalize("success")

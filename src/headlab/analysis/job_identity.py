@@ -37,7 +37,8 @@ SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("p
 # researchers write and may write again. Not ``model.name_or_path``: a model's own weights (hub cache or package) are
 # not rewritten in place, and reinstalling a package would otherwise run every job again.
 INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance", "importance.sweep",
-              "features.text_file", "cluster.features", "compare.runs", "syntax.conllu")
+              "features.text_file", "cluster.features", "compare.runs", "compare.syntax", "syntax.conllu",
+              "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model")
 
 Result = dict[str, Any]
 

@@ -41,6 +41,7 @@ from headlab.analysis.syntax_heads import (
     word_maps,
 )
 from headlab.analysis.syntax_probe import attachment, probe_sentences, right_branching, train_probe
+from headlab.analysis.syntax_sources import evaluation_source, read_evaluation, read_training, training_source
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.core.models import load_tokenizer, model_config, model_shape
 from headlab.core.plans import HeadPlan
@@ -52,28 +53,9 @@ from headlab.reporting.layouts import clark_layout, to_markdown
 from headlab.reporting.sieve_roles import sieve_roles
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.reporting.syntax_plots import attention_lines, best_relation_heatmap
-from headlab.tasks.treebank import Sentence, read_conllu
 from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
-
-DEMO_TREEBANK = Path(__file__).resolve().parents[1] / "tasks" / "data" / "demo_syntax" / "dev.conllu"
-
-
-def treebank_path(cfg: Any) -> Path:
-    return DEMO_TREEBANK if cfg.syntax.conllu is None else Path(cfg.syntax.conllu)
-
-
-def read_treebank(cfg: Any) -> list[Sentence]:
-    """The treebank's (first ``max_sentences``) sentences, checked; the relations asked for must occur in it."""
-    sentences = read_conllu(treebank_path(cfg), "syntax.conllu")[:cfg.syntax.max_sentences]
-    if cfg.syntax.relations is not None:
-        found = sorted({relation for sentence in sentences for relation in sentence.relations})
-        unknown = [r for r in cfg.syntax.relations if r not in found and r != "all"]
-        if unknown:
-            raise UserError(f"syntax.relations: {', '.join(map(repr, unknown))} not in the treebank; its relations: "
-                            f"{', '.join(found)}")
-    return sentences
 
 
 def syntax_plan(cfg: Any) -> HeadPlan | None:
@@ -88,27 +70,14 @@ def syntax_plan(cfg: Any) -> HeadPlan | None:
     return plan
 
 
-def train_treebank_path(cfg: Any) -> Path:
-    """The probe's training treebank: ``syntax.train_conllu``, or the demo's train split beside the demo's dev."""
-    if cfg.syntax.train_conllu is not None:
-        return Path(cfg.syntax.train_conllu)
-    if cfg.syntax.conllu is not None:
-        raise UserError(f"syntax.probe={cfg.syntax.probe} needs a training treebank: syntax.conllu="
-                        f"{cfg.syntax.conllu!r} is given without syntax.train_conllu=FILE (its train split)")
-    return DEMO_TREEBANK.with_name("train.conllu")
-
-
 def check(cfg: Any) -> None:
-    """The plan fits the model and keeps a head; the treebanks read; the checkpoint exists."""
+    """The plan fits the model and keeps a head; the sentences read (parsed); the checkpoint exists."""
     plan = syntax_plan(cfg)
-    read_treebank(cfg)
+    if cfg.syntax.probe is not None and plan is not None:
+        raise UserError(f"syntax.probe={cfg.syntax.probe} reads every head: run it without a plan (mask=none)")
+    evaluation = read_evaluation(cfg.syntax)
     if cfg.syntax.probe is not None:
-        if plan is not None:
-            raise UserError(f"syntax.probe={cfg.syntax.probe} reads every head: run it without a plan (mask=none)")
-        if train_treebank_path(cfg).resolve() == treebank_path(cfg).resolve():
-            raise UserError(f"syntax.train_conllu={cfg.syntax.train_conllu!r} is the evaluation treebank too: the "
-                            "probe would be scored on the sentences it was trained on; give its train split")
-        read_conllu(train_treebank_path(cfg), "syntax.train_conllu")
+        read_training(cfg.syntax, evaluation)
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
 
 
@@ -119,7 +88,9 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
     limit = model_config(weights_model_config(checkpoint, cfg.model)).max_position_embeddings
     max_length = limit if cfg.syntax.max_length is None else min(cfg.syntax.max_length, limit)
-    encoded = encode_treebank(read_treebank(cfg), tokenizer, max_length, f"syntax.conllu={str(treebank_path(cfg))!r}")
+    source = evaluation_source(cfg.syntax)
+    sentences = read_evaluation(cfg.syntax)
+    encoded = encode_treebank(sentences, tokenizer, max_length, str(source))
     skipped = encoded.too_long + encoded.no_pieces
     if skipped:
         Console().print(f"note: {skipped} sentences skipped ({encoded.too_long} longer than {max_length} word "
@@ -127,11 +98,10 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                         markup=False)
     train = None  # the probe's training treebank, tokenised before the weights load (bad input is said first)
     if cfg.syntax.probe is not None:
-        where = str(train_treebank_path(cfg))
-        train = encode_treebank(read_conllu(where, "syntax.train_conllu"), tokenizer, max_length,
-                                f"syntax.train_conllu={where!r}")
+        train = encode_treebank(read_training(cfg.syntax, sentences), tokenizer, max_length,
+                                str(training_source(cfg.syntax)))
     model = encoder(checkpoint, cfg).to(feature_device(cfg.trainer))
-    logger = identity.logger(cfg.logger, f"syntax-{treebank_path(cfg).stem}-{cfg.model.name}")
+    logger = identity.logger(cfg.logger, f"syntax-{source.path.stem}-{cfg.model.name}")
     batches = counted_batches(encoded.batches(cfg.syntax.batch_size, tokenizer.pad_token_id),
                               ProgressLines("syntax", len(encoded.sentences), "sentences"))
     plan = syntax_plan(cfg)
@@ -144,7 +114,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "syntax.json", syntax_record(scores, accuracies, counts, encoded, table))
     write_frame_atomic(table, out / "syntax.csv")
-    title = f"{cfg.model.name} on {treebank_path(cfg).name}: {len(encoded.sentences)} sentences"
+    title = f"{cfg.model.name} on {source.path.name}: {len(encoded.sentences)} sentences"
     if plan is not None:
         title += f", under {plan.describe()} (those heads not scored)"
     write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table)))
@@ -171,7 +141,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + probe_sentence(probe) + "\n")
     best = table.set_index("relation")[["head", "direction", "accuracy", "baseline_accuracy"]].to_dict("index")
     summary = identity.complete({
-        "kind": "syntax", "model": cfg.model.name, "treebank": str(treebank_path(cfg).absolute()),
+        "kind": "syntax", "model": cfg.model.name, "treebank": str(source.path.absolute()),
         "shape": list(model_shape(cfg.model)),
         "num_sentences": len(encoded.sentences), "num_words": encoded.num_words, "too_long": encoded.too_long,
         "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
@@ -198,7 +168,7 @@ def run_probe(cfg: Any, model, train: EncodedTreebank, evaluation: EncodedTreeba
     probe = train_probe(options.probe, lambda: sentences(train), heads, dim, options.probe_epochs, options.probe_lr,
                         cfg.seed)
     return {"kind": options.probe, "epochs": options.probe_epochs, "lr": options.probe_lr,
-            "train_treebank": str(train_treebank_path(cfg).absolute()), "train_sentences": len(train.sentences),
+            "train_treebank": str(training_source(cfg.syntax).path.absolute()), "train_sentences": len(train.sentences),
             "probe": attachment(probe, sentences(evaluation)), "right_branching": right_branching(evaluation)}
 
 

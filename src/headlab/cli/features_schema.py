@@ -78,3 +78,4 @@ class CompareConfig:
 
     runs: list[str] = field(default_factory=list)  # mode=cluster job directories (or their clusters.json)
     names: list[str] | None = None  # a label per run (null: model and checkpoint, and what else differs)
+    syntax: list[str] | None = None  # a mode=syntax job per run, in the runs' order: their syntactic roles too

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from headlab.errors import UserError, one_of
 
 PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax_probe.KINDS (no torch import here)
+PARSERS = ("conllu", "spacy")
 
 
 @dataclass
@@ -14,6 +15,9 @@ class SyntaxConfig:
     """Dependency relations per head from a treebank (Clark et al. 2019, section 4)."""
 
     conllu: str | None = None  # a CoNLL-U treebank (the evaluation split); null: the bundled demo_syntax dev split
+    parser: str = "conllu"  # conllu: trees from syntax.conllu | spacy: plain text (syntax.text) parsed by spaCy
+    text: str | None = None  # parser=spacy: a plain-text file, one or more sentences a line
+    spacy_model: str = "en_core_web_sm"  # parser=spacy: the pipeline (an installed package's name or a folder)
     relations: list[str] | None = None  # the table's relations (null: every one with min_count words; root, punct out)
     min_count: int = 20  # without relations: a relation needs this many words in the treebank to get a row
     max_sentences: int | None = None  # the treebank's first N sentences (null: all)
@@ -27,6 +31,7 @@ class SyntaxConfig:
     sieve_correction: str = "holm"  # ... corrected across heads and roles: holm | bh | none
     probe: str | None = None  # Clark et al.'s attention probe: attn | attn_emb (with the words' embeddings) | null
     train_conllu: str | None = None  # the probe's training treebank (null: demo_syntax's train split, with conllu)
+    train_text: str | None = None  # parser=spacy: the probe's training text
     probe_epochs: int = 1  # passes over the training treebank (Clark et al.: 1)
     probe_lr: float = 0.002  # Adam, one sentence a step (Clark et al.)
 
@@ -53,5 +58,12 @@ class SyntaxConfig:
             raise UserError(f"syntax.probe_epochs={self.probe_epochs} must be at least 1")
         if not self.probe_lr > 0:
             raise UserError(f"syntax.probe_lr={self.probe_lr} must be above 0")
+        one_of("syntax.parser", self.parser, PARSERS)
+        if self.parser == "spacy" and (self.text is None or self.conllu is not None or self.train_conllu is not None):
+            raise UserError("syntax.parser=spacy parses plain text: give syntax.text=FILE (and syntax.train_text=FILE "
+                            "for the probe), not syntax.conllu / syntax.train_conllu")
+        if self.parser == "conllu" and (self.text is not None or self.train_text is not None):
+            raise UserError("syntax.text / syntax.train_text are plain text, parsed with syntax.parser=spacy; add it "
+                            "(or give a CoNLL-U treebank as syntax.conllu)")
         if self.relations is not None and not self.relations:
             raise UserError("syntax.relations is empty; give relation names (e.g. [nsubj, obj]) or null: all")

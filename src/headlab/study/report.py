@@ -174,9 +174,12 @@ def comparison(report: StudyReport) -> None:
                             f"(`{report.link(path)}`).", ""]
         report.numbers.setdefault("compare", {})[name] = {"ari": result["ari"], "changed": result["changed"]}
         report.console.append(f"compare {name}: ARI {pairs}; type changed: {changed}")
-        transitions = path.parent / "transitions.md"
+        transitions, roles = path.parent / "transitions.md", path.parent / "roles.md"
         if name != "seeds" and transitions.is_file():
             report.markdown += [f"Transitions (`{report.link(transitions)}`):", "", transitions.read_text().rstrip()]
+        if result.get("roles"):  # heads per sieve role in each run, kept / gained / lost from the first
+            report.markdown += ["", f"Heads per sieve role (`{report.link(roles)}`):", "", roles.read_text().rstrip()]
+            report.numbers["compare"][name]["roles"] = result["roles"]
         report.figure(path.parent / "types_per_layer.png", f"head types per layer, {name}")
 
 

@@ -3,8 +3,9 @@
     finetune/seed0/                      train.py job (results.json, model/, checkpoints/)
     features/pretrained/, features/seed0/    mode=features of the pre-trained and the fine-tuned model
     cluster/pretrained/, cluster/seed0/      mode=cluster (k = 4, Guan et al.'s names) of those features
-    compare/seed0/                       mode=compare: pre-trained vs fine-tuned; compare/seeds/: between seeds
     syntax/pretrained/, syntax/seed0/        mode=syntax: the best head per dependency relation (Clark et al.)
+    compare/seed0/                       mode=compare: pre-trained vs fine-tuned (with the syntax jobs' roles when
+                                         they ran); compare/seeds/: between seeds
     tables/table2/seed0/<plan>/          mode=eval of each plan of Guan et al.'s Table 2 (prune, uniform by type)
     tables/table3/seed0/<plan>/          ... of Table 3 (drop_intra / drop_inter by type), renormalize=false
     tables/table3_renormalized/seed0/    ... and renormalize=true; each table's report/ beside its plans
@@ -27,7 +28,7 @@ from headlab.errors import UserError
 from headlab.files import read_json
 from headlab.study.configs import analysis_config, train_config
 
-STAGES = ("finetune", "features", "cluster", "compare", "syntax", "tables", "sweep", "importance", "prune_curve",
+STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "importance", "prune_curve",
           "report")
 NEEDS = {"finetune": (), "features": ("finetune",), "cluster": ("features",), "compare": ("cluster",),
          "syntax": ("finetune",), "tables": ("finetune", "cluster"), "sweep": ("finetune",),
@@ -128,14 +129,20 @@ def _cluster(study: Study) -> list[Job]:
 
 
 def _compare(study: Study) -> list[Job]:
-    clusters, folder = study.stage_dir("cluster"), study.stage_dir("compare")
-    jobs = [Job(folder / name, study.analysis("compare", "compare", None, **{
-        "compare.runs": [str(clusters / "pretrained"), str(clusters / name)],
-        "compare.names": ["pre-trained", "fine-tuned"]}), "compare") for name, _ in study.models]
+    def fields(names: list[str], labels: list[str]) -> dict[str, Any]:
+        syntax = [study.stage_dir("syntax") / name for name in names]
+        done = all((job / "results.json").is_file() for job in syntax)  # the syntax stage ran: its roles too
+        return {"compare.runs": [str(study.stage_dir("cluster") / name) for name in names], "compare.names": labels,
+                **({"compare.syntax": [str(job) for job in syntax]} if done else {})}
+
+    folder = study.stage_dir("compare")
+    jobs = [Job(folder / name, study.analysis("compare", "compare", None, **fields(["pretrained", name],
+                                                                                   ["pre-trained", "fine-tuned"])),
+                "compare") for name, _ in study.models]
     if len(study.models) > 1:
         names = [name for name, _ in study.models]
-        jobs.append(Job(folder / "seeds", study.analysis("compare", "compare", None, **{
-            "compare.runs": [str(clusters / name) for name in names], "compare.names": names}), "compare"))
+        jobs.append(Job(folder / "seeds", study.analysis("compare", "compare", None, **fields(names, names)),
+                        "compare"))
     return jobs
 
 

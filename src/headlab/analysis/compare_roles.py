@@ -1,0 +1,96 @@
+"""The sieve roles (Pande et al. 2021) of the runs ``mode=compare`` compares, head by head.
+
+A run's roles are those of its ``mode=features`` job (local, delimiter, block, ...: ``sieve_roles.csv`` beside its
+features) and, with ``compare.syntax`` (one ``mode=syntax`` job per run, in the runs' order), the syntactic ones
+(syntactic, nsubj, obj, amod, advmod). A syntax job must have scored the same model and checkpoint as its run's
+features, without a plan: a swapped order would otherwise pass for a change made by fine-tuning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+
+from headlab.errors import UserError
+from headlab.files import read_json
+
+
+def read_syntax_jobs(syntax: list[str] | None, runs: list[dict[str, Any]]) -> list[Path] | None:
+    """The ``mode=syntax`` job directory of each run, checked against it (``UserError`` otherwise)."""
+    if syntax is None:
+        return None
+    if len(syntax) != len(runs):
+        raise UserError(f"compare.syntax has {len(syntax)} mode=syntax jobs for {len(runs)} compare.runs; give one "
+                        "per run, in the same order (or null)")
+    jobs = []
+    for source, run in zip(syntax, runs):
+        path = Path(source)
+        results = path / "results.json"
+        data = read_json(results, "syntax results") if results.is_file() else None
+        if not isinstance(data, dict) or data.get("kind") != "syntax" or not data.get("complete"):
+            raise UserError(f"compare.syntax entry {source!r} is not a finished mode=syntax job directory")
+        if list(data.get("shape", [])) != list(run["shape"]):
+            raise UserError(f"compare.syntax entry {source!r} scored a {data.get('shape')} model, but run "
+                            f"{run['name']!r} has {run['shape']} heads")
+        if data.get("plan") is not None:
+            raise UserError(f"compare.syntax entry {source!r} ran under a plan; compare the models as they are "
+                            "(a mode=syntax job without mask / plan)")
+        if not _same_checkpoint(data, run):
+            raise UserError(f"compare.syntax entry {source!r} scored {_describe(data)}, but run {run['name']!r} "
+                            f"clustered {_describe(run)}; give the syntax jobs in the order of compare.runs")
+        jobs.append(path)
+    return jobs
+
+
+def _same_checkpoint(syntax: dict[str, Any], run: dict[str, Any]) -> bool:
+    ours, theirs = syntax.get("checkpoint") or {}, run.get("checkpoint") or {}
+    if syntax.get("model") != run.get("model") or ours.get("kind") != theirs.get("kind"):
+        return False
+    paths = ours.get("path"), theirs.get("path")
+    return paths[0] == paths[1] or (None not in paths and Path(paths[0]).resolve() == Path(paths[1]).resolve())
+
+
+def _describe(job: dict[str, Any]) -> str:
+    checkpoint = job.get("checkpoint") or {}
+    return f"{job.get('model')} ({checkpoint.get('path') or 'pre-trained weights'})"
+
+
+def head_roles(run: dict[str, Any], syntax: Path | None) -> pd.DataFrame:
+    """``[heads, roles]`` booleans indexed by head name: the run's features roles and its syntax job's roles."""
+    sources = [Path(run["features"]) / "sieve_roles.csv"] if run.get("features") else []
+    sources += [syntax / "sieve_roles.csv"] if syntax is not None else []
+    frames = [pd.read_csv(path) for path in sources if path.is_file()]
+    if not frames:
+        return pd.DataFrame(index=pd.Index(list(run["labels"]), name="name"))
+    roles = pd.concat(frames).pivot(index="name", columns="sieve", values="role")
+    if set(roles.index) != set(run["labels"]) or roles.isna().any(axis=None):
+        raise UserError(f"the sieve roles of run {run['name']!r} ({', '.join(str(p) for p in sources)}) do not "
+                        f"cover its {len(run['labels'])} heads once each: rerun those jobs")
+    return roles.astype(bool).loc[list(run["labels"])]
+
+
+def role_tables(runs: list[dict[str, Any]], syntax: list[Path] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per role (those every run has): heads with it in each run, and kept / gained / lost from the first run; and
+    the per-head ``role_<role>/<run>`` columns."""
+    roles = {run["name"]: head_roles(run, None if syntax is None else syntax[i]) for i, run in enumerate(runs)}
+    shared = [role for role in next(iter(roles.values())).columns if all(role in r.columns for r in roles.values())]
+    partial = sorted({role for r in roles.values() for role in r.columns} - set(shared))
+    if partial:  # e.g. a features job run without the sieve family, or one whose folder is gone
+        Console().print(f"note: roles {', '.join(partial)} are not in every run's jobs: left out of roles.csv",
+                        markup=False, soft_wrap=True)
+    first, *others = roles
+    rows, columns = [], {}
+    for role in shared:
+        has = {name: table[role].to_numpy() for name, table in roles.items()}
+        row = {"role": role, **{name: int(has[name].sum()) for name in roles}}
+        for other in others:
+            row |= {f"kept/{other}": int((has[first] & has[other]).sum()),
+                    f"gained/{other}": int((~has[first] & has[other]).sum()),
+                    f"lost/{other}": int((has[first] & ~has[other]).sum())}
+        rows.append(row)
+        columns |= {f"role_{role}/{name}": has[name] for name in roles}
+    table = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["role", *roles])
+    return table, pd.DataFrame(columns)

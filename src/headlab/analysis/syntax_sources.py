@@ -1,0 +1,88 @@
+"""Where ``mode=syntax`` reads its sentences: a CoNLL-U treebank (``syntax.conllu``, by default the bundled
+``demo_syntax`` dev split) or plain text parsed by spaCy (``syntax.parser=spacy syntax.text=FILE``); and the
+attention probe's training split (``syntax.train_conllu`` / ``syntax.train_text``), kept apart from the first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from headlab.errors import UserError
+from headlab.tasks.parsed_text import read_text
+from headlab.tasks.treebank import Sentence, read_conllu
+
+DEMO_TREEBANK = Path(__file__).resolve().parents[1] / "tasks" / "data" / "demo_syntax" / "dev.conllu"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A file of sentences and the setting that names it (for errors: ``syntax.conllu='...'``)."""
+
+    key: str
+    path: Path
+    spacy_model: str | None  # None: CoNLL-U; else the spaCy pipeline that parses the plain text
+
+    def __str__(self) -> str:
+        return f"{self.key}={str(self.path)!r}"
+
+    def read(self, limit: int | None = None) -> list[Sentence]:
+        if self.spacy_model is not None:
+            return read_text(self.path, self.spacy_model, self.key, limit)
+        return read_conllu(self.path, self.key)[:limit]
+
+
+def evaluation_source(options: Any) -> Source:
+    """The sentences scored: ``syntax.text`` parsed by spaCy, ``syntax.conllu``, or the demo treebank's dev split."""
+    if options.parser == "spacy":
+        return Source("syntax.text", Path(options.text), options.spacy_model)
+    return Source("syntax.conllu", DEMO_TREEBANK if options.conllu is None else Path(options.conllu), None)
+
+
+def training_source(options: Any) -> Source:
+    """The probe's training sentences: ``syntax.train_text`` / ``syntax.train_conllu``, or the demo's train split
+    when the evaluation sentences are the demo's dev split."""
+    if options.parser == "spacy":
+        if options.train_text is None:
+            raise UserError(f"syntax.probe={options.probe} needs training sentences: syntax.text={options.text!r} is "
+                            "given without syntax.train_text=FILE (other text, parsed the same way)")
+        return Source("syntax.train_text", Path(options.train_text), options.spacy_model)
+    if options.train_conllu is not None:
+        return Source("syntax.train_conllu", Path(options.train_conllu), None)
+    if options.conllu is not None:
+        raise UserError(f"syntax.probe={options.probe} needs a training treebank: syntax.conllu={options.conllu!r} is "
+                        "given without syntax.train_conllu=FILE (its train split)")
+    return Source("syntax.train_conllu", DEMO_TREEBANK.with_name("train.conllu"), None)
+
+
+def read_evaluation(options: Any) -> list[Sentence]:
+    """The (first ``max_sentences``) sentences scored; the relations asked for must occur in them."""
+    sentences = evaluation_source(options).read(options.max_sentences)
+    if options.relations is not None:
+        found = sorted({relation for sentence in sentences for relation in sentence.relations})
+        unknown = [r for r in options.relations if r not in found and r != "all"]
+        if unknown:
+            raise UserError(f"syntax.relations: {', '.join(map(repr, unknown))} not in the treebank; its relations: "
+                            f"{', '.join(found)}")
+    return sentences
+
+
+def read_training(options: Any, evaluation: list[Sentence]) -> list[Sentence]:
+    """The probe's training sentences; a ``UserError`` when they hold every evaluation sentence (the same file or a
+    copy: the probe would be scored on what it learnt), a note when they hold some."""
+    source = training_source(options)
+    if source.path.resolve() == evaluation_source(options).path.resolve():
+        raise UserError(f"{source} is the evaluation file too: the probe would be scored on the sentences it was "
+                        "trained on; give its train split")
+    sentences = source.read()
+    seen = {sentence.words for sentence in sentences}
+    shared = sum(sentence.words in seen for sentence in evaluation)
+    if shared == len(evaluation):
+        raise UserError(f"{source} holds every evaluation sentence of {evaluation_source(options)}: the probe would "
+                        "be scored on the sentences it was trained on; give a train split apart from them")
+    if shared:
+        Console().print(f"note: {shared} of the {len(evaluation)} evaluation sentences are also in {source} (the "
+                        "probe's UAS counts them)", markup=False, soft_wrap=True)
+    return sentences
