@@ -15,6 +15,7 @@ import sys
 import pytest
 from conftest import ROOT
 from test_docs_commands import COMMANDS, is_cheap
+from test_syntax_spacy import train_parser
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,8 @@ def placeholders(folder) -> dict[str, str]:
             "outputs/ablate/multirun/guan2020_table2/demo_qa/minilm/train-1a2b3c4d": "@MULTIRUN@",
             "CLUSTERS_DIR": str(clusters), "SWEEP_DIR": str(sweep), "JOB": str(job),
             "mask.clusters=clusters.json": f"mask.clusters={clusters}/clusters.json",
-            "wiki.txt": str(folder / "wiki.txt"), "en_ewt-ud-dev.conllu": str(folder / "dev.conllu")}
+            "wiki.txt": str(folder / "wiki.txt"), "en_ewt-ud-dev.conllu": str(folder / "dev.conllu"),
+            "my_sentences.txt": str(folder / "sentences.txt"), "en_core_web_trf": str(folder / "parser")}
 
 
 def filled(word: str, replace: dict[str, str], folder) -> str:
@@ -82,6 +84,8 @@ def test_the_recipes_that_read_other_jobs_run_on_the_tiny_model(tmp_path):
     folder = tmp_path
     (folder / "wiki.txt").write_text("The cat sat on the mat.\nA dog barked.\tIt was late.\n" * 4)
     shutil.copy(ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu", folder / "dev.conllu")
+    (folder / "sentences.txt").write_text("Mira 's dog found the key .\nThe man who left saw a red coat .\n" * 4)
+    train_parser(folder / "parser")  # syntax.parser=spacy: a pipeline trained here stands for en_core_web_sm / trf
     jobs = folder / "jobs"
     setup = [("train.py", ["task=demo_qa", f"hydra.run.dir={jobs / 'train'}"]),  # the jobs the placeholders name
              ("ablate.py", ["mode=features", f"ckpt_path={jobs / 'train'}", f"hydra.run.dir={jobs / 'f'}"]),
@@ -95,6 +99,8 @@ def test_the_recipes_that_read_other_jobs_run_on_the_tiny_model(tmp_path):
     replace, failed, chosen = placeholders(folder), [], recipes()
     for where, words in chosen:
         line = [filled(word, replace, folder) for word in words[1:]]
+        if "syntax.parser=spacy" in line and not any(w.startswith("syntax.spacy_model=") for w in line):
+            line.append(f"syntax.spacy_model={folder / 'parser'}")
         result = run(folder, words[0], *line)
         if result.returncode != 0:
             failed.append(f"{where}: {words[0]} {' '.join(line)}\n{result.stderr.strip()[-1500:]}")

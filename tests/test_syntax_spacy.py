@@ -19,9 +19,8 @@ spacy = pytest.importorskip("spacy")
 DEMO = ROOT / "src/headlab/tasks/data/demo_syntax"
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    """A spaCy pipeline with a dependency parser trained on 300 demo_syntax training trees, saved to a folder."""
+def train_parser(folder):
+    """A spaCy pipeline with a dependency parser trained on 300 demo_syntax training trees, saved to ``folder``."""
     from spacy.tokens import Doc
     from spacy.training import Example
 
@@ -37,9 +36,13 @@ def pipeline(tmp_path_factory):
     for _ in range(3):
         for start in range(0, len(examples), 16):
             nlp.update(examples[start:start + 16], sgd=optimizer)
-    folder = tmp_path_factory.mktemp("spacy") / "parser"
     nlp.to_disk(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    return train_parser(tmp_path_factory.mktemp("spacy") / "parser")
 
 
 def test_a_spacy_sentence_becomes_a_tree_with_one_based_heads_and_root_zero():
