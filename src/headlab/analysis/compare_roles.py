@@ -65,7 +65,8 @@ def head_roles(run: dict[str, Any], syntax: Path | None) -> pd.DataFrame:
     frames = [pd.read_csv(path) for path in sources if path.is_file()]
     if not frames:
         return pd.DataFrame(index=pd.Index(list(run["labels"]), name="name"))
-    roles = pd.concat(frames).pivot(index="name", columns="sieve", values="role")
+    frame = pd.concat(frames)
+    roles = frame.pivot(index="name", columns="sieve", values="role")[list(dict.fromkeys(frame["sieve"]))]
     if set(roles.index) != set(run["labels"]) or roles.isna().any(axis=None):
         raise UserError(f"the sieve roles of run {run['name']!r} ({', '.join(str(p) for p in sources)}) do not "
                         f"cover its {len(run['labels'])} heads once each: rerun those jobs")

@@ -77,7 +77,7 @@ def check(cfg: Any) -> None:
         raise UserError(f"syntax.probe={cfg.syntax.probe} reads every head: run it without a plan (mask=none)")
     evaluation = read_evaluation(cfg.syntax)
     if cfg.syntax.probe is not None:
-        read_training(cfg.syntax, evaluation)
+        read_training(cfg.syntax, evaluation, quiet=True)  # run() says what it shares
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
 
 

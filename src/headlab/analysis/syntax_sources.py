@@ -5,6 +5,7 @@ attention probe's training split (``syntax.train_conllu`` / ``syntax.train_text`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,15 @@ class Source:
         return f"{self.key}={str(self.path)!r}"
 
     def read(self, limit: int | None = None) -> list[Sentence]:
-        if self.spacy_model is not None:
-            return read_text(self.path, self.spacy_model, self.key, limit)
-        return read_conllu(self.path, self.key)[:limit]
+        return list(_read(self, limit))
+
+
+@lru_cache(maxsize=4)
+def _read(source: Source, limit: int | None) -> tuple[Sentence, ...]:
+    """A source's sentences, read (parsed) once per process: the mode's check and its run both ask."""
+    if source.spacy_model is not None:
+        return tuple(read_text(source.path, source.spacy_model, source.key, limit))
+    return tuple(read_conllu(source.path, source.key)[:limit])
 
 
 def evaluation_source(options: Any) -> Source:
@@ -69,9 +76,9 @@ def read_evaluation(options: Any) -> list[Sentence]:
     return sentences
 
 
-def read_training(options: Any, evaluation: list[Sentence]) -> list[Sentence]:
+def read_training(options: Any, evaluation: list[Sentence], quiet: bool = False) -> list[Sentence]:
     """The probe's training sentences; a ``UserError`` when they hold every evaluation sentence (the same file or a
-    copy: the probe would be scored on what it learnt), a note when they hold some."""
+    copy: the probe would be scored on what it learnt), a note when they hold some (unless ``quiet``)."""
     source = training_source(options)
     if source.path.resolve() == evaluation_source(options).path.resolve():
         raise UserError(f"{source} is the evaluation file too: the probe would be scored on the sentences it was "
@@ -82,7 +89,7 @@ def read_training(options: Any, evaluation: list[Sentence]) -> list[Sentence]:
     if shared == len(evaluation):
         raise UserError(f"{source} holds every evaluation sentence of {evaluation_source(options)}: the probe would "
                         "be scored on the sentences it was trained on; give a train split apart from them")
-    if shared:
+    if shared and not quiet:
         Console().print(f"note: {shared} of the {len(evaluation)} evaluation sentences are also in {source} (the "
                         "probe's UAS counts them)", markup=False, soft_wrap=True)
     return sentences
