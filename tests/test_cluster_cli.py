@@ -12,6 +12,7 @@ import pytest
 from conftest import assert_one_error_line, run, wandb_log
 from sklearn.cluster import KMeans
 
+from headlab.analysis.compare_roles import features_alike
 from headlab.analysis.compare_run import read_runs
 
 TYPES = "[dense,diagonal,dense_vertical,vertical]"
@@ -128,16 +129,33 @@ def test_compare_puts_each_runs_sieve_roles_side_by_side_with_the_syntax_jobs(cl
     summary = json.loads((job / "results.json").read_text())
     assert summary["roles"]["local"] == {"pre": roles.loc["local", "pre"], "tuned": roles.loc["local", "tuned"]}
     # The syntax jobs given in the wrong order, one too few, or one run under a plan: refused before anything runs.
-    planned = root / "syntax_planned"
+    planned, fewer = root / "syntax_planned", root / "syntax_fewer"
     run("ablate.py", "mode=syntax", "allow_random_head=true", "mask=prune", "mask.heads=[L0H0]",
         "syntax.max_sentences=20", "syntax.resamples=50", f"hydra.run.dir={planned}", cwd_tmp=root)
+    run("ablate.py", "mode=syntax", "allow_random_head=true", f"ckpt_path={root / 'train'}", "syntax.max_sentences=20",
+        "syntax.resamples=50", "syntax.sieve_tau=1.0", f"hydra.run.dir={fewer}", cwd_tmp=root)
     for given, expected in (([syntax["tuned"], syntax["random"]], "give the syntax jobs in the order of compare.runs"),
                             ([syntax["random"]], "compare.syntax has 1 mode=syntax jobs for 2 compare.runs"),
                             ([planned, syntax["tuned"]], "ran under a plan"),
-                            ([jobs["random"][0], syntax["tuned"]], "is not a finished mode=syntax job")):
-        result = run("ablate.py", "mode=compare", runs, f"compare.syntax=[{','.join(map(str, given))}]",
+                            ([jobs["random"][0], syntax["tuned"]], "is not a finished mode=syntax job"),
+                            ([syntax["random"], fewer], "the compare.syntax jobs differ in max_sentences (pre: 60, ")):
+        result = run("ablate.py", "mode=compare", runs, "compare.names=[pre,tuned]",
+                     f"compare.syntax=[{','.join(map(str, given))}]",
                      f"hydra.run.dir={root / 'refused'}", cwd_tmp=root, check=False)
         assert_one_error_line(result, expected)
+
+
+def test_features_roles_tested_otherwise_are_left_out_with_a_note(tmp_path, capsys):
+    """Roles above another tau (or at another alpha, or corrected otherwise) do not compare: a note, no columns."""
+    runs = []
+    for name, tau in (("pre", 3.0), ("tuned", 1.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"config": {"features": {
+            "sieve_tau": tau, "sieve_alpha": 0.05, "sieve_correction": "holm"}}}))
+        runs.append({"name": name, "features": str(tmp_path / name)})
+    assert not features_alike(runs)
+    assert "differ in sieve_tau (pre: 3.0, tuned: 1.0): their sieve roles are left out" in capsys.readouterr().out
+    assert features_alike(runs[:1] * 2)
 
 
 def test_the_clusters_file_feeds_the_guan_table_2_preset(clustered):

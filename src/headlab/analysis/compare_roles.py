@@ -8,6 +8,7 @@ features, without a plan: a swapped order would otherwise pass for a change made
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,11 @@ from rich.console import Console
 
 from headlab.errors import UserError
 from headlab.files import read_json
+
+# what makes two jobs' roles comparable: the same sentences and the same test
+SYNTAX_SETTINGS = ("treebank", "parser", "spacy_model", "max_sentences", "max_length", "sieve_tau", "sieve_alpha",
+                   "sieve_correction")
+FEATURES_SETTINGS = ("sieve_tau", "sieve_alpha", "sieve_correction")
 
 
 def read_syntax_jobs(syntax: list[str] | None, runs: list[dict[str, Any]]) -> list[Path] | None:
@@ -41,8 +47,35 @@ def read_syntax_jobs(syntax: list[str] | None, runs: list[dict[str, Any]]) -> li
         if not _same_checkpoint(data, run):
             raise UserError(f"compare.syntax entry {source!r} scored {_describe(data)}, but run {run['name']!r} "
                             f"clustered {_describe(run)}; give the syntax jobs in the order of compare.runs")
-        jobs.append(path)
-    return jobs
+        jobs.append((path, data))
+    differs = _difference([(run["name"], data.get("config", {}).get("syntax", {}) | {"treebank": data.get("treebank")})
+                           for run, (_, data) in zip(runs, jobs)], SYNTAX_SETTINGS)
+    if differs:  # roles of other sentences, or of another test, do not compare
+        raise UserError(f"the compare.syntax jobs differ in {differs}: their roles are not comparable; run them with "
+                        "the same settings")
+    return [path for path, _ in jobs]
+
+
+def features_alike(runs: list[dict[str, Any]]) -> bool:
+    """Whether the runs' features jobs (those still there) tested their sieve roles alike; a note when not."""
+    found = []
+    for run in runs:
+        path = Path(run.get("features") or "") / "results.json"
+        if run.get("features") and path.is_file():
+            found.append((run["name"], read_json(path, "features results").get("config", {}).get("features", {})))
+    differs = _difference(found, FEATURES_SETTINGS)
+    if differs:  # the types still compare; the roles do not
+        Console().print(f"note: the runs' features jobs differ in {differs}: their sieve roles are left out of "
+                        "roles.csv", markup=False, soft_wrap=True)
+    return differs is None
+
+
+def _difference(settings: list[tuple[str, dict[str, Any]]], keys: tuple[str, ...]) -> str | None:
+    """The first key whose value differs between the runs' jobs, with each run's value (None: all alike)."""
+    for key in keys:
+        if len({json.dumps(values.get(key)) for _, values in settings}) > 1:
+            return f"{key} ({', '.join(f'{name}: {values.get(key)!r}' for name, values in settings)})"
+    return None
 
 
 def _same_checkpoint(syntax: dict[str, Any], run: dict[str, Any]) -> bool:
@@ -58,9 +91,10 @@ def _describe(job: dict[str, Any]) -> str:
     return f"{job.get('model')} ({checkpoint.get('path') or 'pre-trained weights'})"
 
 
-def head_roles(run: dict[str, Any], syntax: Path | None) -> pd.DataFrame:
-    """``[heads, roles]`` booleans indexed by head name: the run's features roles and its syntax job's roles."""
-    sources = [Path(run["features"]) / "sieve_roles.csv"] if run.get("features") else []
+def head_roles(run: dict[str, Any], syntax: Path | None, features: bool = True) -> pd.DataFrame:
+    """``[heads, roles]`` booleans indexed by head name: the run's features roles (unless not ``features``) and its
+    syntax job's roles."""
+    sources = [Path(run["features"]) / "sieve_roles.csv"] if features and run.get("features") else []
     sources += [syntax / "sieve_roles.csv"] if syntax is not None else []
     frames = [pd.read_csv(path) for path in sources if path.is_file()]
     if not frames:
@@ -76,7 +110,9 @@ def head_roles(run: dict[str, Any], syntax: Path | None) -> pd.DataFrame:
 def role_tables(runs: list[dict[str, Any]], syntax: list[Path] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per role (those every run has): heads with it in each run, and kept / gained / lost from the first run; and
     the per-head ``role_<role>/<run>`` columns."""
-    roles = {run["name"]: head_roles(run, None if syntax is None else syntax[i]) for i, run in enumerate(runs)}
+    features = features_alike(runs)
+    roles = {run["name"]: head_roles(run, None if syntax is None else syntax[i], features)
+             for i, run in enumerate(runs)}
     shared = [role for role in next(iter(roles.values())).columns if all(role in r.columns for r in roles.values())]
     partial = sorted({role for r in roles.values() for role in r.columns} - set(shared))
     if partial:  # e.g. a features job run without the sieve family, or one whose folder is gone
