@@ -109,7 +109,7 @@ def test_the_probe_trains_on_parsed_text(pipeline, tmp_path):
     assert probe["probe"]["uas"] > probe["right_branching"]["uas"]  # the parse is learnt from the attention
 
 
-def no_spacy(tmp_path, *overrides):
+def no_spacy(*overrides):
     """ablate.py in a Python where ``import spacy`` fails, as where it is not installed."""
     code = ("import runpy, sys; sys.modules['spacy'] = None; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
@@ -129,6 +129,8 @@ def no_spacy(tmp_path, *overrides):
     (["syntax.parser=spacy", "syntax.text=/nonexistent/dev.txt", "syntax.spacy_model=PARSER"],
      "syntax.text='/nonexistent/dev.txt': no such file"),
     (["syntax.parser=spacy", "syntax.text=EMPTY", "syntax.spacy_model=PARSER"], "has no text"),
+    (["syntax.parser=spacy", "syntax.text=TREES", "syntax.spacy_model=PARSER"],
+     "looks like CoNLL-U (10 tab-separated columns): give it as syntax.conllu"),
     (["syntax.parser=spacy", "syntax.text=TEXT", "syntax.spacy_model=PARSER", "syntax.probe=attn"],
      "is given without syntax.train_text=FILE"),
     (["syntax.parser=spacy", "syntax.text=TEXT", "syntax.spacy_model=PARSER", "syntax.probe=attn",
@@ -139,13 +141,13 @@ def test_parsed_text_bad_input_is_one_line(pipeline, tmp_path, overrides, said):
     (tmp_path / "copy.txt").write_text("A man arrived .\nMira 's dog found the key .\n")
     (tmp_path / "empty.txt").write_text("\n  \n")
     spacy.blank("en").to_disk(tmp_path / "blank")
-    files = {"TEXT": tmp_path / "dev.txt", "COPY": tmp_path / "copy.txt", "EMPTY": tmp_path / "empty.txt",
-             "BLANK": tmp_path / "blank", "PARSER": pipeline}
+    files = {"TEXT": tmp_path / "dev.txt", "TREES": DEMO / "dev.conllu", "COPY": tmp_path / "copy.txt",
+             "EMPTY": tmp_path / "empty.txt", "BLANK": tmp_path / "blank", "PARSER": pipeline}
     for placeholder, path in files.items():
         overrides = [o.replace(placeholder, str(path)) for o in overrides]
     job = [f"hydra.run.dir={tmp_path / 'job'}", "allow_random_head=true", f"data.cache_dir={tmp_path / 'cache'}"]
     if overrides[0] == "NO_SPACY":
-        result = no_spacy(tmp_path, "mode=syntax", *overrides[1:], *job)
+        result = no_spacy("mode=syntax", *overrides[1:], *job)
     else:
         result = run("ablate.py", "mode=syntax", *overrides, *job, cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, said)

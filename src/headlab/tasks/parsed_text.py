@@ -45,9 +45,13 @@ def read_text(path: str | Path, model: str, what: str = "syntax.text",
     if not path.is_file():
         raise UserError(f"{what}={str(path)!r}: no such file; give a plain-text file (one or more sentences a line)")
     try:
-        lines = [" ".join(line.split()) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        raw = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except UnicodeDecodeError as error:
         raise UserError(f"{what}={str(path)!r} is not UTF-8 text: {error}") from None
+    if any(len(line.split("\t")) == 10 for line in raw):  # parsed as text, its columns would make nonsense trees
+        raise UserError(f"{what}={str(path)!r} looks like CoNLL-U (10 tab-separated columns): give it as "
+                        "syntax.conllu, without syntax.parser=spacy")
+    lines = [" ".join(line.split()) for line in raw]
     if not lines:
         raise UserError(f"{what}={str(path)!r} has no text; give one or more sentences a line")
     sentences = []
