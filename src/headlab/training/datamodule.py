@@ -13,7 +13,7 @@ from headlab.core.models import load_tokenizer
 from headlab.errors import UserError
 from headlab.tasks.encoding import Collator, tokenize_split
 from headlab.tasks.loading import load_task_data
-from headlab.training.epoch_order import EpochSampler
+from headlab.training.epoch_order import train_loader
 
 
 class ExactlyOnceSampler(DistributedSampler):
@@ -110,9 +110,8 @@ class TaskDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled per epoch from ``(seed, epoch)``, this process's share (``epoch_order``: resumable mid-epoch)."""
-        sampler = EpochSampler(self.train_features, *self._world(), seed=self.seed)
-        return DataLoader(self.train_features, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collator,
-                          num_workers=self.num_workers)
+        return train_loader(self.train_features, self.batch_size, self._world(), self.seed, collate_fn=self.collator,
+                            num_workers=self.num_workers)
 
     def eval_dataloader(self, split: str) -> DataLoader:
         features = self.eval_features[split]

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 
 class EpochSampler(DistributedSampler):
@@ -64,3 +65,16 @@ class ResumeMidEpoch(pl.Callback):
         sampler.resume(max(epoch, 0), done * trainer.train_dataloader.batch_size)
         if sampler.iterations:  # the iteration began before the restore (worker processes): begin it again
             iter(trainer.fit_loop._data_fetcher)
+
+
+def train_loader(dataset: Any, batch_size: int, world: tuple[int, int], seed: int, **loader_args: Any) -> DataLoader:
+    """The training loader: ``EpochSampler`` over this process's share (``world``: processes, rank) of ``dataset``.
+
+    Each epoch's iterator draws its worker seed from the loader's own generator, not from torch's global one: a
+    checkpoint written at an epoch's end saved the global state before the next epoch's iterator began, so a run
+    resumed from it (states restored at its first batch) drew other dropout masks than the uninterrupted run, whose
+    iterator had drawn once more. Nothing random runs in the workers (tokenised rows, a padding collator).
+    """
+    sampler = EpochSampler(dataset, *world, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(seed),
+                      **loader_args)
