@@ -9,7 +9,7 @@ from math import comb
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import assert_one_error_line, run, wandb_log
+from conftest import ROOT, assert_one_error_line, run, wandb_log
 from sklearn.cluster import KMeans
 
 from headlab.analysis.compare_roles import features_alike
@@ -129,16 +129,22 @@ def test_compare_puts_each_runs_sieve_roles_side_by_side_with_the_syntax_jobs(cl
     summary = json.loads((job / "results.json").read_text())
     assert summary["roles"]["local"] == {"pre": roles.loc["local", "pre"], "tuned": roles.loc["local", "tuned"]}
     # The syntax jobs given in the wrong order, one too few, or one run under a plan: refused before anything runs.
-    planned, fewer = root / "syntax_planned", root / "syntax_fewer"
+    planned = root / "syntax_planned"
     run("ablate.py", "mode=syntax", "allow_random_head=true", "mask=prune", "mask.heads=[L0H0]",
         "syntax.max_sentences=20", "syntax.resamples=50", f"hydra.run.dir={planned}", cwd_tmp=root)
-    run("ablate.py", "mode=syntax", "allow_random_head=true", f"ckpt_path={root / 'train'}", "syntax.max_sentences=20",
-        "syntax.resamples=50", "syntax.sieve_tau=1.0", f"hydra.run.dir={fewer}", cwd_tmp=root)
+    # One treebank path, other contents (40 sentences, then the file cut to 20): not the same sentences.
+    treebank, on_file = root / "treebank.conllu", {}
+    blocks = (ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu").read_text().split("\n\n")
+    for name, ckpt, count in (("random", "null", 40), ("tuned", str(root / "train"), 20)):
+        treebank.write_text("\n\n".join(blocks[:count]) + "\n\n")
+        on_file[name] = root / f"syntax_file_{name}"
+        run("ablate.py", "mode=syntax", "allow_random_head=true", f"ckpt_path={ckpt}", f"syntax.conllu={treebank}",
+            "syntax.resamples=50", "syntax.sieve_tau=1.0", f"hydra.run.dir={on_file[name]}", cwd_tmp=root)
     for given, expected in (([syntax["tuned"], syntax["random"]], "give the syntax jobs in the order of compare.runs"),
                             ([syntax["random"]], "compare.syntax has 1 mode=syntax jobs for 2 compare.runs"),
                             ([planned, syntax["tuned"]], "ran under a plan"),
                             ([jobs["random"][0], syntax["tuned"]], "is not a finished mode=syntax job"),
-                            ([syntax["random"], fewer], "the compare.syntax jobs differ in max_sentences (pre: 60, ")):
+                            ([on_file["random"], on_file["tuned"]], "compare.syntax jobs differ in sentences (pre: ")):
         result = run("ablate.py", "mode=compare", runs, "compare.names=[pre,tuned]",
                      f"compare.syntax=[{','.join(map(str, given))}]",
                      f"hydra.run.dir={root / 'refused'}", cwd_tmp=root, check=False)
@@ -195,6 +201,13 @@ def test_one_per_head_table_joins_features_clusters_importance_and_measured_delt
     by_type = tuned_rows.groupby("cluster")["delta_prune_loss"].mean()  # "do vertical heads matter more?"
     assert set(by_type.index) <= {"dense", "diagonal", "dense_vertical", "vertical"}
     assert table.loc[table["label"] == "pre", "cluster"].isna().all()
+    # The pre-trained model's features beside the fine-tuned model's sweep: one row would join two models' heads.
+    from headlab.errors import UserError
+    from headlab.reporting.head_table import head_table
+
+    with pytest.raises(UserError, match=r"is of model tiny_random with the weights .*/train/model, but "
+                                        r"features=.* is of model tiny_random with its own weights"):
+        head_table(features=root / "features_random", sweeps=[sweep])
 
 
 def test_a_multirun_over_k_ends_with_a_table_of_stability_and_silhouette(clustered, tmp_path):

@@ -21,6 +21,7 @@ COLUMNS = ["job", "experiment", "model", "task", "checkpoint", "seed", "plan", "
            "renormalize", "split", "metric", "value", "baseline", "delta", "ci_low", "ci_high", "p_value",
            "p_adjusted", "n"]
 FAST = ["report.resamples=400", "report.permutations=400"]
+REPORT = "report-resamples=400,permutations=400"  # the report folder of these settings
 
 
 def holm(p):
@@ -37,11 +38,11 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     out = run("ablate.py", "-m", "mode=eval", "mask=prune", "mask.heads=L0,L1H0,L2", f"ckpt_path={root / 'train'}",
               f"hydra.sweep.dir={sweep}", *FAST, cwd_tmp=root)
     assert "| plan " in out.stdout and "prune_" not in out.stdout and "prune L1H0" in out.stdout  # the grid
-    table = pd.read_parquet(sweep / "report/table.parquet")
+    table = pd.read_parquet(sweep / REPORT / "table.parquet")
     assert set(COLUMNS) <= set(table.columns)
     assert len(table) == 3 * 3  # jobs x (accuracy, f1, loss) on the one eval split
     assert (table["seed"] == train_result["seed"]).all() and (table["heads"] == [4] * 3 + [1] * 3 + [4] * 3).all()
-    assert pd.read_csv(sweep / "report/table.csv").shape == table.shape
+    assert pd.read_csv(sweep / REPORT / "table.csv").shape == table.shape
 
     # Each CI from scipy.stats.bootstrap on the job's and the baseline's records (same seed and batch).
     job = sweep / "eval" / table.loc[table["rules"] == "prune L1H0", "job"].iloc[0].removeprefix("eval/")
@@ -65,12 +66,12 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     pd.testing.assert_frame_equal(result, table, check_dtype=False)
 
     # The seeds' layout and plots.
-    caption, grid = (sweep / "report/plans_validation.md").read_text().split("\n\n")  # what it shows, the table
+    caption, grid = (sweep / REPORT / "plans_validation.md").read_text().split("\n\n")  # what it shows, the table
     assert caption.startswith("tiny_random on demo_pairs, validation: value (delta [95% CI])")
     assert grid.count("\n") == 2 + 3 and "✗" in grid and "accuracy" in grid
-    assert "\\begin{table}" in (sweep / "report/plans_validation.tex").read_text()
+    assert "\\begin{table}" in (sweep / REPORT / "plans_validation.tex").read_text()
     for name in ("bars_validation_accuracy.png", "bars_validation_f1.png"):
-        assert (sweep / "report" / name).stat().st_size > 5000
+        assert (sweep / REPORT / name).stat().st_size > 5000
 
     # Missing pieces are listed, not dropped: a killed job, a job that never ran, lost records.
     jobs = sorted((sweep / "eval").iterdir())
@@ -84,9 +85,10 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     assert "value (delta [90% CI]); * / ** Benjamini-Hochberg-adjusted p < 0.05 / 0.01" in again.stdout
     assert "failed or was killed" in again.stdout and "never ran" in again.stdout
     assert "mask.heads=L1H0" in again.stdout  # the job that never ran, by its overrides
-    problems = pd.read_csv(sweep / "report/problems.csv")
+    other = sweep / "report-resamples=400,permutations=400,confidence=0.9,correction=bh"  # its settings' own folder
+    problems = pd.read_csv(other / "problems.csv")
     assert len(problems) == 2
-    table = pd.read_parquet(sweep / "report/table.parquet")
+    table = pd.read_parquet(other / "table.parquet")
     assert len(table) == 3 and table["ci_low"].isna().all()
     assert table["note"].str.contains("records missing").all()
 
@@ -97,7 +99,7 @@ def test_a_head_sweep_report_has_its_heatmap_and_a_wandb_report_run(trained, tmp
         f"hydra.run.dir={tmp_path / 'heads'}", cwd_tmp=root)
     run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'heads'}", "logger=wandb", *FAST,
         f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
-    report = tmp_path / "heads/report"
+    report = tmp_path / "heads" / REPORT
     caption, grid = (report / "heads_single_head_uniform_validation.md").read_text().split("\n\n")
     assert caption == "tiny_random on demo_pairs, validation: accuracy delta per head (single_head uniform)"
     assert grid.count("\n") == 2 + 3 and "H3" in grid  # 3 layers x 4 heads
@@ -118,13 +120,13 @@ def test_jobs_of_two_tasks_in_one_directory_are_reported_separately(trained, tmp
         "mask.heads=L0", "allow_random_head=true", f"hydra.run.dir={tmp_path / 'mixed/qa'}", cwd_tmp=root)
     run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'mixed'}", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
         cwd_tmp=root)
-    names = {p.name for p in (tmp_path / "mixed/report").iterdir()}
+    names = {p.name for p in (tmp_path / "mixed" / REPORT).iterdir()}
     assert any(n.startswith("demo_pairs_tiny_random_") and n.endswith("plans_validation.md") for n in names)
     assert any(n.startswith("demo_qa_tiny_random_") and n.endswith("plans_validation.md") for n in names)
-    table = pd.read_parquet(tmp_path / "mixed/report/table.parquet")
+    table = pd.read_parquet(tmp_path / "mixed" / REPORT / "table.parquet")
     assert set(table["task"]) == {"demo_pairs", "demo_qa"} and table["ci_low"].notna().all()
-    qa = next((tmp_path / "mixed/report").glob("demo_qa_*plans_validation.md")).read_text()
-    pairs = next((tmp_path / "mixed/report").glob("demo_pairs_*plans_validation.md")).read_text()
+    qa = next((tmp_path / "mixed" / REPORT).glob("demo_qa_*plans_validation.md")).read_text()
+    pairs = next((tmp_path / "mixed" / REPORT).glob("demo_pairs_*plans_validation.md")).read_text()
     header = qa.split("\n\n")[1].splitlines()[0]
     assert header.index("| f1") < header.index("| exact_match")  # SQuAD's main metric leads
     for task, metric, text, percent in (("demo_qa", "exact_match", qa, True), ("demo_qa", "f1", qa, True),
@@ -145,7 +147,7 @@ def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(traine
             f"hydra.run.dir={tmp_path / 'seeds' / name}", cwd_tmp=root)
     run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'seeds'}", "report.formats=[png,pdf]", *FAST,
         f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
-    report = tmp_path / "seeds/report"
+    report = tmp_path / "seeds/report-resamples=400,permutations=400,formats=png+pdf"
     table = pd.read_parquet(report / "table.parquet")
     assert table["checkpoint"].nunique() == 2
     seeds = pd.read_csv(report / "seeds.csv")
@@ -194,7 +196,7 @@ def test_a_sweep_reports_its_own_jobs_and_a_folder_of_two_configurations_is_refu
     common = ["-m", "mode=eval", "mask=prune", f"ckpt_path={root / 'train'}", f"hydra.sweep.dir={sweep}", *FAST]
     run("ablate.py", *common, "mask.heads=L0,L1H0", cwd_tmp=root)
     run("ablate.py", *common, "mask.heads=L0,L2", "data.max_eval_examples=30", cwd_tmp=root)
-    table = pd.read_parquet(sweep / "report/table.parquet")  # the second sweep's report: its two jobs only
+    table = pd.read_parquet(sweep / REPORT / "table.parquet")  # the second sweep's report: its two jobs only
     assert sorted(table["rules"].unique()) == ["prune L0", "prune L2"] and (table["n"] == 30).all()
     assert len(table) == 2 * 3 and table["job"].str.contains("max_eval_examples=30").all()
     refused = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
@@ -212,7 +214,7 @@ def test_two_presets_swept_into_one_folder_keep_their_jobs_apart(trained, tmp_pa
         "prune", "uniform"]
     assert [job.name.split(",")[1] for job in jobs] == ["experiment=single_head", "experiment=single_head_uniform"]
     run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
-    table = pd.read_parquet(sweep / "report/table.parquet")
+    table = pd.read_parquet(sweep / REPORT / "table.parquet")
     assert sorted(table.groupby("policy")["plan"].nunique().items()) == [("prune", 3), ("uniform", 3)]
 
 

@@ -21,6 +21,7 @@ from conftest import ROOT, assert_one_error_line, in_parallel
 pytestmark = pytest.mark.slow
 STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "importance", "prune_curve",
           "report"]
+REPORT = "report-resamples=200,permutations=200"  # the tables' report folder: study=quick's statistics settings
 
 
 def command(folder: Path, *overrides: str) -> list[str]:
@@ -73,14 +74,14 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
                  "cluster/pretrained/clusters.json", "cluster/seed0/clusters.json", "cluster/seed0/types_per_layer.png",
                  "compare/seed0/ari.csv", "compare/seed0/transitions.md", "syntax/pretrained/syntax.csv",
                  "syntax/seed0/syntax.md", "syntax/seed0/syntax_examples.png",
-                 "tables/table2/seed0/baseline/results.json", "tables/table2/seed0/report/plans_validation.md",
-                 "tables/table3/seed0/report/table.csv", "tables/table3_renormalized/seed0/report/table.csv",
+                 "tables/table2/seed0/baseline/results.json", f"tables/table2/seed0/{REPORT}/plans_validation.md",
+                 f"tables/table3/seed0/{REPORT}/table.csv", f"tables/table3_renormalized/seed0/{REPORT}/table.csv",
                  "sweep/seed0/deltas_validation.csv", "sweep/seed0/L2H3/results.json",
                  "importance/seed0/importance.json", "importance/seed0/agreement.csv",
                  "prune_curve/seed0/prune_curve.csv", "prune_curve/seed0/prune_curve.png", "study.md", "study.json"]:
         assert (folder / path).is_file(), path
-    assert not (folder / "tables/table2/seed0/report/curve_validation_f1.png").exists()  # types are not a dose
-    renormalized = pd.read_csv(folder / "tables/table3_renormalized/seed0/report/table.csv")
+    assert not (folder / f"tables/table2/seed0/{REPORT}/curve_validation_f1.png").exists()  # types are not a dose
+    renormalized = pd.read_csv(folder / f"tables/table3_renormalized/seed0/{REPORT}/table.csv")
     assert renormalized["renormalize"].all() and renormalized["unit"].eq("sentence").all()
     text = (folder / "study.md").read_text()
     for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
@@ -109,8 +110,8 @@ def test_study_md_numbers_equal_the_stage_files(finished):
         assert float(base[metric]) == pytest.approx(trained[metric], abs=5e-5)
 
     for table in ("table2", "table3", "table3_renormalized"):
-        grid = markdown_table(text, f"tables/{table}/seed0/report/plans_validation.md")
-        tidy = pd.read_csv(folder / f"tables/{table}/seed0/report/table.csv")
+        grid = markdown_table(text, f"tables/{table}/seed0/{REPORT}/plans_validation.md")
+        tidy = pd.read_csv(folder / f"tables/{table}/seed0/{REPORT}/table.csv")
         assert len(grid) == tidy["plan"].nunique()
         for row in grid.itertuples():
             for metric in ("f1", "exact_match"):
@@ -176,6 +177,42 @@ def test_a_rerun_skips_every_stage(finished):
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")} == before
 
 
+def test_a_stage_whose_files_went_runs_again(finished):
+    """A hand-deleted syntax.csv or clusters.json: the stage is not done (it said 'skipped, done' and study.md lost
+    the section, or the study never recovered); the jobs that held them run again, with a note, to the same files."""
+    folder, _ = finished
+    kept = {name: (folder / name).read_bytes() for name in ("syntax/seed0/syntax.csv", "cluster/seed0/clusters.json")}
+    for name in kept:
+        (folder / name).unlink()
+    out = study(folder).stdout
+    assert "note: since the stage finished, cluster/seed0/clusters.json missing: cluster/seed0 runs again" in out
+    assert "note: since the stage finished, syntax/seed0/syntax.csv missing: syntax/seed0 runs again" in out
+    assert "[4/10] syntax: skipped" not in out and "[3/10] cluster: skipped" not in out
+    assert {name: (folder / name).read_bytes() for name in kept} == kept
+    assert "`syntax/seed0/syntax.csv`" in (folder / "study.md").read_text()
+    assert "[1/10] finetune: skipped, done" in out and "[2/10] features: skipped, done" in out
+
+
+def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finished):
+    """mode=report over a study's table with other statistics writes its own folder; a study file changed by hand
+    is found (not 'skipped, done'): the stage's reports are written again with the study's settings."""
+    folder, _ = finished
+    table = folder / "tables/table2/seed0"
+    mine = {path: path.read_bytes() for path in (table / REPORT).iterdir()}
+    by_hand = subprocess.run([sys.executable, str(ROOT / "ablate.py"), "mode=report", f"sweep_dir={table}",
+                              "report.confidence=0.5", "report.correction=none", "logger=none"], cwd=ROOT,
+                             env=environment(folder.parent), capture_output=True, text=True, timeout=600)
+    assert by_hand.returncode == 0, by_hand.stderr[-2000:]
+    assert (table / "report-confidence=0.5,correction=none/plans_validation.md").is_file()
+    assert {path: path.read_bytes() for path in (table / REPORT).iterdir()} == mine
+    (table / REPORT / "plans_validation.md").write_text("| plan |\n|---|\n| hand-made |\n")
+    out = study(folder).stdout
+    assert f"note: since the stage finished, tables/table2/seed0/{REPORT}/plans_validation.md changed: its " \
+           "reports are written again" in out
+    assert {path: path.read_bytes() for path in (table / REPORT).iterdir()} == mine
+    assert "hand-made" not in (folder / "study.md").read_text()
+
+
 def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     folder = tmp_path / "study"
     process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(tmp_path), stdout=subprocess.PIPE,
@@ -208,7 +245,7 @@ def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     """Fewer stability fits: new clusters, so the comparison and the tables (their clusters file) run again; the
     fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the study)."""
     folder, _ = finished
-    report = folder / "tables/table2/seed0/report"
+    report = folder / f"tables/table2/seed0/{REPORT}"
     listed = json.loads((report / "report.json").read_text())
     (report / "report.json").write_text(json.dumps(listed | {"files": [*listed["files"], "curve_old.png"]}))
     for name in ("curve_old.png", "mine.png"):  # a figure of the earlier report, a file of the user's
@@ -259,8 +296,19 @@ def test_more_seeds_add_their_models_the_seeds_comparison_and_no_meaningless_mea
     assert [run["name"] for run in seeds["runs"]] == ["seed0", "seed1"]
     text = (folder / "study.md").read_text()
     assert f"seed0 vs seed1 {seeds['ari']['seed0 vs seed1']:.4f}" in text
-    assert not (folder / "tables/table2/report").exists() and "No table across seeds" in text
+    assert not (folder / f"tables/table2/{REPORT}").exists() and "No table across seeds" in text
     assert set(json.loads((folder / "study.json").read_text())["importance"]) == {"seed0", "seed1"}
+
+
+def test_one_seed_again_reports_that_seed_only(finished):
+    """study.seeds=[0] after [0,1] in the same folder: seed1's files stay, but study.md, study.json and the terminal
+    show no comparison between seeds and nothing of seed1 (they showed 'seed0 vs seed1' and seed1's roles)."""
+    folder, _ = finished
+    assert (folder / "compare/seeds/results.json").is_file()
+    out = study(folder, "study.seeds=[0]").stdout
+    text, summary = (folder / "study.md").read_text(), summary_of(folder)
+    assert "seed1" not in text.split("## Files")[0] and "seed1" not in out and "seeds" not in summary["compare"]
+    assert "seed1" not in json.dumps({key: value for key, value in summary.items() if key != "inputs"})
 
 
 def test_a_mean_over_seeds_needs_types_named_by_their_profiles(tmp_path):

@@ -4,6 +4,7 @@ CoNLL-U reading, word-level attention, every head's per-word outcome in both dir
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -204,6 +205,14 @@ def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tok
     ("hello world\n", "is not CoNLL-U"),
     ("1\tword\n\n", "is not a CoNLL-U word line"),
     ("", "holds no sentence"),
+    ("1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n2\tman\t_\t_\t_\t_\t1\t_\t_\t_\n\n",
+     "sentence bad-one: word 2 \\('man'\\) has the relation '_'"),
+    ("1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n2\tman\t_\t_\t_\t_\t1\tnsubj pass\t_\t_\n\n",
+     "word 2 \\('man'\\) has the relation 'nsubj pass'"),
+    ("1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n2\tman\t_\t_\t_\t_\t1\tnsubj\t_\t_\n\n# sent_id = two\n"
+     "1\tA\t_\t_\t_\t_\t0\troot\t_\t_\n2\tman\t_\t_\t_\t_\t1\tNsubj\t_\t_\n\n",
+     "sentence two, word 2 \\('man'\\) has the relation 'Nsubj', which differs only in case from 'nsubj' "
+     "\\(sentence bad-one, word 2\\)"),
 ])
 def test_a_broken_treebank_is_named_with_its_sentence(tmp_path, text, said):
     path = tmp_path / "bad.conllu"
@@ -212,6 +221,18 @@ def test_a_broken_treebank_is_named_with_its_sentence(tmp_path, text, said):
         read_conllu(path)
     if "sentence" not in said and text.startswith("1"):
         assert "sentence bad-one" in str(error.value)
+    assert str(path) in str(error.value)
+
+
+def test_relations_are_stripped_and_a_byte_order_mark_is_skipped(tmp_path):
+    """``nsubj `` (a trailing space) was a relation of its own, printed as nsubj: two rows, half the words each."""
+    path = tmp_path / "spaced.conllu"
+    word = "{}\t{}\t_\t_\t_\t_\t{}\t{}\t_\t_\n"
+    first = word.format(1, "Dogs", 2, "nsubj ") + word.format(2, "run", 0, "root")
+    second = word.format(1, "Cats", 2, " nsubj") + word.format(2, "sleep", 0, "root")
+    path.write_text(f"\ufeff# sent_id = a\n{first}\n# sent_id = b\n{second}\n", encoding="utf-8")
+    first, second = read_conllu(path)
+    assert first.sent_id == "a" and first.relations == second.relations == ("nsubj", "root")
 
 
 # ----------------------------------------------------------------------------- ablate.py mode=syntax
@@ -269,6 +290,13 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     for row in roles.itertuples():
         assert joined.loc[row.name, f"sieve_{row.sieve}"] == pytest.approx(row.mean, nan_ok=True)
         assert joined.loc[row.name, f"role_{row.sieve}"] == row.role
+    planned = tmp_path / "planned"  # the same job as a syntax job under a plan records itself
+    shutil.copytree(job, planned)
+    record = json.loads((planned / "results.json").read_text())
+    (planned / "results.json").write_text(json.dumps(record | {"plan": {"rules": [{"heads": "L0H0", "policy": "prune"}],
+                                                                        "policies": {"L0H0": "prune"}}}))
+    with pytest.raises(UserError, match="ran under a plan"):
+        head_table(syntax=planned)
     first = table.iloc[1]
     assert f"| {first.relation} " in markdown and f"{100 * first.accuracy:.1f}" in markdown
     assert f"{first['head']} ({first.direction})" in out.stdout
@@ -285,6 +313,8 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     (["syntax.probe=attn", "syntax.conllu=SHORT", "syntax.train_conllu=CYCLE_FREE", "syntax.max_length=12"],
      "fine.conllu' fits max_length=12"),  # the probe's training treebank: too long for max_length
     (["syntax.relations=[nsubj,dobj]"], "syntax.relations: 'dobj' not in the treebank"),
+    (["syntax.relations=[root]"], "syntax.relations: 'root' is left out of the table"),  # 0 by construction
+    (["syntax.relations=[nsubj,punct]"], "syntax.relations: 'punct' is left out of the table"),
     (["mask=prune", "mask.heads=all"], "a plan that changes every head (prune=12): no head is left to score"),
     (["syntax.min_count=0"], "syntax.min_count=0 must be at least 1"),
     (["syntax.probe=mlp"], "syntax.probe"),

@@ -639,3 +639,28 @@ def test_train_py_killed_after_an_epoch_end_validation_resumes_to_the_same_weigh
     assert results(killed)["resumed_from"] == str(killed / "checkpoints/last.ckpt")
     whole, resumed = (load_file(folder / "model/model.safetensors") for folder in (tmp_path / "whole", killed))
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+
+
+def test_weights_fine_tuned_under_a_plan_are_refused_by_every_analysis(tmp_path):
+    """train.py mask=prune mask.heads=L0: L0's heads never took part in training. The study and every analysis
+    took the job (or its model/, or its .ckpt) as a whole model and named a pruned head the best syntax head."""
+    from conftest import in_parallel
+
+    job = tmp_path / "run"
+    train(tmp_path, "task=demo_pairs", "mask=prune", "mask.heads=[L0H1,L1]", "keep_training_state=true")
+    saved = json.loads((job / "model/config.json").read_text())["headlab_plan"]
+    assert saved["policies"] == {"L0H1": "prune", **{f"L1H{h}": "prune" for h in range(4)}}
+    common = ["model=tiny_random", "task=demo_pairs", "logger=none", f"data.cache_dir={tmp_path / 'cache'}"]
+    cases = [("mode=features", f"ckpt_path={job}"), ("mode=syntax", f"ckpt_path={job / 'model'}"),
+             ("mode=eval", f"ckpt_path={job / 'checkpoints/last.ckpt'}"),
+             ("mode=study", f"study.checkpoint={job}", "study=quick")]
+    outs = in_parallel(lambda case: subprocess.run(
+        [sys.executable, str(ROOT / "ablate.py"), *common, *case, f"hydra.run.dir={tmp_path / case[0][5:]}"], cwd=ROOT,
+        capture_output=True, text=True, timeout=600), cases)
+    for case, out in zip(cases, outs):
+        key = case[1].split("=")[0]
+        assert_one_error_line(out, f"{key}={case[1].split('=', 1)[1]!r} was fine-tuned under a plan (prune ")
+        assert "L0H1" in out.stderr and not (tmp_path / case[0][5:] / "results.json").exists()
+    whole = tmp_path / "whole"
+    train(tmp_path, "task=demo_pairs", run_dir=whole)
+    assert "headlab_plan" not in json.loads((whole / "model/config.json").read_text())

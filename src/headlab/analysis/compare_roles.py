@@ -18,9 +18,8 @@ from rich.console import Console
 from headlab.errors import UserError
 from headlab.files import read_json
 
-# what makes two jobs' roles comparable: the same sentences and the same test
-SYNTAX_SETTINGS = ("treebank", "parser", "spacy_model", "max_sentences", "max_length", "sieve_tau", "sieve_alpha",
-                   "sieve_correction")
+# what makes two jobs' roles comparable: the same sentences (their content, whatever file held them) and test
+SYNTAX_SETTINGS = ("sentences", "sieve", "sieve_direction", "sieve_tau", "sieve_alpha", "sieve_correction")
 FEATURES_SETTINGS = ("sieve_tau", "sieve_alpha", "sieve_correction")
 
 
@@ -48,7 +47,9 @@ def read_syntax_jobs(syntax: list[str] | None, runs: list[dict[str, Any]]) -> li
             raise UserError(f"compare.syntax entry {source!r} scored {_describe(data)}, but run {run['name']!r} "
                             f"clustered {_describe(run)}; give the syntax jobs in the order of compare.runs")
         jobs.append((path, data))
-    differs = _difference([(run["name"], data.get("config", {}).get("syntax", {}) | {"treebank": data.get("treebank")})
+    digests = all(data.get("sentences") for _, data in jobs)  # jobs of an older headlab: their file and count
+    scored = lambda data: data["sentences"] if digests else f"{data.get('treebank')}, {data.get('num_sentences')}"  # noqa: E731
+    differs = _difference([(run["name"], data.get("config", {}).get("syntax", {}) | {"sentences": scored(data)})
                            for run, (_, data) in zip(runs, jobs)], SYNTAX_SETTINGS)
     if differs:  # roles of other sentences, or of another test, do not compare
         raise UserError(f"the compare.syntax jobs differ in {differs}: their roles are not comparable; run them with "

@@ -27,9 +27,10 @@ from headlab.core.head_names import head_name
 from headlab.core.observe import observe_attention
 from headlab.core.plans import HeadPlan
 from headlab.core.word_attention import DIRECTIONS, most_attended, slot_matrix, word_level
+from headlab.tasks.treebank import LEFT_OUT_RELATIONS
 
 OFFSETS = (-3, -2, -1, 1, 2)
-LEFT_OUT = ("root", "punct")  # not in the table (Clark et al.); "all" is every other word
+LEFT_OUT = LEFT_OUT_RELATIONS  # not in the table (Clark et al.); "all" is every other word
 
 
 @dataclass

@@ -53,6 +53,7 @@ from headlab.reporting.layouts import clark_layout, to_markdown
 from headlab.reporting.sieve_roles import sieve_roles
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.reporting.syntax_plots import attention_lines, best_relation_heatmap
+from headlab.tasks.treebank import sentences_digest
 from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
@@ -143,7 +144,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     summary = identity.complete({
         "kind": "syntax", "model": cfg.model.name, "treebank": str(source.path.absolute()),
         "shape": list(model_shape(cfg.model)),
-        "num_sentences": len(encoded.sentences), "num_words": encoded.num_words, "too_long": encoded.too_long,
+        "num_sentences": len(encoded.sentences), "sentences": sentences_digest(encoded.sentences),
+        "num_words": encoded.num_words, "too_long": encoded.too_long,
         "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
         "probe": probe, "roles": role_counts(roles),
         "checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headlab.errors import UserError, one_of
+from headlab.tasks.treebank import LEFT_OUT_RELATIONS
 
 PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax_probe.KINDS (no torch import here)
 PARSERS = ("conllu", "spacy")
@@ -67,3 +68,8 @@ class SyntaxConfig:
                             "(or give a CoNLL-U treebank as syntax.conllu)")
         if self.relations is not None and not self.relations:
             raise UserError("syntax.relations is empty; give relation names (e.g. [nsubj, obj]) or null: all")
+        for relation in self.relations or ():
+            if str(relation).strip().lower() in LEFT_OUT_RELATIONS:
+                raise UserError(f"syntax.relations: {relation!r} is left out of the table (as by Clark et al.): a "
+                                "head never attends to ROOT, so a root row is 0 by construction, and punct attaches "
+                                "by convention; name other relations (e.g. [nsubj, obj])")

@@ -5,9 +5,10 @@ Sources (each optional, each a job directory or its file): a ``mode=features`` j
 ``importance_<estimator>``, raw), and ``mode=sweep_heads`` jobs of single-head ablations (``delta_<policy>_<metric>``,
 the measured change of each metric with the head ablated alone; ``_<split>`` is added when a sweep has several
 splits), and a ``mode=syntax`` job (``syntax_<relation>``: the head's accuracy on the relation, the better direction;
-``sieve_<role>`` / ``role_<role>``: Pande et al.'s syntactic sieve scores and roles). Every source must describe a
-model of the same shape. With ``model`` / ``task`` columns, tables of several models concatenate, so "do vertical
-heads matter more on SQuAD than on MRPC?" is one groupby.
+``sieve_<role>`` / ``role_<role>``: Pande et al.'s syntactic sieve scores and roles). Every source must describe
+one model and checkpoint of one shape (a job of other weights, or under a plan, is refused: its columns would be of
+other heads than the rest). With ``model`` / ``task`` columns, tables of several models concatenate, so "do
+vertical heads matter more on SQuAD than on MRPC?" is one groupby.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
     """One row per head: ``layer``, ``head``, ``name``, ``model``, ``task``, ``label`` and a column per quantity of
     the given sources (module docstring). At least one source is needed."""
     columns: dict[str, np.ndarray | list] = {}
-    shape, identity = None, {}
+    shape, identity, weights = None, {}, WeightsOf()
     if features is not None:
         summary = _results_of(features, "features")
+        weights.add("features", features, summary)
         frame = pd.read_parquet(_file(features, "heads.parquet", "a mode=features job"))
         shape, identity = tuple(summary["shape"]), {"model": summary["model"], "task": summary["task"]}
         columns |= {c: frame[c].to_numpy() for c in frame.columns if c not in ("layer", "head", "name")}
@@ -68,6 +70,7 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
         data = read_json(_file(clusters, "clusters.json", "a mode=cluster job"), "clusters")
         if not isinstance(data, dict) or not {"labels", "shape", "model", "task"} <= set(data):
             raise UserError(f"clusters {str(clusters)!r} is not a clusters file of a mode=cluster job")
+        weights.add("clusters", clusters, data)
         shape = shape or tuple(data["shape"])
         identity = identity or {"model": data["model"], "task": data["task"]}
         names = [head_name(layer, head) for layer in range(shape[0]) for head in range(shape[1])]
@@ -79,6 +82,7 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
         data = read_json(_file(importance, "importance.json", "a mode=importance job"), "importance")
         if not isinstance(data, dict) or "importance" not in data:
             raise UserError(f"importance {str(importance)!r} is not the importance.json of a mode=importance job")
+        weights.add("importance", importance, data, plan=data.get("settings", {}).get("pruned_by_mask") or None)
         values = np.asarray(data["importance"], dtype=float)
         shape = shape or values.shape
         identity = identity or {"model": data.get("model"), "task": data.get("task")}
@@ -89,6 +93,7 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
         data = read_json(_file(sweep, "results.json", "a mode=sweep_heads job"), "sweep_heads results")
         if data.get("kind") != "sweep_heads" or data.get("family") != "single_head":
             raise UserError(f"sweep {str(sweep)!r} is not a mode=sweep_heads job of the single_head family")
+        weights.add("sweep", sweep, data)
         identity = identity or {"model": data.get("model"), "task": data.get("task")}
         for split, tables in data["tables"].items():
             for metric, table in tables.items():
@@ -97,6 +102,7 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
                 columns[f"delta_{data['policy']}_{metric}{suffix}"] = _grid(table["delta"], f"sweep {sweep}", shape)
     if syntax is not None:
         summary = _results_of(syntax, "syntax")
+        weights.add("syntax", syntax, summary, plan=summary.get("plan"))
         shape = shape or tuple(summary["shape"])
         identity = identity or {"model": summary["model"], "task": Path(summary["treebank"]).name}
         columns |= _syntax_columns(syntax, shape)
@@ -107,6 +113,31 @@ def head_table(features: str | Path | None = None, clusters: str | Path | None =
                           "name": [head_name(layer, head) for layer in range(layers) for head in range(heads)],
                           "model": identity.get("model"), "task": identity.get("task"), "label": label})
     return pd.concat([table, pd.DataFrame(columns)], axis=1)
+
+
+class WeightsOf:
+    """The model and weights each source describes; a ``UserError`` when they differ, or one ran under a plan."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, tuple[Any, Any]]] = []
+
+    def add(self, what: str, source: str | Path, data: dict[str, Any], plan: Any = None) -> None:
+        if plan:
+            raise UserError(f"{what}={str(source)!r} ran under a plan: its per-head numbers are of the model with "
+                            "heads changed; give jobs of the whole model (without mask / plan)")
+        checkpoint = (data.get("checkpoint") or {}).get("path")
+        weights = (data.get("model"), None if checkpoint is None else str(Path(checkpoint).resolve()))
+        for earlier, theirs in self.seen:
+            if theirs != weights:
+                raise UserError(f"{what}={str(source)!r} is of {_describe(weights)}, but {earlier} is of "
+                                f"{_describe(theirs)}: a row would join two models' heads; give sources of one "
+                                "model and checkpoint (a table per model concatenates)")
+        self.seen.append((f"{what}={str(source)!r}", weights))
+
+
+def _describe(weights: tuple[Any, Any]) -> str:
+    model, checkpoint = weights
+    return f"model {model} with " + ("its own weights" if checkpoint is None else f"the weights {checkpoint}")
 
 
 def _syntax_columns(syntax: str | Path, shape: tuple[int, int]) -> dict[str, np.ndarray]:

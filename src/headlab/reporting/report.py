@@ -1,6 +1,8 @@
 """A sweep's report on disk: the tidy table, the seeds' table layouts, plots, seeds, and what is missing.
 
-``write_report(sweep_dir, settings)`` writes into ``sweep_dir/report/``:
+``write_report(sweep_dir, settings)`` writes into ``sweep_dir/report/`` (``report_folder``: with settings other than
+the defaults, ``report-<the settings that differ>/``, e.g. ``report-confidence=0.5,correction=none/``, so that a
+report with other statistics never overwrites another's, a study's tables included):
 
 ==========================================  =====================================================
 ``table.csv``, ``table.parquet``             the tidy table (``load_sweep``), every job x split x metric
@@ -56,12 +58,31 @@ def _slug(text: str) -> str:
     return short_name(re.sub(r"[^A-Za-z0-9=+-]+", "_", text).strip("_"), 100)
 
 
-def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING, correction: str = "holm",
-                 formats: tuple[str, ...] = ("png",), latest_multirun: bool = False) -> Report:
-    """Collect ``sweep_dir`` and write its report (module docstring); returns what was written.
+DEFAULT_CORRECTION, DEFAULT_FORMATS = "holm", ("png",)
+
+
+def report_folder(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING,
+                  correction: str = DEFAULT_CORRECTION, formats: tuple[str, ...] = DEFAULT_FORMATS) -> Path:
+    """``sweep_dir/report`` for the default settings, else ``sweep_dir/report-<key=value,...>`` of the settings
+    (as ``report.*`` keys) that differ from them: one folder per settings."""
+    ours = {"resamples": resampling.resamples, "permutations": resampling.permutations,
+            "confidence": resampling.confidence, "ci_method": resampling.method, "seed": resampling.seed,
+            "correction": correction, "formats": "+".join(formats)}
+    defaults = {"resamples": DEFAULT_RESAMPLING.resamples, "permutations": DEFAULT_RESAMPLING.permutations,
+                "confidence": DEFAULT_RESAMPLING.confidence, "ci_method": DEFAULT_RESAMPLING.method,
+                "seed": DEFAULT_RESAMPLING.seed, "correction": DEFAULT_CORRECTION, "formats": "+".join(DEFAULT_FORMATS)}
+    differ = ",".join(f"{key}={value}" for key, value in ours.items() if value != defaults[key])
+    return Path(sweep_dir) / (f"report-{differ}" if differ else "report")
+
+
+def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING,
+                 correction: str = DEFAULT_CORRECTION, formats: tuple[str, ...] = DEFAULT_FORMATS,
+                 latest_multirun: bool = False) -> Report:
+    """Collect ``sweep_dir`` and write its report (module docstring) into ``report_folder``; returns what was written.
     ``latest_multirun``: of the jobs of the multirun that last wrote the folder's ``multirun.yaml`` only."""
     frame = load_sweep(sweep_dir, resampling=resampling, correction=correction, latest_multirun=latest_multirun)
-    report = Report(frame, Path(sweep_dir) / "report", legend=layouts.plan_legend(resampling.confidence, correction))
+    report = Report(frame, report_folder(sweep_dir, resampling, correction, formats),
+                    legend=layouts.plan_legend(resampling.confidence, correction))
     report.folder.mkdir(parents=True, exist_ok=True)
     for name in ("table.csv", "table.parquet"):
         report.files.append(write_frame_atomic(frame, report.folder / name))

@@ -19,7 +19,8 @@ from rich.console import Console
 from headlab.core.head_names import head_name
 from headlab.files import read_json, write_json_atomic, write_text_atomic
 from headlab.reporting.layouts import clark_layout, to_markdown
-from headlab.study.stages import TABLES, Study
+from headlab.study.stages import MARKER, TABLES, Study
+from headlab.study.tables import table_report_folder
 
 TABLE_TITLES = {
     "table2": "Table 2: heads of each type pruned (weights 0, ✗) or substituted (uniform 1/L)",
@@ -54,12 +55,21 @@ class StudyReport:
         self.markdown.append(f"_Not run: the {stage} stage has no results in this study's folder._")
 
     def sources(self, stage: str, file: str, names: list[str] | None = None) -> list[tuple[str, Path]]:
-        """``(name, path)`` of each model's ``<stage>/<name>/<file>`` that exists; none: the stage is said missing."""
+        """``(name, path)`` of each model's ``<stage>/<name>/<file>`` that exists and is a job of the stage's last
+        run (its ``stage.json``: a job of another configuration in the folder, seed1 of an earlier two-seed run, is
+        not this study's); none: the stage is said missing."""
         names = [name for name, _ in self.study.models] if names is None else names
-        found = [(name, self.path(stage, name, file)) for name in names if self.path(stage, name, file).is_file()]
+        jobs = self.stage_jobs(stage)
+        found = [(name, self.path(stage, name, file)) for name in names
+                 if f"{stage}/{name}" in jobs and self.path(stage, name, file).is_file()]
         if not found:
             self.missing(stage)
         return found
+
+    def stage_jobs(self, stage: str) -> set[str]:
+        """The job folders (relative to the study) of ``stage``'s last finished run, from its marker."""
+        path = self.path(stage, MARKER)
+        return set(read_json(path, "stage marker").get("key", {}).get("jobs", {})) if path.is_file() else set()
 
     def figure(self, path: Path, alt: str) -> None:
         if path.is_file():
@@ -84,7 +94,7 @@ def baseline(report: StudyReport) -> None:
             metrics = read_json(path, "results")["metrics"]
             source = report.link(path)
         else:  # study.checkpoint: the unablated evaluation of Table 2
-            table = report.path("tables", "table2", name, "report", "table.csv")
+            table = table_report_folder(report.study, report.path("tables", "table2", name)) / "table.csv"
             if not table.is_file():
                 continue
             frame = pd.read_csv(table)
@@ -109,7 +119,7 @@ def tables(report: StudyReport) -> None:
         report.section(f"Guan et al. {TABLE_TITLES[table]}")
         found = False
         for name, _ in report.study.models:
-            folder = report.path("tables", table, name, "report")
+            folder = table_report_folder(report.study, report.path("tables", table, name))
             grids = sorted(folder.glob("plans_*.md"))
             for grid in grids:
                 found = True
@@ -121,8 +131,8 @@ def tables(report: StudyReport) -> None:
             split = grids[0].stem.removeprefix("plans_") if grids else None
             if split:
                 report.figure(folder / f"bars_{split}_{metric}.png", f"{table} {name}")
-        seeds = report.path("tables", table, "report", "seeds.md")
-        if seeds.is_file():
+        seeds = table_report_folder(report.study, report.path("tables", table)) / "seeds.md"
+        if len(report.study.models) > 1 and seeds.is_file():
             report.markdown += ["", f"Across fine-tuning seeds (`{report.link(seeds)}`):", "",
                                 seeds.read_text().rstrip()]
         elif len(report.study.models) > 1 and found:
@@ -166,7 +176,8 @@ def head_types(report: StudyReport) -> None:
 
 def comparison(report: StudyReport) -> None:
     report.section("Pre-trained vs fine-tuned")
-    for name, path in report.sources("compare", "results.json", [n for n, _ in report.study.models] + ["seeds"]):
+    names = [n for n, _ in report.study.models]
+    for name, path in report.sources("compare", "results.json", names + ["seeds"] * (len(names) > 1)):
         result = read_json(path, "compare results")
         pairs = "; ".join(f"{pair} {value:.4f}" for pair, value in result["ari"].items())
         changed = "; ".join(f"{run}: {count} heads" for run, count in result["changed"].items())

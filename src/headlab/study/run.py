@@ -18,9 +18,8 @@ from rich.console import Console
 
 from headlab.errors import UserError
 from headlab.files import config_hash, read_json, write_json_atomic
-from headlab.study.stages import ABOUT, STAGES, Job, Study, check_stages, stage_jobs
-
-MARKER = "stage.json"  # <study>/<stage>/stage.json: the hashes of the stage's jobs when it last finished
+from headlab.study.stage_files import manifest_problems, stage_manifest
+from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
 
 
 def study_group(folder: Path) -> str:
@@ -195,11 +194,13 @@ class StudyRun:
             return
         key = self.stage_key(stage, jobs)
         hashes = key["jobs"]
-        if self.is_done(stage, key):
+        problems = self.file_problems(stage)
+        if not problems and self.is_done(stage, key, check_files=False):
             self.say(f"{where}: skipped, done ({self.study.folder / stage})")
             return
         began = time.monotonic()
         self.say(f"{where}: {ABOUT[stage]}, {len(jobs)} job{'s' * (len(jobs) != 1)} (elapsed {self.elapsed()})")
+        self.redo_jobs_of(problems, jobs)
         for job in jobs:
             if read_complete(job.folder / "results.json", hashes[self.name(job)]) is None:
                 run_job(job)
@@ -208,8 +209,36 @@ class StudyRun:
             from headlab.study.tables import write_table_reports
 
             write_table_reports(self.study)
-        write_json_atomic(self.study.folder / stage / MARKER, {"stage": stage, "key": key})
+        write_json_atomic(self.study.folder / stage / MARKER,
+                          {"stage": stage, "key": key, "files": stage_manifest(self.study.folder, stage, MARKER)})
         self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()})")
+
+    def marker(self, stage: str) -> dict[str, Any] | None:
+        path = self.study.folder / stage / MARKER
+        return read_json(path, "stage marker") if path.is_file() else None
+
+    def file_problems(self, stage: str) -> dict[str, str]:
+        """The files ``stage``'s marker lists that are gone or changed (``stage_files``); a marker of an older headlab
+        lists none: every one of its files counts as unchecked (``{"": "unlisted"}``)."""
+        marker = self.marker(stage)
+        if marker is None:
+            return {}
+        if "files" not in marker:
+            return {"": "unlisted"}
+        return manifest_problems(self.study.folder, marker["files"])
+
+    def redo_jobs_of(self, problems: dict[str, str], jobs: list[Job]) -> None:
+        """Each job holding a gone or changed file runs again (its ``results.json`` goes), with a note per job."""
+        owners: dict[Job | None, list[str]] = {}
+        for name in filter(None, problems):
+            job = next((job for job in jobs if (self.study.folder / name).is_relative_to(job.folder)), None)
+            owners.setdefault(job, []).append(f"{name} {problems[name]}")
+        for job, names in owners.items():
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            self.say(f"note: since the stage finished, {names[0]}{more}: " +
+                     (f"{self.name(job)} runs again" if job else "its reports are written again"))
+            if job is not None:
+                (job.folder / "results.json").unlink(missing_ok=True)
 
     def quiet_tracking(self) -> None:
         """After the study's first W&B run has printed its banner and how to sync, the others print nothing."""
@@ -232,19 +261,20 @@ class StudyRun:
         return {"report": config_hash(OmegaConf.to_container(table_report_settings(self.study), resolve=True))}
 
     def inputs_key(self) -> dict[str, Any]:
-        """The report's inputs: every other stage's marker."""
+        """The report's inputs: every other stage's marker (its jobs' hashes and its files' digests)."""
         markers = {}
         for stage in STAGES[:-1]:
-            path = self.study.folder / stage / MARKER
-            markers[stage] = read_json(path, "stage marker").get("key") if path.is_file() else None
+            marker = self.marker(stage)
+            markers[stage] = None if marker is None else [marker.get("key"), marker.get("files")]
         return {"stages": config_hash(markers)}
 
-    def is_done(self, stage: str, key: dict[str, Any]) -> bool:
-        """The stage's marker holds ``key`` and each of its jobs' results are complete for its hash."""
+    def is_done(self, stage: str, key: dict[str, Any], check_files: bool = True) -> bool:
+        """The stage's marker holds ``key``, each of its jobs' results are complete for its hash, and (unless
+        ``check_files=False``: checked already) every file it lists is there with the content it had."""
         from headlab.reporting.results import read_complete
 
-        path = self.study.folder / stage / MARKER
-        if not path.is_file() or read_json(path, "stage marker").get("key") != key:
+        marker = self.marker(stage)
+        if marker is None or marker.get("key") != key or (check_files and self.file_problems(stage)):
             return False
         return all(read_complete(self.study.folder / name / "results.json", hash_) is not None
                    for name, hash_ in key["jobs"].items())

@@ -49,6 +49,7 @@ STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare
                "tables": "eval", "sweep": "sweep_heads", "importance": "importance",
                "prune_curve": "prune_curve"}  # ablate.py modes
 TABLES = ("table2", "table3", "table3_renormalized")
+MARKER = "stage.json"  # <study>/<stage>/stage.json: the stage's jobs (their hashes) and files when it last finished
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
 PRESETS = {"table2": "guan2020_table2", "table3": "guan2020_table3", "table3_renormalized": "guan2020_table3"}
 

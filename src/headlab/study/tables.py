@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 
 from headlab.files import read_json
-from headlab.reporting.report import Report, report_settings, write_report
+from headlab.reporting.report import Report, report_folder, report_settings, write_report
 from headlab.study.stages import TABLES, Study
 
 
@@ -36,6 +36,12 @@ def same_types_in_every_seed(study: Study) -> bool:
 def table_report_settings(study: Study) -> Any:
     """The ``report`` section of the tables stage (``study.tables.report`` laid over the study's)."""
     return study.analysis("tables", "eval", None).report
+
+
+def table_report_folder(study: Study, folder: Path) -> Path:
+    """Where the tables stage writes the report of ``folder`` (a table's model, or the table across seeds): its
+    settings' folder (``report/`` for the defaults, ``headlab.reporting.report.report_folder``)."""
+    return report_folder(folder, *report_settings(table_report_settings(study)))
 
 
 def write_table_reports(study: Study) -> list[Report]:

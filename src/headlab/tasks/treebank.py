@@ -4,7 +4,9 @@ A sentence is its words (syntactic words, as UD's own evaluation counts them): m
 the surface form of ``do`` + ``n't``) and empty nodes (``3.1``, enhanced dependencies) are skipped. Each word has
 a gold head (0 is the root, else the 1-based index of another word) and a relation (``deprel``, subtypes kept:
 ``nmod:poss``). Every tree is checked: heads in range, exactly one root, no cycle; a file that breaks this is a
-``UserError`` naming the file, the sentence and the word.
+``UserError`` naming the file, the sentence and the word. Relations are stripped of surrounding white space; one
+that is empty or ``_``, holds white space, or differs from another of the file only in case (``nsubj`` and
+``NSUBJ``: two rows that print alike) is a ``UserError`` too. A byte-order mark at the file's start is skipped.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headlab.errors import UserError
+
+# Not scored as relations (Clark et al.): a head never attends to ROOT, so a root row is 0 by construction; punctuation
+# attaches by convention, not syntax. The table's ``all`` row counts every other word.
+LEFT_OUT_RELATIONS = ("root", "punct")
 
 
 @dataclass(frozen=True)
@@ -37,11 +43,13 @@ def read_conllu(path: str | Path, what: str = "syntax.conllu") -> list[Sentence]
     if not path.is_file():
         raise UserError(f"{what}={str(path)!r}: no such file; give a CoNLL-U treebank (.conllu)")
     sentences = []
+    labels: dict[str, tuple[str, str]] = {}  # lower-cased relation -> (the relation, where it was first seen)
     try:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:  # -sig: a byte-order mark is not part of the first line
             for number, tokens in enumerate(conllu.parse_incr(handle), start=1):
                 sentence = _sentence(tokens, number, path, what)
                 if sentence is not None:
+                    _check_labels_alike(sentence, labels, f"{what}={str(path)!r}")
                     sentences.append(sentence)
     except ParseException as error:
         raise UserError(f"{what}={str(path)!r} is not CoNLL-U: {error}") from None
@@ -65,8 +73,31 @@ def _sentence(tokens, number: int, path: Path, what: str) -> Sentence | None:
                             "integer HEAD and a DEPREL (10 tab-separated columns, ids 1, 2, ... in order)")
     heads = tuple(int(token["head"]) for token in words)
     check_tree(heads, where)
-    return Sentence(str(sent_id), tuple(token["form"] for token in words), heads,
-                    tuple(str(token["deprel"]) for token in words))
+    relations = tuple(str(token["deprel"] or "").strip() for token in words)
+    for index, relation in enumerate(relations, start=1):
+        if relation in ("", "_") or any(character.isspace() for character in relation):
+            raise UserError(f"{where}: word {index} ({words[index - 1]['form']!r}) has the relation "
+                            f"{str(words[index - 1]['deprel'])!r}; give a dependency relation (DEPREL, the 8th "
+                            "column), e.g. nsubj or nmod:poss")
+    return Sentence(str(sent_id), tuple(token["form"] for token in words), heads, relations)
+
+
+def _check_labels_alike(sentence: Sentence, labels: dict[str, tuple[str, str]], file: str) -> None:
+    """A ``UserError`` when a relation differs from one seen before only in case (they would be two relations)."""
+    for index, relation in enumerate(sentence.relations, start=1):
+        here = f"sentence {sentence.sent_id}, word {index}"
+        first, seen_at = labels.setdefault(relation.lower(), (relation, here))
+        if first != relation:
+            raise UserError(f"{file}, {here} ({sentence.words[index - 1]!r}) has the relation {relation!r}, which "
+                            f"differs only in case from {first!r} ({seen_at}); write each relation one way")
+
+
+def sentences_digest(sentences: list[Sentence]) -> str:
+    """A hash of the trees' content (words, heads, relations; not their ids nor the file's name): two jobs scored
+    the same sentences exactly when their digests are equal."""
+    from headlab.files import config_hash
+
+    return config_hash([[list(s.words), list(s.heads), list(s.relations)] for s in sentences])
 
 
 def check_tree(heads: tuple[int, ...], where: str) -> None:

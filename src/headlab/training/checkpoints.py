@@ -24,6 +24,7 @@ from headlab.files import read_json
 from headlab.training.modules import task_head
 
 FINAL_WEIGHTS = "model"  # train.py saves its final weights (and tokenizer) in JOB_DIR/model
+PLAN_KEY = "headlab_plan"  # in the saved config.json of weights fine-tuned under a plan: the plan (HeadPlan.to_dict)
 KINDS = "a .ckpt from train.py, a train.py job directory, a save_pretrained directory, or null"
 
 
@@ -51,13 +52,15 @@ def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> C
     if path.is_file():
         if path.suffix != ".ckpt":
             raise UserError(f"ckpt_path={ckpt_path!r} is a file but not a .ckpt; give {KINDS}")
-        check_lightning_checkpoint(path, model_cfg, task_cfg)
+        hparams = check_lightning_checkpoint(path, model_cfg, task_cfg)
+        refuse_plan_trained(ckpt_path, changed_heads_of_mask(hparams.get("mask")))
         return Checkpoint("lightning", str(path))
     if (path / "results.json").is_file():
         record = read_json(path / "results.json", "results")
         if record.get("kind") != "train" or not record.get("complete"):
             raise UserError(f"ckpt_path={ckpt_path!r}: its results.json is not a finished train.py job")
         _check_trained_for(ckpt_path, record.get("model"), record.get("task"), model_cfg, task_cfg)
+        refuse_plan_trained(ckpt_path, changed_heads_of_plan(record.get("plan")))
         weights = path / FINAL_WEIGHTS
         if not (weights / "config.json").is_file():
             raise UserError(f"ckpt_path={ckpt_path!r}: the job has no final weights in {FINAL_WEIGHTS}/ (trained "
@@ -66,15 +69,48 @@ def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> C
         return Checkpoint("job", str(weights))
     if (path / "config.json").is_file():
         check_weights_folder(path, f"ckpt_path={ckpt_path!r}")
+        saved = read_json(path / "config.json", "model config")
+        refuse_plan_trained(ckpt_path, changed_heads_of_plan(saved.get(PLAN_KEY) if isinstance(saved, dict) else None))
         return Checkpoint("pretrained", str(path))
     raise UserError(f"ckpt_path={ckpt_path!r} is a directory with neither results.json (a train.py job) nor "
                     f"config.json (save_pretrained); give {KINDS}")
 
 
-def check_lightning_checkpoint(path: Path, model_cfg: Any, task_cfg: Any) -> None:
-    """A ``UserError`` unless ``path`` is a readable ``train.py`` checkpoint of ``model_cfg`` on ``task_cfg``."""
+def check_lightning_checkpoint(path: Path, model_cfg: Any, task_cfg: Any) -> dict[str, Any]:
+    """A ``UserError`` unless ``path`` is a readable ``train.py`` checkpoint of ``model_cfg`` on ``task_cfg``; returns
+    its hyper-parameters."""
     hparams = _lightning_hparams(path)
     _check_trained_for(str(path), hparams["model"]["name"], hparams["task"]["name"], model_cfg, task_cfg)
+    return hparams
+
+
+def changed_heads_of_mask(mask: dict[str, Any] | None) -> str | None:
+    """The rules of a ``train.py`` mask that change some head, as text; None when every head stays whole."""
+    from headlab.core.masks import mask_rules
+
+    rules = [rule for rule in mask_rules(mask or {}) if rule.get("policy") != "keep"]
+    heads = lambda selector: selector if isinstance(selector, str) else ",".join(map(str, selector))  # noqa: E731
+    return "; ".join(f"{rule['policy']} {heads(rule['heads'])}" for rule in rules) or None
+
+
+def changed_heads_of_plan(plan: dict[str, Any] | None) -> str | None:
+    """The heads a recorded plan (``HeadPlan.to_dict``) changes, as text; None when it changes none."""
+    policies = (plan or {}).get("policies") or {}
+    if not policies:
+        return None
+    by_policy: dict[str, list[str]] = {}
+    for head, policy in policies.items():
+        by_policy.setdefault(policy, []).append(head)
+    return "; ".join(f"{policy} {','.join(heads[:8])}{' ...' if len(heads) > 8 else ''}"
+                     for policy, heads in by_policy.items())
+
+
+def refuse_plan_trained(ckpt_path: str, changed: str | None) -> None:
+    """Weights fine-tuned under a plan are refused by every analysis (they take each head as whole)."""
+    if changed is not None:
+        raise UserError(f"ckpt_path={ckpt_path!r} was fine-tuned under a plan ({changed}): those heads never took "
+                        "part whole in training, and headlab's analyses take every head whole; analyse a model "
+                        "fine-tuned without mask (the run's own metrics under its plan are in its results.json)")
 
 
 def _lightning_hparams(path: Path) -> dict[str, Any]:

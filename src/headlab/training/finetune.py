@@ -29,7 +29,7 @@ from headlab.errors import UserError
 from headlab.files import input_stamps, write_json_atomic
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_changed_inputs
-from headlab.training.checkpoints import FINAL_WEIGHTS, check_lightning_checkpoint
+from headlab.training.checkpoints import FINAL_WEIGHTS, PLAN_KEY, check_lightning_checkpoint
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.durable import AtomicCheckpointIO, RandomStates, readable_checkpoint, training_lock
 from headlab.training.epoch_order import ResumeMidEpoch
@@ -217,6 +217,8 @@ def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
             inputs=inputs,
         )
         if trainer.is_global_zero:
+            if not module.plan.is_identity:  # said in the weights' own config.json: analyses refuse them
+                module.model.config.update({PLAN_KEY: module.plan.to_dict()})
             save_final_weights(module.model, load_tokenizer(cfg.model), final_weights)
             write_predictions(module, output_dir)
             result.write(output_dir / "results.json")
