@@ -126,6 +126,34 @@ def reference_sieve_scores(word_maps, sentence):
     return out
 
 
+def reference_pande_scores(token_maps, slots, sentence, direction):
+    """Pande et al.'s syntactic_score loop (their notebook's ``Heads1.get_score``) for one head on one sentence:
+    ``token_maps`` its token attention ``[T, T]``, ``slots`` each token's slot (0 [CLS], word k at k, n + 1 [SEP]).
+    Per role the mean over the sentence's (dependent w1, head w2) pairs; NaN when it has none."""
+    roles = {"syntactic": None, "nsubj": {"nsubj"}, "obj": {"obj", "dobj"}, "amod": {"amod"}, "advmod": {"advmod"}}
+    sent_len = len(slots)
+    out = {}
+    for role, names in roles.items():
+        pair_scores = []
+        for dependent in range(1, len(sentence) + 1):
+            head, relation = sentence.heads[dependent - 1], sentence.relations[dependent - 1]
+            if head == 0 or (names is not None and relation not in names):
+                continue
+            w1_idx = [t for t, slot in enumerate(slots) if slot == dependent]
+            w2_idx = [t for t, slot in enumerate(slots) if slot == head]
+            attention = {}
+            for source, target in ((w1_idx, w2_idx), (w2_idx, w1_idx)):
+                token_score = total = 0.0
+                for id1 in source:
+                    total += float(np.sum(token_maps[id1, :]))
+                    token_score += sum(float(token_maps[id1, id2]) for id2 in target) / len(target)
+                attention[tuple(source)] = (token_score / len(source)) / (total / len(source) / sent_len)
+            l2r, r2l = attention[tuple(w1_idx)], attention[tuple(w2_idx)]
+            pair_scores.append({"l2r": l2r, "r2l": r2l, "bi": (l2r + r2l) / 2}[direction])
+        out[role] = float(np.mean(pair_scores)) if pair_scores else float("nan")
+    return out
+
+
 def test_word_attention_sums_pieces_into_columns_and_averages_rows():
     generator = torch.Generator().manual_seed(0)
     weights = torch.rand(2, 3, 7, 7, generator=generator, dtype=torch.float64).softmax(-1)  # [batch, heads, T, T]
@@ -152,7 +180,9 @@ def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tok
     plan = None if PLANS[plan_name] is None else HeadPlan.from_rules(PLANS[plan_name], num_layers=3, num_heads=4)
     encoded = encode_treebank(treebank, tokenizer, max_length=512)
     assert [len(t) for t in encoded.token_slots] == [len(ids) for ids in encoded.input_ids]
-    scores = syntax_scores(tiny_model, encoded, encoded.batches(2, tokenizer.pad_token_id), plan)
+    scores = syntax_scores(tiny_model, encoded, encoded.batches(2, tokenizer.pad_token_id), plan, sieve="relatives")
+    pande = {direction: syntax_scores(tiny_model, encoded, encoded.batches(2, tokenizer.pad_token_id), plan,
+                                      direction=direction).sieve for direction in ("l2r", "r2l", "bi")}
     layers, heads = tiny_model.config.num_hidden_layers, tiny_model.config.num_attention_heads
     policy_of = plan.policy_of if plan is not None else lambda layer, head: "keep"
     expected = np.zeros((encoded.num_words, layers, heads, 2), dtype=bool)
@@ -169,12 +199,17 @@ def test_every_head_and_offset_equals_clark_on_a_model(treebank, tiny_model, tok
         for layer in range(layers):
             for head in range(heads):
                 if policy_of(layer, head) == "keep":
-                    for role, expected_score in reference_sieve_scores(words[layer, head], sentence).items():
-                        got = scores.sieve[role][index, layer, head]
-                        assert (np.isnan(got) and np.isnan(expected_score)) or got == pytest.approx(expected_score,
-                                                                                                    rel=1e-5)
+                    expected_scores = {"relatives": reference_sieve_scores(words[layer, head], sentence)} | {
+                        direction: reference_pande_scores(maps[layer, head], slots, sentence, direction)
+                        for direction in pande}
+                    for kind, expected_of in expected_scores.items():
+                        for role, expected_score in expected_of.items():
+                            got = (scores.sieve if kind == "relatives" else pande[kind])[role][index, layer, head]
+                            assert (np.isnan(got) and np.isnan(expected_score)) or got == pytest.approx(
+                                expected_score, rel=1e-5), (kind, role)
                 else:
-                    assert all(np.isnan(scores.sieve[role][index, layer, head]) for role in scores.sieve)
+                    for sieves in (scores.sieve, *pande.values()):
+                        assert all(np.isnan(sieves[role][index, layer, head]) for role in sieves)
                 predictions = clark_predictions(words[layer, head])
                 for number, direction in enumerate(("dep->head", "head->dep")):
                     outcome = clark_outcomes(predictions[direction], sentence)

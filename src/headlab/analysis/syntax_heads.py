@@ -21,7 +21,13 @@ import pandas as pd
 import torch
 
 from headlab.analysis.syntax_data import EncodedTreebank
-from headlab.analysis.syntax_sieves import SYNTACTIC_SIEVES, sieve_members, sieve_scores
+from headlab.analysis.syntax_sieves import (
+    SYNTACTIC_SIEVES,
+    dependency_pairs,
+    pande_scores,
+    sieve_members,
+    sieve_scores,
+)
 from headlab.core.attention import ablate
 from headlab.core.head_names import head_name
 from headlab.core.observe import observe_attention
@@ -65,8 +71,9 @@ def offset_outcomes(encoded: EncodedTreebank) -> dict[int, np.ndarray]:
 class WordOutcomes:
     """Observer of every layer's attention: each word's outcome under every head and direction, batch by batch."""
 
-    def __init__(self, encoded: EncodedTreebank, layers: int, heads: int, device: torch.device):
-        self.encoded, self.device = encoded, device
+    def __init__(self, encoded: EncodedTreebank, layers: int, heads: int, device: torch.device,
+                 sieve: str = "pande", direction: str = "l2r"):
+        self.encoded, self.device, self.kind, self.direction = encoded, device, sieve, direction
         self.correct = np.zeros((encoded.num_words, layers, heads, len(DIRECTIONS)), dtype=bool)
         self.sieve = {role: np.full((len(encoded.sentences), layers, heads), np.nan) for role in SYNTACTIC_SIEVES}
         self.start = self.first_sentence = 0  # the batch's first word in the flat order, its first sentence
@@ -85,7 +92,10 @@ class WordOutcomes:
         self.start += count
         sentences = slice(self.first_sentence, self.first_sentence + len(lengths))
         self.sentences, self.first_sentence = sentences, sentences.stop
-        self.members = sieve_members(self.gold, [s.relations for s in self.encoded.sentences[sentences]], self.words)
+        arcs = dependency_pairs if self.kind == "pande" else sieve_members
+        self.members = arcs(self.gold, [s.relations for s in self.encoded.sentences[sentences]], self.words)
+        self.pieces = self.onehot.sum(1)  # [batch, slots]
+        self.tokens = self.pieces.sum(-1)  # [batch]: the sequence length in pieces, [CLS] and [SEP] included
 
     def _scatter(self, values: np.ndarray) -> torch.Tensor:
         out = torch.zeros(self.words.shape, dtype=torch.long, device=self.device)
@@ -97,7 +107,9 @@ class WordOutcomes:
         words = word_level(weights, self.onehot)  # [batch, heads, slots, slots]
         predicted = most_attended(words, self.lengths)
         for role, members in self.members.items():
-            self.sieve[role][self.sentences, layer] = sieve_scores(words, members, self.lengths).cpu().numpy()
+            scores = pande_scores(words, members, self.pieces, self.tokens, self.direction) if self.kind == "pande" \
+                else sieve_scores(words, members, self.lengths)
+            self.sieve[role][self.sentences, layer] = scores.cpu().numpy()
         heads = weights.shape[1]
         judged = self.judged.unsqueeze(1).expand(-1, heads, -1)  # [batch, heads, slots]
         for number, direction in enumerate(DIRECTIONS):
@@ -106,12 +118,14 @@ class WordOutcomes:
 
 
 def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, torch.Tensor]],
-                  plan: HeadPlan | None = None, renormalize: bool = False) -> SyntaxScores:
+                  plan: HeadPlan | None = None, renormalize: bool = False, sieve: str = "pande",
+                  direction: str = "l2r") -> SyntaxScores:
     """Every head's per-word outcomes on ``encoded`` (``batches``: its ``batches()``, in order) and the offsets',
-    under ``plan`` when given (one sentence per sequence: the ``drop_*`` policies' units are that sentence)."""
+    under ``plan`` when given (one sentence per sequence: the ``drop_*`` policies' units are that sentence); the
+    syntactic sieve scores by ``sieve`` (``pande`` in ``direction``, or ``relatives``: ``syntax_sieves``)."""
     device = next(model.parameters()).device
     config = model.config
-    outcomes = WordOutcomes(encoded, config.num_hidden_layers, config.num_attention_heads, device)
+    outcomes = WordOutcomes(encoded, config.num_hidden_layers, config.num_attention_heads, device, sieve, direction)
     under_plan = ablate(model, plan, renormalize) if plan is not None else contextlib.nullcontext()
     with torch.inference_mode(), under_plan, observe_attention(model, outcomes.layer):
         for batch in batches:

@@ -106,7 +106,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     batches = counted_batches(encoded.batches(cfg.syntax.batch_size, tokenizer.pad_token_id),
                               ProgressLines("syntax", len(encoded.sentences), "sentences"))
     plan = syntax_plan(cfg)
-    scores = syntax_scores(model, encoded, batches, plan, bool(cfg.mask.renormalize))
+    scores = syntax_scores(model, encoded, batches, plan, bool(cfg.mask.renormalize), cfg.syntax.sieve,
+                           cfg.syntax.sieve_direction)
     counts = relation_counts(scores, cfg.syntax.min_count, cfg.syntax.relations)
     accuracies = head_accuracies(scores, counts.index)
     table = best_heads(scores, counts, paired_difference(cfg.syntax, cfg.seed))

@@ -1,13 +1,20 @@
-"""Pande et al.'s (2021) syntactic sieve: how much more than uniform a head attends to a word's syntactic relatives.
+"""Pande et al.'s (2021) syntactic sieves: how much more than uniform a head attends along dependency arcs.
 
-The sieve of a word ``i`` is a set of other words: for the coarse ``syntactic`` role its gold head (unless ROOT) and
-its dependents; for a fine role ``r`` (``nsubj``, ``obj`` (``dobj`` in older treebanks), ``amod``, ``advmod``) only
-those linked to ``i`` by relation ``r``. The sieve bias score of a head on a sentence is, over the words whose sieve
-is not empty, the mean of (attention from ``i`` to its sieve) / (|sieve| / slots): the share uniform attention would
-give it, ``slots`` being the words with ``[CLS]`` and ``[SEP]`` (a word-level attention row covers them all). It
-is the token-level local / block / delimiter sieves' definition (``analysis/features.py``) on word-level
-attention; uniform attention scores exactly 1. A sentence where no word has a sieve gets no score (NaN); the roles
-then follow from the same one-sided t-test across sentences and correction (``reporting/sieve_roles.py``).
+Two definitions, ``syntax.sieve``:
+
+- ``pande`` (default), as their ``syntactic_score`` notebook computes it. A role's pairs are the (dependent ``d``,
+  head ``h``) arcs of the gold tree (root's left out; ``syntactic``: every arc, a fine role ``r``: the arcs whose
+  dependent has relation ``r``; ``obj`` also takes ``dobj``). A pair's ``l2r`` score is the attention from ``d`` to
+  ``h`` averaged over ``d``'s pieces and ``h``'s pieces, over ``d``'s uniform share: its pieces' mean row sum over
+  the sequence length in pieces (``[CLS]`` and ``[SEP]`` included). ``r2l`` is the same from ``h`` to ``d``; ``bi``
+  their mean (``syntax.sieve_direction``). A sentence's score is the mean over its pairs of the role.
+- ``relatives`` (headlab's earlier one): the sieve of a word ``i`` is its gold head (unless ROOT) and its dependents
+  (a fine role: those linked to ``i`` by it); the score is, over the words with a sieve, the mean of (attention
+  from ``i`` to its sieve) / (|sieve| / slots) on word-level attention, ``slots`` being the words with ``[CLS]`` and
+  ``[SEP]``: the token-level local / block / delimiter sieves' definition (``analysis/features.py``).
+
+Uniform attention scores exactly 1 under both. A sentence without a pair (a member) of a role gets no score (NaN);
+the roles then follow from the one-sided t-test across sentences and correction (``reporting/sieve_roles.py``).
 """
 
 from __future__ import annotations
@@ -16,30 +23,46 @@ import torch
 
 SYNTACTIC_SIEVES = {"syntactic": None, "nsubj": ("nsubj",), "obj": ("obj", "dobj"), "amod": ("amod",),
                     "advmod": ("advmod",)}  # role -> relations (None: every relation)
+SIEVES = ("pande", "relatives")
+SIEVE_DIRECTIONS = ("l2r", "r2l", "bi")
+
+
+def _arcs(heads: torch.Tensor, relations: list[list[str]], words: torch.Tensor):
+    """``[batch, i, k]``: whether word slot k is the gold head of word slot i; per role ``[batch, slots]``: whether a
+    word's own relation is the role's."""
+    index = torch.arange(heads.shape[1], device=heads.device)
+    head_of = (heads.unsqueeze(-1) == index) & words.unsqueeze(-1) & words.unsqueeze(1)  # [b, i, k]: k heads i
+    related = {}
+    for role, names in SYNTACTIC_SIEVES.items():
+        if names is None:
+            related[role] = torch.ones_like(words)
+            continue
+        related[role] = torch.zeros_like(words)
+        for row, sentence in enumerate(relations):
+            related[role][row, 1:len(sentence) + 1] = torch.tensor([r in names for r in sentence], device=heads.device)
+    return head_of, related
+
+
+def dependency_pairs(heads: torch.Tensor, relations: list[list[str]], words: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per role ``[batch, slots, slots]``: whether (d, h) is a pair of the role (``pande``). ``heads`` ``[batch,
+    slots]`` holds each word slot's gold head slot (0: ROOT, never a pair), ``relations`` each sentence's relations
+    per word, ``words`` ``[batch, slots]`` which slots are words."""
+    head_of, related = _arcs(heads, relations, words)
+    return {role: head_of & related[role].unsqueeze(-1) for role in SYNTACTIC_SIEVES}
 
 
 def sieve_members(heads: torch.Tensor, relations: list[list[str]], words: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per role ``[batch, slots, slots]``: whether slot k is in the sieve of slot i. ``heads`` ``[batch, slots]``
-    holds each word slot's gold head slot (0: ROOT, i.e. [CLS], never a member), ``relations`` each sentence's
-    relations per word, ``words`` ``[batch, slots]`` which slots are words."""
-    index = torch.arange(heads.shape[1], device=heads.device)
-    head_of = (heads.unsqueeze(-1) == index) & words.unsqueeze(-1) & words.unsqueeze(1)  # [b, i, k]: k heads i
-    members = {}
-    for role, names in SYNTACTIC_SIEVES.items():
-        if names is None:
-            related = torch.ones_like(words)
-        else:
-            related = torch.zeros_like(words)
-            for row, sentence in enumerate(relations):
-                related[row, 1:len(sentence) + 1] = torch.tensor([r in names for r in sentence], device=heads.device)
-        # i's head when i's relation is r; i's dependents k whose relation is r
-        members[role] = (head_of & related.unsqueeze(-1)) | (head_of.transpose(1, 2) & related.unsqueeze(1))
-    return members
+    """Per role ``[batch, slots, slots]``: whether slot k is in the ``relatives`` sieve of slot i (arguments as
+    ``dependency_pairs``)."""
+    head_of, related = _arcs(heads, relations, words)
+    # i's head when i's relation is r; i's dependents k whose relation is r
+    return {role: (head_of & related[role].unsqueeze(-1)) | (head_of.transpose(1, 2) & related[role].unsqueeze(1))
+            for role in SYNTACTIC_SIEVES}
 
 
 def sieve_scores(words_attention: torch.Tensor, members: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``[batch, heads]`` sieve bias scores from word attention ``[batch, heads, slots, slots]`` and one role's
-    ``members`` ``[batch, slots, slots]``; NaN for a sentence where no word has a sieve."""
+    """``relatives``: ``[batch, heads]`` sieve bias scores from word attention ``[batch, heads, slots, slots]`` and one
+    role's ``members`` ``[batch, slots, slots]``; NaN for a sentence where no word has a sieve."""
     size = members.sum(-1)  # [batch, slots]
     has = size > 0
     count = has.sum(-1)  # [batch]
@@ -47,3 +70,19 @@ def sieve_scores(words_attention: torch.Tensor, members: torch.Tensor, lengths: 
     table = members * weight.unsqueeze(-1)  # [batch, i, k]
     scores = torch.einsum("bhik,bik->bh", words_attention.float(), table.float())
     return scores.masked_fill((count == 0).unsqueeze(-1), float("nan"))
+
+
+def pande_scores(words_attention: torch.Tensor, pairs: torch.Tensor, pieces: torch.Tensor, tokens: torch.Tensor,
+                 direction: str) -> torch.Tensor:
+    """``pande``: ``[batch, heads]`` from word attention ``[batch, heads, slots, slots]`` (rows: the mean of a word's
+    pieces' rows; columns: the sum of its pieces' columns), one role's ``pairs`` ``[batch, d, h]``, ``pieces``
+    ``[batch, slots]`` per slot and ``tokens`` ``[batch]`` per sequence; NaN for a sentence without a pair."""
+    words = words_attention.float()
+    share = words.sum(-1) / tokens.view(-1, 1, 1)  # [batch, heads, slots]: a word's mean row sum / sequence length
+    per_piece = pieces.clamp(min=1).float()
+    along = words / per_piece[:, None, None, :] / share.unsqueeze(-1)  # [b, heads, d, h]: d to h over d's share
+    against = words.transpose(-1, -2) / per_piece[:, None, :, None] / share.unsqueeze(-2)  # h to d over h's share
+    score = {"l2r": along, "r2l": against, "bi": (along + against) / 2}[direction]
+    count = pairs.sum((-1, -2))  # [batch]
+    total = torch.where(pairs.unsqueeze(1), score, 0.0).sum((-1, -2))  # [batch, heads]
+    return (total / count.clamp(min=1).unsqueeze(-1)).masked_fill((count == 0).unsqueeze(-1), float("nan"))

@@ -9,6 +9,8 @@ from headlab.tasks.treebank import LEFT_OUT_RELATIONS
 
 PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax_probe.KINDS (no torch import here)
 PARSERS = ("conllu", "spacy")
+SIEVES = ("pande", "relatives")  # headlab.analysis.syntax_sieves.SIEVES
+SIEVE_DIRECTIONS = ("l2r", "r2l", "bi")
 
 
 @dataclass
@@ -27,6 +29,8 @@ class SyntaxConfig:
     resamples: int = 10_000  # paired bootstrap of the best head against the best offset baseline, over words
     confidence: float = 0.95
     examples: int = 2  # sentences drawn with the best heads' attention in syntax_examples.png
+    sieve: str = "pande"  # the syntactic sieve score: pande (their code's, over dependency pairs) | relatives
+    sieve_direction: str = "l2r"  # pande: l2r (dependent to head) | r2l (head to dependent) | bi (their mean)
     sieve_tau: float = 3.0  # Pande et al.'s syntactic roles: mean sieve score above tau ...
     sieve_alpha: float = 0.05  # ... by a one-sided t-test over sentences at this level ...
     sieve_correction: str = "holm"  # ... corrected across heads and roles: holm | bh | none
@@ -48,6 +52,11 @@ class SyntaxConfig:
             raise UserError(f"syntax.confidence={self.confidence} must be in (0, 1)")
         if self.examples < 0:
             raise UserError(f"syntax.examples={self.examples} must be at least 0")
+        one_of("syntax.sieve", self.sieve, SIEVES)
+        one_of("syntax.sieve_direction", self.sieve_direction, SIEVE_DIRECTIONS)
+        if self.sieve == "relatives" and self.sieve_direction != "l2r":
+            raise UserError(f"syntax.sieve_direction={self.sieve_direction} is a setting of syntax.sieve=pande; the "
+                            "relatives sieve takes a word's head and dependents together (leave the direction out)")
         one_of("syntax.sieve_correction", self.sieve_correction, ("holm", "bh", "none"))
         if self.sieve_tau <= 0:
             raise UserError(f"syntax.sieve_tau={self.sieve_tau} must be above 0 (uniform attention scores 1)")
