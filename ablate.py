@@ -1,11 +1,14 @@
 """Analysis entry point (thin): ``python ablate.py mode=demo model=minilm mask=prune mask.heads=L0``."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from headlab.cli.ablate import run_ablate
 from headlab.cli.errors import exits_on_user_error, run_entry
 from headlab.cli.schema import register_configs
+from headlab.cli.study_schema import open_stage_settings
 
 register_configs()
 
@@ -17,4 +20,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = open_stage_settings(sys.argv)
     run_entry(main)

@@ -92,6 +92,12 @@ CASES = [
     ("ablate.py", ["mode=nope"], "mode='nope'"),
     ("train.py", ["attention_route=fast"], "attention_route='fast' is not allowed; choose one of: sdpa, flex"),
     # model
+    # seeds: what seed_everything takes, checked before anything is written (finetune/seed-1/ was left behind)
+    ("train.py", ["seed=-1"], "seed=-1 is not a seed: give an integer from 0 to 4294967295"),
+    ("ablate.py", ["seed=-1", "mode=eval"], "seed=-1 is not a seed"),
+    ("ablate.py", ["mode=study", "study.seeds=[-1]"], "study.seeds[0]=-1 is not a seed"),
+    ("ablate.py", ["mode=study", "study.seeds=[0,4294967296]"], "study.seeds[1]=4294967296 is not a seed"),
+    ("ablate.py", ["mode=study", "study.stages=[]"], "study.stages=[] names no stage"),
     ("train.py", ["model=nope"], "model/nope"),
     ("train.py", ["model.random_init=false", "model.name_or_path=/no/such/model"], "/no/such/model"),
     ("ablate.py", ["model=bert_base_uncased"], "google-bert/bert-base-uncased"),  # not cached, hub offline

@@ -16,3 +16,13 @@ def one_of(key: str, value: object, allowed: tuple | list) -> None:
     if value not in allowed:
         choices = ", ".join(map(str, dict.fromkeys(allowed)))  # a task's train split may also be named "train"
         raise UserError(f"{key}={value!r} is not allowed; choose one of: {choices}")
+
+
+SEED_RANGE = (0, 2**32 - 1)  # what Lightning's seed_everything and numpy's generators take
+
+
+def check_seed(key: str, value: object) -> None:
+    """``UserError`` unless ``value`` is a seed numpy and Lightning take: an integer in 0 .. 2^32 - 1."""
+    low, high = SEED_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UserError(f"{key}={value!r} is not a seed: give an integer from {low} to {high}")

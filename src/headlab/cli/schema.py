@@ -26,7 +26,7 @@ from headlab.cli.report_schema import ReportConfig
 from headlab.cli.study_schema import StudyConfig
 from headlab.cli.syntax_schema import SyntaxConfig
 from headlab.core.plans import POLICIES, UNITS
-from headlab.errors import UserError, one_of
+from headlab.errors import UserError, check_seed, one_of
 from headlab.requirements import require_torch
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
@@ -390,6 +390,9 @@ def check_config(cfg: Any) -> None:
     for group in CHECKED_GROUPS:
         if group in cfg:
             OmegaConf.to_object(cfg[group])
+    check_seed("seed", cfg.seed)
+    for index, seed in enumerate(cfg.study.seeds if "study" in cfg else ()):
+        check_seed(f"study.seeds[{index}]", seed)
     if OmegaConf.get_type(cfg) is AblateConfig:
         one_of("mode", cfg.mode, ABLATE_MODES)
     one_of("attention_route", cfg.attention_route, ATTENTION_ROUTES)

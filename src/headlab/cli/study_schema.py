@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,3 +30,14 @@ class StudyConfig:
     sweep: dict[str, Any] = field(default_factory=dict)
     importance: dict[str, Any] = field(default_factory=dict)
     prune_curve: dict[str, Any] = field(default_factory=dict)
+
+
+# study.<stage>.<key>...=VALUE, as written (no +, ++ or ~ before it)
+_STAGE_SETTING = re.compile(r"^study\.(?:" + "|".join(stage for stage in STAGES if stage != "report") + r")\.[\w.]+=")
+
+
+def open_stage_settings(arguments: list[str]) -> list[str]:
+    """Command-line ``study.<stage>.KEY=VALUE`` overrides as ``++study.<stage>.KEY=VALUE``: a stage's settings are
+    any field of that stage's config (``study.syntax.syntax.conllu=FILE``), most of which ``conf/study/`` does not
+    list, and Hydra refuses a key it does not list unless it is forced in (its error asked for ``+``)."""
+    return [f"++{argument}" if _STAGE_SETTING.match(argument) else argument for argument in arguments]

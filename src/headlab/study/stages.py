@@ -90,6 +90,9 @@ def check_stages(cfg: Any, done: set[str]) -> list[str]:
     """``study.stages`` in run order; a ``UserError`` for an unknown stage, or for one whose input stage is left out
     (unless that stage's results are there, ``done``, or ``study.checkpoint`` stands for the fine-tuning)."""
     stages = list(cfg.study.stages)
+    if not stages:
+        raise UserError(f"study.stages=[] names no stage: give one or more of {', '.join(STAGES)} (e.g. "
+                        "study.stages=[report] to write the report again)")
     for stage in stages:
         if stage not in STAGES:
             raise UserError(f"study.stages: {stage!r} is not a stage; stages: {', '.join(STAGES)}")
