@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,6 +178,17 @@ def test_a_rerun_skips_every_stage(finished):
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")} == before
 
 
+def test_a_study_folder_copied_elsewhere_is_still_done(finished):
+    """The jobs' hashes take the paths inside the study folder relative to it (absolute ones reran every analysis
+    stage of a moved or copied study)."""
+    folder, _ = finished
+    copy = folder.parent / "study_copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("wandb"))  # modification times kept
+    out = study(copy).stdout
+    assert all(f"[{n}/10] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
+    shutil.rmtree(copy)
+
+
 def test_a_stage_whose_files_went_runs_again(finished):
     """A hand-deleted syntax.csv or clusters.json: the stage is not done (it said 'skipped, done' and study.md lost
     the section, or the study never recovered); the jobs that held them run again, with a note, to the same files."""
@@ -223,9 +235,23 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
             break
     process.wait(timeout=60)
     assert not (folder / "study.md").exists() and (folder / "features/stage.json").is_file()
-    out = study(folder).stdout
+    # Resumed, then Ctrl-C during the tables (once swallowed in a weakref callback: the study ran on to exit 0)
+    process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    out = ""
+    for line in process.stdout:
+        out += line
+        if line.startswith("[6/10] tables"):
+            process.send_signal(signal.SIGINT)
+            break
+    out += process.stdout.read()
+    assert process.wait(timeout=120) == 130, out[-3000:]
     assert "[1/10] finetune: skipped, done" in out and "[2/10] features: skipped, done" in out
     assert "[3/10] cluster: head types" in out
+    assert re.search(r"note: interrupted \(Ctrl-C\) during \[6/10\] tables(, job tables/\S+)?; run the same "
+                     r"command to go on", out) and "[7/10]" not in out and not (folder / "study.md").exists()
+    out = study(folder).stdout
+    assert "[5/10] compare: skipped, done" in out and "[6/10] tables: Guan" in out
     mine, theirs = (json.loads((f / "study.json").read_text()) for f in (folder, finished[0]))
     for key in ("baseline", "clusters", "compare", "syntax", "importance"):
         assert mine[key] == theirs[key], key

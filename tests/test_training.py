@@ -120,6 +120,9 @@ def test_resume_continues_from_a_checkpoint(tmp_path):
     train(tmp_path, "task=demo_pairs", run_dir=first)
     assert results(first)["resumed_from"] == str(first / "checkpoints/last.ckpt")
     assert results(first)["global_step"] == 4 and not last.exists()  # kept only when asked
+    again = train(tmp_path, "task=demo_pairs", "keep_training_state=true", run_dir=first).stdout
+    assert "already done" in again and "note: keep_training_state=true, but this run finished without it: its " \
+        "training state (checkpoints/last.ckpt) is gone" in again  # it said "already done" only
 
     # A checkpoint without the training state (what a finished run keeps of best.ckpt) cannot be continued.
     slim = tmp_path / "slim.ckpt"

@@ -83,20 +83,31 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename (never a partial file)."""
+    with atomic_file(path) as handle:
+        handle.write(text)
+    return Path(path)
+
+
+@contextmanager
+def written_beside(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path``, unique to this call (two processes writing one file never share it), for a
+    writer that takes a path (pandas, matplotlib); renamed over ``path`` when the block ends, removed on an error."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
+    fd, tmp = temporary_beside(path)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_frame_atomic(frame: Any, path: str | Path) -> Path:
     """A pandas DataFrame as parquet or CSV (by the suffix), written atomically, without the index."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(tmp, index=False) if path.suffix == ".parquet" else frame.to_csv(tmp, index=False)
-    tmp.replace(path)
+    with written_beside(path) as tmp:
+        frame.to_parquet(tmp, index=False) if path.suffix == ".parquet" else frame.to_csv(tmp, index=False)
     return path
 
 
@@ -187,6 +198,23 @@ def input_stamps(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any
     return stamps
 
 
+def relative_paths(value: Any, root: str | None) -> Any:
+    """``value`` (a plain config) with every absolute path inside the folder ``root`` written as
+    ``<root>/RELATIVE``: a job's hash then stays the same when that folder moves (a study folder moved or copied)."""
+    if root is None:
+        return value
+    if isinstance(value, dict):
+        return {key: relative_paths(item, root) for key, item in value.items()}
+    if isinstance(value, list):
+        return [relative_paths(item, root) for item in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        inside = Path(os.path.normpath(value))
+        top = Path(os.path.normpath(os.path.abspath(root)))
+        if inside == top or top in inside.parents:
+            return str(Path("<root>") / inside.relative_to(top))
+    return value
+
+
 def job_hash(computed: dict[str, Any], inputs: dict[str, Any]) -> str:
     """The hash of what a job computes: its config and the stamps of the files it reads (none: the config's hash,
     as before inputs were stamped, so such results stay done)."""
@@ -202,3 +230,22 @@ def package_dir(package: str) -> str:
             f"(pip install {package.replace('_', '-')})"
         )
     return str(Path(next(iter(spec.submodule_search_locations))))
+
+
+@contextmanager
+def folder_lock(folder: Path, lock_file: str, busy: str) -> Iterator[None]:
+    """Held while the block runs: a second process asking for the same ``folder`` and ``lock_file`` meanwhile gets a
+    ``UserError`` saying ``busy`` instead of working beside the first. The lock file goes when the block ends."""
+    from filelock import FileLock, Timeout
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(folder / lock_file)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise UserError(busy) from None
+    try:
+        yield
+    finally:
+        lock.release()
+        (folder / lock_file).unlink(missing_ok=True)  # no empty file stays behind (a run that starts now makes one)

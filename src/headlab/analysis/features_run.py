@@ -39,7 +39,7 @@ from headlab.analysis.features import AttentionFeatures, attention_features
 from headlab.analysis.job_identity import JobIdentity, resumable
 from headlab.core.models import load_model_reporting, load_tokenizer, model_config, note_random_weights
 from headlab.errors import one_of
-from headlab.files import write_frame_atomic, write_json_atomic
+from headlab.files import atomic_file, write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
 from headlab.reporting.sieve_roles import role_matrix, sieve_roles
 from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config, weights_model_config
@@ -139,9 +139,8 @@ def write_features(cfg: Any, features: AttentionFeatures, sequences: Sequences, 
     arrays = features.to_arrays() | {"source": np.array(sequences.source), "heads": np.array(features.head_names())}
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
-    tmp = output_dir / ".features.npz.tmp"
-    tmp.write_bytes(buffer.getvalue())
-    tmp.replace(output_dir / "features.npz")
+    with atomic_file(output_dir / "features.npz", "wb") as handle:
+        handle.write(buffer.getvalue())
     roles = None
     if features.sieve:
         roles = sieve_roles(features.sieve, options.sieve_tau, options.sieve_alpha, options.sieve_correction)

@@ -22,12 +22,12 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
-from headlab.files import input_stamps, job_hash
+from headlab.files import input_stamps, job_hash, relative_paths
 from headlab.reporting.results import already_done, library_versions, note_changed_inputs
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route")
+RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route", "paths_root")
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",),
@@ -49,12 +49,16 @@ def computed_config(resolved: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread}
 
 
+def hashed_part(resolved: dict[str, Any]) -> dict[str, Any]:
+    """``computed_config`` as hashed: paths inside ``paths_root`` (a study's folder) relative to it."""
+    return relative_paths(computed_config(resolved), resolved.get("paths_root"))
+
+
 def hashed_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The resolved config, the stamps of its inputs and the hash of what the job computes (config and inputs)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    computed = computed_config(resolved)
-    inputs = input_stamps(computed, INPUT_KEYS)
-    return resolved, inputs, job_hash(computed, inputs)
+    inputs = input_stamps(computed_config(resolved), INPUT_KEYS)  # the files where they are now
+    return resolved, inputs, job_hash(hashed_part(resolved), inputs)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str |
         done = already_done(output_dir / "results.json", this_hash)
         if done is not None:
             return done
-        note_changed_inputs(output_dir / "results.json", computed_config(resolved), inputs)
+        note_changed_inputs(output_dir / "results.json", hashed_part(resolved), inputs)
         with tracked_job():
             return run(cfg, JobIdentity(output_dir, resolved, this_hash, inputs))
 

@@ -34,7 +34,7 @@ from headlab.core.attention import Controller, ablate, headlab_implementation
 from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
 from headlab.core.models import model_shape
 from headlab.core.plans import HeadPlan
-from headlab.files import config_hash, write_json_atomic
+from headlab.files import config_hash, write_json_atomic, written_beside
 from headlab.reporting.results import read_complete
 
 
@@ -211,7 +211,5 @@ def write_tables(summary: dict[str, Any], metric: str, output_dir: Path) -> None
         delta = tables[metric]["delta"]
         columns = ["layer"] if len(delta[0]) == 1 else [f"H{h}" for h in range(len(delta[0]))]
         frame = pd.DataFrame(delta, columns=columns, index=[f"L{l}" for l in range(len(delta))])
-        path = output_dir / f"deltas_{split}.csv"
-        tmp = path.with_name(f".{path.name}.tmp")
-        frame.to_csv(tmp, index_label=f"{metric} delta")
-        tmp.replace(path)
+        with written_beside(output_dir / f"deltas_{split}.csv") as tmp:
+            frame.to_csv(tmp, index_label=f"{metric} delta")

@@ -306,6 +306,7 @@ class RunConfig:
     seed: int = 0
     compile: bool = False  # torch.compile the model (fine-tuning and evaluation)
     attention_route: str = "sdpa"  # what serves layers with drop_* heads: sdpa | flex (one FlexAttention call)
+    paths_root: str | None = None  # set by the study on its jobs: paths inside it are hashed relative to it
 
 
 @dataclass

@@ -19,15 +19,16 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import TwoSlopeNorm
 
+from headlab.files import written_beside
+
 
 def _save(figure, path: Path, formats: Sequence[str]) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     out = []
     for extension in formats:
         target = path.parent / f"{path.name}.{extension}"
-        tmp = target.with_name(f".{target.name}.tmp.{extension}")
-        figure.savefig(tmp, dpi=150, bbox_inches="tight")
-        tmp.replace(target)
+        with written_beside(target) as tmp:
+            figure.savefig(tmp, dpi=150, bbox_inches="tight", format=extension)
         out.append(target)
     plt.close(figure)
     return out

@@ -17,9 +17,12 @@ from typing import Any
 from rich.console import Console
 
 from headlab.errors import UserError
-from headlab.files import config_hash, read_json, write_json_atomic
+from headlab.files import config_hash, folder_lock, read_json, write_json_atomic
+from headlab.study.interrupts import stopping_on_ctrl_c
 from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
+
+LOCK_FILE = ".study.lock"
 
 
 def study_group(folder: Path) -> str:
@@ -130,6 +133,7 @@ class StudyRun:
     def __init__(self, study: Study, stages: list[str]) -> None:
         self.study, self.stages, self.start = study, stages, time.monotonic()
         self.tracked = False  # a W&B run of this study ran in this process
+        self.position = "the start"  # the stage (and job) running: said when Ctrl-C stops the study
         self.console = Console(soft_wrap=True, highlight=False)
         logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(SayOnce())  # "GPU available: ..."
 
@@ -140,12 +144,14 @@ class StudyRun:
         return str(timedelta(seconds=round(time.monotonic() - (self.start if since is None else since))))
 
     def run(self) -> dict[str, Any]:
-        for number, stage in enumerate(self.stages, start=1):
-            where = f"[{number}/{len(self.stages)}] {stage}"
-            if stage == "report":
-                self.report(where)
-                continue
-            self.run_stage(stage, where)
+        with stopping_on_ctrl_c(self.say, lambda: self.position) as self.interrupts:
+            for number, stage in enumerate(self.stages, start=1):
+                where = self.position = f"[{number}/{len(self.stages)}] {stage}"
+                if stage == "report":
+                    self.report(where)
+                    continue
+                self.run_stage(stage, where)
+                self.interrupts.check()
         if self.tracked and self.study.cfg.logger.offline:
             self.say(f"W&B: the study's runs are in group {self.study.group}, offline; upload them with: wandb sync "
                      f"{self.study.folder / 'wandb'}/offline-run-*")
@@ -203,8 +209,12 @@ class StudyRun:
         self.redo_jobs_of(problems, jobs)
         for job in jobs:
             if read_complete(job.folder / "results.json", hashes[self.name(job)]) is None:
+                self.position = f"{where}, job {self.name(job)}"
+                self.interrupts.listen()
                 run_job(job)
+                self.interrupts.check()
                 self.quiet_tracking()
+        self.position = where
         if stage == "tables":
             from headlab.study.tables import write_table_reports
 
@@ -281,8 +291,12 @@ class StudyRun:
 
 
 def run_study(cfg: Any, folder: str | Path, stages: list[str] | None = None) -> dict[str, Any]:
-    """Run the study of ``cfg`` (a config that passed ``check_study``) in ``folder``."""
+    """Run the study of ``cfg`` (a config that passed ``check_study``) in ``folder``, one study per folder at a
+    time (``.study.lock``: a second one started meanwhile stops with an error)."""
     folder = Path(folder)
     stages = check_study(cfg, folder) if stages is None else stages
     study = Study(cfg, folder, study_group(folder))
-    return StudyRun(study, stages).run()
+    with folder_lock(folder, LOCK_FILE, f"another study is running in {str(folder)!r} (it holds {LOCK_FILE}); wait "
+                     "for it to end, then run this one again (the stages done are skipped), or give this one another "
+                     "hydra.run.dir"):
+        return StudyRun(study, stages).run()

@@ -83,7 +83,10 @@ class Study:
         return self.folder / stage
 
     def analysis(self, stage: str, mode: str, ckpt_path: str | None, **fields: Any) -> Any:
-        return analysis_config(self.cfg, stage, mode, ckpt_path, self.group, **fields)
+        """The config of a stage's job; the paths inside the study folder are hashed relative to it (``paths_root``):
+        a study folder moved or copied elsewhere is still done."""
+        return analysis_config(self.cfg, stage, mode, ckpt_path, self.group, paths_root=str(self.folder.absolute()),
+                               **fields)
 
 
 def check_stages(cfg: Any, done: set[str]) -> list[str]:

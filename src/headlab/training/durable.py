@@ -23,12 +23,10 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from filelock import FileLock, Timeout
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from headlab.errors import UserError
-from headlab.files import atomic_file
+from headlab.files import atomic_file, folder_lock
 
 RANDOM_STATES = "headlab_random_states"  # the checkpoint's key
 LOCK_FILE = ".train.lock"
@@ -105,16 +103,7 @@ def training_lock(output_dir: Path) -> Iterator[None]:
     if rank_zero_only.rank != 0:
         yield
         return
-    output_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(output_dir / LOCK_FILE)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise UserError(f"another train.py run is training in {str(output_dir)!r} (it holds {LOCK_FILE}); wait for "
-                        "it to end (then rerun: a finished job says 'already done'), or give this one another "
-                        "hydra.run.dir") from None
-    try:
+    with folder_lock(output_dir, LOCK_FILE, f"another train.py run is training in {str(output_dir)!r} (it holds "
+                     f"{LOCK_FILE}); wait for it to end (then rerun: a finished job says 'already done'), or give "
+                     "this one another hydra.run.dir"):
         yield
-    finally:
-        lock.release()
-        (output_dir / LOCK_FILE).unlink(missing_ok=True)  # no empty file stays behind (a run that starts now makes one)

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
-from headlab.files import input_stamps, write_json_atomic
+from headlab.files import input_stamps, relative_paths, write_json_atomic
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_changed_inputs
 from headlab.training.checkpoints import FINAL_WEIGHTS, PLAN_KEY, check_lightning_checkpoint
@@ -39,7 +39,7 @@ from headlab.training.progress import ProgressLog
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
-RUNTIME_KEYS = ("ckpt_path", "keep_training_state", "logger", "experiment", "group", "attention_route")
+RUNTIME_KEYS = ("ckpt_path", "keep_training_state", "logger", "experiment", "group", "attention_route", "paths_root")
 # Local files the job reads: data regenerated at the same path makes a finished run train again (their size and
 # modification time count in the hash; see headlab.analysis.job_identity for ablate.py's).
 INPUT_KEYS = ("task.data_files",)
@@ -159,6 +159,7 @@ def finetune_identity(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], dict[st
     resolved = OmegaConf.to_container(cfg, resolve=True)
     computed = {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}
     inputs = input_stamps(computed, INPUT_KEYS)
+    computed = relative_paths(computed, resolved.get("paths_root"))  # as hashed: a study's folder may move
     return resolved, computed, inputs, hash_of_job(computed, inputs)
 
 
@@ -168,6 +169,11 @@ def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
         keep_only(checkpoint_dir, done)  # a run killed while it removed them
+        if cfg.keep_training_state and done.get("last_checkpoint") is None:
+            Console().print(f"note: keep_training_state=true, but this run finished without it: its training state "
+                            f"(checkpoints/last.ckpt) is gone and cannot come back; {FINAL_WEIGHTS}/ holds the final "
+                            "weights. To continue training, fine-tune again with keep_training_state=true in another "
+                            "hydra.run.dir", markup=False, soft_wrap=True)
         return done
     note_changed_inputs(output_dir / "results.json", computed, inputs)
     resume = resume_checkpoint(cfg, checkpoint_dir, job_hash)
