@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+from conftest import ROOT
+
 from headlab.core.units import split_sentences
 from headlab.tasks.demo_tasks import DATA_DIR, write_demo_tasks
 from headlab.tasks.treebank import read_conllu
@@ -71,3 +74,24 @@ def test_demo_treebank_has_every_relation_of_the_tables_and_a_non_projective_arc
                 between = range(min(head, dependent) + 1, max(head, dependent))
                 crossing += any(not dominates(s.heads, head, w) for w in between)
     assert crossing > 0 and longest >= 7
+
+
+def test_the_bundled_ud_ewt_slice_is_the_test_splits_every_fourth_sentence_with_its_licence(tmp_path):
+    """dev.conllu: sentences 1, 5, 9, ... of UD English EWT's test split; train.conllu: 3, 7, 11, ...; disjoint, copied
+    unchanged, the licence (CC BY-SA 4.0) and the attribution beside them."""
+    from headlab.tasks.ud_ewt_slice import FOLDER, sentence_blocks, write_slices
+
+    dev, train = (read_conllu(FOLDER / f"{name}.conllu") for name in ("dev", "train"))
+    assert (len(dev), len(train)) == (520, 519)
+    assert not {s.sent_id for s in dev} & {s.sent_id for s in train}
+    assert "Attribution-ShareAlike 4.0" in (FOLDER / "LICENSE.txt").read_text()
+    assert "Silveira" in (FOLDER / "README.md").read_text()
+    source = ROOT.parent / "shared/data/ud_english_ewt/en_ewt-ud-test.conllu"
+    if not source.is_file():
+        pytest.skip("the UD English EWT test split is not beside the repository")
+    blocks = sentence_blocks(source.read_text())
+    assert len(blocks) == 2077
+    written = {path.name: path.read_text() for path in write_slices(source, tmp_path)}
+    assert written["dev.conllu"] == (FOLDER / "dev.conllu").read_text()  # regenerated = committed
+    assert written["train.conllu"] == (FOLDER / "train.conllu").read_text()
+    assert written["dev.conllu"].split("\n\n")[1] == blocks[4]

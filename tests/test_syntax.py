@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -290,14 +291,15 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     job = tmp_path / "job"
     record = json.loads((job / "syntax.json").read_text())
     summary = json.loads((job / "results.json").read_text())
-    assert summary["complete"] and summary["num_sentences"] == 300 and summary["too_long"] == 0
+    assert summary["complete"] and summary["num_sentences"] == 520 and summary["too_long"] == 0  # the default: UD EWT
     for name in summary["files"]:
         assert (job / name).is_file(), name
-    sentences = read_conllu(ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu")
+    sentences = read_conllu(ROOT / "src/headlab/tasks/data/ud_ewt/dev.conllu")
     heads = pd.DataFrame(record["heads"])
     table = pd.read_csv(job / "syntax.csv")
-    assert list(table["relation"])[:3] == ["all", "det", "nsubj"] and (table["count"][1:] >= 40).all()
-    assert "punct" not in set(table["relation"]) and "root" not in set(table["relation"])
+    counts = Counter(r for s in sentences for r in s.relations if r not in ("root", "punct"))
+    assert table["relation"][0] == "all" and set(table["relation"][1:]) == {r for r, c in counts.items() if c >= 40}
+    assert list(table["count"][1:]) == sorted(table["count"][1:], reverse=True) and len(table) > 10
     for row in table.itertuples():
         rows = heads[heads["relation"] == row.relation]
         assert row.accuracy == pytest.approx(rows["accuracy"].max())  # the best head, either direction
@@ -344,11 +346,13 @@ def test_mode_syntax_writes_clark_table_from_its_per_head_accuracies(tmp_path):
     (["syntax.conllu=/nonexistent/dev.conllu"], "syntax.conllu='/nonexistent/dev.conllu': no such file"),
     (["syntax.conllu=BAD"], "is not CoNLL-U"),
     (["syntax.conllu=CYCLE"], "sentence cyc-1: the heads of words [2, 3] form a cycle"),
-    (["syntax.max_length=3"], "dev.conllu' fits max_length=3"),
+    (["syntax.max_length=3", "syntax.treebank=demo_syntax"], "dev.conllu' fits max_length=3"),
+    (["syntax.max_length=3"], "that fit max_length=3 have no word to score"),  # EWT's one-word sentences fit
     (["syntax.probe=attn", "syntax.conllu=SHORT", "syntax.train_conllu=CYCLE_FREE", "syntax.max_length=12"],
      "fine.conllu' fits max_length=12"),  # the probe's training treebank: too long for max_length
     (["syntax.relations=[nsubj,dobj]"], "syntax.relations: 'dobj' not in the treebank"),
     (["syntax.relations=[root]"], "syntax.relations: 'root' is left out of the table"),  # 0 by construction
+    (["syntax.conllu=UNSCORABLE"], "unscorable.conllu' has no word to score: every word is a root or punct"),
     (["syntax.relations=[nsubj,punct]"], "syntax.relations: 'punct' is left out of the table"),
     (["mask=prune", "mask.heads=all"], "a plan that changes every head (prune=12): no head is left to score"),
     (["syntax.min_count=0"], "syntax.min_count=0 must be at least 1"),
@@ -368,8 +372,11 @@ def test_mode_syntax_bad_input_is_one_line(tmp_path, overrides, said):
     (tmp_path / "fine.conllu").write_text(TREEBANK)
     (tmp_path / "copy.conllu").write_text(TREEBANK)
     (tmp_path / "short.conllu").write_text("1\tA\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tb\t_\t_\t_\t_\t0\troot\t_\t_\n\n")
+    (tmp_path / "unscorable.conllu").write_text(  # one-word sentences and punctuation: ended in All-NaN slice
+        "1\tHi\t_\t_\t_\t_\t0\troot\t_\t_\n\n1\tYes\t_\t_\t_\t_\t0\troot\t_\t_\n2\t!\t_\t_\t_\t_\t1\tpunct\t_\t_\n\n")
     # CYCLE_FREE before CYCLE
-    files = {"SHORT": "short", "BAD": "bad", "CYCLE_FREE": "fine", "CYCLE": "cycle", "COPY": "copy"}
+    files = {"SHORT": "short", "BAD": "bad", "CYCLE_FREE": "fine", "CYCLE": "cycle", "COPY": "copy",
+             "UNSCORABLE": "unscorable"}
 
     def filled(override: str) -> str:
         for placeholder, name in files.items():

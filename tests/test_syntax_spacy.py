@@ -123,6 +123,8 @@ def no_spacy(*overrides):
     (["syntax.parser=spacy", "syntax.text=TEXT"],
      "syntax.spacy_model='en_core_web_sm' is not an installed spaCy pipeline: python -m spacy download en_core_web_sm"),
     (["syntax.parser=spacy", "syntax.text=TEXT", "syntax.spacy_model=BLANK"], "has no dependency parser"),
+    (["syntax.parser=spacy", "syntax.text=TEXT", "syntax.spacy_model=NOT_A_PIPELINE"],
+     "is not a spaCy pipeline folder (one written by nlp.to_disk"),  # it advised: python -m spacy download /path
     (["syntax.parser=spacy"], "syntax.parser=spacy parses plain text: give syntax.text=FILE"),
     (["syntax.parser=spacy", "syntax.text=TEXT", "syntax.conllu=TEXT"], "not syntax.conllu"),
     (["syntax.text=TEXT"], "syntax.text / syntax.train_text are plain text, parsed with syntax.parser=spacy"),
@@ -142,7 +144,8 @@ def test_parsed_text_bad_input_is_one_line(pipeline, tmp_path, overrides, said):
     (tmp_path / "empty.txt").write_text("\n  \n")
     spacy.blank("en").to_disk(tmp_path / "blank")
     files = {"TEXT": tmp_path / "dev.txt", "TREES": DEMO / "dev.conllu", "COPY": tmp_path / "copy.txt",
-             "EMPTY": tmp_path / "empty.txt", "BLANK": tmp_path / "blank", "PARSER": pipeline}
+             "EMPTY": tmp_path / "empty.txt", "BLANK": tmp_path / "blank", "PARSER": pipeline,
+             "NOT_A_PIPELINE": tmp_path}
     for placeholder, path in files.items():
         overrides = [o.replace(placeholder, str(path)) for o in overrides]
     job = [f"hydra.run.dir={tmp_path / 'job'}", "allow_random_head=true", f"data.cache_dir={tmp_path / 'cache'}"]

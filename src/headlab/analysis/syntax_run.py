@@ -53,7 +53,7 @@ from headlab.reporting.layouts import clark_layout, to_markdown
 from headlab.reporting.sieve_roles import sieve_roles
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.reporting.syntax_plots import attention_lines, best_relation_heatmap
-from headlab.tasks.treebank import sentences_digest
+from headlab.tasks.treebank import LEFT_OUT_RELATIONS, sentences_digest
 from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
@@ -77,9 +77,17 @@ def check(cfg: Any) -> None:
     if cfg.syntax.probe is not None and plan is not None:
         raise UserError(f"syntax.probe={cfg.syntax.probe} reads every head: run it without a plan (mask=none)")
     evaluation = read_evaluation(cfg.syntax)
+    require_scorable(evaluation, f"{evaluation_source(cfg.syntax)} has")
     if cfg.syntax.probe is not None:
         read_training(cfg.syntax, evaluation, quiet=True)  # run() says what it shares
     locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+
+
+def require_scorable(sentences: list[Any], what: str) -> None:
+    """A ``UserError`` unless some word is neither a root nor punct (the table's ``all`` row would be empty)."""
+    if not any(relation not in LEFT_OUT_RELATIONS for sentence in sentences for relation in sentence.relations):
+        raise UserError(f"{what} no word to score: every word is a root or punct (one-word sentences, only "
+                        "punctuation, or a parser that labels nothing else); give sentences with dependency relations")
 
 
 @resumable
@@ -93,6 +101,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     sentences = read_evaluation(cfg.syntax)
     encoded = encode_treebank(sentences, tokenizer, max_length, str(source))
     skipped = encoded.too_long + encoded.no_pieces
+    require_scorable(encoded.sentences, f"the {len(encoded.sentences)} sentences of {source} that fit max_length="
+                     f"{max_length} have")
     if skipped:
         Console().print(f"note: {skipped} sentences skipped ({encoded.too_long} longer than {max_length} word "
                         f"pieces, {encoded.no_pieces} with a word of no piece); {len(encoded.sentences)} scored",

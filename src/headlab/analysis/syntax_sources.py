@@ -1,6 +1,7 @@
-"""Where ``mode=syntax`` reads its sentences: a CoNLL-U treebank (``syntax.conllu``, by default the bundled
-``demo_syntax`` dev split) or plain text parsed by spaCy (``syntax.parser=spacy syntax.text=FILE``); and the
-attention probe's training split (``syntax.train_conllu`` / ``syntax.train_text``), kept apart from the first."""
+"""Where ``mode=syntax`` reads its sentences: a CoNLL-U treebank (``syntax.conllu=FILE``, else the bundled
+``syntax.treebank``: ``ud_ewt``, a slice of UD English EWT, by default; ``demo_syntax``) or plain text parsed by
+spaCy (``syntax.parser=spacy syntax.text=FILE``); and the attention probe's training split (``syntax.train_conllu``
+/ ``syntax.train_text``, else the bundled treebank's ``train.conllu``), kept apart from the first."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from headlab.errors import UserError
 from headlab.tasks.parsed_text import read_text
 from headlab.tasks.treebank import Sentence, read_conllu
 
-DEMO_TREEBANK = Path(__file__).resolve().parents[1] / "tasks" / "data" / "demo_syntax" / "dev.conllu"
+BUNDLED = Path(__file__).resolve().parents[1] / "tasks" / "data"  # <treebank>/dev.conllu (scored), train.conllu
 
 
 @dataclass(frozen=True)
@@ -42,15 +43,19 @@ def _read(source: Source, limit: int | None) -> tuple[Sentence, ...]:
 
 
 def evaluation_source(options: Any) -> Source:
-    """The sentences scored: ``syntax.text`` parsed by spaCy, ``syntax.conllu``, or the demo treebank's dev split."""
+    """The sentences scored: ``syntax.text`` parsed by spaCy, ``syntax.conllu``, or the bundled treebank's dev
+    split."""
     if options.parser == "spacy":
         return Source("syntax.text", Path(options.text), options.spacy_model)
-    return Source("syntax.conllu", DEMO_TREEBANK if options.conllu is None else Path(options.conllu), None)
+    if options.conllu is None:
+        return Source(f"syntax.treebank={options.treebank}: syntax.conllu", BUNDLED / options.treebank / "dev.conllu",
+                      None)
+    return Source("syntax.conllu", Path(options.conllu), None)
 
 
 def training_source(options: Any) -> Source:
-    """The probe's training sentences: ``syntax.train_text`` / ``syntax.train_conllu``, or the demo's train split
-    when the evaluation sentences are the demo's dev split."""
+    """The probe's training sentences: ``syntax.train_text`` / ``syntax.train_conllu``, or the bundled treebank's
+    train split when the evaluation sentences are its dev split."""
     if options.parser == "spacy":
         if options.train_text is None:
             raise UserError(f"syntax.probe={options.probe} needs training sentences: syntax.text={options.text!r} is "
@@ -61,7 +66,8 @@ def training_source(options: Any) -> Source:
     if options.conllu is not None:
         raise UserError(f"syntax.probe={options.probe} needs a training treebank: syntax.conllu={options.conllu!r} is "
                         "given without syntax.train_conllu=FILE (its train split)")
-    return Source("syntax.train_conllu", DEMO_TREEBANK.with_name("train.conllu"), None)
+    return Source(f"syntax.treebank={options.treebank}: syntax.train_conllu",
+                  BUNDLED / options.treebank / "train.conllu", None)
 
 
 def read_evaluation(options: Any) -> list[Sentence]:

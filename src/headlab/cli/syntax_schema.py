@@ -9,6 +9,7 @@ from headlab.tasks.treebank import LEFT_OUT_RELATIONS
 
 PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax_probe.KINDS (no torch import here)
 PARSERS = ("conllu", "spacy")
+TREEBANKS = ("ud_ewt", "demo_syntax")  # bundled: src/headlab/tasks/data/<name>/{dev,train}.conllu
 SIEVES = ("pande", "relatives")  # headlab.analysis.syntax_sieves.SIEVES
 SIEVE_DIRECTIONS = ("l2r", "r2l", "bi")
 
@@ -17,7 +18,8 @@ SIEVE_DIRECTIONS = ("l2r", "r2l", "bi")
 class SyntaxConfig:
     """Dependency relations per head from a treebank (Clark et al. 2019, section 4)."""
 
-    conllu: str | None = None  # a CoNLL-U treebank (the evaluation split); null: the bundled demo_syntax dev split
+    treebank: str = "ud_ewt"  # the bundled treebank scored when conllu is null: ud_ewt (UD English EWT) | demo_syntax
+    conllu: str | None = None  # a CoNLL-U treebank (the evaluation split); null: the bundled treebank's dev split
     parser: str = "conllu"  # conllu: trees from syntax.conllu | spacy: plain text (syntax.text) parsed by spaCy
     text: str | None = None  # parser=spacy: a plain-text file, one or more sentences a line
     spacy_model: str = "en_core_web_sm"  # parser=spacy: the pipeline (an installed package's name or a folder)
@@ -35,7 +37,7 @@ class SyntaxConfig:
     sieve_alpha: float = 0.05  # ... by a one-sided t-test over sentences at this level ...
     sieve_correction: str = "holm"  # ... corrected across heads and roles: holm | bh | none
     probe: str | None = None  # Clark et al.'s attention probe: attn | attn_emb (with the words' embeddings) | null
-    train_conllu: str | None = None  # the probe's training treebank (null: demo_syntax's train split, with conllu)
+    train_conllu: str | None = None  # the probe's training treebank (null: the bundled treebank's train split)
     train_text: str | None = None  # parser=spacy: the probe's training text
     probe_epochs: int = 1  # passes over the training treebank (Clark et al.: 1)
     probe_lr: float = 0.002  # Adam, one sentence a step (Clark et al.)
@@ -69,6 +71,7 @@ class SyntaxConfig:
         if not self.probe_lr > 0:
             raise UserError(f"syntax.probe_lr={self.probe_lr} must be above 0")
         one_of("syntax.parser", self.parser, PARSERS)
+        one_of("syntax.treebank", self.treebank, TREEBANKS)
         if self.parser == "spacy" and (self.text is None or self.conllu is not None or self.train_conllu is not None):
             raise UserError("syntax.parser=spacy parses plain text: give syntax.text=FILE (and syntax.train_text=FILE "
                             "for the probe), not syntax.conllu / syntax.train_conllu")

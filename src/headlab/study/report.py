@@ -200,7 +200,8 @@ def syntax(report: StudyReport) -> None:
         table = pd.read_csv(path)
         result = read_json(path.parent / "results.json", "syntax results")
         beaten = table[(table["relation"] != "all") & (table["difference"] > 0) & (table["p_adjusted"] < 0.05)]
-        report.markdown += [f"{name}, {result['num_sentences']} sentences of `{Path(result['treebank']).name}`: "
+        treebank = Path(result["treebank"])
+        report.markdown += [f"{name}, {result['num_sentences']} sentences of `{treebank.parent.name}/{treebank.name}`: "
                             f"{len(beaten)} of {len(table) - 1} relations have a head that beats the best offset "
                             f"(Holm-adjusted p < 0.05; `{report.link(path)}`):", "",
                             to_markdown(clark_layout(table))]

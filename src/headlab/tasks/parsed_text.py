@@ -30,6 +30,10 @@ def load_parser(name: str) -> Any:
     try:
         nlp = spacy.load(name)
     except OSError:
+        if Path(name).exists() or "/" in name or name.startswith("."):  # a folder: nothing to download
+            raise UserError(f"syntax.spacy_model={name!r} is not a spaCy pipeline folder (one written by "
+                            "nlp.to_disk, with config.cfg and meta.json); give such a folder, or the name of an "
+                            "installed pipeline (e.g. en_core_web_sm)") from None
         raise UserError(f"syntax.spacy_model={name!r} is not an installed spaCy pipeline: python -m spacy download "
                         f"{name} (or give the package name or folder of one with a parser)") from None
     if "parser" not in nlp.pipe_names:
