@@ -650,7 +650,8 @@ def test_weights_fine_tuned_under_a_plan_are_refused_by_every_analysis(tmp_path)
     from conftest import in_parallel
 
     job = tmp_path / "run"
-    train(tmp_path, "task=demo_pairs", "mask=prune", "mask.heads=[L0H1,L1]", "keep_training_state=true")
+    out = train(tmp_path, "task=demo_pairs", "mask=prune", "mask.heads=[L0H1,L1]", "keep_training_state=true").stdout
+    assert out.strip().splitlines()[-1].startswith("next        none: fine-tuned under a plan")
     saved = json.loads((job / "model/config.json").read_text())["headlab_plan"]
     assert saved["policies"] == {"L0H1": "prune", **{f"L1H{h}": "prune" for h in range(4)}}
     common = ["model=tiny_random", "task=demo_pairs", "logger=none", f"data.cache_dir={tmp_path / 'cache'}"]

@@ -239,16 +239,16 @@ class StudyRun:
 
     def redo_jobs_of(self, problems: dict[str, str], jobs: list[Job]) -> None:
         """Each job holding a gone or changed file runs again (its ``results.json`` goes), with a note per job."""
-        owners: dict[Job | None, list[str]] = {}
+        owners: dict[Path | None, list[str]] = {}  # the job's folder (None: the stage's reports) -> its files
         for name in filter(None, problems):
-            job = next((job for job in jobs if (self.study.folder / name).is_relative_to(job.folder)), None)
-            owners.setdefault(job, []).append(f"{name} {problems[name]}")
-        for job, names in owners.items():
+            folder = next((job.folder for job in jobs if (self.study.folder / name).is_relative_to(job.folder)), None)
+            owners.setdefault(folder, []).append(f"{name} {problems[name]}")
+        for folder, names in owners.items():
             more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            self.say(f"note: since the stage finished, {names[0]}{more}: " +
-                     (f"{self.name(job)} runs again" if job else "its reports are written again"))
-            if job is not None:
-                (job.folder / "results.json").unlink(missing_ok=True)
+            self.say(f"note: since the stage finished, {names[0]}{more}: " + (
+                f"{folder.relative_to(self.study.folder)} runs again" if folder else "its reports are written again"))
+            if folder is not None:
+                (folder / "results.json").unlink(missing_ok=True)
 
     def quiet_tracking(self) -> None:
         """After the study's first W&B run has printed its banner and how to sync, the others print nothing."""

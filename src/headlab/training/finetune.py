@@ -282,6 +282,10 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
         console.print(f"state       {result.last_checkpoint} (continue training with train.py ckpt_path=PATH)")
     if logger is not None:
         console.print(f"logs        {logger.save_dir} ({type(logger).__name__})")
+    if result.plan.get("policies"):  # the analyses refuse weights fine-tuned under a plan (checkpoints.py)
+        console.print("next        none: fine-tuned under a plan, these weights are not analysed (every analysis "
+                      "takes each head whole); the metrics above are the model's under its plan")
+        return
     console.print(f"next        python ablate.py mode=eval model={result.model} task={result.task} "
                   f"{pasteable('ckpt_path', output_dir.absolute())} mask=prune mask.heads=L0")
 
