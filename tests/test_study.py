@@ -308,6 +308,16 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
         assert not any((where / stage).exists() for stage in STAGES), overrides
 
 
+def test_a_second_study_in_a_running_studys_folder_is_refused(finished):
+    """Two studies on one folder collided on a temporary file name in the tables stage; now the second one stops."""
+    from filelock import FileLock
+
+    folder, _ = finished
+    with FileLock(folder / ".study.lock"):  # a study running there (its own process would hold it the same)
+        result = study(folder, check=False)
+    assert_one_error_line(result, f"another study is running in {str(folder)!r} (it holds .study.lock)")
+
+
 def test_more_seeds_add_their_models_the_seeds_comparison_and_no_meaningless_mean(finished):
     """study.seeds=[0,1] over the finished study: seed 1 is fine-tuned and analysed, seed 0's jobs are reused; the
     clusters of the two seeds are compared; the tiny model's clusters are unnamed (cluster0 of one seed is not

@@ -24,7 +24,8 @@ from headlab.analysis.syntax_data import EncodedTreebank
 from headlab.analysis.syntax_sieves import (
     SYNTACTIC_SIEVES,
     dependency_pairs,
-    pande_scores,
+    mean_over_pairs,
+    pande_pair_scores,
     sieve_members,
     sieve_scores,
 )
@@ -106,9 +107,11 @@ class WordOutcomes:
         """``weights`` ``[batch, heads, T, T]``: this layer's outcomes of the batch's words."""
         words = word_level(weights, self.onehot)  # [batch, heads, slots, slots]
         predicted = most_attended(words, self.lengths)
+        pair_scores = pande_pair_scores(words, self.pieces, self.tokens, self.direction) if self.kind == "pande" \
+            else None
         for role, members in self.members.items():
-            scores = pande_scores(words, members, self.pieces, self.tokens, self.direction) if self.kind == "pande" \
-                else sieve_scores(words, members, self.lengths)
+            scores = sieve_scores(words, members, self.lengths) if pair_scores is None else \
+                mean_over_pairs(pair_scores, members)
             self.sieve[role][self.sentences, layer] = scores.cpu().numpy()
         heads = weights.shape[1]
         judged = self.judged.unsqueeze(1).expand(-1, heads, -1)  # [batch, heads, slots]

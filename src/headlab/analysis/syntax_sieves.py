@@ -72,17 +72,30 @@ def sieve_scores(words_attention: torch.Tensor, members: torch.Tensor, lengths: 
     return scores.masked_fill((count == 0).unsqueeze(-1), float("nan"))
 
 
-def pande_scores(words_attention: torch.Tensor, pairs: torch.Tensor, pieces: torch.Tensor, tokens: torch.Tensor,
-                 direction: str) -> torch.Tensor:
-    """``pande``: ``[batch, heads]`` from word attention ``[batch, heads, slots, slots]`` (rows: the mean of a word's
-    pieces' rows; columns: the sum of its pieces' columns), one role's ``pairs`` ``[batch, d, h]``, ``pieces``
-    ``[batch, slots]`` per slot and ``tokens`` ``[batch]`` per sequence; NaN for a sentence without a pair."""
+def pande_pair_scores(words_attention: torch.Tensor, pieces: torch.Tensor, tokens: torch.Tensor,
+                      direction: str) -> torch.Tensor:
+    """``pande``: ``[batch, heads, d, h]`` the score of every word pair as a (dependent d, head h) pair, from word
+    attention ``[batch, heads, slots, slots]`` (rows: the mean of a word's pieces' rows; columns: the sum of its
+    pieces' columns), ``pieces`` ``[batch, slots]`` per slot and ``tokens`` ``[batch]`` per sequence. Computed once
+    per layer; ``mean_over_pairs`` then averages it over each role's pairs."""
     words = words_attention.float()
     share = words.sum(-1) / tokens.view(-1, 1, 1)  # [batch, heads, slots]: a word's mean row sum / sequence length
     per_piece = pieces.clamp(min=1).float()
-    along = words / per_piece[:, None, None, :] / share.unsqueeze(-1)  # [b, heads, d, h]: d to h over d's share
-    against = words.transpose(-1, -2) / per_piece[:, None, :, None] / share.unsqueeze(-2)  # h to d over h's share
-    score = {"l2r": along, "r2l": against, "bi": (along + against) / 2}[direction]
+
+    def along() -> torch.Tensor:  # d to h, over d's share
+        return words / per_piece[:, None, None, :] / share.unsqueeze(-1)
+
+    def against() -> torch.Tensor:  # h to d, over h's share
+        return words.transpose(-1, -2) / per_piece[:, None, :, None] / share.unsqueeze(-2)
+
+    if direction == "l2r":
+        return along()
+    return against() if direction == "r2l" else (along() + against()) / 2
+
+
+def mean_over_pairs(pair_scores: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """``[batch, heads]``: the mean of ``pair_scores`` ``[batch, heads, d, h]`` over one role's ``pairs``
+    ``[batch, d, h]``; NaN for a sentence without a pair."""
     count = pairs.sum((-1, -2))  # [batch]
-    total = torch.where(pairs.unsqueeze(1), score, 0.0).sum((-1, -2))  # [batch, heads]
+    total = torch.where(pairs.unsqueeze(1), pair_scores, 0.0).sum((-1, -2))  # [batch, heads]
     return (total / count.clamp(min=1).unsqueeze(-1)).masked_fill((count == 0).unsqueeze(-1), float("nan"))
