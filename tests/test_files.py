@@ -32,3 +32,30 @@ def test_a_json_key_given_twice_is_an_error(tmp_path):
     path.write_text('{"model": "a", "nested": {"x": 1, "x": 2}}')
     with pytest.raises(UserError, match=r"importance file .* has the key 'x' twice in one object"):
         read_json(path, "importance")
+
+
+def test_two_writers_of_one_file_never_share_a_temporary_name(tmp_path):
+    """Two studies in one folder collided on '.bars_validation_f1.png.tmp.png' (a fixed temporary name: one writer's
+    rename took the other's file away). Each write now has a temporary file of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pandas as pd
+
+    from headlab.files import write_frame_atomic, write_text_atomic
+    from headlab.reporting.plots import _save
+
+    frame = pd.DataFrame({"a": range(2000)})
+
+    def write(number):
+        import matplotlib.pyplot as plt
+
+        for _ in range(10):
+            write_frame_atomic(frame, tmp_path / "table.csv")
+            write_text_atomic(tmp_path / "table.md", f"writer {number}\n" * 2000)
+        figure = plt.figure()
+        _save(figure, tmp_path / "bars", ["png"])
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(write, range(8)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bars.png", "table.csv", "table.md"]
+    assert pd.read_csv(tmp_path / "table.csv").equals(frame)
