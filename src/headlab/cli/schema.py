@@ -22,6 +22,7 @@ from omegaconf import MISSING, OmegaConf
 from headlab.cli.features_schema import ClusterConfig, CompareConfig, FeaturesConfig
 from headlab.cli.hydra_glue import register_resolvers
 from headlab.cli.importance_schema import ImportanceConfig, PruneCurveConfig
+from headlab.cli.logger_schema import CSVLoggerConfig, NoLoggerConfig, WandbLoggerConfig
 from headlab.cli.report_schema import ReportConfig
 from headlab.cli.study_schema import StudyConfig
 from headlab.cli.syntax_schema import SyntaxConfig
@@ -255,39 +256,6 @@ class OptimConfig:
             raise UserError(f"optim.adam_eps={self.adam_eps} must be > 0")
         within("optim.warmup_ratio", self.warmup_ratio, 0, 1)
         at_least("optim.warmup_steps", self.warmup_steps, 0, allow_none=True)
-
-
-@dataclass
-class WandbLoggerConfig:
-    """``logger=wandb``: Weights & Biases (offline by default)."""
-
-    _target_: str = "lightning.pytorch.loggers.WandbLogger"
-    project: str = "headlab"
-    entity: str | None = None
-    offline: bool = True
-    group: str | None = None
-    job_type: str | None = None
-    name: str | None = None  # null: TASK-MODEL-HASH
-    id: str | None = None  # null: the job's config hash
-    tags: list[str] = field(default_factory=list)
-    save_dir: str = "."
-    settings: dict[str, Any] | None = None  # wandb.Settings fields for wandb.init ({silent: true}: no console lines)
-
-
-@dataclass
-class CSVLoggerConfig:
-    """``logger=csv``: metrics as CSV files in the job directory."""
-
-    _target_: str = "lightning.pytorch.loggers.CSVLogger"
-    save_dir: str = "."
-    name: str = "csv"
-
-
-@dataclass
-class NoLoggerConfig:
-    """``logger=none``."""
-
-    _target_: str | None = None
 
 
 # --------------------------------------------------------------------------- top level
