@@ -350,8 +350,8 @@ def test_one_seed_again_reports_that_seed_only(finished):
 def test_a_mean_over_seeds_needs_types_named_by_their_profiles(tmp_path):
     from omegaconf import OmegaConf
 
+    from headlab.study.stage_reports import same_types_in_every_seed
     from headlab.study.stages import Study
-    from headlab.study.tables import same_types_in_every_seed
 
     cfg = OmegaConf.create({"study": {"checkpoint": None, "seeds": [0, 1]}})
     study_ = Study(cfg, tmp_path, "g")

@@ -105,6 +105,21 @@ def name_clusters(centroids: np.ndarray) -> list[str] | None:
     return names
 
 
+def name_margins(named: dict[str, dict[str, float]]) -> dict[str, float]:
+    """How clearly each of Guan et al.'s four named centroids earns its name: its distance (in shares of attention)
+    from the edge of the naming rule (``name_clusters``), from ``{name: {short, long, special}}``. ``vertical``: its
+    special-token share minus the next highest; ``dense``: its long-range share minus the next; ``diagonal``: its
+    short-range share minus the next; ``dense_vertical``: the smaller of its special share over ``dense``'s and
+    ``diagonal``'s short share over its own. Near 0, a small change of the features would change the names."""
+    def lead(name: str, part: str) -> float:
+        return named[name][part] - max(values[part] for other, values in named.items() if other != name)
+
+    return {"dense": lead("dense", "long"), "diagonal": lead("diagonal", "short"),
+            "dense_vertical": min(named["dense_vertical"]["special"] - named["dense"]["special"],
+                                  named["diagonal"]["short"] - named["dense_vertical"]["short"]),
+            "vertical": lead("vertical", "special")}
+
+
 def profiles(centroids: np.ndarray) -> np.ndarray:
     """``[k, 3]``: each centroid's short-range, long-range and special-token attention."""
     return np.stack([centroids[:, part].sum(1) for part in (SHORT, LONG, SPECIAL)], axis=1)

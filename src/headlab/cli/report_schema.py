@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headlab.errors import UserError, one_of
-from headlab.reporting.settings import CI_METHODS, CORRECTIONS, FIGURE_FORMATS
+from headlab.reporting.settings import CI_KINDS, CI_METHODS, CORRECTIONS, FIGURE_FORMATS
 
 HEAD_SOURCES = ("features", "clusters", "importance", "sweeps", "syntax", "label")
 
@@ -21,6 +21,7 @@ class ReportConfig:
     confidence: float = 0.95
     ci_method: str = "bca"  # bca | percentile | basic (as scipy.stats.bootstrap)
     correction: str = "holm"  # holm | bh (Benjamini-Hochberg) | none, across the plans of a sweep
+    ci: str = "per_comparison"  # per_comparison | simultaneous (Bonferroni-adjusted over the plans of a sweep)
     seed: int = 0
     formats: list[str] = field(default_factory=lambda: ["png"])  # png, pdf, svg
     heads: list[Any] = field(default_factory=list)  # per-head tables: [{features, clusters, importance, sweeps,
@@ -34,6 +35,7 @@ class ReportConfig:
             raise UserError(f"report.confidence={self.confidence} must be between 0 and 1 (e.g. 0.95)")
         one_of("report.ci_method", self.ci_method, CI_METHODS)
         one_of("report.correction", self.correction, CORRECTIONS)
+        one_of("report.ci", self.ci, CI_KINDS)
         for extension in self.formats:
             one_of("report.formats", extension, FIGURE_FORMATS)
         for entry in self.heads:

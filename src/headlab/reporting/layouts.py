@@ -53,10 +53,18 @@ def describe_cell(row: pd.Series, digits: int) -> str:
     return f"{row['value']:.{digits}f} ({row['delta']:+.{digits}f}{ci}){significance(row['p_adjusted'])}"
 
 
-def plan_legend(confidence: float, correction: str) -> str:
-    """How ``describe_cell``'s cells read, for a table's caption."""
+def plan_legend(confidence: float, correction: str, intervals: str = "per_comparison") -> str:
+    """How ``describe_cell``'s cells read, for a table's caption: what the CIs and the stars each control."""
     adjusted = {"holm": "Holm-adjusted ", "bh": "Benjamini-Hochberg-adjusted "}.get(correction, "")
-    return f"value (delta [{confidence * 100:g}% CI]); * / ** {adjusted}p < 0.05 / 0.01"
+    if intervals == "simultaneous":
+        kind = f"{confidence * 100:g}% simultaneous CI, Bonferroni over the table's plans"
+        note = ""
+    else:
+        kind = f"{confidence * 100:g}% CI"
+        note = (f"; each CI is per comparison while the p-values are {adjusted.strip() or 'unadjusted'}: a CI that "
+                "excludes 0 need not come with a star (report.ci=simultaneous adjusts the intervals too)"
+                if adjusted else "")
+    return f"value (delta [{kind}]); * / ** {adjusted}p < 0.05 / 0.01{note}"
 
 
 def _rules(readable: str) -> list[tuple[str, list[str]]]:

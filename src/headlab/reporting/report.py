@@ -67,10 +67,11 @@ def report_folder(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMP
     (as ``report.*`` keys) that differ from them: one folder per settings."""
     ours = {"resamples": resampling.resamples, "permutations": resampling.permutations,
             "confidence": resampling.confidence, "ci_method": resampling.method, "seed": resampling.seed,
-            "correction": correction, "formats": "+".join(formats)}
+            "ci": resampling.intervals, "correction": correction, "formats": "+".join(formats)}
     defaults = {"resamples": DEFAULT_RESAMPLING.resamples, "permutations": DEFAULT_RESAMPLING.permutations,
                 "confidence": DEFAULT_RESAMPLING.confidence, "ci_method": DEFAULT_RESAMPLING.method,
-                "seed": DEFAULT_RESAMPLING.seed, "correction": DEFAULT_CORRECTION, "formats": "+".join(DEFAULT_FORMATS)}
+                "seed": DEFAULT_RESAMPLING.seed, "ci": DEFAULT_RESAMPLING.intervals,
+                "correction": DEFAULT_CORRECTION, "formats": "+".join(DEFAULT_FORMATS)}
     differ = ",".join(f"{key}={value}" for key, value in ours.items() if value != defaults[key])
     return Path(sweep_dir) / (f"report-{differ}" if differ else "report")
 
@@ -82,7 +83,7 @@ def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPL
     ``latest_multirun``: of the jobs of the multirun that last wrote the folder's ``multirun.yaml`` only."""
     frame = load_sweep(sweep_dir, resampling=resampling, correction=correction, latest_multirun=latest_multirun)
     report = Report(frame, report_folder(sweep_dir, resampling, correction, formats),
-                    legend=layouts.plan_legend(resampling.confidence, correction))
+                    legend=layouts.plan_legend(resampling.confidence, correction, resampling.intervals))
     report.folder.mkdir(parents=True, exist_ok=True)
     for name in ("table.csv", "table.parquet"):
         report.files.append(write_frame_atomic(frame, report.folder / name))
@@ -197,5 +198,5 @@ def _seeds(report: Report, frame: pd.DataFrame) -> None:
 def report_settings(options: Any) -> tuple[Resampling, str, tuple[str, ...]]:
     """(resampling, correction, formats) from a ``report`` config section."""
     resampling = Resampling(options.resamples, options.permutations, options.confidence, options.ci_method,
-                            options.seed)
+                            options.seed, intervals=options.get("ci", "per_comparison"))
     return resampling, options.correction, tuple(options.formats)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,7 @@ from scipy.special import ndtr, ndtri
 
 from headlab.errors import UserError
 from headlab.reporting.metric_sums import Columns, RankMetric, SumMetric, columns_read, metric_for
-from headlab.reporting.settings import CI_METHODS, CORRECTIONS
+from headlab.reporting.settings import CI_KINDS, CI_METHODS, CORRECTIONS
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,13 @@ class Resampling:
     method: str = "bca"
     seed: int = 0
     batch: int = 500  # resamples per matrix product (memory: batch x examples float64)
+    intervals: str = "per_comparison"  # or "simultaneous": a family of m deltas gets 1 - (1 - confidence) / m each
 
     def __post_init__(self):
         if self.method not in CI_METHODS:
             raise UserError(f"CI method {self.method!r} is not one of {', '.join(CI_METHODS)}")
+        if self.intervals not in CI_KINDS:
+            raise UserError(f"report.ci={self.intervals!r} is not one of {', '.join(CI_KINDS)}")
         if not 0 < self.confidence < 1:
             raise UserError(f"confidence must be between 0 and 1, got {self.confidence}")
         for name in ("resamples", "permutations", "batch"):
@@ -143,6 +146,15 @@ class _Deltas:
             return self.metric.finish(self.features.sum(0) - self.base.sum(0) + 2 * moved, count[:, None])
         runs = self.metric.finish(self.features.sum(0) + moved, count[:, None])
         return runs - self.metric.finish(self.base.sum(0) - moved, count[:, None])
+
+
+def family_level(config: Resampling, size: int) -> Resampling:
+    """The settings for one delta of a family of ``size``: Bonferroni's level ``1 - (1 - confidence) / size`` when the
+    intervals are simultaneous (then every interval of the family covers at once with probability at least
+    ``confidence``: the family-wise question the Holm- or Bonferroni-adjusted p-values answer), else ``config``."""
+    if config.intervals != "simultaneous" or size <= 1:
+        return config
+    return replace(config, confidence=1 - (1 - config.confidence) / size)
 
 
 def bootstrap_distribution(deltas: _Deltas, config: Resampling) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from headlab.errors import UserError
-from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, adjust_p_values, paired_tests
+from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, adjust_p_values, family_level, paired_tests
 from headlab.reporting.sweep_jobs import Problem, collect_results
 
 STAT_COLUMNS = ["ci_low", "ci_high", "p_value", "p_adjusted"]
@@ -142,14 +142,18 @@ def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Re
         frame[column] = np.nan
     frame["note"] = ""
     if statistics:
+        families = frame[frame["heads"] > 0].groupby(["model", "task", "checkpoint", "split", "metric"]).groups
+        frame["_family"] = 1
+        for index in families.values():
+            frame.loc[index, "_family"] = len(index)
         _add_statistics(frame, resampling)
         frame["p_adjusted"] = np.nan
-        families = frame[frame["heads"] > 0].groupby(["model", "task", "checkpoint", "split", "metric"]).groups
         for index in families.values():
             frame.loc[index, "p_adjusted"] = adjust_p_values(frame.loc[index, "p_value"].to_numpy(), correction)
     frame.attrs["problems"] = [p.__dict__ for p in problems]
     frame.attrs["statistics"] = {**resampling.__dict__, "correction": correction} if statistics else None
-    return frame.drop(columns=["_records", "_baseline_records", "_order"]).reset_index(drop=True)
+    return frame.drop(columns=["_records", "_baseline_records", "_order", "_family"], errors="ignore") \
+        .reset_index(drop=True)
 
 
 def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
@@ -187,7 +191,7 @@ def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
             frame.loc[usable, "note"] = "fewer than 2 examples: no bootstrap"
             continue
         names = [f"plan {frame.at[i, 'plan']!r} ({frame.at[i, 'job']})" for i in usable]
-        for index, result in zip(usable, paired_tests(metric, runs, base, resampling, names)):
+        for index, result in zip(usable, _family_tests(frame, metric, usable, runs, base, resampling, names)):
             frame.loc[index, ["ci_low", "ci_high", "p_value"]] = [result.ci_low, result.ci_high, result.p_value]
             if not np.isfinite(result.delta):
                 frame.loc[index, ["value", "delta", "p_value"]] = [result.value, np.nan, np.nan]
@@ -196,6 +200,20 @@ def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
             elif not (np.isfinite(result.ci_low) and np.isfinite(result.ci_high)):
                 frame.at[index, "note"] = ("no CI: the bootstrap resamples are degenerate (BCa's bias or acceleration "
                                            "is not finite); try report.ci_method=percentile")
+
+
+def _family_tests(frame: pd.DataFrame, metric: str, usable: list, runs: list, base: pd.DataFrame,
+                  resampling: Resampling, names: list[str]) -> list:
+    """``paired_tests`` of the rows ``usable``, each at its family's level (``family_level``: simultaneous CIs)."""
+    sizes = [int(frame.at[index, "_family"]) for index in usable]
+    results: list = [None] * len(usable)
+    for size in dict.fromkeys(sizes):
+        mine = [i for i, s in enumerate(sizes) if s == size]
+        found = paired_tests(metric, [runs[i] for i in mine], base, family_level(resampling, size),
+                             [names[i] for i in mine])
+        for i, result in zip(mine, found):
+            results[i] = result
+    return results
 
 
 def problems_of(frame: pd.DataFrame) -> list[Problem]:

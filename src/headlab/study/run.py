@@ -215,10 +215,10 @@ class StudyRun:
                 self.interrupts.check()
                 self.quiet_tracking()
         self.position = where
-        if stage == "tables":
-            from headlab.study.tables import write_table_reports
+        from headlab.study.stage_reports import REPORTED, write_stage_reports
 
-            write_table_reports(self.study)
+        if stage in REPORTED:
+            write_stage_reports(self.study, stage)
         write_json_atomic(self.study.folder / stage / MARKER,
                           {"stage": stage, "key": key, "files": stage_manifest(self.study.folder, stage, MARKER)})
         self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()})")
@@ -261,14 +261,14 @@ class StudyRun:
         return str(job.folder.relative_to(self.study.folder))
 
     def extra_key(self, stage: str) -> dict[str, Any]:
-        """What a stage's own files depend on beyond its jobs (the tables' reports: the report settings)."""
-        if stage != "tables":
+        """What a stage's own files depend on beyond its jobs (the tables' and the sweep's reports: their settings)."""
+        from headlab.study.stage_reports import REPORTED, stage_report_settings
+
+        if stage not in REPORTED:
             return {}
         from omegaconf import OmegaConf
 
-        from headlab.study.tables import table_report_settings
-
-        return {"report": config_hash(OmegaConf.to_container(table_report_settings(self.study), resolve=True))}
+        return {"report": config_hash(OmegaConf.to_container(stage_report_settings(self.study, stage), resolve=True))}
 
     def inputs_key(self) -> dict[str, Any]:
         """The report's inputs: every other stage's marker (its jobs' hashes and its files' digests)."""

@@ -1,0 +1,135 @@
+"""Guan et al. 2020's claims, read from the cluster, tables and compare stages.
+
+Table 2 and 3 claims compare two plans on the same examples: the paired difference of the main metric (a paired
+bootstrap CI, the tables' report settings; ``headlab.reporting.statistics``). Stability gets a Wilson interval over
+the heads (statsmodels); the change of types by layer, Newcombe's interval for a difference of two proportions.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
+
+from headlab.files import read_json
+from headlab.reporting.statistics import paired_tests
+from headlab.study.findings.inputs import StudyFiles
+from headlab.study.findings.verdicts import Claim, Evidence, Finding, interval, not_tested, verdict
+
+GUAN = "Guan et al. 2020"
+STABILITY = Claim("guan_stability", "Heads fall into stable distance types: over 95% of heads keep their type in "
+                  "every clustering fit on half of the data", f"{GUAN}, Table 1")
+FINE_TUNING = Claim("guan_finetuning_later_layers", "Fine-tuning changes the types of the later layers more than "
+                    "those of the earlier layers", f"{GUAN}, Section 4 (Figure 4); Kovaleva et al. 2019")
+
+
+def plan_claims(files: StudyFiles) -> list[tuple[Claim, str, str, str, float]]:
+    """``(claim, table, plan kept better, plan removing more, boundary)``: the claim holds when the metric under the
+    first plan minus the metric under the second is above the boundary (``baseline`` for the unablated model)."""
+    table2, table3 = f"{GUAN}, Table 2", f"{GUAN}, Table 3"
+    claims = []
+    for policy, rows in (("prune", "3 vs 5"), ("uniform", "9 vs 11")):
+        verb = "Pruning" if policy == "prune" else "Substituting uniform attention for"
+        claims.append((Claim(f"guan_table2_diagonal_vs_vertical_{policy}",
+                             f"{verb} diagonal heads costs more than {verb.lower()} vertical heads",
+                             f"{table2} (rows {rows})"), "table2", f"{policy}_vertical", f"{policy}_diagonal", 0.0))
+    claims += [
+        (Claim("guan_table2_dense_vs_vertical_prune", "Pruning dense heads costs more than pruning vertical heads",
+               f"{table2} (rows 2 vs 5)"), "table2", "prune_vertical", "prune_dense", 0.0),
+        (Claim("guan_table2_vertical_prune_cheap", "Pruning the vertical heads costs less than 1.5 points",
+               f"{table2} (row 5)"), "table2", "prune_vertical", "baseline", -files.points(1.5)),
+        (Claim("guan_table2_dense_uniform_cheap", "Substituting uniform attention for the dense heads costs less "
+               "than 10 points (their attention values are trivial)", f"{table2} (row 8)"),
+         "table2", "uniform_dense", "baseline", -files.points(10)),
+        (Claim("guan_table2_dense_vertical_uniform", "Substituting uniform attention for the dense&vertical heads "
+               "costs more than for the dense heads", f"{table2} (rows 10 vs 8)"),
+         "table2", "uniform_dense", "uniform_dense_vertical", 0.0)]
+    for table, note in (("table3", ""), ("table3_renormalized", ", renormalize=true")):
+        claims += [
+            (Claim(f"guan_{table}_diagonal_intra", f"Diagonal heads work within sentences: removing their "
+                   f"intra-sentence attention costs more than removing their inter-sentence attention{note}",
+                   f"{table3} (rows 12 vs 13)"), table, "drop_inter_diagonal", "drop_intra_diagonal", 0.0),
+            (Claim(f"guan_{table}_dense_vertical_inter", f"Dense&vertical heads carry information across sentences: "
+                   f"removing their inter-sentence attention costs more than removing their intra-sentence "
+                   f"attention{note}", f"{table3} (rows 14 vs 15)"),
+             table, "drop_intra_dense_vertical", "drop_inter_dense_vertical", 0.0)]
+    return claims
+
+
+def plan_finding(files: StudyFiles, claim: Claim, table: str, kept: str, removed: str, boundary: float) -> Finding:
+    """The paired difference ``metric(kept) - metric(removed)`` per fine-tuned model against ``boundary``."""
+    evidence = []
+    for model in files.models:
+        first, second = files.job("tables", table, model, kept), files.job("tables", table, model, removed)
+        if first is None or second is None:
+            continue
+        result = paired_tests(files.metric, [files.records(first)], files.records(second), files.resampling,
+                              names=[kept])[0]
+        digits = 2 if files.scale == 100 else 4
+        numbers = (f"{files.metric} {kept} - {removed}: {interval(result.delta, result.ci_low, result.ci_high, digits)}"
+                   f" ({result.n} examples; boundary {boundary:+.{digits}f})")
+        where = f"{files.link(first.parent)}/{{{kept},{removed}}}/records.parquet"
+        evidence.append(Evidence(model, verdict(result.ci_low, result.ci_high, boundary), numbers, where,
+                                 {"value": result.delta, "low": result.ci_low, "high": result.ci_high,
+                                  "boundary": boundary, "examples": result.n}))
+    if evidence:
+        return Finding(claim, tuple(evidence))
+    if any(job.startswith(f"tables/{table}/") for job in files.jobs("tables")):
+        return not_tested(claim, "the clusters are not Guan et al.'s four types (no plan of that type)")
+    return not_tested(claim, f"the tables stage has no {table} jobs in this study")
+
+
+def stability_finding(files: StudyFiles) -> Finding:
+    """Each model's share of heads labelled alike in every fit, with a Wilson interval over its heads, above 0.95."""
+    evidence = []
+    for model in ["pretrained", *files.models]:
+        job = files.job("cluster", model)
+        if job is None:
+            continue
+        result = read_json(job / "results.json", "cluster results")
+        heads = sum(result["counts"].values())
+        stable = round(result["stability"] * heads)
+        low, high = proportion_confint(stable, heads, alpha=1 - files.resampling.confidence, method="wilson")
+        numbers = (f"stability {interval(result['stability'], low, high, 4, sign=False)} ({stable} of {heads} heads, "
+                   f"{result['config']['cluster']['stability_fits']} fits; boundary 0.95)")
+        evidence.append(Evidence(model, verdict(low, high, 0.95), numbers, files.link(job / "results.json"),
+                                 {"value": result["stability"], "low": low, "high": high, "boundary": 0.95,
+                                  "heads": heads}))
+    return Finding(STABILITY, tuple(evidence)) if evidence else not_tested(STABILITY, "the cluster stage did not run")
+
+
+def fine_tuning_finding(files: StudyFiles) -> Finding:
+    """The share of heads whose type changed in the later half of the layers minus the earlier half (the middle
+    layer of an odd count left out), Newcombe's interval, above 0."""
+    evidence = []
+    for model in files.models:
+        job = files.job("compare", model)
+        if job is None:
+            continue
+        heads = pd.read_csv(job / "heads.csv")
+        changed = next(column for column in heads.columns if column.startswith("changed/"))
+        layers = int(heads["layer"].max()) + 1
+        half = layers // 2
+        if not half:
+            continue
+        later = heads.loc[heads["layer"] >= layers - half, changed].astype(bool)
+        earlier = heads.loc[heads["layer"] < half, changed].astype(bool)
+        low, high = confint_proportions_2indep(int(later.sum()), len(later), int(earlier.sum()), len(earlier),
+                                               method="newcomb", compare="diff",
+                                               alpha=1 - files.resampling.confidence)
+        value = later.mean() - earlier.mean()
+        numbers = (f"type changed: {int(later.sum())} of {len(later)} heads in layers {layers - half}-{layers - 1} vs "
+                   f"{int(earlier.sum())} of {len(earlier)} in layers 0-{half - 1}; difference "
+                   f"{interval(value, float(low), float(high), 4)} (boundary 0)")
+        evidence.append(Evidence(model, verdict(float(low), float(high), 0.0), numbers,
+                                 files.link(job / "heads.csv"), {"value": float(value), "low": float(low),
+                                                                 "high": float(high), "boundary": 0.0}))
+    if evidence:
+        return Finding(FINE_TUNING, tuple(evidence))
+    return not_tested(FINE_TUNING, "the compare stage did not run" if not files.jobs("compare") else
+                      "the model has a single layer")
+
+
+def guan_findings(files: StudyFiles) -> list[Finding]:
+    return [stability_finding(files), *(plan_finding(files, *spec) for spec in plan_claims(files)),
+            fine_tuning_finding(files)]
+

@@ -1,0 +1,63 @@
+"""What the findings read: the files of the study's last run of each stage, and the settings that score them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from headlab.files import read_json
+from headlab.reporting.report import report_folder
+from headlab.reporting.statistics import Resampling
+
+MARKER = "stage.json"
+
+
+@dataclass
+class StudyFiles:
+    """A study folder read as its stages' markers say: a job counts only when its stage's last run listed it."""
+
+    folder: Path
+    models: list[str]  # the fine-tuned models: seed0, seed1, ... (or checkpoint)
+    metric: str  # the task's main metric
+    split: str  # the first evaluation split
+    scale: float  # the metric's maximum: 100 for SQuAD's percent scores, 1 for GLUE's
+    resampling: Resampling  # the tables' report settings: CIs of the findings use the same
+    reports: dict[str, tuple[Resampling, str]] = field(default_factory=dict)  # stage -> its reports' settings
+    alpha: float = 0.05
+    _jobs: dict[str, set[str]] = field(default_factory=dict)
+
+    def jobs(self, stage: str) -> set[str]:
+        """The job folders (relative to the study) of ``stage``'s last finished run."""
+        if stage not in self._jobs:
+            path = self.folder / stage / MARKER
+            marker = read_json(path, "stage marker") if path.is_file() else {}
+            self._jobs[stage] = set(marker.get("key", {}).get("jobs", {}))
+        return self._jobs[stage]
+
+    def job(self, *parts: str) -> Path | None:
+        """The folder ``stage/.../job`` when it is a finished job of its stage's last run, else None."""
+        name = "/".join(parts)
+        path = self.folder / name
+        return path if name in self.jobs(parts[0]) and (path / "results.json").is_file() else None
+
+    def report(self, *parts: str) -> Path | None:
+        """The report folder (of the study's report settings) of a job's folder or of a table's model folder."""
+        name = "/".join(parts)
+        if not any(job == name or job.startswith(name + "/") for job in self.jobs(parts[0])):
+            return None
+        folder = report_folder(self.folder / name, *self.reports.get(parts[0], (self.resampling, "holm")))
+        return folder if (folder / "table.csv").is_file() else None
+
+    def records(self, job: Path) -> pd.DataFrame:
+        """A ``mode=eval`` job's per-example records of the split the findings score."""
+        frame = pd.read_parquet(job / "records.parquet")
+        return frame[frame["split"] == self.split].reset_index(drop=True)
+
+    def link(self, path: Path) -> str:
+        return str(path.relative_to(self.folder))
+
+    def points(self, value: float) -> float:
+        """``value`` points of a 0-100 score on the metric's scale (1.5 points: 1.5 or 0.015)."""
+        return value * self.scale / 100

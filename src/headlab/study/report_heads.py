@@ -1,0 +1,106 @@
+"""The study report's sections on single heads: syntax heads (Clark et al.), importance and the single-head sweep
+(Michel et al.), the prune curve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headlab.core.head_names import head_name
+from headlab.files import read_json
+from headlab.reporting.layouts import clark_layout, to_markdown
+from headlab.study.report_base import StudyReport, main_metric, number
+
+TOP_HEADS = 10
+
+
+def syntax(report: StudyReport) -> None:
+    report.section("Syntax heads (Clark et al.): the best head per dependency relation vs offset baselines")
+    for name, path in report.sources("syntax", "syntax.csv", ["pretrained", *(n for n, _ in report.study.models)]):
+        table = pd.read_csv(path)
+        result = read_json(path.parent / "results.json", "syntax results")
+        beaten = table[(table["relation"] != "all") & (table["difference"] > 0) & (table["p_adjusted"] < 0.05)]
+        treebank = Path(result["treebank"])
+        report.markdown += [f"{name}, {result['num_sentences']} sentences of `{treebank.parent.name}/{treebank.name}`: "
+                            f"{len(beaten)} of {len(table) - 1} relations have a head that beats the best offset "
+                            f"(Holm-adjusted p < 0.05; `{report.link(path)}`):", "",
+                            to_markdown(clark_layout(table))]
+        if "roles" in result:
+            roles = ", ".join(f"{role} {count}" for role, count in result["roles"].items())
+            report.markdown += [f"Syntactic roles of {name}'s heads (Pande et al.'s sieves; "
+                                f"`{report.link(path.parent / 'sieve_roles.csv')}`): {roles}.", ""]
+        overall = table.set_index("relation").loc["all"]
+        report.numbers.setdefault("syntax", {})[name] = {
+            "all": {"head": overall["head"], "direction": overall["direction"], "accuracy": float(overall["accuracy"]),
+                    "baseline": float(overall["baseline_accuracy"])},
+            "relations_beaten": sorted(beaten["relation"]), "roles": result.get("roles")}
+        report.console.append(f"syntax {name}: best single head {overall['head']} ({overall['direction']}) "
+                              f"{100 * overall['accuracy']:.1f} vs offset {100 * overall['baseline_accuracy']:.1f}; "
+                              f"{len(beaten)} of {len(table) - 1} relations beat their offset")
+    report.figure(report.path("syntax", "pretrained", "syntax_examples.png"), "best syntax heads, pre-trained")
+
+
+def importance(report: StudyReport) -> None:
+    report.section("Head importance (Michel et al.) and its agreement with the single-head sweep")
+    for name, path in report.sources("importance", "importance.json"):
+        scores = read_json(path, "importance")
+        values = np.asarray(scores["importance"], dtype=float)  # [layers, heads]
+        order = np.argsort(-values, axis=None, kind="stable")[:TOP_HEADS]
+        top = [(head_name(*divmod(int(i), values.shape[1])), float(values.flat[i])) for i in order]
+        report.numbers.setdefault("importance", {})[name] = dict(top)
+        granularity = scores["settings"]["granularity"]
+        report.markdown += [f"Top {len(top)} heads of {name} by the {granularity} estimator (normalised; "
+                            f"`{report.link(path)}`):", "",
+                            to_markdown(pd.DataFrame([{"head": h, "importance": f"{v:.4f}"} for h, v in top]))]
+        report.console.append(f"top heads {name}: " + ", ".join(f"{h} {v:.3f}" for h, v in top[:5]))
+        agreement = path.parent / "agreement.csv"
+        if agreement.is_file():
+            frame = pd.read_csv(agreement)
+            report.markdown += ["Spearman correlation of each estimator with the measured sweep "
+                                f"(`{report.link(agreement)}`):", "", to_markdown(frame.round(4).astype(str))]
+            main = frame[frame["target"] == f"{main_metric(report.study)} drop"]
+            report.console += [f"  spearman {row.policy}/{row.estimator} vs {row.target}: {number(row.spearman)}"
+                               for row in main.itertuples() if row.estimator == granularity or
+                               row.estimator.startswith("estimate_")]
+        report.figure(path.parent / f"importance_{granularity}.png", f"importance, {name}")
+        sweep_table(report, name)
+
+
+def sweep_table(report: StudyReport, name: str) -> None:
+    """The single-head sweep's change of the main metric, layers x heads, with its baseline and data."""
+    folder = report.path("sweep", name)
+    if not (folder / "results.json").is_file():
+        return
+    summary = read_json(folder / "results.json", "sweep results")
+    limit = summary["config"]["data"]["max_eval_examples"]
+    examples = "every example" if limit is None else f"the first {limit} examples"
+    for path in sorted(folder.glob("deltas_*.csv")):
+        split = path.stem.removeprefix("deltas_")
+        frame = pd.read_csv(path, index_col=0)
+        base = summary["tables"][split][main_metric(report.study)]["baseline"]
+        report.markdown += ["", f"Each head pruned alone: {frame.index.name} against the unablated "
+                            f"{base:.4f}, on {examples} of {split} (`{report.link(path)}`):", "",
+                            to_markdown(frame.map(lambda v: f"{v:+.4f}"), index=True)]
+        worst = frame.stack().sort_values().head(3)
+        report.console.append(f"sweep {name} ({path.stem.removeprefix('deltas_')}): largest drops " + ", ".join(
+            f"{layer}{head} {value:+.4f}" for (layer, head), value in worst.items()))
+
+
+def prune_curve(report: StudyReport) -> None:
+    report.section("Pruning by importance vs random orders")
+    for name, path in report.sources("prune_curve", "prune_curve.csv"):
+        frame = pd.read_csv(path)
+        metric = main_metric(report.study)
+        rows = []
+        for (order, seed), part in frame.groupby(["order", "seed"], dropna=False, sort=False):
+            last = part.iloc[-1]
+            label = order if pd.isna(seed) else f"{order} (seed {int(seed)})"
+            rows.append({"order": label, "heads pruned": int(last["heads_pruned"]),
+                         metric: f"{last[metric]:.4f}", "of the baseline": f"{last['relative']:.4f}"})
+        report.markdown += [f"The last step of each order (`{report.link(path)}`):", "",
+                            to_markdown(pd.DataFrame(rows))]
+        report.console.append(f"prune curve {name}: " + "; ".join(
+            f"{r['order']} {r['heads pruned']} heads -> {metric} {r[metric]}" for r in rows))
+        report.figure(path.parent / "prune_curve.png", f"prune curve, {name}")

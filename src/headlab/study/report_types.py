@@ -1,0 +1,127 @@
+"""The study report's sections on head types and their ablation: the baseline, Guan et al.'s Tables 2 and 3, the
+head types and what fine-tuning changes of them."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from headlab.files import read_json
+from headlab.reporting.layouts import to_markdown
+from headlab.study.report_base import StudyReport, main_metric
+from headlab.study.stage_reports import stage_report_folder
+from headlab.study.stages import TABLES
+
+TABLE_TITLES = {
+    "table2": "Table 2: heads of each type pruned (weights 0, ✗) or substituted (uniform 1/L)",
+    "table3": "Table 3: intra- or inter-sentence attention of head types removed (renormalize=false)",
+    "table3_renormalized": "Table 3 with renormalize=true (the other keys' scores renormalised by the softmax)",
+}
+
+
+def baseline(report: StudyReport) -> None:
+    report.section("Baseline")
+    rows = []
+    for name, _ in report.study.models:
+        path = report.path("finetune", name, "results.json")
+        if path.is_file():
+            metrics = read_json(path, "results")["metrics"]
+            source = report.link(path)
+        else:  # study.checkpoint: the unablated evaluation of Table 2
+            table = stage_report_folder(report.study, "tables", report.path("tables", "table2", name)) / "table.csv"
+            if not table.is_file():
+                continue
+            frame = pd.read_csv(table)
+            first = frame[frame["job"] == frame["job"].iloc[0]]
+            metrics = {split: dict(zip(part["metric"], part["baseline"])) for split, part in first.groupby("split")}
+            source = report.link(table) + " (baseline)"
+        for split, values in metrics.items():
+            rows.append({"model": name, "split": split, **{k: f"{v:.4f}" for k, v in values.items()},
+                         "source": source})
+            report.numbers.setdefault("baseline", {}).setdefault(name, {})[split] = values
+            report.console.append(f"baseline {name} {split}: {main_metric(report.study)} "
+                                  f"{values.get(main_metric(report.study), float('nan')):.4f}")
+    if rows:
+        report.markdown.append(to_markdown(pd.DataFrame(rows)))
+    else:
+        report.missing("finetune")
+
+
+def tables(report: StudyReport) -> None:
+    metric = main_metric(report.study)
+    for table in TABLES:
+        report.section(f"Guan et al. {TABLE_TITLES[table]}")
+        found = False
+        for name, _ in report.study.models:
+            folder = stage_report_folder(report.study, "tables", report.path("tables", table, name))
+            grids = sorted(folder.glob("plans_*.md"))
+            for grid in grids:
+                found = True
+                caption, _, body = grid.read_text().partition("\n\n")
+                report.markdown += [f"{caption} (`{report.link(grid)}`)", "", body.rstrip()]
+                report.console += [f"{TABLE_TITLES[table]}, {name}:", *console_grid(body, metric)]
+            if (folder / "table.csv").is_file():
+                report.tables[f"{table}_{name}"] = pd.read_csv(folder / "table.csv")
+            split = grids[0].stem.removeprefix("plans_") if grids else None
+            if split:
+                report.figure(folder / f"bars_{split}_{metric}.png", f"{table} {name}")
+        seeds = stage_report_folder(report.study, "tables", report.path("tables", table)) / "seeds.md"
+        if len(report.study.models) > 1 and seeds.is_file():
+            report.markdown += ["", f"Across fine-tuning seeds (`{report.link(seeds)}`):", "",
+                                seeds.read_text().rstrip()]
+        elif len(report.study.models) > 1 and found:
+            report.markdown += ["", "No table across seeds: some seed's clusters are not Guan et al.'s four types "
+                                "named by their profiles (other clusters are numbered by their first head, so "
+                                "cluster0 of one seed is not cluster0 of another)."]
+        if not found:
+            report.missing("tables")
+
+
+def console_grid(markdown: str, metric: str) -> list[str]:
+    """The plan and main-metric columns of a plan grid's markdown rows (the terminal's short form)."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    if len(lines) < 3:
+        return []
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    keep = [header.index("plan"), header.index(metric)] if metric in header else [header.index("plan")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    width = max(len(row[keep[0]]) for row in rows)
+    return [f"  {row[keep[0]]:<{width}}  {' '.join(row[k] for k in keep[1:])}" for row in rows]
+
+
+def head_types(report: StudyReport) -> None:
+    report.section("Head types (k-means of the distance features, Guan et al.)")
+    rows = []
+    for name, path in report.sources("cluster", "results.json", ["pretrained", *(n for n, _ in report.study.models)]):
+        result = read_json(path, "cluster results")
+        counts = ", ".join(f"{k} {v}" for k, v in result["counts"].items())
+        rows.append({"model": name, "types": counts, "stability": f"{result['stability']:.4f}",
+                     "silhouette": "n/a" if result["silhouette"] is None else f"{result['silhouette']:.4f}",
+                     "source": report.link(path)})
+        report.numbers.setdefault("clusters", {})[name] = {k: result[k] for k in ("counts", "stability", "silhouette")}
+        report.console.append(f"head types {name}: {counts}; stability {result['stability']:.4f}")
+    if not rows:
+        return
+    report.markdown += ["Stability: the share of heads labelled the same in every fit on random halves (Guan et al. "
+                        "Table 1: 94-96%).", "", to_markdown(pd.DataFrame(rows))]
+    for name, _ in report.study.models:
+        report.figure(report.path("cluster", name, "types_per_layer.png"), f"head types per layer, {name}")
+
+
+def comparison(report: StudyReport) -> None:
+    report.section("Pre-trained vs fine-tuned")
+    names = [n for n, _ in report.study.models]
+    for name, path in report.sources("compare", "results.json", names + ["seeds"] * (len(names) > 1)):
+        result = read_json(path, "compare results")
+        pairs = "; ".join(f"{pair} {value:.4f}" for pair, value in result["ari"].items())
+        changed = "; ".join(f"{run}: {count} heads" for run, count in result["changed"].items())
+        report.markdown += [f"Adjusted Rand index: {pairs}. Heads whose type changed: {changed} "
+                            f"(`{report.link(path)}`).", ""]
+        report.numbers.setdefault("compare", {})[name] = {"ari": result["ari"], "changed": result["changed"]}
+        report.console.append(f"compare {name}: ARI {pairs}; type changed: {changed}")
+        transitions, roles = path.parent / "transitions.md", path.parent / "roles.md"
+        if name != "seeds" and transitions.is_file():
+            report.markdown += [f"Transitions (`{report.link(transitions)}`):", "", transitions.read_text().rstrip()]
+        if result.get("roles"):  # heads per sieve role in each run, kept / gained / lost from the first
+            report.markdown += ["", f"Heads per sieve role (`{report.link(roles)}`):", "", roles.read_text().rstrip()]
+            report.numbers["compare"][name]["roles"] = result["roles"]
+        report.figure(path.parent / "types_per_layer.png", f"head types per layer, {name}")
