@@ -106,17 +106,19 @@ def name_clusters(centroids: np.ndarray) -> list[str] | None:
 
 
 def name_margins(named: dict[str, dict[str, float]]) -> dict[str, float]:
-    """How clearly each of Guan et al.'s four named centroids earns its name: its distance (in shares of attention)
-    from the edge of the naming rule (``name_clusters``), from ``{name: {short, long, special}}``. ``vertical``: its
-    special-token share minus the next highest; ``dense``: its long-range share minus the next; ``diagonal``: its
-    short-range share minus the next; ``dense_vertical``: the smaller of its special share over ``dense``'s and
-    ``diagonal``'s short share over its own. Near 0, a small change of the features would change the names."""
+    """How clearly each of Guan et al.'s four named centroids fits its type, from ``{name: {short, long, special}}``:
+    its distance (in shares of attention) from the edge of the naming rule (``name_clusters``) and of Guan et al.'s
+    description. ``vertical``: its special-token share minus the next highest; ``dense``: its long-range share minus
+    the next; ``diagonal``: its short-range share minus the next; ``dense_vertical`` ("large values at long range
+    windows and special tokens"): the smallest of its special share over ``dense``'s, ``diagonal``'s short share over
+    its own, and its long share over ``diagonal``'s. Near 0 or below, the name says more than the centroid does."""
     def lead(name: str, part: str) -> float:
         return named[name][part] - max(values[part] for other, values in named.items() if other != name)
 
     return {"dense": lead("dense", "long"), "diagonal": lead("diagonal", "short"),
             "dense_vertical": min(named["dense_vertical"]["special"] - named["dense"]["special"],
-                                  named["diagonal"]["short"] - named["dense_vertical"]["short"]),
+                                  named["diagonal"]["short"] - named["dense_vertical"]["short"],
+                                  named["dense_vertical"]["long"] - named["diagonal"]["long"]),
             "vertical": lead("vertical", "special")}
 
 

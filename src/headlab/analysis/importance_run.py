@@ -40,7 +40,7 @@ from headlab.core.models import load_tokenizer, model_shape
 from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
-from headlab.reporting.agreement import agreement_table, read_head_sweep
+from headlab.reporting.agreement import agreement_table, normalisation_label, read_head_sweep
 from headlab.reporting.layouts import to_markdown
 from headlab.training.checkpoints import tokenizer_config
 from headlab.training.tracking import log_artifacts
@@ -127,7 +127,7 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
     for kind, scores in key_types.items():
         images[f"key_{kind}"] = plots.score_heatmap(scores, f"mean |dL/dA| to {kind}", f"gradient to {kind} keys",
                                                     output_dir / f"key_{kind}", formats)[0]
-    agreement = _agreement(cfg, job, raw, output_dir, formats, images) if options.sweep else None
+    agreement = _agreement(cfg, job, raw, written, output_dir, formats, images) if options.sweep else None
     files += [p.name for p in images.values()] + (["agreement.csv", "agreement.md"] if agreement is not None else [])
     log_artifacts(job.logger, {"key_types": table, "agreement": agreement}, images)
     return job.identity.complete({
@@ -136,13 +136,18 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
         "agreement": None if agreement is None else agreement.to_dict("records")})
 
 
-def _agreement(cfg, job, raw, output_dir, formats, images) -> pd.DataFrame:
-    """Agreement of every estimator with each measured head sweep (``importance.sweep``: one or several)."""
+def _agreement(cfg, job, raw, written, output_dir, formats, images) -> pd.DataFrame:
+    """Agreement of every estimator with each measured head sweep (``importance.sweep``: one or several), on the raw
+    scores and, for the granularities, on the normalised scores ``importance.json`` ranks heads by."""
     sources = [cfg.importance.sweep] if isinstance(cfg.importance.sweep, str) else list(cfg.importance.sweep)
     tables = []
     for source in sources:
         sweep = read_head_sweep(source, job.weights)
         tables.append(agreement_table(raw, sweep, cfg.task.main_metric, cfg.importance.top_k))
+        label = normalisation_label(cfg.importance.normalize_layer, cfg.importance.normalize_global)
+        if label != "raw":
+            normalised = {name: written[name] for name in GRANULARITIES}
+            tables.append(agreement_table(normalised, sweep, cfg.task.main_metric, cfg.importance.top_k, label))
         policy = sweep["policy"]
         if f"estimate_{policy}" in raw:
             measured = np.array(next(iter(sweep["tables"].values()))["loss"]["delta"], dtype=float)

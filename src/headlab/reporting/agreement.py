@@ -36,6 +36,12 @@ def read_head_sweep(path: str | Path, weights_hash: str) -> dict[str, Any]:
     return sweep
 
 
+def normalisation_label(layer: bool, global_: bool) -> str:
+    """The name of the normalisation of ``importance.json``'s granularities (``raw`` when none)."""
+    parts = [part for part, on in (("layer L2", layer), ("global min-max", global_)) if on]
+    return "normalised: " + ", then ".join(parts) if parts else "raw"
+
+
 def top_k_overlap(scores: np.ndarray, measured: np.ndarray, k: int) -> float:
     """Share of the k highest-scoring heads that are among the k with the highest measured values."""
     k = min(k, scores.size)
@@ -44,11 +50,13 @@ def top_k_overlap(scores: np.ndarray, measured: np.ndarray, k: int) -> float:
 
 
 def agreement_table(estimators: dict[str, np.ndarray], sweep: dict[str, Any], main_metric: str,
-                    k: int) -> pd.DataFrame:
+                    k: int, scores: str = "raw") -> pd.DataFrame:
     """One row per estimator and target: correlations and top-k overlap with the sweep's measured deltas.
 
     Targets: ``loss`` (the loss increase) and the main metric's drop (minus its delta), on the sweep's first
-    split. ``estimate_<policy>`` estimators are compared with the sweep of that policy only.
+    split. ``estimate_<policy>`` estimators are compared with the sweep of that policy only. ``scores`` names the
+    estimators' normalisation (a per-layer normalisation changes the order of heads across layers, and so the
+    correlations).
     """
     policy = sweep["policy"]
     split, tables = next(iter(sweep["tables"].items()))
@@ -63,7 +71,7 @@ def agreement_table(estimators: dict[str, np.ndarray], sweep: dict[str, Any], ma
             with warnings.catch_warnings():  # a constant input (e.g. no head changed the accuracy) gives NaN
                 warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
                 spearman, kendall = scipy.stats.spearmanr(x, y).statistic, scipy.stats.kendalltau(x, y).statistic
-            rows.append({"policy": policy, "split": split, "estimator": name, "target": target,
+            rows.append({"policy": policy, "split": split, "estimator": name, "scores": scores, "target": target,
                          "spearman": spearman, "kendall": kendall,
                          f"top{k}_overlap": top_k_overlap(x, y, k), "heads": x.size})
     return pd.DataFrame(rows)

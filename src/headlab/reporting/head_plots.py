@@ -185,3 +185,19 @@ def feature_boxes(features: np.ndarray, clusters: Sequence[str], bins: Sequence[
     figure.suptitle(title)
     figure.tight_layout()
     return _save(figure, path, formats)
+
+
+def centroid_profiles(centroids: Mapping[str, Mapping[str, Sequence[float]]], bins: Sequence[str], title: str,
+                      path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Each head type's mean distance features (its centroid), one panel per model (``{model: {type: [bins]}}``)."""
+    figure, axes = plt.subplots(1, len(centroids), figsize=(4.6 * len(centroids), 3.2), squeeze=False, sharey=True)
+    for axis, (model, types) in zip(axes[0], centroids.items()):
+        for name in sorted(types, key=_type_order):
+            axis.plot(range(len(bins)), types[name], marker="o", markersize=3, label=name, color=TYPE_COLOURS.get(name))
+        axis.set_title(model, fontsize=9)
+        axis.set_xticks(range(len(bins)), list(bins), rotation=90, fontsize=7)
+        axis.legend(fontsize=7)
+    axes[0, 0].set_ylabel("mean attention")
+    figure.suptitle(title)
+    figure.tight_layout()
+    return _save(figure, path, formats)

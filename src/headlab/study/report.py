@@ -16,6 +16,7 @@ from rich.console import Console
 from headlab.files import write_json_atomic, write_text_atomic
 from headlab.study.findings import finding_lines, findings_json, study_files, study_findings
 from headlab.study.findings.caveats import study_caveats
+from headlab.study.findings.verdicts import RULE
 from headlab.study.report_base import StudyReport
 from headlab.study.report_heads import importance, prune_curve, syntax
 from headlab.study.report_types import baseline, comparison, head_types, tables
@@ -66,13 +67,11 @@ def findings(report: StudyReport) -> None:
     files = study_files(report.study)
     found = study_findings(files)
     report.section("Findings")
-    report.markdown += ["Each claim of the papers this study's stages test, with its verdict from this run: **holds** "
-                        "when the interval (a CI unless said) lies wholly on the claim's side of its boundary, **does "
-                        "not hold** when it lies wholly on the other side, **inconclusive** when it contains the "
-                        "boundary (docs/study.md, \"How a claim gets its verdict\"). File paths are the stage files "
-                        "the numbers come from.", ""]
+    report.markdown += ["Each claim of the papers this study's stages test, with its verdict from this run and the "
+                        "stage files its numbers come from (the rule below the list).", ""]
     for finding in found:
         report.markdown += finding_lines(finding)
+    report.markdown += ["", RULE]
     report.numbers["findings"] = findings_json(found)
     report.closing += ["findings (verdict: claim, source; numbers in study.md):",
                        *(f"  {finding.counted()}: {finding.claim.text} ({finding.claim.source})" for finding in found)]

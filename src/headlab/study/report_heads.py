@@ -10,6 +10,7 @@ import pandas as pd
 
 from headlab.core.head_names import head_name
 from headlab.files import read_json
+from headlab.reporting.agreement import normalisation_label
 from headlab.reporting.layouts import clark_layout, to_markdown
 from headlab.study.report_base import StudyReport, main_metric, number
 
@@ -50,22 +51,34 @@ def importance(report: StudyReport) -> None:
         order = np.argsort(-values, axis=None, kind="stable")[:TOP_HEADS]
         top = [(head_name(*divmod(int(i), values.shape[1])), float(values.flat[i])) for i in order]
         report.numbers.setdefault("importance", {})[name] = dict(top)
-        granularity = scores["settings"]["granularity"]
-        report.markdown += [f"Top {len(top)} heads of {name} by the {granularity} estimator (normalised; "
+        settings = scores["settings"]
+        granularity = settings["granularity"]
+        label = normalisation_label(settings["normalize_layer"], settings["normalize_global"])
+        report.markdown += [f"Top {len(top)} heads of {name} by the {granularity} estimator ({label}; "
                             f"`{report.link(path)}`):", "",
                             to_markdown(pd.DataFrame([{"head": h, "importance": f"{v:.4f}"} for h, v in top]))]
-        report.console.append(f"top heads {name}: " + ", ".join(f"{h} {v:.3f}" for h, v in top[:5]))
+        report.console.append(f"top heads {name} ({granularity}, {label}): " +
+                              ", ".join(f"{h} {v:.3f}" for h, v in top[:5]))
         agreement = path.parent / "agreement.csv"
         if agreement.is_file():
-            frame = pd.read_csv(agreement)
-            report.markdown += ["Spearman correlation of each estimator with the measured sweep "
-                                f"(`{report.link(agreement)}`):", "", to_markdown(frame.round(4).astype(str))]
-            main = frame[frame["target"] == f"{main_metric(report.study)} drop"]
-            report.console += [f"  spearman {row.policy}/{row.estimator} vs {row.target}: {number(row.spearman)}"
-                               for row in main.itertuples() if row.estimator == granularity or
-                               row.estimator.startswith("estimate_")]
+            agreement_lines(report, pd.read_csv(agreement), report.link(agreement), granularity, label)
         report.figure(path.parent / f"importance_{granularity}.png", f"importance, {name}")
         sweep_table(report, name)
+
+
+def agreement_lines(report: StudyReport, frame: pd.DataFrame, link: str, granularity: str, label: str) -> None:
+    """The agreement table; in the terminal, the ranking the top heads use (``label``) and the first-order
+    estimates against both targets, the loss increase (what the estimates predict) and the main metric's drop."""
+    report.markdown += [f"Spearman correlation of each estimator with the measured sweep (`{link}`; `scores` names "
+                        "the normalisation: a per-layer one reorders heads across layers):", "",
+                        to_markdown(frame.round(4).astype(str))]
+    scores = frame["scores"] if "scores" in frame else pd.Series("raw", index=frame.index)  # an older agreement.csv
+    shown = frame[((frame["estimator"] == granularity) & (scores == (label if (scores == label).any() else "raw")))
+                  | frame["estimator"].str.startswith("estimate_")]
+    for (policy, estimator, kind), rows in shown.assign(scores=scores).groupby(["policy", "estimator", "scores"],
+                                                                               sort=False):
+        targets = ", ".join(f"{row.target} {number(row.spearman)}" for row in rows.itertuples())
+        report.console.append(f"  spearman {policy}/{estimator} ({kind}): {targets}")
 
 
 def sweep_table(report: StudyReport, name: str) -> None:
@@ -89,18 +102,41 @@ def sweep_table(report: StudyReport, name: str) -> None:
 
 
 def prune_curve(report: StudyReport) -> None:
+    """Each order's last step that kept the score at the threshold (the importance order's is ``final_mask.json``, with
+    its measured speed-up), not the step that fell below it."""
     report.section("Pruning by importance vs random orders")
     for name, path in report.sources("prune_curve", "prune_curve.csv"):
+        settings = read_json(path.parent / "results.json", "prune curve results")["settings"]
+        metric, threshold = settings["metric"], float(settings["threshold"])
         frame = pd.read_csv(path)
-        metric = main_metric(report.study)
+        frame = frame[frame["split"] == settings["split"]]
+        final = read_json(path.parent / "final_mask.json", "final mask")
+        speedup = (final.get("timing") or {}).get("speedup")
         rows = []
         for (order, seed), part in frame.groupby(["order", "seed"], dropna=False, sort=False):
-            last = part.iloc[-1]
+            kept = last_kept(part, metric, threshold)
             label = order if pd.isna(seed) else f"{order} (seed {int(seed)})"
-            rows.append({"order": label, "heads pruned": int(last["heads_pruned"]),
-                         metric: f"{last[metric]:.4f}", "of the baseline": f"{last['relative']:.4f}"})
-        report.markdown += [f"The last step of each order (`{report.link(path)}`):", "",
+            faster = f"{speedup:.2f}x" if order == "importance" and speedup and kept is not None else ""
+            rows.append({"order": label, "heads pruned": "none kept" if kept is None else int(kept["heads_pruned"]),
+                         metric: "" if kept is None else f"{kept[metric]:.4f}",
+                         "of the baseline": "" if kept is None else f"{kept['relative']:.4f}", "speed-up": faster})
+        report.markdown += [f"The last step of each order whose {metric} stayed at or above {threshold:.4g} "
+                            f"(the curve stops at {settings['stopped']}; `{report.link(path)}`; the importance order's "
+                            "pruned plan and its measured speed-up: "
+                            f"`{report.link(path.parent / 'final_mask.json')}`):", "",
                             to_markdown(pd.DataFrame(rows))]
-        report.console.append(f"prune curve {name}: " + "; ".join(
-            f"{r['order']} {r['heads pruned']} heads -> {metric} {r[metric]}" for r in rows))
+        report.numbers.setdefault("prune_curve", {})[name] = rows
+        report.console.append(f"prune curve {name}: {metric} >= {threshold:.4g} kept up to " + "; ".join(
+            f"{r['order']} {r['heads pruned']} heads" + (f" ({metric} {r[metric]}, {r['speed-up']} faster)"
+                                                           if r["speed-up"] else "") for r in rows))
         report.figure(path.parent / "prune_curve.png", f"prune curve, {name}")
+
+
+def last_kept(curve: pd.DataFrame, metric: str, threshold: float) -> pd.Series | None:
+    """The last step before the first that fell below ``threshold`` (None: even the first step did)."""
+    kept = None
+    for _, step in curve.sort_values("step").iterrows():
+        if step[metric] < threshold:
+            break
+        kept = step
+    return kept

@@ -5,12 +5,25 @@ from __future__ import annotations
 
 import pandas as pd
 
+from headlab.analysis.clusters import name_margins
 from headlab.files import read_json
+from headlab.reporting.head_plots import centroid_profiles
 from headlab.reporting.layouts import to_markdown
+from headlab.study.findings.caveats import NARROW
 from headlab.study.report_base import StudyReport, main_metric
 from headlab.study.stage_reports import stage_report_folder
 from headlab.study.stages import TABLES
 
+GUAN_WORDS = {
+    "dense": "dense attention patterns: \"the highest attention at long range windows and relatively small attention "
+             "weights to the special tokens\".",
+    "diagonal": "\"dominant diagonal patterns and a few vertical stripes\": \"large values in the short-range "
+                "windows and medium values in the special tokens\".",
+    "dense_vertical": "\"mixes the dense and vertical patterns\": \"large values at long range windows and special "
+                      "tokens\".",
+    "vertical": "\"mostly strong vertical patterns\": \"large values at special tokens, which are much higher than "
+                "other types\".",
+}
 TABLE_TITLES = {
     "table2": "Table 2: heads of each type pruned (weights 0, ✗) or substituted (uniform 1/L)",
     "table3": "Table 3: intra- or inter-sentence attention of head types removed (renormalize=false)",
@@ -103,8 +116,43 @@ def head_types(report: StudyReport) -> None:
         return
     report.markdown += ["Stability: the share of heads labelled the same in every fit on random halves (Guan et al. "
                         "Table 1: 94-96%).", "", to_markdown(pd.DataFrame(rows))]
+    type_profiles(report)
     for name, _ in report.study.models:
         report.figure(report.path("cluster", name, "types_per_layer.png"), f"head types per layer, {name}")
+
+
+def type_profiles(report: StudyReport) -> None:
+    """What the types are: each centroid's short-range, long-range and special-token attention (and the bins they sum),
+    how clearly it earns its name, a sentence per type in Guan et al.'s words, and a figure of the centroids."""
+    centroids, rows = {}, []
+    for name in ["pretrained", *(n for n, _ in report.study.models)]:
+        path = report.path("cluster", name, "clusters.json")
+        if f"cluster/{name}" not in report.stage_jobs("cluster") or not path.is_file():
+            continue
+        clusters = read_json(path, "clusters")
+        bins = list(clusters["bins"])
+        centroids[name] = clusters["centroids"]
+        margins = name_margins(clusters["profiles"]) if clusters.get("named") and \
+            not clusters.get("named_by_hand") else {}
+        for kind, profile in clusters["profiles"].items():
+            values = dict(zip(bins, clusters["centroids"][kind]))
+            rows.append({"model": name, "type": kind, "heads": clusters["counts"][kind],
+                         **{part: f"{profile[part]:.3f}" for part in ("short", "long", "special")},
+                         **{f"[{b.upper()}]" if b in ("cls", "sep") else b: f"{values[b]:.3f}"
+                            for b in ("self", "cls", "sep") if b in values},
+                         "name margin": f"{margins[kind]:.3f}" if kind in margins else "n/a",
+                         "source": report.link(path)})
+    if not rows:
+        return
+    report.markdown += ["", "What the types are: each type's mean attention (its centroid) in the short range (self "
+                        "and windows 0-1), the long range (windows 2-15) and on special tokens ([CLS], [SEP], commas, "
+                        "periods); the name margin is how far the centroid is from the edge of the rule that names it "
+                        f"(below {NARROW:g}: fits Guan et al.'s profile poorly).", "", to_markdown(pd.DataFrame(rows)),
+                        "", "In Guan et al.'s words (Section 4):", "",
+                        *(f"- **{kind}**: {words}" for kind, words in GUAN_WORDS.items())]
+    figure = report.path("type_profiles")
+    centroid_profiles(centroids, bins, "head types: mean distance features of each type", figure)
+    report.figure(figure.with_suffix(".png"), "centroid profiles of the head types")
 
 
 def comparison(report: StudyReport) -> None:

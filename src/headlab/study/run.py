@@ -23,6 +23,7 @@ from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
 
 LOCK_FILE = ".study.lock"
+REPORT_FORMAT = 2  # raised when study.md says more (2: findings, caveats): a finished study's report is rewritten
 
 
 def study_group(folder: Path) -> str:
@@ -276,7 +277,7 @@ class StudyRun:
         for stage in STAGES[:-1]:
             marker = self.marker(stage)
             markers[stage] = None if marker is None else [marker.get("key"), marker.get("files")]
-        return {"stages": config_hash(markers)}
+        return {"stages": config_hash(markers), "format": REPORT_FORMAT}
 
     def is_done(self, stage: str, key: dict[str, Any], check_files: bool = True) -> bool:
         """The stage's marker holds ``key``, each of its jobs' results are complete for its hash, and (unless

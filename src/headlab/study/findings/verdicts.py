@@ -18,6 +18,17 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+RULE = (
+    "**How a claim gets its verdict.** Each claim is a quantity on one side of a boundary (a paired difference of the "
+    "main metric between two plans above 0, a stability above 0.95, ...), with an interval: a paired bootstrap CI "
+    "(the tables' report settings) for differences of scores, a Wilson interval for a share of heads, Newcombe's for "
+    "a difference of two shares, the conditional-MLE CI for an odds ratio, the range of the random orders for the "
+    "prune curve, the point itself for a count (heads, layers). **holds**: the whole interval lies strictly on the "
+    "claim's side of the boundary; **does not hold**: it lies strictly on the other side; **inconclusive**: it "
+    "contains or touches the boundary (or is undefined). **not tested**: no stage of this study measured it, with "
+    "the reason. With several models (seeds, or the pre-trained model beside them) each gets its verdict and the "
+    "finding counts those that agree (`mixed` when they differ). Boundaries in points are of a 0-100 score (a "
+    "GLUE metric in [0, 1] scales them by 1/100). The intervals are per claim, not adjusted for the number of claims.")
 HOLDS, FAILS, INCONCLUSIVE, NOT_TESTED = "holds", "does not hold", "inconclusive", "not tested"
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, NOT_TESTED)
 
