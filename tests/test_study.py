@@ -22,7 +22,7 @@ from conftest import ROOT, assert_one_error_line, in_parallel
 pytestmark = pytest.mark.slow
 STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "importance", "prune_curve",
           "report"]
-REPORT = "report-resamples=200,permutations=200"  # the tables' report folder: study=quick's statistics settings
+REPORT = "report-resamples=200,permutations=200"  # the tables' and sweep's report folder: study=quick's statistics
 
 
 def command(folder: Path, *overrides: str) -> list[str]:
@@ -78,7 +78,8 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
                  "tables/table2/seed0/baseline/results.json", f"tables/table2/seed0/{REPORT}/plans_validation.md",
                  f"tables/table3/seed0/{REPORT}/table.csv", f"tables/table3_renormalized/seed0/{REPORT}/table.csv",
                  "sweep/seed0/deltas_validation.csv", "sweep/seed0/L2H3/results.json",
-                 "importance/seed0/importance.json", "importance/seed0/agreement.csv",
+                 f"sweep/seed0/{REPORT}/table.csv", "importance/seed0/importance.json",
+                 "importance/seed0/agreement.csv",
                  "prune_curve/seed0/prune_curve.csv", "prune_curve/seed0/prune_curve.png", "study.md", "study.json"]:
         assert (folder / path).is_file(), path
     assert not (folder / f"tables/table2/seed0/{REPORT}/curve_validation_f1.png").exists()  # types are not a dose
@@ -168,6 +169,30 @@ def test_study_md_numbers_equal_the_stage_files(finished):
     assert summary["clusters"]["seed0"]["stability"] == json.loads(
         (folder / "cluster/seed0/results.json").read_text())["stability"]
     assert summary["baseline"]["seed0"]["validation"] == trained
+
+
+def test_the_findings_and_caveats_come_first_and_read_the_stage_files(finished):
+    """Findings and caveats open study.md, close the terminal's summary and sit in study.json; the tiny model's
+    clusters are not Guan et al.'s types, so their claims are 'not tested' with that reason; Michel et al.'s count is
+    the sweep report's heads with a significant loss; the prune curve shows the last step that kept the threshold."""
+    folder, out = finished
+    text, summary = (folder / "study.md").read_text(), summary_of(folder)
+    assert text.index("## Findings") < text.index("## Caveats") < text.index("## Baseline")
+    assert "How a claim gets its verdict" in text and "findings (verdict: claim" in out and "caveat: One seed" in out
+    findings = summary["findings"]
+    assert findings["guan_table2_diagonal_vs_vertical_prune"]["verdict"] == "not tested"
+    assert "not Guan et al.'s four types" in findings["guan_table2_diagonal_vs_vertical_prune"]["summary"]
+    table = pd.read_csv(folder / f"sweep/seed0/{REPORT}/table.csv")
+    rows = table[(table["metric"] == "f1") & (table["split"] == "validation")]
+    costly = int(((rows["delta"] < 0) & (rows["p_adjusted"] < 0.05)).sum())
+    (michel,) = findings["michel_single_heads"]["evidence"]
+    assert michel["costly"] == costly and michel["value"] == pytest.approx(1 - costly / len(rows))
+    assert michel["file"] == f"sweep/seed0/{REPORT}/table.csv"
+    assert any(caveat.startswith("**One seed.**") for caveat in summary["caveats"])
+    final = json.loads((folder / "prune_curve/seed0/final_mask.json").read_text())
+    importance = next(row for row in summary["prune_curve"]["seed0"] if row["order"] == "importance")
+    assert importance["heads pruned"] == final["heads_pruned"]
+    assert float(importance["f1"]) == pytest.approx(final["metrics"]["validation"]["f1"], abs=5e-5)
 
 
 def test_a_rerun_skips_every_stage(finished):

@@ -1,0 +1,280 @@
+"""The study's findings and caveats on constructed stage files: a test per verdict (holds, does not hold,
+inconclusive, not tested), every number against a reference computed here (brute force, scipy, the textbook
+formulas), several seeds counted, and each caveat raised exactly when its condition holds."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+
+from headlab.reporting.report import report_folder
+from headlab.reporting.statistics import Resampling
+from headlab.study.findings import study_findings
+from headlab.study.findings.caveats import ceiling, samples, seeds, type_names
+from headlab.study.findings.guan import fine_tuning_finding, plan_claims, plan_finding, stability_finding
+from headlab.study.findings.heads import clark_findings, importance_pruning, pande_findings, redundant_heads
+from headlab.study.findings.inputs import StudyFiles
+from headlab.study.findings.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_TESTED, verdict
+
+RESAMPLING = Resampling(resamples=2000, permutations=200)
+
+
+def files_of(folder: Path, models=("seed0",), metric="f1", scale=100.0) -> StudyFiles:
+    return StudyFiles(folder, list(models), metric, "validation", scale, RESAMPLING,
+                      {"tables": (RESAMPLING, "holm"), "sweep": (RESAMPLING, "holm")})
+
+
+def job(folder: Path, name: str, result: dict | None = None) -> Path:
+    """A finished job ``name`` (``stage/...``) listed in its stage's marker."""
+    path = folder / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "results.json").write_text(json.dumps({"complete": True, **(result or {})}))
+    marker = folder / name.split("/")[0] / "stage.json"
+    data = json.loads(marker.read_text()) if marker.is_file() else {"key": {"jobs": {}}}
+    data["key"]["jobs"][name] = "hash"
+    marker.write_text(json.dumps(data))
+    return path
+
+
+def records(path: Path, f1: np.ndarray) -> None:
+    n = len(f1)
+    pd.DataFrame({"split": "validation", "example": np.arange(n), "id": [f"q{i}" for i in range(n)],
+                  "prediction": "x", "exact_match": (f1 == 1).astype(float), "f1": f1, "has_answer": True,
+                  "loss": 1 - f1}).to_parquet(path / "records.parquet")
+
+
+def table2(folder: Path, vertical: np.ndarray, diagonal: np.ndarray, model: str = "seed0") -> None:
+    for plan, f1 in (("baseline", np.ones_like(vertical)), ("prune_vertical", vertical),
+                     ("prune_diagonal", diagonal)):
+        records(job(folder, f"tables/table2/{model}/{plan}", {"metrics": {"validation": {"f1": 100 * f1.mean()}}}),
+                f1)
+
+
+def diagonal_claim(files: StudyFiles):
+    return next(spec for spec in plan_claims(files) if spec[0].key == "guan_table2_diagonal_vs_vertical_prune")
+
+
+@pytest.mark.parametrize(("low", "high", "boundary", "above", "expected"), [
+    (0.1, 0.5, 0.0, True, HOLDS), (-0.5, -0.1, 0.0, True, FAILS), (-0.1, 0.5, 0.0, True, INCONCLUSIVE),
+    (0.0, 0.5, 0.0, True, INCONCLUSIVE), (0.0, 0.0, 0.0, True, INCONCLUSIVE), (-0.5, -0.1, 0.0, False, HOLDS),
+    (9.0, 11.0, 10.0, False, INCONCLUSIVE), (float("nan"), 1.0, 0.0, True, INCONCLUSIVE),
+    (1.0, float("inf"), 0.5, True, HOLDS), (0.0, float("inf"), 1.0, True, INCONCLUSIVE)])
+def test_the_verdict_rule(low, high, boundary, above, expected):
+    assert verdict(low, high, boundary, above) == expected
+
+
+@pytest.mark.parametrize(("shift", "expected"), [(0.6, HOLDS), (-0.6, FAILS), (0.0, INCONCLUSIVE)])
+def test_a_table2_claim_is_the_paired_difference_of_two_plans(tmp_path, shift, expected):
+    """prune_vertical - prune_diagonal on the same examples: the delta and its BCa CI equal scipy's paired bootstrap
+    of mean(a) - mean(b) with the same seed and batch; the verdict follows the CI."""
+    rng = np.random.default_rng(1)
+    diagonal = rng.uniform(0.2, 0.4, 80)
+    vertical = np.clip(diagonal + shift + rng.normal(0, 0.05, 80), 0, 1) if shift else diagonal[rng.permutation(80)]
+    table2(tmp_path, vertical, diagonal)
+    files = files_of(tmp_path)
+    finding = plan_finding(files, *diagonal_claim(files)[:1], *diagonal_claim(files)[1:])
+    (evidence,) = finding.evidence
+    reference = scipy.stats.bootstrap((vertical, diagonal), lambda a, b, axis: a.mean(axis) - b.mean(axis),
+                                      paired=True, vectorized=True, n_resamples=2000, batch=500, method="BCa",
+                                      random_state=np.random.default_rng(0))
+    assert evidence.values["value"] == pytest.approx(100 * (vertical.mean() - diagonal.mean()), abs=1e-9)
+    assert evidence.values["low"] == pytest.approx(100 * reference.confidence_interval.low, abs=1e-9)
+    assert evidence.values["high"] == pytest.approx(100 * reference.confidence_interval.high, abs=1e-9)
+    assert evidence.verdict == finding.verdict == expected
+    assert "tables/table2/seed0/{prune_vertical,prune_diagonal}/records.parquet" in evidence.file
+
+
+def test_a_plan_the_clusters_lack_is_not_tested_and_a_missing_stage_says_so(tmp_path):
+    files = files_of(tmp_path)
+    claim = diagonal_claim(files)
+    assert plan_finding(files, *claim).verdict == NOT_TESTED
+    assert "no table2 jobs" in plan_finding(files, *claim).counted()
+    job(tmp_path, "tables/table2/seed0/prune_cluster0")
+    assert "not Guan et al.'s four types" in plan_finding(files_of(tmp_path), *claim).counted()
+    everything = study_findings(files_of(tmp_path / "empty"))
+    assert len(everything) >= 15 and {f.verdict for f in everything} == {NOT_TESTED}
+
+
+def test_a_job_left_out_of_its_stages_last_run_is_not_read(tmp_path):
+    """seed1's tables are in the folder but not in the stage's marker (an earlier run): only seed0 counts."""
+    rng = np.random.default_rng(2)
+    diagonal = rng.uniform(0.0, 0.3, 60)
+    table2(tmp_path, diagonal + 0.5, diagonal)
+    marker = json.loads((tmp_path / "tables/stage.json").read_text())
+    table2(tmp_path, diagonal - 0.5 * diagonal, diagonal, model="seed1")
+    (tmp_path / "tables/stage.json").write_text(json.dumps(marker))
+    files = files_of(tmp_path, models=("seed0", "seed1"))
+    finding = plan_finding(files, *diagonal_claim(files))
+    assert [e.model for e in finding.evidence] == ["seed0"] and finding.verdict == HOLDS
+
+
+def test_several_seeds_are_counted(tmp_path):
+    rng = np.random.default_rng(3)
+    diagonal = rng.uniform(0.2, 0.4, 60)
+    table2(tmp_path, diagonal + 0.5, diagonal, "seed0")
+    table2(tmp_path, diagonal + 0.4, diagonal, "seed1")
+    table2(tmp_path, diagonal - 0.2, diagonal, "seed2")
+    files = files_of(tmp_path, models=("seed0", "seed1", "seed2"))
+    finding = plan_finding(files, *diagonal_claim(files))
+    assert finding.verdict == "mixed"
+    assert finding.counted() == "mixed: holds in 2 of 3 seeds, does not hold in 1"
+    table2(tmp_path, diagonal - 0.3, diagonal, "seed0")
+    table2(tmp_path, diagonal - 0.3, diagonal, "seed1")
+    assert plan_finding(files, *diagonal_claim(files)).counted() == "does not hold (3 of 3 seeds)"
+
+
+def wilson(count: int, n: int, z: float = scipy.stats.norm.ppf(0.975)) -> tuple[float, float]:
+    p = count / n
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n +
+                                                                                         z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize(("stable", "heads", "expected"), [(144, 144, HOLDS), (60, 144, FAILS), (68, 72, INCONCLUSIVE)])
+def test_stability_gets_a_wilson_interval_over_the_heads(tmp_path, stable, heads, expected):
+    path = job(tmp_path, "cluster/pretrained", {"stability": stable / heads, "counts": {"a": heads - 10, "b": 10},
+                                                "config": {"cluster": {"stability_fits": 10}}})
+    assert path.is_dir()
+    (evidence,) = stability_finding(files_of(tmp_path)).evidence
+    low, high = wilson(stable, heads)
+    assert (evidence.values["low"], evidence.values["high"]) == pytest.approx((low, high), abs=1e-12)
+    assert evidence.verdict == expected
+
+
+def newcombe(a: int, n: int, b: int, m: int) -> tuple[float, float]:
+    """Newcombe's hybrid score interval for p1 - p2 (his method 10), from Wilson's intervals."""
+    (l1, u1), (l2, u2), d = wilson(a, n), wilson(b, m), a / n - b / m
+    return d - math.sqrt((a / n - l1) ** 2 + (u2 - b / m) ** 2), d + math.sqrt((u1 - a / n) ** 2 + (b / m - l2) ** 2)
+
+
+@pytest.mark.parametrize(("later", "earlier", "expected"), [(16, 2, HOLDS), (2, 16, FAILS), (8, 6, INCONCLUSIVE)])
+def test_fine_tuning_compares_the_later_half_of_the_layers_with_the_earlier(tmp_path, later, earlier, expected):
+    """7 layers x 6 heads: layers 4-6 against 0-2 (the middle layer 3 left out, its heads all changed)."""
+    path = job(tmp_path, "compare/seed0")
+    order = {"earlier": 0, "later": 0}
+    rows = []
+    for layer in range(7):
+        for head in range(6):
+            half = "earlier" if layer < 3 else "later" if layer > 3 else None
+            changed = half is None or order[half] < {"earlier": earlier, "later": later}[half]
+            order[half or "earlier"] += half is not None
+            rows.append({"layer": layer, "head": head, "changed/fine-tuned": changed})
+    pd.DataFrame(rows).to_csv(path / "heads.csv", index=False)
+    (evidence,) = fine_tuning_finding(files_of(tmp_path)).evidence
+    low, high = newcombe(later, 18, earlier, 18)
+    assert evidence.values["value"] == pytest.approx(later / 18 - earlier / 18)
+    assert (evidence.values["low"], evidence.values["high"]) == pytest.approx((low, high), abs=1e-9)
+    assert evidence.verdict == expected and "layers 4-6" in evidence.numbers
+
+
+def syntax_csv(folder: Path, rows: list[tuple[str, float, float, float, float]]) -> None:
+    path = job(folder, "syntax/pretrained")
+    pd.DataFrame([{"relation": relation, "count": 100, "head": "L1H1", "direction": "dep->head", "accuracy": 0.5,
+                   "baseline_offset": 1, "baseline_accuracy": 0.5 - d, "difference": d, "ci_low": lo, "ci_high": hi,
+                   "p_value": p, "p_adjusted": p} for relation, d, lo, hi, p in rows]).to_csv(path / "syntax.csv",
+                                                                                             index=False)
+
+
+@pytest.mark.parametrize(("rows", "relations", "overall"), [
+    ([("all", 0.02, 0.01, 0.03, 0.001), ("obj", 0.3, 0.2, 0.4, 0.001)], HOLDS, HOLDS),
+    ([("all", 0.2, 0.15, 0.25, 0.001), ("obj", -0.3, -0.4, -0.2, 0.001)], FAILS, FAILS),
+    ([("all", 0.1, 0.05, 0.15, 0.001), ("obj", 0.1, -0.05, 0.2, 0.3)], INCONCLUSIVE, INCONCLUSIVE)])
+def test_clarks_claims(tmp_path, rows, relations, overall):
+    syntax_csv(tmp_path, rows)
+    found = clark_findings(files_of(tmp_path))
+    assert [f.verdict for f in found] == [relations, overall]
+
+
+def sweep_report(folder: Path, deltas: list[float], p: list[float]) -> Path:
+    path = job(folder, "sweep/seed0")
+    report = report_folder(path, RESAMPLING, "holm")
+    report.mkdir()
+    pd.DataFrame({"split": "validation", "metric": "f1", "delta": deltas, "p_adjusted": p, "n": 200}).to_csv(
+        report / "table.csv", index=False)
+    return report
+
+
+@pytest.mark.parametrize(("costly", "expected"), [(2, HOLDS), (9, FAILS), (5, INCONCLUSIVE)])
+def test_michels_single_heads_count_the_significant_losses(tmp_path, costly, expected):
+    """10 heads: those with a negative delta and an adjusted p below 0.05 cost; a gain or a loss without significance
+    does not; half exactly is inconclusive."""
+    deltas = [-5.0] * costly + [2.0] + [-1.0] * (9 - costly)
+    p = [0.001] * costly + [0.001] + [0.2] * (9 - costly)
+    sweep_report(tmp_path, deltas, p)
+    (evidence,) = redundant_heads(files_of(tmp_path)).evidence
+    assert evidence.values["value"] == 1 - costly / 10 and evidence.verdict == expected
+
+
+@pytest.mark.parametrize(("importance", "expected"), [(0.95, HOLDS), (0.1, FAILS), (0.5, INCONCLUSIVE)])
+def test_the_prune_curve_against_the_range_of_random_orders(tmp_path, importance, expected):
+    path = job(tmp_path, "prune_curve/seed0")
+    rows = [{"order": "importance", "seed": None, "step": s, "relative": 1.0 if s == 0 else importance}
+            for s in range(4)]
+    for seed, level in ((0, 0.3), (1, 0.7)):
+        rows += [{"order": "random", "seed": seed, "step": s, "relative": 1.0 if s == 0 else level} for s in range(4)]
+    pd.DataFrame(rows).to_csv(path / "prune_curve.csv", index=False)
+    (evidence,) = importance_pruning(files_of(tmp_path)).evidence
+    assert (evidence.values["low"], evidence.values["high"]) == pytest.approx((importance - 0.7, importance - 0.3))
+    assert evidence.verdict == expected
+
+
+def sieve_roles(folder: Path, stage: str, model: str, roles: dict[str, list[bool]], layers: int = 4) -> None:
+    path = job(folder, f"{stage}/{model}")
+    heads = len(next(iter(roles.values())))
+    rows = [{"layer": i // (heads // layers), "head": i % (heads // layers), "name": f"h{i}", "sieve": sieve,
+             "role": flags[i]} for sieve, flags in roles.items() for i in range(heads)]
+    pd.DataFrame(rows).to_csv(path / "sieve_roles.csv", index=False)
+
+
+@pytest.mark.parametrize(("local", "syntactic", "expected_overlap", "expected_layers"), [
+    ({i for i in range(40) if i % 4 == 0}, {0, 4, 8, 12, 16, 20, 24, 28}, HOLDS, HOLDS),  # all 8 local; layers 0-2
+    (set(range(20)), set(range(20, 40)), FAILS, INCONCLUSIVE),  # none local; layers 2-3 of 4: exactly half
+    ({i for i in range(40) if i % 4 == 0}, {0, 4, 1, 2, 3, 5, 6, 7}, INCONCLUSIVE, FAILS)])  # 2 of 8 as by chance
+def test_pandes_claims(tmp_path, local, syntactic, expected_overlap, expected_layers):
+    """40 heads in 4 layers of 10: the local heads (features stage) and the syntactic ones (syntax stage, any of its
+    sieves); the 2 x 2 table counted here, the layers with a syntactic head against half."""
+    local_flags, syntactic_flags = [i in local for i in range(40)], [i in syntactic for i in range(40)]
+    sieve_roles(tmp_path, "features", "pretrained", {"local": local_flags, "delimiter": [False] * 40})
+    sieve_roles(tmp_path, "syntax", "pretrained", {"syntactic": [False] * 40, "nsubj": syntactic_flags})
+    overlap, layers = pande_findings(files_of(tmp_path, models=()))
+    table = [[len(local & syntactic), len(local - syntactic)],
+             [len(syntactic - local), 40 - len(local | syntactic)]]
+    assert overlap.evidence[0].values["table"] == table
+    assert overlap.verdict == expected_overlap and layers.verdict == expected_layers
+
+
+def test_caveats_are_raised_exactly_when_their_condition_holds(tmp_path):
+    baseline = job(tmp_path, "tables/table2/seed0/baseline", {"metrics": {"validation": {"f1": 96.0}}})
+    assert baseline.is_dir()
+    files = files_of(tmp_path)
+    assert ceiling(files) and "96" in ceiling(files)[0]
+    job(tmp_path, "tables/table2/seed0/baseline", {"metrics": {"validation": {"f1": 94.9}}})
+    assert not ceiling(files)
+    assert not ceiling(files_of(tmp_path, metric="loss"))
+
+    assert seeds(files, "python ablate.py") and "'study.seeds=[0,1,2]'" in seeds(files, "python ablate.py")[0]
+    assert not seeds(files_of(tmp_path, models=("seed0", "seed1")), "python ablate.py")
+
+    report = report_folder(tmp_path / "tables/table2/seed0", RESAMPLING, "holm")
+    report.mkdir(parents=True)
+    pd.DataFrame({"n": [24, 24]}).to_csv(report / "table.csv", index=False)
+    assert "24 examples per CI (fewer than 30" in samples(files)[0]
+    pd.DataFrame({"n": [360]}).to_csv(report / "table.csv", index=False)
+    assert "fewer than 30" not in samples(files)[0]
+
+    clusters = job(tmp_path, "cluster/seed0")
+    profiles = {"dense": {"short": 0.2, "long": 0.6, "special": 0.2},
+                "diagonal": {"short": 0.6, "long": 0.1, "special": 0.3},
+                "dense_vertical": {"short": 0.3, "long": 0.3, "special": 0.4},
+                "vertical": {"short": 0.1, "long": 0.1, "special": 0.8}}
+    (clusters / "clusters.json").write_text(json.dumps({"named": True, "profiles": profiles}))
+    assert not type_names(files)
+    profiles["dense_vertical"]["long"] = 0.12  # long-range attention barely above diagonal's: a poor dense_vertical
+    (clusters / "clusters.json").write_text(json.dumps({"named": True, "profiles": profiles}))
+    assert "dense_vertical by 0.020" in type_names(files)[0]
