@@ -197,6 +197,7 @@ CASES = [
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir"], "holds no finished evaluation"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.ci_method=normal"], "'normal'"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.correction=bonferroni"], "'bonferroni'"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.ci=bonferroni"], "'bonferroni'"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.formats=[gif]"], "'gif'"),
     # trainer, logger, data, optim: types and ranges
     ("train.py", ["trainer.precision=bf17"], "'bf17'"),

@@ -65,6 +65,18 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
         np.testing.assert_allclose(rows["p_adjusted"], holm(rows["p_value"].to_numpy()))
     pd.testing.assert_frame_equal(result, table, check_dtype=False)
 
+    # report.ci=simultaneous: each of the 3 plans' intervals at Bonferroni's level 1 - 0.05 / 3, as scipy computes it.
+    joint = headlab.load_sweep(sweep, resampling=Resampling(400, 400, intervals="simultaneous"))
+    reference = scipy.stats.bootstrap(
+        (mine["label"], mine["prediction"], base["label"], base["prediction"]),
+        lambda y1, p1, y0, p0: np.mean(y1 == p1) - np.mean(y0 == p0), paired=True, vectorized=False,
+        n_resamples=400, batch=500, method="bca", confidence_level=1 - 0.05 / 3,
+        rng=np.random.default_rng(0)).confidence_interval
+    row = joint[(joint["rules"] == "prune L1H0") & (joint["metric"] == "accuracy")].iloc[0]
+    assert np.allclose([row["ci_low"], row["ci_high"]], [reference.low, reference.high], atol=1e-12)
+    assert row["ci_high"] - row["ci_low"] >= table.loc[row.name, "ci_high"] - table.loc[row.name, "ci_low"]
+    np.testing.assert_array_equal(joint["p_adjusted"], table["p_adjusted"])  # the stars do not change
+
     # The seeds' layout and plots.
     caption, grid = (sweep / REPORT / "plans_validation.md").read_text().split("\n\n")  # what it shows, the table
     assert caption.startswith("tiny_random on demo_pairs, validation: value (delta [95% CI])")
