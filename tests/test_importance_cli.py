@@ -51,6 +51,12 @@ def test_importance_files_agree_with_their_rows_and_feed_selectors(trained, tmp_
     top = lambda v: set(np.argsort(-v)[:3])  # noqa: E731
     assert row["top3_overlap"] == len(top(x) & top(y)) / 3
     assert "estimate_prune" not in set(agreement["estimator"])  # estimates meet the sweep of their own policy
+    normalised = agreement[(agreement["scores"] != "raw") & (agreement["estimator"] == "fisher")
+                           & (agreement["target"] == "loss increase")]
+    assert list(normalised["scores"]) == ["normalised: layer L2, then global min-max"]
+    x = np.ravel(data["estimators"]["fisher"])
+    assert abs(normalised["spearman"].iloc[0] - scipy.stats.spearmanr(x, y).statistic) < 1e-12
+    assert set(agreement[agreement["scores"] != "raw"]["estimator"]) == {"example", "token", "batch", "fisher"}
 
     assert "already done" in run("ablate.py", *args, cwd_tmp=root).stdout
     evaluated = tmp_path / "bottom"

@@ -137,7 +137,7 @@ def test_study_md_numbers_equal_the_stage_files(finished):
 
     for name in ("pretrained", "seed0"):
         best = pd.read_csv(folder / f"syntax/{name}/syntax.csv")
-        shown = markdown_table(text, f"`syntax/{name}/syntax.csv`")
+        shown = markdown_table(text, f"; `syntax/{name}/syntax.csv`")
         assert list(shown["relation"]) == list(best["relation"])
         assert [float(v) for v in shown["accuracy"]] == pytest.approx(list(100 * best["accuracy"]), abs=0.05 + 1e-9)
         assert list(shown["head"]) == [f"{h} ({d})" for h, d in zip(best["head"], best["direction"])]

@@ -63,11 +63,11 @@ def agreement_table(estimators: dict[str, np.ndarray], sweep: dict[str, Any], ma
     targets = {"loss increase": np.array(tables["loss"]["delta"], dtype=float),
                f"{main_metric} drop": -np.array(tables[main_metric]["delta"], dtype=float)}
     rows = []
-    for name, scores in estimators.items():
+    for name, values in estimators.items():
         if name.startswith("estimate_") and name != f"estimate_{policy}":
             continue
         for target, measured in targets.items():
-            x, y = np.asarray(scores, dtype=float).reshape(-1), measured.reshape(-1)
+            x, y = np.asarray(values, dtype=float).reshape(-1), measured.reshape(-1)
             with warnings.catch_warnings():  # a constant input (e.g. no head changed the accuracy) gives NaN
                 warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
                 spearman, kendall = scipy.stats.spearmanr(x, y).statistic, scipy.stats.kendalltau(x, y).statistic
