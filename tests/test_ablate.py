@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from headlab.cli.schema import register_configs
 from headlab.core.models import load_model
+from headlab.reporting.results import changed_settings
 from headlab.training.kept_files import weights_only
 
 register_configs()
@@ -213,11 +214,22 @@ def test_a_checkpoint_written_again_at_the_same_path_runs_its_jobs_again(tmp_pat
     model.save_pretrained(tmp_path / "tuned")
     again = run("ablate.py", *args, cwd_tmp=tmp_path).stdout
     assert "already done" not in again
-    assert f"note: ckpt_path changed since {tmp_path / 'job/results.json'} was written" in again
+    assert f"note: the files of ckpt_path changed since {tmp_path / 'job/results.json'} was written" in again
     second = results(tmp_path / "job")
     assert second["checkpoint"]["weights_hash"] != first["checkpoint"]["weights_hash"]
     assert second["config_hash"] != first["config_hash"] and second["inputs"] != first["inputs"]
     assert "already done" in run("ablate.py", *args, cwd_tmp=tmp_path).stdout
+    other = run("ablate.py", *[a.replace("mask.heads=L0", "mask.heads=L1") for a in args], cwd_tmp=tmp_path).stdout
+    assert f"note: settings changed since {tmp_path / 'job/results.json'} was written " \
+        '(mask.heads "L0" -> "L1"): running the job again' in other
+
+
+def test_a_rerun_note_names_each_changed_setting():
+    before = {"trainer": {"max_epochs": 3, "precision": "32"}, "seeds": [0], "gone": 1}
+    after = {"trainer": {"max_epochs": 1, "precision": "32"}, "seeds": [0, 1], "new": {"x": None}}
+    assert changed_settings(before, after) == ["gone 1 -> (none)", "new.x (none) -> null", "seeds [0] -> [0, 1]",
+                                               "trainer.max_epochs 3 -> 1"]
+    assert changed_settings({"a": "x" * 100}, {"a": "y"}) == [f'a "{"x" * 36}... -> "y"']
 
 
 def test_data_written_again_at_the_same_path_is_evaluated_again_baseline_included(trained, tmp_path):
@@ -236,7 +248,7 @@ def test_data_written_again_at_the_same_path_is_evaluated_again_baseline_include
     (tmp_path / "validation.jsonl").write_text("".join(json.dumps(row | {"label": 1 - row["label"]}) + "\n"
                                                        for row in rows))
     out = run("ablate.py", *args, cwd_tmp=tmp_path).stdout
-    assert "note: task.data_files changed since" in out and "already done" not in out
+    assert "note: the files of task.data_files changed since" in out and "already done" not in out
     after = results(tmp_path / "job")
     assert len(list((tmp_path / "baselines").glob("*/baseline.json"))) == 2  # one per version of the data
     for record in ("baseline", "metrics"):

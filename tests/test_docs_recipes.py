@@ -58,7 +58,8 @@ def placeholders(folder) -> dict[str, str]:
             "CLUSTERS_DIR": str(clusters), "SWEEP_DIR": str(sweep), "JOB": str(job),
             "mask.clusters=clusters.json": f"mask.clusters={clusters}/clusters.json",
             "wiki.txt": str(folder / "wiki.txt"), "en_ewt-ud-dev.conllu": str(folder / "dev.conllu"),
-            "my_sentences.txt": str(folder / "sentences.txt"), "en_core_web_trf": str(folder / "parser")}
+            "my_sentences.txt": str(folder / "sentences.txt"), "en_core_web_trf": str(folder / "parser"),
+            "data/train.tsv": str(folder / "own/train.tsv"), "data/dev.tsv": str(folder / "own/dev.tsv")}
 
 
 def filled(word: str, replace: dict[str, str], folder) -> str:
@@ -85,6 +86,10 @@ def test_the_recipes_that_read_other_jobs_run_on_the_tiny_model(tmp_path):
     (folder / "wiki.txt").write_text("The cat sat on the mat.\nA dog barked.\tIt was late.\n" * 4)
     shutil.copy(ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu", folder / "dev.conllu")
     (folder / "sentences.txt").write_text("Mira 's dog found the key .\nThe man who left saw a red coat .\n" * 4)
+    (folder / "own").mkdir()
+    for split in ("train", "dev"):  # the README's own data: reviews and their stars
+        (folder / f"own/{split}.tsv").write_text("review\tstars\n" + "".join(
+            f"review {i} was {'fine' if i % 2 else 'poor'}\t{i % 2}\n" for i in range(24)))
     train_parser(folder / "parser")  # syntax.parser=spacy: a pipeline trained here stands for en_core_web_sm / trf
     jobs = folder / "jobs"
     setup = [("train.py", ["task=demo_qa", f"hydra.run.dir={jobs / 'train'}"]),  # the jobs the placeholders name

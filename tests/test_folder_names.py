@@ -4,6 +4,7 @@ list, a fine-tune's recipe or a path in ``importance.sweep``, failed with ``File
 from __future__ import annotations
 
 import json
+import re
 
 from conftest import run
 
@@ -19,6 +20,9 @@ def test_long_names_become_a_readable_start_and_a_hash():
     assert job_dir_name(overrides + "1") != name  # the hash covers all of it
     assert job_dir_name("mask.heads=L0,mask=prune") == "mask.heads=L0,mask=prune"  # short names stay as they are
     assert job_dir_name("") == "defaults" and job_dir_name("ckpt=/a/b") == "ckpt=~a~b"
+    swept = job_dir_name(f"experiment=guan2020_table2,mask.clusters=/runs/{'x' * 150}/clusters.json,plan=prune_dense")
+    assert swept.startswith("experiment=guan2020_table2,plan=prune_dense+") and len(swept.encode()) <= 120
+    assert job_dir_name("mask.heads=[L0,L1],mask=prune") == "mask.heads=[L0,L1],mask=prune"  # a list is one part
     assert len(short_name("é" * 300).encode()) <= 120  # cut on a character, not inside one
     tag = checkpoint_tag("/runs/" + "x" * 300)
     assert len(tag.encode()) <= 60 + 9 and tag != checkpoint_tag("/runs/" + "x" * 299)
@@ -46,6 +50,13 @@ def test_help_starts_with_every_mode_one_line_each():
     head = out.split("== Configuration groups ==")[0]
     listed = [line.split()[0] for line in head.split("== Modes (mode=...) ==")[1].strip().splitlines()[:len(MODES)]]
     assert sorted(listed) == sorted(MODES) and out.index("== Modes") < out.index("== Config ==")
+    groups = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert "schema/" not in groups and "\ntask: cola, demo_pairs, demo_qa" in groups and "\nstudy: " in groups
+    trained = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120).stdout
+    groups = trained.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert trained.startswith("train.py: fine-tune") and "\nmodel: " in groups
+    assert not any(f"\n{group}" in groups for group in ("schema/", "study:", "experiment:"))
 
 
 def test_each_report_and_study_gets_its_own_folder():
@@ -59,6 +70,16 @@ def test_each_report_and_study_gets_its_own_folder():
     assert folder("study") == "outputs/study/demo_qa/minilm/finetuned"
     assert folder("study", study_checkpoint="/runs/a/job").startswith("outputs/study/demo_qa/minilm/job-")
     assert folder("study", study_checkpoint="/runs/a/job") != folder("study", study_checkpoint="/runs/b/job")
+
+    def study(overrides):
+        return ablate_run_dir("study", "demo_qa", "minilm", None, None, None, None, overrides).split("/")[-1]
+
+    assert re.fullmatch(r"finetuned-finetune\.trainer\.max_epochs=1-[0-9a-f]{8}",
+                        study("study.finetune.trainer.max_epochs=1"))
+    assert study("study.finetune.trainer.max_epochs=1") != study("study.finetune.trainer.max_epochs=2")
+    long = study("study.finetune.optim.lr=5e-5,study.syntax.syntax.conllu=/data/" + "x" * 300 + ".conllu")
+    assert re.fullmatch(r"finetuned-finetune\.optim\.lr=5e-5-[0-9a-f]{8}", long)  # cut after a whole override
+    assert study("study=paper").startswith("finetuned-study=paper-")
 
 
 def test_a_failed_command_leaves_no_folder_and_a_finished_one_no_lock_file(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from headlab.training.progress import ProgressLines, ProgressLog, clock_time, counted_batches
+from headlab.training.progress import NamedPassBar, ProgressLines, ProgressLog, clock_time, counted_batches
 
 LOGGER = "headlab.training.progress"
 
@@ -127,3 +127,16 @@ def test_lightning_passes_log_steps_and_batches_but_not_the_sanity_check(tmp_pat
         trainer.validate(scorer, dataloaders=loader(8), verbose=False)
     assert [m.split(",")[0] for m in messages(caplog)] == [f"gradient scoring: {b}/4 batches ({25 * b}%)"
                                                          for b in (1, 2, 3, 4)]
+
+
+def test_the_progress_bar_names_the_modules_pass(tmp_path, capsys):
+    """Lightning's bar says "Validation" for every validate; the gradient pass of mode=importance is named."""
+    scorer = Regression()
+    scorer.pass_name = "gradient scoring"
+    trainer = pl.Trainer(callbacks=[NamedPassBar()], logger=False, enable_checkpointing=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, accelerator="cpu")
+    trainer.validate(scorer, dataloaders=loader(8), verbose=False)
+    shown = capsys.readouterr().out
+    assert "Gradient scoring" in shown and "Validation" not in shown
+    trainer.validate(Regression(), dataloaders=loader(8), verbose=False)  # a module without a name: Lightning's
+    assert "Validation" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 from conftest import run
 
 from headlab.analysis.prune_curve import lowest_heads, random_heads
@@ -63,6 +64,7 @@ def test_prune_curve_follows_recomputed_importance_and_its_final_mask_reproduces
     table = pd.read_csv(out / "prune_curve.csv")
     assert len(table) == 3 * 4 and set(table["order"]) == {"importance", "random"}
     assert list(table[table["order"] == "importance"]["heads_pruned"]) == [0, 3, 6, 9]
+    assert "step 1 of at most 3: 3/12 heads pruned" in printed and "step 3 of at most 3: 9/12" in printed
     assert sorted(table["seed"].dropna().unique()) == [3, 4]
     assert (table[table["heads_pruned"] == 0]["accuracy"] == results["baseline"]["validation"]["accuracy"]).all()
     assert (out / "prune_curve.png").stat().st_size > 5000
@@ -109,6 +111,20 @@ def test_lowest_heads_skip_pruned_heads_and_keep_the_layer_floor():
     order = random_heads(7, (2, 3), 6, 0)
     assert sorted(order) == sorted(f"L{i}H{j}" for i in range(2) for j in range(3))
     assert random_heads(7, (2, 3), 2, 0) == order[:2] and random_heads(8, (2, 3), 6, 0) != order
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (6, 12), (2, 5)])
+def test_most_steps_counts_the_steps_until_no_head_may_go(shape):
+    """Against the curve's own loop run to its end on random scores (no threshold)."""
+    from headlab.analysis.prune_curve import most_steps
+
+    rng = np.random.default_rng(0)
+    for step in (0.05, 0.1, 0.25, 0.3, 1.0):
+        for floor in range(shape[1] + 2):
+            per_step, pruned, steps = max(1, round(step * shape[0] * shape[1])), [], 0
+            while new := lowest_heads(rng.random(shape), pruned, per_step, floor):
+                pruned, steps = pruned + new, steps + 1
+            assert most_steps(*shape, step, floor) == steps, (step, floor)
 
 
 def test_a_baseline_of_zero_or_less_sets_no_threshold_and_no_fraction():

@@ -97,8 +97,13 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
     assert re.search(r"wandb/\{\d+ offline runs", listed)
     for number, stage in enumerate(STAGES, start=1):
         assert f"[{number}/10] {stage}: " in out
+    left = r"; (about \d+ minutes? left|less than a minute left)$"  # the study's estimate from the first stage on
+    assert re.search(r"^\[1/10\] finetune: done in .*" + left, out, re.M), out
+    assert not re.search(r"^\[9/10\] prune_curve: done in .*" + left, out, re.M)  # nothing left after it
     assert re.search(r"study done in \d+:\d\d:\d\d: .*study\.md", out)
-    assert out.count("wandb: Tracking run") == 1 and out.count("wandb sync") == 2  # once per study, then the end
+    runs = len(list(folder.glob("wandb/offline-run-*")))  # W&B: one line a run, then how to upload them all
+    assert "wandb:" not in out and len(re.findall(r"^W&B: run \S+ in ", out, re.M)) == runs > 20
+    assert out.count("wandb sync") == 1
     runs = b"".join(path.read_bytes() for path in folder.glob("wandb/offline-run-*/*.wandb"))
     assert b"table2_seed0" in runs and b"cluster_seed0_types_per_layer" in runs  # the report's run
 
@@ -201,6 +206,8 @@ def test_a_rerun_skips_every_stage(finished):
     out = study(folder).stdout
     assert all(f"[{n}/10] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")} == before
+    summary = summary_of(folder)["summary"]  # what the first run printed at its end, printed again
+    assert any(line.startswith("finding") for line in summary) and "\n".join(summary) in out
 
 
 def test_a_study_folder_copied_elsewhere_is_still_done(finished):
@@ -304,7 +311,36 @@ def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     out = study(folder, "study.cluster.cluster.stability_fits=2").stdout
     ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/10] {stage}: skipped" not in out}
     assert ran == {"cluster", "compare", "tables", "report"}, out
+    assert re.search(r"note: settings changed since \S+/cluster/seed0/results.json was written \(cluster\."
+                     r"stability_fits \d+ -> 2\)", out), out  # the setting, not the files it changes downstream
     assert not (report / "curve_old.png").exists() and (report / "mine.png").is_file()
+
+
+def test_a_study_with_other_settings_gets_its_own_folder_and_latest_follows(tmp_path):
+    """Without ``hydra.run.dir``: ``outputs/study/TASK/MODEL/finetuned-<settings>-<hash>``; the earlier study keeps
+    its files, more seeds join their study's folder, ``latest`` links the study started last."""
+    def fine_tune(*overrides: str) -> str:
+        argv = [a for a in command(tmp_path / "study", "study.stages=[finetune]", *overrides)
+                if not a.startswith("hydra.run.dir=")]
+        result = subprocess.run(argv, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    studies = tmp_path / "outputs/study/demo_qa/tiny_random"
+    fine_tune()
+    quick, = [p for p in studies.iterdir() if p.name != "latest"]
+    assert re.fullmatch(r"finetuned-study=quick-[0-9a-f]{8}", quick.name)
+    first = (quick / "finetune/seed0/results.json").read_text()
+    out = fine_tune("study.finetune.trainer.max_epochs=1")
+    other, = [p for p in studies.iterdir() if p.name not in ("latest", quick.name)]
+    assert re.fullmatch(r"finetuned-finetune.trainer.max_epochs=1,study=quick-[0-9a-f]{8}", other.name)
+    assert (quick / "finetune/seed0/results.json").read_text() == first and "settings changed" not in out
+    assert json.loads((other / "finetune/seed0/results.json").read_text())["config"]["trainer"]["max_epochs"] == 1
+    assert os.readlink(studies / "latest") == other.name
+    fine_tune("study.seeds=[0,1]")  # a seed more: the same study
+    assert (quick / "finetune/seed1/results.json").is_file() and os.readlink(studies / "latest") == quick.name
+    assert len(list(studies.iterdir())) == 3
 
 
 def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_path):

@@ -444,20 +444,25 @@ def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path
 
 def test_relations_named_get_a_row_whatever_their_count():
     """``syntax.relations`` is what the user asked for: a rare relation (or punct) is not dropped by min_count."""
-    from headlab.analysis.syntax_heads import SyntaxScores, relation_counts
+    from headlab.analysis.syntax_heads import SyntaxScores, relation_counts, relations_below
 
     relations = np.array(["nsubj"] * 30 + ["iobj"] * 3 + ["punct"] * 5 + ["root"] * 2)
     scores = SyntaxScores(np.zeros((len(relations), 1, 1, 2), dtype=bool), {}, relations)
     assert relation_counts(scores, 20).to_dict() == {"all": 33, "nsubj": 30}
     assert relation_counts(scores, 20, ["iobj", "punct"]).to_dict() == {"all": 33, "punct": 5, "iobj": 3}
+    assert relations_below(scores, 20).to_dict() == {"iobj": 3} and relations_below(scores, 20, ["iobj"]).empty
 
 
 def test_a_treebank_without_a_frequent_relation_gets_the_all_row_only(tmp_path):
     """No relation reaches min_count: the table has its ``all`` row and no per-relation figure (it crashed)."""
     (tmp_path / "short.conllu").write_text("1\tA\t_\t_\t_\t_\t2\tdet\t_\t_\n2\tb\t_\t_\t_\t_\t0\troot\t_\t_\n\n"
                                            "1\tC\t_\t_\t_\t_\t2\tamod\t_\t_\n2\td\t_\t_\t_\t_\t0\troot\t_\t_\n\n")
-    run("ablate.py", "mode=syntax", "allow_random_head=true", f"syntax.conllu={tmp_path / 'short.conllu'}",
-        "syntax.resamples=20", f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path)
+    out = run("ablate.py", "mode=syntax", "allow_random_head=true", f"syntax.conllu={tmp_path / 'short.conllu'}",
+              "syntax.resamples=20", f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path)
     table = pd.read_csv(tmp_path / "job/syntax.csv")
     assert list(table["relation"]) == ["all"] and table["count"].item() == 2
+    left_out = "Left out, fewer than 20 words each (syntax.min_count): amod 1, det 1."
+    assert left_out in (tmp_path / "job/syntax.md").read_text() and left_out in out.stdout
+    assert json.loads((tmp_path / "job/results.json").read_text())["left_out"] == {
+        "min_count": 20, "relations": {"amod": 1, "det": 1}}
     assert not list((tmp_path / "job").glob("syntax_heads_*.png"))

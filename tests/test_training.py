@@ -164,7 +164,7 @@ def test_data_regenerated_at_the_same_path_trains_again(tmp_path):
     lines = (tmp_path / "train.jsonl").read_text().splitlines()
     (tmp_path / "train.jsonl").write_text("\n".join(lines[::-1]) + "\n")  # other data at the same path
     out = train(tmp_path, "task=demo_pairs", files).stdout
-    assert "note: task.data_files changed since" in out and "already done" not in out
+    assert "note: the files of task.data_files changed since" in out and "already done" not in out
     second = results(tmp_path / "run")
     assert second["config_hash"] != first["config_hash"] and second["resumed_from"] is None
 
@@ -204,9 +204,12 @@ def test_a_named_multirun_runs_one_tracked_run_per_job_in_its_own_directory(tmp_
     result = subprocess.run(  # the default sweep directory, under the working directory
         [sys.executable, str(ROOT / "train.py"), "-m", *QUICK, "task=demo_pairs", "logger=wandb", "seed=0,1",
          "experiment=seeds", "trainer.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_SILENT": "true"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_MODE": "offline"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout + result.stderr  # W&B: one line a job, not its banner and summary
+    assert "wandb:" not in printed and len(re.findall(r"^W&B: run \S+ in \S+offline-run-\*-[0-9a-f]+$", printed,
+                                                       re.M)) == 2
     sweep = tmp_path / "outputs/train/multirun/seeds/demo_pairs/tiny_random"
     jobs = {results(path.parent)["seed"]: path.parent for path in sweep.glob("*/results.json")}
     assert sorted(jobs) == [0, 1]
@@ -614,6 +617,31 @@ def test_the_last_line_is_an_ablate_command_ready_to_paste(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "eval/results.json").read_text())["checkpoint"]["ckpt_path"] == str(run_dir)
+
+
+def test_own_tsv_data_under_its_own_name_and_the_printed_command_carries_it(tmp_path):
+    """A GLUE-style task from local TSV files (the README's recipe): its own name, text and label columns; the
+    command printed at the end names them, so it evaluates the same data as printed."""
+    import shlex
+
+    for split, count in (("train", 48), ("dev", 20)):
+        rows = [f"review {i} is {'good' if i % 2 else 'bad'}\t{i % 2}\n" for i in range(count)]
+        (tmp_path / f"{split}.tsv").write_text("text\tstars\n" + "".join(rows))
+    out = train(tmp_path, "task=sst2", "task.name=reviews", "task.text_fields=[text]", "task.label_field=stars",
+                f"task.data_files={{train: {tmp_path / 'train.tsv'}, validation: {tmp_path / 'dev.tsv'}}}")
+    assert results(tmp_path / "run")["task"] == "reviews" and results(tmp_path / "run")["num_examples"] == \
+        {"train": 48, "validation": 20}
+    words = shlex.split(out.stdout.strip().splitlines()[-1].split(None, 1)[1])
+    assert words[3:9] == ["model=tiny_random", "task=sst2", "task.name=reviews", "task.text_fields=[text]",
+                          "task.label_field=stars",
+                          f"task.data_files={{train: {tmp_path / 'train.tsv'}, validation: {tmp_path / 'dev.tsv'}}}"]
+    result = subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:], "logger=none",
+                             f"data.cache_dir={tmp_path / 'cache'}", f"baseline_dir={tmp_path / 'baselines'}",
+                             f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluated = json.loads((tmp_path / "eval/results.json").read_text())
+    assert evaluated["task"] == "reviews" and evaluated["num_examples"]["validation"] == 20
 
 
 @pytest.mark.slow

@@ -148,10 +148,17 @@ def short_name(text: str, limit: int = NAME_LIMIT) -> str:
     if len(data) <= limit:
         return text
     digest = hashlib.sha256(data).hexdigest()[:10]
-    head = data[: limit - len(digest) - 1].decode(errors="ignore")
-    if "," in head:
-        head = head[: head.rindex(",")]
-    return f"{head}+{digest}"
+    return f"{cut_at_comma(text, limit - len(digest) - 1)}+{digest}"
+
+
+def cut_at_comma(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes, after its last whole ``,``-separated part that fits (or on a
+    character when the first part does not fit)."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    head = data[:limit].decode(errors="ignore")
+    return head[: head.rindex(",")] if "," in head else head
 
 
 def config_hash(config: Any) -> str:

@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
 from headlab.files import input_stamps, job_hash, relative_paths
-from headlab.reporting.results import already_done, library_versions, note_changed_inputs
+from headlab.reporting.results import already_done, library_versions, note_why_again
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
@@ -94,7 +94,7 @@ def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str |
         done = already_done(output_dir / "results.json", this_hash)
         if done is not None:
             return done
-        note_changed_inputs(output_dir / "results.json", hashed_part(resolved), inputs)
+        note_why_again(output_dir / "results.json", hashed_part(resolved), inputs, hashed_part)
         with tracked_job():
             return run(cfg, JobIdentity(output_dir, resolved, this_hash, inputs))
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,7 @@ class PruneCurve:
         config = job.model.config
         self.shape = (config.num_hidden_layers, config.num_attention_heads)
         self.per_step = max(1, round(self.options.step * self.shape[0] * self.shape[1]))
+        self.most_steps = most_steps(*self.shape, self.options.step, self.options.min_heads_per_layer)
         self.split, self.metric = job.data.eval_splits[0], job.cfg.task.main_metric
         self.path = job.output_dir / "steps.json"
         saved = read_json(self.path, "prune curve progress") if self.path.is_file() else {}
@@ -181,12 +183,21 @@ class PruneCurve:
             return
         value, base = step["metrics"][self.split][self.metric], self.baseline[self.split][self.metric]
         total = self.shape[0] * self.shape[1]
-        Console().print(f"step {step['step']}: {step['heads_pruned']}/{total} heads pruned, {self.split} "
+        Console().print(f"step {step['step']} of at most {self.most_steps}: {step['heads_pruned']}/{total} heads "
+                        f"pruned, {self.split} "
                         f"{self.metric} {value:.4f} ({relative(value, base):.1%} of the baseline {base:.4f})",
                         markup=False, soft_wrap=True)
         if self.job.logger:
             self.job.logger.log_metrics({f"prune_curve/{self.split}/{self.metric}": value,
                                          "prune_curve/heads_pruned": step["heads_pruned"]}, step=step["step"])
+
+
+def most_steps(layers: int, heads: int, step: float, min_heads_per_layer: int) -> int:
+    """The most steps a prune curve can take: the heads it may prune (``min_heads_per_layer`` stay in each layer),
+    ``step`` of all heads at a time."""
+    per_step = max(1, round(step * layers * heads))
+    prunable = layers * max(0, heads - min_heads_per_layer)
+    return math.ceil(prunable / per_step)
 
 
 def time_final_mask(job: EvalJob, heads: list[str], shape: tuple[int, int], rounds: int) -> dict[str, Any] | None:

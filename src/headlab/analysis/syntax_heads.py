@@ -177,6 +177,24 @@ def relation_counts(scores: SyntaxScores, min_count: int, relations: Iterable[st
     return pd.concat([pd.Series({"all": int(scores.scope("all").sum())}), counts.astype(int)])
 
 
+def relations_below(scores: SyntaxScores, min_count: int, relations: Iterable[str] | None = None) -> pd.Series:
+    """Words per relation that ``relation_counts`` leaves out for having fewer than ``min_count`` (none when
+    ``relations`` names the relations), most first, ties by name."""
+    if relations is not None:
+        return pd.Series(dtype=int)
+    counts = pd.Series(scores.relations).value_counts()
+    below = counts[~counts.index.isin(LEFT_OUT) & (counts < min_count)].astype(int)
+    return below.sort_index().sort_values(ascending=False, kind="stable")  # ties by name
+
+
+def left_out_sentence(below: pd.Series, min_count: int) -> str:
+    """``Left out, fewer than 10 words each (syntax.min_count): iobj 4, csubj 2.`` (empty when none is)."""
+    if below.empty:
+        return ""
+    listed = ", ".join(f"{relation} {count}" for relation, count in below.items())
+    return f"Left out, fewer than {min_count} words each (syntax.min_count): {listed}."
+
+
 def head_accuracies(scores: SyntaxScores, relations: Iterable[str]) -> pd.DataFrame:
     """One row per head, direction and relation: layer, head, name, direction, relation, count, accuracy."""
     layers, heads = scores.correct.shape[1:3]

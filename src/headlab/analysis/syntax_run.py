@@ -36,7 +36,9 @@ from headlab.analysis.syntax_heads import (
     SyntaxScores,
     best_heads,
     head_accuracies,
+    left_out_sentence,
     relation_counts,
+    relations_below,
     syntax_scores,
     word_maps,
 )
@@ -119,6 +121,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     scores = syntax_scores(model, encoded, batches, plan, bool(cfg.mask.renormalize), cfg.syntax.sieve,
                            cfg.syntax.sieve_direction)
     counts = relation_counts(scores, cfg.syntax.min_count, cfg.syntax.relations)
+    below = relations_below(scores, cfg.syntax.min_count, cfg.syntax.relations)
     accuracies = head_accuracies(scores, counts.index)
     table = best_heads(scores, counts, paired_difference(cfg.syntax, cfg.seed))
     table["p_adjusted"] = adjust_p_values(table["p_value"].to_numpy(), "holm")
@@ -129,7 +132,9 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     title = f"{cfg.model.name} on {source.path.name}: {len(encoded.sentences)} sentences"
     if plan is not None:
         title += f", under {plan.describe()} (those heads not scored)"
-    write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table)))
+    left_out = left_out_sentence(below, cfg.syntax.min_count)
+    write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table))
+                      + (f"\n{left_out}\n" if left_out else ""))
     options = cfg.syntax
     roles = sieve_roles(scores.sieve, options.sieve_tau, options.sieve_alpha, options.sieve_correction)
     write_frame_atomic(roles, out / "sieve_roles.csv")
@@ -158,12 +163,14 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         "num_sentences": len(encoded.sentences), "sentences": sentences_digest(encoded.sentences),
         "num_words": encoded.num_words, "too_long": encoded.too_long,
         "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
-        "probe": probe, "roles": role_counts(roles),
+        "probe": probe, "roles": role_counts(roles), "left_out": {"min_count": cfg.syntax.min_count,
+                                                                 "relations": below.to_dict()},
         "checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},
         "files": ["syntax.json", "syntax.csv", "syntax.md", "sieve_roles.csv", *(["probe.json"] if probe else []),
                   *(p.name for p in images.values())]})
     write_json_atomic(out / "results.json", summary)
-    Console(soft_wrap=True).print(f"{title}\n" + to_markdown(clark_layout(table)) + roles_sentence(roles) + "\n"
+    Console(soft_wrap=True).print(f"{title}\n" + to_markdown(clark_layout(table)) + (left_out and f"{left_out}\n")
+                                  + roles_sentence(roles) + "\n"
                                   + (probe_sentence(probe) + "\n" if probe else "") + f"-> {out / 'syntax.md'}",
                                   markup=False)
     if logger:

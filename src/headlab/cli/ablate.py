@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from headlab.analysis.modes import ANALYSIS_MODES, check_mode, run_mode
-from headlab.cli.hydra_glue import job_dir, log_lightning_once, progress_bars_follow
+from headlab.cli.hydra_glue import job_dir, log_lightning_once, point_latest, progress_bars_follow
 from headlab.cli.schema import check_config
 
 # mode -> "module:function" (what --help lists, in this order)
@@ -26,6 +26,7 @@ def run_ablate(cfg: Any) -> Any:
         import lightning.pytorch  # noqa: F401  (log_lightning_once quiets it)
 
         log_lightning_once()
+        point_latest(job_dir())
         return run_study(cfg, job_dir(), stages)
     check_mode(cfg)
     log_lightning_once()

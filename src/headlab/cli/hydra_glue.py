@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -14,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.files import package_dir, short_name
+from headlab.files import cut_at_comma, package_dir, short_name
 
 
 def register_resolvers() -> None:
@@ -25,18 +27,49 @@ def register_resolvers() -> None:
     files instead of running a model.
     ``${ablate_dir:MODE,TASK,MODEL,CKPT_PATH,TEXT_FILE,STUDY_CHECKPOINT,SWEEP_DIR,OVERRIDES}``: an ``ablate.py``
     job's folder.
+    ``${config_groups:[UNUSED,...]}``: the config groups ``--help`` lists.
     """
     OmegaConf.register_new_resolver("pkg_dir", package_dir, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_name, replace=True)
     OmegaConf.register_new_resolver("scored", scored_dirs, replace=True)
     OmegaConf.register_new_resolver("ablate_dir", ablate_run_dir, replace=True)
+    OmegaConf.register_new_resolver("config_groups", config_groups, replace=True)
+
+
+INTERNAL_GROUPS = ("hydra", "schema")  # Hydra's own groups; the schemas the configs extend (cli/schema.py)
+
+
+def config_groups(*unused: str) -> str:
+    """``group: option, option`` per line, for ``--help``: Hydra's ``$APP_CONFIG_GROUPS`` without the schemas
+    (``schema/task``: what a task config extends, not a choice) and the groups the script does not read
+    (``unused``: ``train.py`` takes no study or ablation preset)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loader = GlobalHydra.instance().config_loader()
+    lines = []
+
+    def walk(parent: str) -> None:
+        for name in sorted(loader.list_groups(parent)):
+            group = f"{parent}/{name}" if parent else name
+            if group.split("/")[0] in (*INTERNAL_GROUPS, *unused):
+                continue
+            options = sorted(loader.get_group_options(group))
+            if options:
+                lines.append(f"{group}: {', '.join(options)}")
+            walk(group)
+
+    walk("")
+    return "\n".join(lines)
 
 
 def job_dir_name(overrides: str) -> str:
     """The overrides as one directory name (paths in values keep their slashes out: ``/`` -> ``~``); a long list is
     cut to its first overrides and a hash of all (``short_name``): no name past the filesystem's 255 bytes, whatever
-    the command line (the full config is in the job's ``.hydra/``)."""
-    return short_name(overrides.replace("/", "~") or "defaults")
+    the command line (the full config is in the job's ``.hydra/``). Overrides whose values are paths come last, so
+    a cut keeps what a sweep varies (``plan=prune_dense`` of a sweep given ``mask.clusters=/a/long/path``)."""
+    parts = re.split(r",(?=[+~]?[\w.@-]+=)", overrides) if overrides else []  # commas inside [..] or {..} stay
+    ordered = sorted(parts, key=lambda part: "/" in part.partition("=")[2])
+    return short_name(",".join(ordered).replace("/", "~") or "defaults")
 
 
 def checkpoint_tag(ckpt_path: str | None) -> str:
@@ -63,17 +96,59 @@ def scored_dirs(mode: str, task: str, model: str, ckpt_path: str | None, text_fi
 
 def ablate_run_dir(mode: str, task: str, model: str, ckpt_path: str | None, text_file: str | None,
                    study_checkpoint: str | None, sweep_dir: str | None, overrides: str) -> str:
-    """``outputs/study/TASK/MODEL/NAME`` for the study (``finetuned``, or the tag of ``study.checkpoint``: the same
-    study finds the same folder whatever its other settings, and reruns only the stages they change), else
+    """``outputs/study/TASK/MODEL/<study_folder_name>`` for the study, else
     ``outputs/ablate/MODE/<scored_dirs>/<job_dir_name>``; a report's folder is named by its sweep folder too (the
     reports of two sweeps do not share one folder)."""
     if mode == "study":
-        name = "finetuned" if study_checkpoint is None else checkpoint_tag(study_checkpoint)
-        return f"outputs/study/{task}/{model}/{name}"
+        return f"{STUDIES}/{task}/{model}/{study_folder_name(study_checkpoint, overrides)}"
     job = job_dir_name(overrides)
     if mode == "report" and sweep_dir is not None:
         job = f"{checkpoint_tag(sweep_dir)}/{job}"
     return f"outputs/ablate/{mode}/{scored_dirs(mode, task, model, ckpt_path, text_file)}/{job}"
+
+
+STUDIES = "outputs/study"
+LATEST = "latest"  # outputs/study/TASK/MODEL/latest: a link to the study started last
+
+
+def study_folder_name(study_checkpoint: str | None, overrides: str) -> str:
+    """``finetuned`` (or the tag of ``study.checkpoint``), followed, when settings are overridden, by a readable
+    start of them and a hash of all: ``finetuned-finetune.trainer.max_epochs=1-3a9f01bc``. A study with other
+    settings keeps out of the folder of the earlier one; the seeds and stages to run (``study.seeds``,
+    ``study.stages``) are not settings of the study (``exclude_keys`` in ``conf/ablate.yaml``): more seeds or
+    another stage join the same folder."""
+    base = "finetuned" if study_checkpoint is None else checkpoint_tag(study_checkpoint)
+    if not overrides:
+        return base
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
+    readable = cut_at_comma(re.sub(r"(^|,)study\.", r"\1", overrides).replace("/", "~"), 80)
+    return f"{base}-{readable}-{digest}"
+
+
+def point_latest(folder: Path) -> None:
+    """``latest`` beside a study folder made by its default name points at it (a relative link, replaced
+    atomically); a folder given by ``hydra.run.dir`` or a ``latest`` that is not a link is left alone."""
+    if any(override.startswith("hydra.run.dir=") for override in HydraConfig.get().overrides.hydra):
+        return
+    link, temporary = folder.parent / LATEST, folder.parent / f".{LATEST}.{os.getpid()}"
+    if link.exists() and not link.is_symlink():
+        return
+    try:
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(folder.name, target_is_directory=True)
+        os.replace(temporary, link)
+    except OSError:  # a filesystem without links: the folder names say which study is which
+        temporary.unlink(missing_ok=True)
+
+
+def model_and_task_overrides() -> list[str]:
+    """The running job's model and task as overrides another script takes: the groups chosen (``model=minilm``,
+    ``task=sst2``), then every ``model.*`` and ``task.*`` override of the command line as typed (own data files, a
+    task's own name)."""
+    hydra = HydraConfig.get()
+    chosen = [f"{group}={hydra.runtime.choices[group]}" for group in ("model", "task")]
+    typed = [o for o in hydra.overrides.task if o.lstrip("+~").startswith(("model.", "task."))]
+    return chosen + typed
 
 
 def job_dir() -> Path:

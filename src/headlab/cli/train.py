@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from headlab.cli.hydra_glue import job_dir, log_lightning_once, progress_bars_follow
+from headlab.cli.hydra_glue import job_dir, log_lightning_once, model_and_task_overrides, progress_bars_follow
 from headlab.cli.schema import check_config
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.errors import UserError
@@ -31,4 +31,4 @@ def run_train(cfg: Any) -> dict[str, Any]:
 
     log_lightning_once()
     progress_bars_follow(cfg.trainer)
-    return run_finetuning(cfg, job_dir())
+    return run_finetuning(cfg, job_dir(), model_and_task_overrides())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from headlab.files import job_hash, write_json_atomic
+from headlab.files import write_json_atomic
 
 
 def library_versions() -> dict[str, str]:
@@ -37,19 +38,55 @@ def read_complete(path: str | Path, job_hash: str) -> dict[str, Any] | None:
     return data if data.get("complete") and data.get("config_hash") == job_hash else None
 
 
-def note_changed_inputs(results_path: Path, computed: dict[str, Any], inputs: dict[str, Any]) -> None:
-    """Say so when complete results of this config exist but were computed from other versions of its inputs."""
+def note_why_again(results_path: Path, computed: dict[str, Any], inputs: dict[str, Any],
+                   computed_of: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Say why a job runs again where complete results of an earlier run lie: the settings that changed
+    (``trainer.max_epochs 3 -> 1``; ``computed_of`` takes the earlier resolved config to its hashed part), else the
+    input files written again since (a checkpoint fine-tuned again at the same path)."""
     try:
         previous = json.loads(Path(results_path).read_text())
     except (OSError, ValueError):  # missing, partial or corrupt: the job simply runs
         return
-    before = previous.get("inputs") if isinstance(previous, dict) else None
-    if not isinstance(before, dict) or not previous.get("complete") or before == inputs:
+    if not isinstance(previous, dict) or not previous.get("complete"):
         return
-    if job_hash(computed, before) == previous.get("config_hash"):  # the same config, other input files
-        changed = sorted(key for key in set(before) | set(inputs) if before.get(key) != inputs.get(key))
-        Console().print(f"note: {', '.join(changed)} changed since {results_path} was written (written again at "
-                        "the same path): running the job again", markup=False, soft_wrap=True)
+    try:
+        settings = changed_settings(computed_of(previous["config"]), computed)
+    except (KeyError, TypeError, AttributeError):  # results of an older headlab: no config to compare
+        settings = []
+    before = previous.get("inputs") if isinstance(previous.get("inputs"), dict) else {}
+    files = sorted(key for key in set(before) | set(inputs) if before.get(key) != inputs.get(key))
+    if settings:
+        more = f" and {len(settings) - MAX_SHOWN} more" if len(settings) > MAX_SHOWN else ""
+        reason = f"settings changed since {results_path} was written ({'; '.join(settings[:MAX_SHOWN])}{more})"
+    elif files:
+        reason = f"the files of {', '.join(files)} changed since {results_path} was written"
+    else:
+        return
+    Console().print(f"note: {reason}: running the job again", markup=False, soft_wrap=True)
+
+
+MAX_SHOWN = 4  # changed settings named in a note
+
+
+def changed_settings(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for each dotted key whose value differs between two plain configs (``(none)``: absent)."""
+    old, new = _flat(before), _flat(after)
+    return [f"{key} {_shown(old.get(key, _ABSENT))} -> {_shown(new.get(key, _ABSENT))}"
+            for key in sorted(set(old) | set(new)) if old.get(key, _ABSENT) != new.get(key, _ABSENT)]
+
+
+_ABSENT = object()
+
+
+def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(config, dict) and config:
+        return {key: value for name, item in config.items() for key, value in _flat(item, f"{prefix}{name}.").items()}
+    return {prefix.removesuffix("."): config}
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    text = "(none)" if value is _ABSENT else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:

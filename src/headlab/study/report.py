@@ -115,7 +115,7 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
     report.console += report.closing
     write_text_atomic(study.folder / "study.md", "\n".join(report.markdown) + "\n")
     summary = {"model": cfg.model.name, "task": cfg.task.name, "models": names.split(", "), **report.numbers,
-               "inputs": inputs}
+               "summary": report.console, "inputs": inputs}
     write_json_atomic(study.folder / "study.json", summary)
     for line in report.console:
         console.print(line, markup=False)

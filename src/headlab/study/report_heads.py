@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headlab.analysis.syntax_heads import left_out_sentence
 from headlab.core.head_names import head_name
 from headlab.files import read_json
 from headlab.reporting.agreement import normalisation_label
@@ -28,6 +29,9 @@ def syntax(report: StudyReport) -> None:
                             f"{len(beaten)} of {len(table) - 1} relations have a head that beats the best offset "
                             f"(Holm-adjusted p < 0.05; `{report.link(path)}`):", "",
                             to_markdown(clark_layout(table))]
+        below = (result.get("left_out") or {}).get("relations")
+        if below:
+            report.markdown += [left_out_sentence(pd.Series(below, dtype=int), result["left_out"]["min_count"]), ""]
         if "roles" in result:
             roles = ", ".join(f"{role} {count}" for role, count in result["roles"].items())
             report.markdown += [f"Syntactic roles of {name}'s heads (Pande et al.'s sieves; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,21 @@ from typing import Any
 from rich.console import Console
 
 from headlab.errors import UserError
-from headlab.files import config_hash, folder_lock, read_json, write_json_atomic
+from headlab.files import config_hash, folder_lock, read_json, short_name, write_json_atomic
 from headlab.study.interrupts import stopping_on_ctrl_c
 from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
 
 LOCK_FILE = ".study.lock"
-REPORT_FORMAT = 2  # raised when study.md says more (2: findings, caveats): a finished study's report is rewritten
+REPORT_FORMAT = 3  # raised when study.md says more (2: findings, caveats; 3: the summary kept): a finished study's
+# report is rewritten
 
 
 def study_group(folder: Path) -> str:
-    """The W&B group of every run of the study: ``study-<task>-<model>-<folder name>`` (the last three folders)."""
+    """The W&B group of every run of the study: ``study-<task>-<model>-<folder name>`` (the last three folders; at
+    most W&B's 128 characters)."""
     folder = folder.absolute()
-    return "-".join(["study", *folder.parts[1:][-3:]])
+    return short_name("-".join(["study", *folder.parts[1:][-3:]]), 128)
 
 
 def done_stages(folder: Path) -> set[str]:
@@ -133,7 +136,11 @@ class StudyRun:
 
     def __init__(self, study: Study, stages: list[str]) -> None:
         self.study, self.stages, self.start = study, stages, time.monotonic()
+        self.ran: list[tuple[str, float]] = []  # (stage, seconds) of the stages that ran jobs in this run
+        self.work: Callable[[str], float] | None = None  # stage -> passes (``study.progress``), once sizes are known
         self.tracked = False  # a W&B run of this study ran in this process
+        self.wandb = study.cfg.logger is not None and "WandbLogger" in str(study.cfg.logger.get("_target_"))
+        self.quiet_tracking()
         self.position = "the start"  # the stage (and job) running: said when Ctrl-C stops the study
         self.console = Console(soft_wrap=True, highlight=False)
         logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(SayOnce())  # "GPU available: ..."
@@ -151,7 +158,7 @@ class StudyRun:
                 if stage == "report":
                     self.report(where)
                     continue
-                self.run_stage(stage, where)
+                self.run_stage(stage, where, number)
                 self.interrupts.check()
         if self.tracked and self.study.cfg.logger.offline:
             self.say(f"W&B: the study's runs are in group {self.study.group}, offline; upload them with: wandb sync "
@@ -166,9 +173,11 @@ class StudyRun:
 
         stale = self.stale_stages()
         key, summary = {**self.inputs_key(), "stale": stale}, self.study.folder / "study.json"
-        if summary.is_file() and read_json(summary, "study").get("inputs") == key and \
-                (self.study.folder / "study.md").is_file():
+        done = read_json(summary, "study") if summary.is_file() else {}
+        if done.get("inputs") == key and (self.study.folder / "study.md").is_file():
             self.say(f"{where}: skipped, done ({self.study.folder / 'study.md'})")
+            for line in done.get("summary", []):  # what the run that wrote it printed
+                self.say(line)
             return
         self.say(f"{where}: {ABOUT['report']} (elapsed {self.elapsed()})")
         write_study_report(self.study, self.console, key, stale)
@@ -191,7 +200,20 @@ class StudyRun:
         """What a finished stage's marker holds: its jobs' hashes, and what its own files depend on."""
         return {"jobs": {self.name(job): job_hash(job) for job in jobs}, **self.extra_key(stage)}
 
-    def run_stage(self, stage: str, where: str) -> None:
+    def time_left(self, number: int) -> str:
+        """``; about M minutes left`` after the ``number``-th stage of this run: the work of the later stages that
+        have not finished in this folder, at the rate of those that ran (``study.progress``)."""
+        from headlab.study.progress import about, seconds_left, study_work
+
+        self.work = self.work or study_work(self.study)
+        if self.work is None:
+            return ""
+        later = [stage for stage in self.stages[number:] if not (self.study.folder / stage / MARKER).is_file()]
+        left = seconds_left([(self.work(stage), seconds) for stage, seconds in self.ran],
+                            sum(self.work(stage) for stage in later))
+        return "" if left is None else f"; {about(left)}"
+
+    def run_stage(self, stage: str, where: str, number: int) -> None:
         """Run ``stage``'s jobs that are not done (then its reports), unless its marker says all are done."""
         from headlab.reporting.results import read_complete
 
@@ -214,7 +236,7 @@ class StudyRun:
                 self.interrupts.listen()
                 run_job(job)
                 self.interrupts.check()
-                self.quiet_tracking()
+                self.tracked = self.tracked or self.wandb
         self.position = where
         from headlab.study.stage_reports import REPORTED, write_stage_reports
 
@@ -222,7 +244,8 @@ class StudyRun:
             write_stage_reports(self.study, stage)
         write_json_atomic(self.study.folder / stage / MARKER,
                           {"stage": stage, "key": key, "files": stage_manifest(self.study.folder, stage, MARKER)})
-        self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()})")
+        self.ran.append((stage, time.monotonic() - began))
+        self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()}){self.time_left(number)}")
 
     def marker(self, stage: str) -> dict[str, Any] | None:
         path = self.study.folder / stage / MARKER
@@ -252,11 +275,11 @@ class StudyRun:
                 (folder / "results.json").unlink(missing_ok=True)
 
     def quiet_tracking(self) -> None:
-        """After the study's first W&B run has printed its banner and how to sync, the others print nothing."""
+        """The study's W&B runs print one line each (``build_logger``), not W&B's banner and summary; the study
+        says at its end how to upload them all."""
         logger = self.study.cfg.logger
-        if logger is not None and "WandbLogger" in str(logger.get("_target_")) and logger.get("settings") is None:
-            self.tracked = True
-            logger.settings = {"silent": True}
+        if self.wandb:
+            logger.settings = {**(logger.get("settings") or {}), "silent": True}
 
     def name(self, job: Job) -> str:
         return str(job.folder.relative_to(self.study.folder))

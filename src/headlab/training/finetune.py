@@ -28,14 +28,14 @@ from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
 from headlab.files import input_stamps, relative_paths, write_json_atomic
 from headlab.files import job_hash as hash_of_job
-from headlab.reporting.results import TrainResult, already_done, note_changed_inputs
+from headlab.reporting.results import TrainResult, already_done, note_why_again
 from headlab.training.checkpoints import FINAL_WEIGHTS, PLAN_KEY, check_lightning_checkpoint
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.durable import AtomicCheckpointIO, RandomStates, readable_checkpoint, training_lock
 from headlab.training.epoch_order import ResumeMidEpoch
 from headlab.training.kept_files import has_training_state, keep_only, kept_checkpoints
 from headlab.training.modules import task_module
-from headlab.training.progress import ProgressLog
+from headlab.training.progress import NamedPassBar, ProgressLog
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash.
@@ -135,35 +135,42 @@ def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir
     arguments = OmegaConf.to_container(trainer_cfg, resolve=True)
     if not fitting:
         arguments.pop("val_check_interval", None)
+    bar = [NamedPassBar()] if arguments.get("enable_progress_bar", True) else []
     try:
-        return pl.Trainer(**arguments, callbacks=[*callbacks, ProgressLog()], logger=logger or False,
+        return pl.Trainer(**arguments, callbacks=[*callbacks, ProgressLog(), *bar], logger=logger or False,
                           default_root_dir=output_dir, inference_mode=inference_mode, plugins=[AtomicCheckpointIO()])
     except (ValueError, TypeError, MisconfigurationException) as error:
         raise UserError(f"trainer: {error}") from None
 
 
-def run_finetuning(cfg: Any, output_dir: str | Path) -> dict[str, Any]:
+def run_finetuning(cfg: Any, output_dir: str | Path, model_and_task: list[str] | None = None) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask``; returns the results record.
 
     ``cfg`` is a config that passed ``headlab.cli.train.check_train_config``. One run per job directory at a time
-    (``training_lock``).
+    (``training_lock``). ``model_and_task``: the overrides that chose the model and task (``task=sst2``,
+    ``task.data_files=...``), carried into the ``ablate.py`` command printed at the end.
     """
     output_dir = Path(output_dir)
     with training_lock(output_dir):
-        return _finetune(cfg, output_dir)
+        return _finetune(cfg, output_dir, model_and_task)
 
 
 def finetune_identity(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
     """``(resolved config, computed part, input stamps, hash)`` of a fine-tuning run: its ``results.json`` is this
     run's when complete and of this hash."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    computed = {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}
-    inputs = input_stamps(computed, INPUT_KEYS)
-    computed = relative_paths(computed, resolved.get("paths_root"))  # as hashed: a study's folder may move
+    inputs = input_stamps({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}, INPUT_KEYS)
+    computed = computed_part(resolved)
     return resolved, computed, inputs, hash_of_job(computed, inputs)
 
 
-def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
+def computed_part(resolved: dict[str, Any]) -> dict[str, Any]:
+    """What of a resolved fine-tuning config is hashed: no runtime keys, paths in a study's folder relative to it
+    (a study's folder may move)."""
+    return relative_paths({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}, resolved.get("paths_root"))
+
+
+def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> dict[str, Any]:
     resolved, computed, inputs, job_hash = finetune_identity(cfg)
     checkpoint_dir = output_dir / "checkpoints"
     done = already_done(output_dir / "results.json", job_hash)
@@ -175,7 +182,7 @@ def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
                             "weights. To continue training, fine-tune again with keep_training_state=true in another "
                             "hydra.run.dir", markup=False, soft_wrap=True)
         return done
-    note_changed_inputs(output_dir / "results.json", computed, inputs)
+    note_why_again(output_dir / "results.json", computed, inputs, computed_part)
     resume = resume_checkpoint(cfg, checkpoint_dir, job_hash)
     monitor = f"{cfg.task.eval_splits[0]}/{cfg.task.main_metric}"
 
@@ -229,7 +236,7 @@ def _finetune(cfg: Any, output_dir: Path) -> dict[str, Any]:
             write_predictions(module, output_dir)
             result.write(output_dir / "results.json")
             keep_only(checkpoint_dir, asdict(result))
-            _print_summary(result, output_dir, logger)
+            _print_summary(result, output_dir, logger, model_and_task)
         return asdict(result)
 
 
@@ -267,7 +274,7 @@ def write_predictions(module: Any, output_dir: Path) -> list[Path]:
             for split, answers in getattr(module, "predictions", {}).items()]
 
 
-def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
+def _print_summary(result: TrainResult, output_dir: Path, logger: Any, model_and_task: list[str] | None) -> None:
     console = Console(soft_wrap=True)  # paths whole in logs
     for split, values in result.metrics.items():
         console.print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()))
@@ -286,8 +293,10 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any) -> None:
         console.print("next        none: fine-tuned under a plan, these weights are not analysed (every analysis "
                       "takes each head whole); the metrics above are the model's under its plan")
         return
-    console.print(f"next        python ablate.py mode=eval model={result.model} task={result.task} "
-                  f"{pasteable('ckpt_path', output_dir.absolute())} mask=prune mask.heads=L0")
+    chosen = [shlex.quote(o) for o in model_and_task] if model_and_task else [f"model={result.model}",
+                                                                              f"task={result.task}"]
+    console.print(f"next        python ablate.py mode=eval {' '.join(chosen)} "
+                  f"{pasteable('ckpt_path', output_dir.absolute())} mask=prune mask.heads=L0", markup=False)
 
 
 def pasteable(key: str, value: Any) -> str:

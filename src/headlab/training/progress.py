@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import RichProgressBar
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +94,15 @@ class ProgressLog(pl.Callback):
         self.validated += 1
         if self.validation is not None and trainer.is_global_zero:
             self.validation.update(self.validated)
+
+
+class NamedPassBar(RichProgressBar):
+    """Lightning's rich progress bar, its validation bar named by the module's ``pass_name`` ("Gradient scoring",
+    "Evaluation") instead of "Validation": the gradient pass of ``mode=importance`` is no validation."""
+
+    @property
+    def validation_description(self) -> str:
+        module = self._trainer.lightning_module if self._trainer is not None else None
+        name = getattr(module, "pass_name", None)
+        return name[:1].upper() + name[1:] if name else super().validation_description
+

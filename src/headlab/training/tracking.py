@@ -9,13 +9,15 @@ from typing import Any
 
 import hydra
 from lightning.pytorch.loggers import Logger
+from rich.console import Console
 
 
 def build_logger(logger_cfg: Any, run_id: str, run_name: str) -> Logger | None:
     """The configured Lightning logger, or None for ``logger=none``.
 
     W&B runs get a stable ``id`` (``run_id``, a hash of the job's config) when the config leaves
-    it null, so rerunning a job continues its W&B run instead of starting a second one.
+    it null, so rerunning a job continues its W&B run instead of starting a second one. In a multirun, or with
+    ``settings.silent`` (a study's jobs), W&B prints nothing and the job one line: the run and its folder.
     """
     if logger_cfg is None or logger_cfg.get("_target_") is None:
         return None
@@ -24,7 +26,28 @@ def build_logger(logger_cfg: Any, run_id: str, run_name: str) -> Logger | None:
         fill["id"] = run_id
     if "name" in logger_cfg and logger_cfg.name is None:
         fill["name"] = run_name
-    return hydra.utils.instantiate(logger_cfg, _convert_="all", **fill)  # plain dicts (W&B's settings)
+    quiet = "WandbLogger" in str(logger_cfg.get("_target_")) and (
+        in_multirun() or bool((logger_cfg.get("settings") or {}).get("silent")))
+    if quiet:  # W&B's own banner and summary are some 20 lines a job: one line of ours instead
+        fill["settings"] = {**(logger_cfg.get("settings") or {}), "silent": True}
+    logger = hydra.utils.instantiate(logger_cfg, _convert_="all", **fill)  # plain dicts (W&B's settings)
+    init = getattr(logger, "_wandb_init", None)  # Lightning passes anonymous=None to wandb.init, which W&B 0.31
+    if isinstance(init, dict) and init.get("anonymous") is None:  # warns about ("has no effect") in every job
+        init.pop("anonymous", None)
+    if quiet:
+        run = fill.get("id", logger_cfg.get("id"))
+        where = f"{logger_cfg.save_dir}/wandb/{'offline-' if logger_cfg.get('offline') else ''}run-*-{run}"
+        Console(soft_wrap=True).print(f"W&B: run {fill.get('name', logger_cfg.get('name'))} in {where}",
+                                      markup=False, highlight=False)
+    return logger
+
+
+def in_multirun() -> bool:
+    """The running job is one of a Hydra multirun (W&B is quiet there: one line a job)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def log_artifacts(logger: Logger | None, tables: dict[str, Any] | None = None,

@@ -1,0 +1,118 @@
+"""How much of a study is left: each stage's work, counted in example passes, times the seconds a pass took in the
+stages this run has finished.
+
+A pass is one example through the model, forward. The weights of the other kinds of work were measured on the
+MiniLM study of ``demo_qa`` (BENCHMARKS.md, the study's stage times): a training example costs about 3 passes
+(forward, backward, optimiser step); the single-head sweep about 0.4 a plan and example (it shares each batch between
+plans); a clustering job and a syntax sentence (short) about 100 and 1. The estimate is an "about": the prune curve
+stops when the metric falls, and the rate of the stages done carries over to the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TRAIN_PASSES = 3.0  # a training example: forward, backward, step
+SWEEP_PASSES = 0.4  # a head's plan on an example in the single-head sweep
+CLUSTER_PASSES = 100.0  # a clustering job (k-means fits, stability, plots)
+JS_PASSES = 4.0  # a sequence's Jensen-Shannon divergences between every pair of heads
+SYNTAX_SENTENCES = 500  # a treebank read whole (syntax.max_sentences=null): about the bundled UD EWT slice
+PRUNE_STEPS_RUN = 0.6  # the share of the prune curve's possible steps it runs before the metric falls below
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The task's examples (train and first eval split, from the fine-tuning's ``results.json``) and the model's
+    heads."""
+
+    train: int
+    eval: int
+    layers: int
+    heads: int
+
+    @classmethod
+    def read(cls, results: Path, eval_split: str, shape: tuple[int, int]) -> Sizes | None:
+        """From a ``train.py`` job's ``results.json`` (None when it is not there or lacks the counts)."""
+        from headlab.files import read_json
+
+        if not results.is_file():
+            return None
+        counts = read_json(results, "fine-tuning results").get("num_examples") or {}
+        if "train" not in counts or eval_split not in counts:
+            return None
+        return cls(int(counts["train"]), int(counts[eval_split]), *shape)
+
+
+def _at_most(count: int, limit: Any) -> int:
+    return count if limit is None else min(count, int(limit))
+
+
+def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0) -> float:
+    """Passes of ``stage`` with its config ``cfg`` (``study.<stage>`` laid over; ``train.py``'s for the fine-tuning)
+    for ``models`` fine-tuned models; ``plans``: the tables' plans per model."""
+    n_eval = _at_most(sizes.eval, cfg.data.get("max_eval_examples"))
+    if stage == "finetune":
+        n_train = _at_most(sizes.train, cfg.data.get("max_train_examples"))
+        steps, batch = cfg.trainer.get("max_steps", -1), cfg.data.batch_size
+        trained = steps * batch if steps and steps > 0 else cfg.trainer.max_epochs * n_train
+        epochs = math.ceil(trained / max(n_train, 1))
+        return models * (TRAIN_PASSES * trained + epochs * n_eval)
+    if stage == "features":
+        options = cfg.features
+        sequences = _at_most(sizes.eval, options.max_sequences)
+        return (models + 1) * (sequences + JS_PASSES * _at_most(sequences, options.js_max_sequences))
+    if stage == "cluster":
+        return (models + 1) * CLUSTER_PASSES
+    if stage == "syntax":
+        return (models + 1) * (cfg.syntax.max_sentences or SYNTAX_SENTENCES)
+    if stage == "tables":
+        return models * plans * n_eval
+    if stage == "sweep":
+        return models * SWEEP_PASSES * sizes.layers * sizes.heads * n_eval
+    if stage == "importance":
+        return models * TRAIN_PASSES * _at_most(sizes.train, cfg.importance.max_examples)
+    if stage == "prune_curve":
+        options = cfg.prune_curve
+        from headlab.analysis.prune_curve import most_steps
+
+        steps = PRUNE_STEPS_RUN * most_steps(sizes.layers, sizes.heads, options.step, options.min_heads_per_layer)
+        scoring = TRAIN_PASSES * _at_most(sizes.train, cfg.importance.max_examples) if options.recompute else 0.0
+        return models * steps * ((1 + len(options.random_seeds)) * n_eval + scoring)
+    return 0.0  # compare, report: reading files
+
+
+def seconds_left(ran: list[tuple[float, float]], remaining: float) -> float | None:
+    """Seconds the ``remaining`` passes take at the rate of the stages that ran (``(passes, seconds)`` each); None
+    before a stage with work has run, or when none is left."""
+    passes, seconds = sum(p for p, _ in ran), sum(s for _, s in ran)
+    return remaining * seconds / passes if passes > 0 and remaining > 0 else None
+
+
+def about(seconds: float) -> str:
+    """``about 12 minutes left`` (``less than a minute left``)."""
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return "less than a minute left"
+    return f"about {minutes} minute{'s' * (minutes != 1)} left"
+
+
+def study_work(study: Any) -> Callable[[str], float] | None:
+    """``stage -> passes`` of ``study`` (a ``headlab.study.stages.Study``), once the first fine-tuned model's
+    ``results.json`` gives the task's sizes (None before)."""
+    from headlab.core.models import model_shape
+    from headlab.study.configs import analysis_config, train_config
+    from headlab.study.stages import GUAN_TYPES, STAGE_MODES, TABLES, table_plans
+
+    cfg = study.cfg
+    sizes = Sizes.read(Path(study.models[0][1]) / "results.json", cfg.task.eval_splits[0], model_shape(cfg.model))
+    if sizes is None:
+        return None
+    configs = {"finetune": train_config(cfg, cfg.study.seeds[0], study.group)}
+    configs |= {stage: analysis_config(cfg, stage, mode, None, study.group) for stage, mode in STAGE_MODES.items()}
+    plans = sum(len(table_plans(table, list(GUAN_TYPES))) for table in TABLES)
+    work = {stage: stage_work(stage, config, sizes, len(study.models), plans) for stage, config in configs.items()}
+    return lambda stage: work.get(stage, 0.0)
