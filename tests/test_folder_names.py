@@ -77,6 +77,8 @@ def test_each_report_and_study_gets_its_own_folder():
     assert re.fullmatch(r"finetuned-finetune\.trainer\.max_epochs=1-[0-9a-f]{8}",
                         study("study.finetune.trainer.max_epochs=1"))
     assert study("study.finetune.trainer.max_epochs=1") != study("study.finetune.trainer.max_epochs=2")
+    assert re.fullmatch(r"finetuned-finetune\.optim\.lr=1e-4,study=quick-[0-9a-f]{8}",
+                        study("++study.finetune.optim.lr=1e-4,study=quick"))  # as the command line reaches Hydra
     long = study("study.finetune.optim.lr=5e-5,study.syntax.syntax.conllu=/data/" + "x" * 300 + ".conllu")
     assert re.fullmatch(r"finetuned-finetune\.optim\.lr=5e-5-[0-9a-f]{8}", long)  # cut after a whole override
     assert study("study=paper").startswith("finetuned-study=paper-")

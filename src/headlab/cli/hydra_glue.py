@@ -121,7 +121,7 @@ def study_folder_name(study_checkpoint: str | None, overrides: str) -> str:
     if not overrides:
         return base
     digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
-    readable = cut_at_comma(re.sub(r"(^|,)study\.", r"\1", overrides).replace("/", "~"), 80)
+    readable = cut_at_comma(re.sub(r"(^|,)[+~]*(study\.)?", r"\1", overrides).replace("/", "~"), 80)  # ++study.x
     return f"{base}-{readable}-{digest}"
 
 
