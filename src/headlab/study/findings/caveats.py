@@ -50,10 +50,7 @@ def samples(files: StudyFiles) -> list[str]:
             n = int(pd.read_csv(report / "table.csv")["n"].max())
             lines.append(f"{what} ({model}): {n} examples per CI" +
                          (f" (fewer than {SMALL}: wide, and BCa's corrections unreliable)" if n < SMALL else ""))
-    for model in ["pretrained", *files.models]:
-        job = files.job("syntax", model)
-        if job is None:
-            continue
+    for model, job in files.model_jobs("syntax", ["pretrained", *files.models]):
         table = pd.read_csv(job / "syntax.csv")
         small = table[(table["relation"] != "all") & (table["count"] < SMALL)]
         if len(small):
@@ -73,10 +70,7 @@ def seeds(files: StudyFiles, command: str) -> list[str]:
 
 def type_names(files: StudyFiles) -> list[str]:
     lines = []
-    for model in ["pretrained", *files.models]:
-        job = files.job("cluster", model)
-        if job is None:
-            continue
+    for model, job in files.model_jobs("cluster", ["pretrained", *files.models]):
         clusters = read_json(job / "clusters.json", "clusters")
         if not clusters.get("named") or clusters.get("named_by_hand"):
             continue

@@ -81,10 +81,7 @@ def plan_finding(files: StudyFiles, claim: Claim, table: str, kept: str, removed
 def stability_finding(files: StudyFiles) -> Finding:
     """Each model's share of heads labelled alike in every fit, with a Wilson interval over its heads, above 0.95."""
     evidence = []
-    for model in ["pretrained", *files.models]:
-        job = files.job("cluster", model)
-        if job is None:
-            continue
+    for model, job in files.model_jobs("cluster", ["pretrained", *files.models]):
         result = read_json(job / "results.json", "cluster results")
         heads = sum(result["counts"].values())
         stable = round(result["stability"] * heads)
@@ -101,10 +98,7 @@ def fine_tuning_finding(files: StudyFiles) -> Finding:
     """The share of heads whose type changed in the later half of the layers minus the earlier half (the middle
     layer of an odd count left out), Newcombe's interval, above 0."""
     evidence = []
-    for model in files.models:
-        job = files.job("compare", model)
-        if job is None:
-            continue
+    for model, job in files.model_jobs("compare", files.models):
         heads = pd.read_csv(job / "heads.csv")
         changed = next(column for column in heads.columns if column.startswith("changed/"))
         layers = int(heads["layer"].max()) + 1

@@ -95,10 +95,7 @@ def importance_pruning(files: StudyFiles) -> Finding:
     """The mean share of the baseline kept over the curve's steps, importance order minus each random order: the
     interval is the range over the random orders."""
     evidence = []
-    for model in files.models:
-        job = files.job("prune_curve", model)
-        if job is None:
-            continue
+    for model, job in files.model_jobs("prune_curve", files.models):
         curve = pd.read_csv(job / "prune_curve.csv")
         curve = curve[curve["step"] > 0]
         by_order = {(order, seed): part.set_index("step")["relative"]

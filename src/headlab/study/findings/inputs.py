@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,13 @@ class StudyFiles:
         name = "/".join(parts)
         path = self.folder / name
         return path if name in self.jobs(parts[0]) and (path / "results.json").is_file() else None
+
+    def model_jobs(self, stage: str, models: list[str]) -> Iterator[tuple[str, Path]]:
+        """``(model, folder)`` of each of ``models`` whose job of ``stage`` finished (``job``), in order."""
+        for model in models:
+            job = self.job(stage, model)
+            if job is not None:
+                yield model, job
 
     def report(self, *parts: str) -> Path | None:
         """The report folder (of the study's report settings) of a job's folder or of a table's model folder."""
