@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headlab.files import read_json
+
 TRAIN_PASSES = 3.0  # a training example: forward, backward, step
 SWEEP_PASSES = 0.4  # a head's plan on an example in the single-head sweep
 CLUSTER_PASSES = 100.0  # a clustering job (k-means fits, stability, plots)
@@ -37,8 +39,6 @@ class Sizes:
     @classmethod
     def read(cls, results: Path, eval_split: str, shape: tuple[int, int]) -> Sizes | None:
         """From a ``train.py`` job's ``results.json`` (None when it is not there or lacks the counts)."""
-        from headlab.files import read_json
-
         if not results.is_file():
             return None
         counts = read_json(results, "fine-tuning results").get("num_examples") or {}
@@ -58,7 +58,7 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0) 
     if stage == "finetune":
         n_train = _at_most(sizes.train, cfg.data.get("max_train_examples"))
         steps, batch = cfg.trainer.get("max_steps", -1), cfg.data.batch_size
-        trained = steps * batch if steps and steps > 0 else cfg.trainer.max_epochs * n_train
+        trained = steps * batch if steps and steps > 0 else (cfg.trainer.max_epochs or 1) * n_train
         epochs = math.ceil(trained / max(n_train, 1))
         return models * (TRAIN_PASSES * trained + epochs * n_eval)
     if stage == "features":
