@@ -58,9 +58,10 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0) 
     if stage == "finetune":
         n_train = _at_most(sizes.train, cfg.data.get("max_train_examples"))
         steps, batch = cfg.trainer.get("max_steps", -1), cfg.data.batch_size
-        trained = steps * batch if steps and steps > 0 else (cfg.trainer.max_epochs or 1) * n_train
-        epochs = math.ceil(trained / max(n_train, 1))
-        return models * (TRAIN_PASSES * trained + epochs * n_eval)
+        epochs = cfg.trainer.max_epochs if cfg.trainer.max_epochs is not None else 1000  # Lightning's default
+        trained = steps * batch if steps and steps > 0 else max(epochs, 1) * n_train
+        validations = math.ceil(trained / max(n_train, 1))  # one at each epoch's end
+        return models * (TRAIN_PASSES * trained + validations * n_eval)
     if stage == "features":
         options = cfg.features
         sequences = _at_most(sizes.eval, options.max_sequences)
