@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 from headlab.cli.ablate import run_ablate
 from headlab.cli.errors import exits_on_user_error, run_entry
 from headlab.cli.schema import register_configs
-from headlab.cli.study_schema import open_stage_settings
+from headlab.study.schema import open_stage_settings
 
 register_configs()
 

@@ -48,11 +48,11 @@ import torch
 from common import SHAPES, Parser, check_device, clock, machine
 from hydra import compose, initialize_config_dir
 
-from headlab.analysis.evaluation import MODEL_INPUTS, PlanEvaluator, Variant
-from headlab.analysis.prune_curve import prune_plan, random_heads
-from headlab.analysis.scoring import HeadScorer
-from headlab.analysis.sweep_heads import LayerSweepEvaluator
-from headlab.analysis.sweep_plans import family_plans
+from headlab.analysis.evaluation.sweep_heads import LayerSweepEvaluator
+from headlab.analysis.evaluation.sweep_plans import family_plans
+from headlab.analysis.importance.prune_curve import prune_plan, random_heads
+from headlab.analysis.importance.scoring import HeadScorer
+from headlab.analysis.jobs.plan_evaluator import MODEL_INPUTS, PlanEvaluator, Variant
 from headlab.cli.schema import register_configs
 from headlab.core.attention import ablate
 from headlab.core.importance import punctuation_ids

@@ -33,8 +33,8 @@ import torch
 from common import Parser, machine
 from omegaconf import OmegaConf
 
-from headlab.analysis.features import FAMILIES, _js_sums_torch, attention_features
-from headlab.analysis.log_sums import js_sums_cpu
+from headlab.analysis.types.features import FAMILIES, _js_sums_torch, attention_features
+from headlab.analysis.types.log_sums import js_sums_cpu
 from headlab.core.models import load_model, load_tokenizer
 from headlab.files import package_dir
 

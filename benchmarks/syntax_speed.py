@@ -3,7 +3,7 @@
     python benchmarks/syntax_speed.py [--sentences 600] [--batch 32] [--rounds 5]
 
 The embedded MiniLM over the bundled demo_syntax dev sentences (repeated to ``--sentences``), one per sequence,
-in the same padded batches: ``headlab.analysis.syntax_heads.syntax_scores`` (the model on SDPA; word-level
+in the same padded batches: ``headlab.analysis.syntax.heads.syntax_scores`` (the model on SDPA; word-level
 attention and both directions' predictions of every head, from the observed weights) against the forward pass a
 user would write to get the maps (eager attention, ``output_attentions=True``, the maps left in memory). Rounds
 alternate the order, after two warm-up calls each; the ratio is the median of the per-round ratios (target <= 1.3).
@@ -18,11 +18,11 @@ import torch
 from common import Parser, alternating_rounds, machine
 from omegaconf import OmegaConf
 
-from headlab.analysis.syntax_data import encode_treebank
-from headlab.analysis.syntax_heads import syntax_scores
+from headlab.analysis.syntax.data import encode_treebank
+from headlab.analysis.syntax.heads import syntax_scores
+from headlab.analysis.syntax.treebank import read_conllu
 from headlab.core.models import load_model, load_tokenizer
 from headlab.files import package_dir
-from headlab.tasks.treebank import read_conllu
 
 ROOT = Path(__file__).resolve().parents[1]
 

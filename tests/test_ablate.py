@@ -175,7 +175,7 @@ def test_a_random_task_head_is_drawn_from_the_job_seed(tmp_path, tiny_cfg):
 
 
 def test_input_stamps_follow_what_a_config_names(tmp_path):
-    from headlab.analysis.job_identity import INPUT_KEYS
+    from headlab.analysis.jobs.identity import INPUT_KEYS
     from headlab.files import file_stamp, input_stamps
 
     (tmp_path / "job").mkdir()
@@ -310,7 +310,7 @@ def test_presets_compose_and_name_the_group(preset, mode, count):
 
 
 def test_table2_plans_select_the_paper_head_types(tmp_path):
-    from headlab.analysis.mode_checks import job_mask
+    from headlab.analysis.jobs.checks import job_mask
     from headlab.core.masks import plan_from_mask
 
     clusters = tmp_path / "clusters.json"  # a hand-written clusters file, as mode=cluster will write

@@ -10,8 +10,8 @@ import pytest
 from matplotlib.colors import to_rgba
 from sklearn.exceptions import ConvergenceWarning
 
-from headlab.analysis.cluster_run import stability_note
-from headlab.analysis.clusters import TYPE_NAMES, align, fit_clusters, name_clusters, stability
+from headlab.analysis.types.cluster_run import stability_note
+from headlab.analysis.types.clusters import TYPE_NAMES, align, fit_clusters, name_clusters, stability
 from headlab.errors import UserError
 from headlab.reporting import head_plots
 

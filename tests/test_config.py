@@ -113,7 +113,7 @@ def test_ablate_demo_cli_writes_records(tmp_path):
 
 def test_a_job_hash_ignores_the_sections_of_other_modes():
     """Changing importance/features settings leaves finished eval jobs done; what the mode reads does not."""
-    from headlab.analysis.job_identity import hashed_config
+    from headlab.analysis.jobs.identity import hashed_config
 
     def job_hash(*overrides):
         return hashed_config(ablate_cfg("group=g", "logger=none", *overrides))[2]

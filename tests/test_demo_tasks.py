@@ -8,16 +8,19 @@ from collections import Counter
 import pytest
 from conftest import ROOT
 
+from headlab.analysis.syntax.demo_treebank import write_demo_treebank
+from headlab.analysis.syntax.treebank import read_conllu
 from headlab.core.units import split_sentences
 from headlab.tasks.demo_tasks import DATA_DIR, write_demo_tasks
-from headlab.tasks.treebank import read_conllu
 
 
 def test_committed_files_equal_a_fresh_generation(tmp_path):
-    for path in write_demo_tasks(tmp_path):
-        committed = DATA_DIR / path.relative_to(tmp_path)
-        assert committed.read_bytes() == path.read_bytes(), \
-            f"{committed} is stale: run python -m headlab.tasks.demo_tasks"
+    generators = {write_demo_tasks: "headlab.tasks.demo_tasks",
+                  write_demo_treebank: "headlab.analysis.syntax.demo_treebank"}
+    for write, module in generators.items():
+        for path in write(tmp_path):
+            committed = DATA_DIR / path.relative_to(tmp_path)
+            assert committed.read_bytes() == path.read_bytes(), f"{committed} is stale: run python -m {module}"
     assert sum(p.stat().st_size for p in DATA_DIR.rglob("*.json*")) < 2 * 1024 * 1024
 
 
@@ -49,8 +52,11 @@ def test_demo_pairs_are_balanced_and_labelled_by_the_facts():
 
 def test_a_second_generation_leaves_unchanged_files_untouched(tmp_path):
     """Jobs count their data files' modification times: regenerating the same data must not make them rerun."""
-    first = {path: path.stat().st_mtime_ns for path in write_demo_tasks(tmp_path)}
-    assert {path: path.stat().st_mtime_ns for path in write_demo_tasks(tmp_path)} == first
+    def written():
+        return {path: path.stat().st_mtime_ns for path in write_demo_tasks(tmp_path) + write_demo_treebank(tmp_path)}
+
+    first = written()
+    assert written() == first
 
 
 def test_demo_treebank_has_every_relation_of_the_tables_and_a_non_projective_arc():
@@ -79,7 +85,7 @@ def test_demo_treebank_has_every_relation_of_the_tables_and_a_non_projective_arc
 def test_the_bundled_ud_ewt_slice_is_the_test_splits_every_fourth_sentence_with_its_licence(tmp_path):
     """dev.conllu: sentences 1, 5, 9, ... of UD English EWT's test split; train.conllu: 3, 7, 11, ...; disjoint, copied
     unchanged, the licence (CC BY-SA 4.0) and the attribution beside them."""
-    from headlab.tasks.ud_ewt_slice import FOLDER, sentence_blocks, write_slices
+    from headlab.analysis.syntax.ud_ewt_slice import FOLDER, sentence_blocks, write_slices
 
     dev, train = (read_conllu(FOLDER / f"{name}.conllu") for name in ("dev", "train"))
     assert (len(dev), len(train)) == (520, 519)

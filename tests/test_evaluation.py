@@ -10,9 +10,9 @@ import torch
 from conftest import ROOT
 from hydra import compose, initialize_config_dir
 
-from headlab.analysis.evaluation import PlanEvaluator, Variant
-from headlab.analysis.sweep_heads import LayerSweepEvaluator
-from headlab.analysis.sweep_plans import family_plans
+from headlab.analysis.evaluation.sweep_heads import LayerSweepEvaluator
+from headlab.analysis.evaluation.sweep_plans import family_plans
+from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.cli.schema import register_configs
 from headlab.core.models import load_model
 from headlab.core.plans import HeadPlan

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from headlab.analysis.features import (
+from headlab.analysis.types.features import (
     CLARK,
     DISTANCE_BINS,
     SIEVES,

@@ -13,9 +13,9 @@ from conftest import run, wandb_log
 from omegaconf import OmegaConf
 
 import headlab
-from headlab.analysis.feature_data import read_text_lines
-from headlab.analysis.features import AttentionFeatures, attention_features
-from headlab.analysis.features_run import encoder
+from headlab.analysis.types.feature_data import read_text_lines
+from headlab.analysis.types.features import AttentionFeatures, attention_features
+from headlab.analysis.types.features_run import encoder
 from headlab.core.models import load_model, load_tokenizer
 from headlab.errors import UserError
 from headlab.training.checkpoints import Checkpoint, load_checkpoint

@@ -46,6 +46,39 @@ def test_imports_run_bottom_up():
     assert not upward, "imports that go up a layer: " + ", ".join(upward)
 
 
+def module_name(path: Path) -> str:
+    return ".".join(("headlab", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def test_no_circle_of_imports():
+    """No module reaches itself through the modules it imports (lazy imports inside functions count)."""
+    graph = {module_name(path): headlab_imports(path) for path in PACKAGE.rglob("*.py")}
+    circles = []
+
+    def visit(module: str, path: list[str], done: set[str]) -> None:
+        for name in sorted(graph.get(module, ())):
+            if name in path:
+                circles.append(" -> ".join([*path[path.index(name):], name]))
+            elif name not in done:
+                visit(name, [*path, name], done)
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        visit(module, [module], done)
+    assert not circles, "circles of imports: " + "; ".join(circles)
+
+
+def test_folders_and_modules_stay_small():
+    """A folder holds at most about 15 modules (one sub-package per question past that), a module at most ~400
+    lines (README "Layout")."""
+    for folder in {path.parent for path in PACKAGE.rglob("*.py")}:
+        modules = [path.name for path in folder.glob("*.py") if path.name != "__init__.py"]
+        assert len(modules) <= 15, f"{folder}: {len(modules)} modules"
+    long = {str(path): n for path in PACKAGE.rglob("*.py") if (n := len(path.read_text().splitlines())) > 400}
+    assert not long, long
+
+
 def test_import_headlab_is_light():
     """The command line checks configs before torch loads: ``import headlab`` must not pull it in."""
     import subprocess

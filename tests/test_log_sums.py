@@ -7,8 +7,8 @@ import pytest
 import torch
 from numba import njit
 
-from headlab.analysis.features import _js_sums, _js_sums_torch
-from headlab.analysis.log_sums import _log2, entropy_cpu, js_sums_cpu
+from headlab.analysis.types.features import _js_sums, _js_sums_torch
+from headlab.analysis.types.log_sums import _log2, entropy_cpu, js_sums_cpu
 
 
 @njit

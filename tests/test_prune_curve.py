@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import run
 
-from headlab.analysis.prune_curve import lowest_heads, random_heads
+from headlab.analysis.importance.prune_curve import lowest_heads, random_heads
 
 CURVE = ("mode=prune_curve", "prune_curve.step=0.25", "prune_curve.min_heads_per_layer=1", "prune_curve.stop_below=1",
          "prune_curve.random_seeds=[3,4]", "prune_curve.timing_rounds=2", "importance.max_examples=30")
@@ -116,7 +116,7 @@ def test_lowest_heads_skip_pruned_heads_and_keep_the_layer_floor():
 @pytest.mark.parametrize("shape", [(3, 4), (6, 12), (2, 5)])
 def test_most_steps_counts_the_steps_until_no_head_may_go(shape):
     """Against the curve's own loop run to its end on random scores (no threshold)."""
-    from headlab.analysis.prune_curve import most_steps
+    from headlab.analysis.importance.prune_curve import most_steps
 
     rng = np.random.default_rng(0)
     for step in (0.05, 0.1, 0.25, 0.3, 1.0):
@@ -132,7 +132,7 @@ def test_a_baseline_of_zero_or_less_sets_no_threshold_and_no_fraction():
     ZeroDivisionError, and a negative baseline stopped the curve at once): every step runs, fractions are NaN."""
     from types import SimpleNamespace
 
-    from headlab.analysis.prune_curve import PruneCurve, relative
+    from headlab.analysis.importance.prune_curve import PruneCurve, relative
 
     assert relative(0.5, 2.0) == 0.25 and np.isnan(relative(0.5, 0.0)) and np.isnan(relative(0.1, -0.2))
     curve = PruneCurve.__new__(PruneCurve)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from headlab.reporting.sieve_roles import role_matrix, sieve_roles
+from headlab.analysis.types.sieve_roles import role_matrix, sieve_roles
 
 
 def one_sided_p(scores, tau):

@@ -13,13 +13,13 @@ import pytest
 import torch
 from conftest import ROOT, assert_one_error_line, run
 
-from headlab.analysis.syntax_data import encode_treebank
-from headlab.analysis.syntax_heads import OFFSETS, head_accuracies, syntax_scores
+from headlab.analysis.syntax.data import encode_treebank
+from headlab.analysis.syntax.heads import OFFSETS, head_accuracies, syntax_scores
+from headlab.analysis.syntax.treebank import read_conllu
+from headlab.analysis.syntax.word_attention import slot_matrix, word_level
 from headlab.core.plans import HeadPlan
-from headlab.core.word_attention import slot_matrix, word_level
 from headlab.errors import UserError
 from headlab.reporting.head_table import head_table
-from headlab.tasks.treebank import read_conllu
 from tests.reference import bert_forward, params_of
 
 COLUMNS = "{id}\t{form}\t_\t_\t_\t_\t{head}\t{rel}\t_\t_"
@@ -444,7 +444,7 @@ def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path
 
 def test_relations_named_get_a_row_whatever_their_count():
     """``syntax.relations`` is what the user asked for: a rare relation (or punct) is not dropped by min_count."""
-    from headlab.analysis.syntax_heads import SyntaxScores, relation_counts, relations_below
+    from headlab.analysis.syntax.heads import SyntaxScores, relation_counts, relations_below
 
     relations = np.array(["nsubj"] * 30 + ["iobj"] * 3 + ["punct"] * 5 + ["root"] * 2)
     scores = SyntaxScores(np.zeros((len(relations), 1, 1, 2), dtype=bool), {}, relations)

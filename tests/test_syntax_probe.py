@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from headlab.analysis.syntax_probe import (
+from headlab.analysis.syntax.probe import (
     DISTANCE_CLIP,
     AttentionProbe,
     ProbeSentence,

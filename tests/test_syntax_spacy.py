@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from conftest import COMMON, ROOT, assert_one_error_line, run
 
-from headlab.tasks.parsed_text import span_sentence
-from headlab.tasks.treebank import Sentence, read_conllu
+from headlab.analysis.syntax.parsed_text import span_sentence
+from headlab.analysis.syntax.treebank import Sentence, read_conllu
 
 spacy = pytest.importorskip("spacy")
 DEMO = ROOT / "src/headlab/tasks/data/demo_syntax"

@@ -34,8 +34,8 @@ _EXPORTS = {
     "load_sweep": "headlab.reporting.sweep_table",
     "paired_ci": "headlab.reporting.statistics",
     "observe_attention": "headlab.core.observe",
-    "attention_features": "headlab.analysis.features",
-    "AttentionFeatures": "headlab.analysis.features",
+    "attention_features": "headlab.analysis.types.features",
+    "AttentionFeatures": "headlab.analysis.types.features",
     "head_table": "headlab.reporting.head_table",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
@@ -46,7 +46,7 @@ __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
 ]
 
 if TYPE_CHECKING:
-    from headlab.analysis.features import AttentionFeatures, attention_features
+    from headlab.analysis.types.features import AttentionFeatures, attention_features
     from headlab.core.attention import ablate, register_attention, set_attention_route
     from headlab.core.head_names import head_name
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients

@@ -14,16 +14,16 @@ from typing import Any
 
 # mode -> its module (with torch, loaded once the config's groups are checked)
 ANALYSIS_MODES = {
-    "eval": "headlab.analysis.eval_run",
-    "sweep_heads": "headlab.analysis.sweep_heads",
-    "importance": "headlab.analysis.importance_run",
-    "prune_curve": "headlab.analysis.prune_curve",
-    "features": "headlab.analysis.features_run",
-    "cluster": "headlab.analysis.cluster_run",
-    "compare": "headlab.analysis.compare_run",
-    "syntax": "headlab.analysis.syntax_run",
-    "report": "headlab.analysis.report_run",
-    "demo": "headlab.analysis.demo",
+    "eval": "headlab.analysis.evaluation.eval_run",
+    "sweep_heads": "headlab.analysis.evaluation.sweep_heads",
+    "importance": "headlab.analysis.importance.importance_run",
+    "prune_curve": "headlab.analysis.importance.prune_curve",
+    "features": "headlab.analysis.types.features_run",
+    "cluster": "headlab.analysis.types.cluster_run",
+    "compare": "headlab.analysis.types.compare_run",
+    "syntax": "headlab.analysis.syntax.syntax_run",
+    "report": "headlab.analysis.evaluation.report_run",
+    "demo": "headlab.analysis.evaluation.demo",
 }
 
 

@@ -19,7 +19,7 @@ def run_ablate(cfg: Any) -> Any:
         from headlab.study.run import check_study, run_study
 
         stages = check_study(cfg, job_dir())
-        from headlab.study.configs import preview_configs
+        from headlab.study.stages import preview_configs
 
         for stage_cfg in preview_configs(cfg, stages):  # every stage's settings typed and in range, before any runs
             check_config(stage_cfg)

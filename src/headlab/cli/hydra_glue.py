@@ -202,13 +202,15 @@ class ReportOnMultirunEnd(Callback):
         if not config.report.auto:
             return
         if config.get("mode") == "cluster":
-            from headlab.analysis.cluster_run import summarize_sweep
+            from headlab.analysis.types.cluster_run import summarize_sweep
 
             summarize_sweep(config.hydra.sweep.dir)
             return
         if config.get("mode") not in ("eval", "sweep_heads"):
             return
-        from headlab.analysis.report_run import run as run_report  # pandas, scipy and matplotlib load only here
+        from headlab.analysis.evaluation.report_run import (
+            run as run_report,  # pandas, scipy and matplotlib load only here
+        )
 
         cfg = OmegaConf.masked_copy(config, ["report", "logger"])
         OmegaConf.set_struct(cfg, False)

@@ -19,16 +19,16 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from headlab.cli.features_schema import ClusterConfig, CompareConfig, FeaturesConfig
+from headlab.analysis.evaluation.report_schema import ReportConfig
+from headlab.analysis.importance.schema import ImportanceConfig, PruneCurveConfig
+from headlab.analysis.syntax.schema import SyntaxConfig
+from headlab.analysis.types.schema import ClusterConfig, CompareConfig, FeaturesConfig
 from headlab.cli.hydra_glue import register_resolvers
-from headlab.cli.importance_schema import ImportanceConfig, PruneCurveConfig
 from headlab.cli.logger_schema import CSVLoggerConfig, NoLoggerConfig, WandbLoggerConfig
-from headlab.cli.report_schema import ReportConfig
-from headlab.cli.study_schema import StudyConfig
-from headlab.cli.syntax_schema import SyntaxConfig
 from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, check_seed, one_of
 from headlab.requirements import require_torch
+from headlab.study.schema import StudyConfig
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "syntax",

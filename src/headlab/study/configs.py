@@ -72,13 +72,3 @@ def train_config(study_cfg: Any, seed: int, group: str) -> Any:
         stage_logger(cfg, group, "finetune")
     return lay_over(cfg, study_cfg.study.get("finetune"), "study.finetune")
 
-
-def preview_configs(study_cfg: Any, stages: list[str]) -> list[Any]:
-    """A config per stage with its ``study.<stage>`` settings laid over, for the checks that need no inputs (the
-    configs the stages run read the files of the stages before them)."""
-    from headlab.study.stages import STAGE_MODES
-
-    configs = [train_config(study_cfg, seed, "preview") for seed in study_cfg.study.seeds] if "finetune" in stages \
-        else []
-    return configs + [analysis_config(study_cfg, stage, STAGE_MODES[stage], None, "preview")
-                      for stage in stages if stage in STAGE_MODES]

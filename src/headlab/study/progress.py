@@ -78,7 +78,7 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0) 
         return models * TRAIN_PASSES * _at_most(sizes.train, cfg.importance.max_examples)
     if stage == "prune_curve":
         options = cfg.prune_curve
-        from headlab.analysis.prune_curve import most_steps
+        from headlab.analysis.importance.prune_curve import most_steps
 
         steps = PRUNE_STEPS_RUN * most_steps(sizes.layers, sizes.heads, options.step, options.min_heads_per_layer)
         scoring = TRAIN_PASSES * _at_most(sizes.train, cfg.importance.max_examples) if options.recompute else 0.0

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headlab.analysis.syntax_heads import left_out_sentence
+from headlab.analysis.importance.agreement import normalisation_label
+from headlab.analysis.syntax.heads import left_out_sentence
 from headlab.core.head_names import head_name
 from headlab.files import read_json
-from headlab.reporting.agreement import normalisation_label
 from headlab.reporting.layouts import clark_layout, to_markdown
 from headlab.study.report_base import StudyReport, main_metric, number
 

@@ -98,7 +98,7 @@ def job_hash(job: Job) -> str:
         from headlab.training.finetune import finetune_identity
 
         return finetune_identity(job.cfg)[3]
-    from headlab.analysis.job_identity import hashed_config
+    from headlab.analysis.jobs.identity import hashed_config
     from headlab.analysis.modes import check_mode
 
     check_mode(job.cfg)

@@ -210,3 +210,12 @@ def _importance(study: Study) -> list[Job]:
 def _prune_curve(study: Study) -> list[Job]:
     return [Job(study.stage_dir("prune_curve") / name, study.analysis("prune_curve", "prune_curve", ckpt),
                 "prune_curve") for name, ckpt in study.models]
+
+
+def preview_configs(study_cfg: Any, stages: list[str]) -> list[Any]:
+    """A config per stage with its ``study.<stage>`` settings laid over, for the checks that need no inputs (the
+    configs the stages run read the files of the stages before them)."""
+    configs = [train_config(study_cfg, seed, "preview") for seed in study_cfg.study.seeds] if "finetune" in stages \
+        else []
+    return configs + [analysis_config(study_cfg, stage, STAGE_MODES[stage], None, "preview")
+                      for stage in stages if stage in STAGE_MODES]

@@ -1,6 +1,6 @@
 """Generator of the two bundled demo tasks (deterministic; the output is committed).
 
-    python -m headlab.tasks.demo_tasks            # rewrites src/headlab/tasks/data/demo_{qa,pairs,syntax}/
+    python -m headlab.tasks.demo_tasks            # rewrites src/headlab/tasks/data/demo_{qa,pairs}/
 
 * ``demo_qa`` (SQuAD v1.1 JSON): each context is 4-6 sentences of one shape about invented
   people, places and years ("Mira Okafor was born in Varnholm in 1942."). Each question
@@ -9,7 +9,8 @@
 * ``demo_pairs`` (GLUE-like JSON lines: sentence1, sentence2, label, idx): sentence1 is 2-3
   such facts; label 1 if sentence2 restates one of them, 0 if it mixes the parts of two
   facts or changes one part. Balanced classes.
-* ``demo_syntax`` (CoNLL-U, train and dev): sentences with gold dependency trees (``demo_treebank``).
+* ``demo_syntax`` (CoNLL-U, train and dev), the bundled treebank, is written by
+  ``python -m headlab.analysis.syntax.demo_treebank`` (the syntax question's own data).
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-
-from headlab.tasks.demo_treebank import SPLITS as TREEBANK_SPLITS
-from headlab.tasks.demo_treebank import treebank_split
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SPLITS = {"train": 0, "validation": 1}  # split -> seed offset
@@ -120,8 +118,7 @@ def write_demo_tasks(root: Path = DATA_DIR) -> list[Path]:
                                         json.dumps(qa_split(split), indent=None) + "\n"))
         written.append(write_if_changed(root / "demo_pairs" / f"{split}.jsonl",
                                         "".join(json.dumps(row) + "\n" for row in pairs_split(split))))
-    return written + [write_if_changed(root / "demo_syntax" / f"{split}.conllu", treebank_split(split))
-                      for split in TREEBANK_SPLITS]
+    return written
 
 
 if __name__ == "__main__":

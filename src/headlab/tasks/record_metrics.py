@@ -1,7 +1,7 @@
 """A task's metrics recomputed from per-example records, on all examples or any subset.
 
 Evaluation under plans (``ablate.py mode=eval``) writes one record per example and split
-(``headlab.analysis.evaluation``); its ``results.json`` metrics are these functions of the
+(``headlab.analysis.jobs.plan_evaluator``); its ``results.json`` metrics are these functions of the
 records, and the statistics of a report recompute them on resamples. The columns:
 
 ==================  ================================================================

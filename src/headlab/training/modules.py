@@ -5,7 +5,7 @@ with heads removed is the same switch as evaluating with them removed. Metrics a
 objects per eval split (exact across processes); after each validation epoch the module logs
 ``{split}/{metric}`` and keeps the values in ``last_metrics`` and the number of examples
 evaluated (over all processes) in ``last_counts``. The per-example helpers below (losses, gathering)
-also serve evaluation under plans (``headlab.analysis.evaluation``).
+also serve evaluation under plans (``headlab.analysis.jobs.plan_evaluator``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headlab.analysis.clusters import name_margins
+from headlab.analysis.types.clusters import name_margins
 from headlab.files import read_json
 from headlab.study.findings.inputs import StudyFiles
 

@@ -19,8 +19,8 @@ from typing import Any
 from filelock import FileLock
 from omegaconf import OmegaConf
 
-from headlab.analysis.evaluation import PlanEvaluator, Variant
-from headlab.analysis.job_identity import JobIdentity
+from headlab.analysis.jobs.identity import JobIdentity
+from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.core.models import apply_runtime_options, weights_hash
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, read_json, write_json_atomic

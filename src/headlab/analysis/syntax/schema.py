@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headlab.analysis.syntax.treebank import LEFT_OUT_RELATIONS
 from headlab.errors import UserError, one_of
-from headlab.tasks.treebank import LEFT_OUT_RELATIONS
 
-PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax_probe.KINDS (no torch import here)
+PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax.probe.KINDS (no torch import here)
 PARSERS = ("conllu", "spacy")
 TREEBANKS = ("ud_ewt", "demo_syntax")  # bundled: src/headlab/tasks/data/<name>/{dev,train}.conllu
-SIEVES = ("pande", "relatives")  # headlab.analysis.syntax_sieves.SIEVES
+SIEVES = ("pande", "relatives")  # headlab.analysis.syntax.sieves.SIEVES
 SIEVE_DIRECTIONS = ("l2r", "r2l", "bi")
 
 

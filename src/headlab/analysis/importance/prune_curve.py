@@ -35,12 +35,12 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob
-from headlab.analysis.evaluation import Variant
-from headlab.analysis.importance_run import score_heads
-from headlab.analysis.job_identity import JobIdentity, resumable
-from headlab.analysis.mode_checks import check_estimation, check_evaluation, warn_about_plan
-from headlab.analysis.timing import forward_seconds
+from headlab.analysis.importance.importance_run import score_heads
+from headlab.analysis.importance.timing import forward_seconds
+from headlab.analysis.jobs.checks import check_estimation, check_evaluation, warn_about_plan
+from headlab.analysis.jobs.eval_job import EvalJob
+from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.jobs.plan_evaluator import Variant
 from headlab.core.head_names import head_name, parse_head_name
 from headlab.core.importance import normalize_importance
 from headlab.core.plans import GRANULARITIES, HeadPlan

@@ -1,6 +1,6 @@
 """Writer of the bundled UD English EWT slice (deterministic; the output is committed, with its licence beside it).
 
-    python -m headlab.tasks.ud_ewt_slice PATH/en_ewt-ud-test.conllu      # rewrites src/headlab/tasks/data/ud_ewt/
+    python -m headlab.analysis.syntax.ud_ewt_slice PATH/en_ewt-ud-test.conllu  # rewrites src/headlab/tasks/data/ud_ewt/
 
 The Universal Dependencies English Web Treebank's test split (2,077 sentences of weblogs, newsgroups, emails,
 reviews and Yahoo! answers, gold trees; CC BY-SA 4.0) is cut into two disjoint slices, each sentence copied as it
@@ -30,7 +30,7 @@ unchanged, in their order. headlab scores `dev.conllu` in `mode=syntax` by defau
 Licence: Creative Commons Attribution-ShareAlike 4.0 International (`LICENSE.txt`); these two files are shared under
 the same licence. Attribution: Natalia Silveira, Timothy Dozat, Marie-Catherine de Marneffe, Samuel Bowman, Miriam
 Connor, John Bauer and Christopher D. Manning (2014), "A Gold Standard Dependency Corpus for English", LREC 2014;
-and the UD English EWT contributors. The slices are made by `python -m headlab.tasks.ud_ewt_slice
+and the UD English EWT contributors. The slices are made by `python -m headlab.analysis.syntax.ud_ewt_slice
 en_ewt-ud-test.conllu`.
 """
 
@@ -51,6 +51,6 @@ def write_slices(source: Path, folder: Path = FOLDER) -> list[Path]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m headlab.tasks.ud_ewt_slice PATH/en_ewt-ud-test.conllu")
+        sys.exit("usage: python -m headlab.analysis.syntax.ud_ewt_slice PATH/en_ewt-ud-test.conllu")
     for path in write_slices(Path(sys.argv[1])):
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")

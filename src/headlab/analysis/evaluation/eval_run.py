@@ -11,10 +11,10 @@ from typing import Any
 
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob, summary_line
-from headlab.analysis.evaluation import Variant
-from headlab.analysis.job_identity import JobIdentity, resumable
-from headlab.analysis.mode_checks import check_evaluation, warn_about_plan
+from headlab.analysis.jobs.checks import check_evaluation, warn_about_plan
+from headlab.analysis.jobs.eval_job import EvalJob, summary_line
+from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.jobs.plan_evaluator import Variant
 from headlab.core.masks import mask_rules, plan_from_mask
 from headlab.core.models import model_shape
 

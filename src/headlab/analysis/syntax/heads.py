@@ -1,8 +1,8 @@
 """Which heads track which dependency relation (Clark et al. 2019, section 4.2).
 
 Each head is a parser: a word's predicted head is the word it attends to most (``dep->head``), or the word that
-attends to it most (``head->dep``; ``headlab.core.word_attention``). Per word, head and direction: is the prediction
-the gold head (``judged`` by the possessive's ``'s`` token where ``syntax_data`` says so)? The baselines predict the
+attends to it most (``head->dep``; ``word_attention``). Per word, head and direction: is the prediction
+the gold head (``judged`` by the possessive's ``'s`` token where ``data`` says so)? The baselines predict the
 word a fixed offset away, clipped to the sentence as Clark et al.'s code does (offsets -3..+2; 0, the word itself,
 is never a head). Accuracies per relation are means of these per-word outcomes, which also feed the paired bootstrap.
 
@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlab.analysis.syntax_data import EncodedTreebank
-from headlab.analysis.syntax_sieves import (
+from headlab.analysis.syntax.data import EncodedTreebank
+from headlab.analysis.syntax.sieves import (
     SYNTACTIC_SIEVES,
     dependency_pairs,
     mean_over_pairs,
@@ -29,12 +29,12 @@ from headlab.analysis.syntax_sieves import (
     sieve_members,
     sieve_scores,
 )
+from headlab.analysis.syntax.treebank import LEFT_OUT_RELATIONS
+from headlab.analysis.syntax.word_attention import DIRECTIONS, most_attended, slot_matrix, word_level
 from headlab.core.attention import ablate
 from headlab.core.head_names import head_name
 from headlab.core.observe import observe_attention
 from headlab.core.plans import HeadPlan
-from headlab.core.word_attention import DIRECTIONS, most_attended, slot_matrix, word_level
-from headlab.tasks.treebank import LEFT_OUT_RELATIONS
 
 OFFSETS = (-3, -2, -1, 1, 2)
 LEFT_OUT = LEFT_OUT_RELATIONS  # not in the table (Clark et al.); "all" is every other word
@@ -125,7 +125,7 @@ def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, t
                   direction: str = "l2r") -> SyntaxScores:
     """Every head's per-word outcomes on ``encoded`` (``batches``: its ``batches()``, in order) and the offsets',
     under ``plan`` when given (one sentence per sequence: the ``drop_*`` policies' units are that sentence); the
-    syntactic sieve scores by ``sieve`` (``pande`` in ``direction``, or ``relatives``: ``syntax_sieves``)."""
+    syntactic sieve scores by ``sieve`` (``pande`` in ``direction``, or ``relatives``: ``sieves``)."""
     device = next(model.parameters()).device
     config = model.config
     outcomes = WordOutcomes(encoded, config.num_hidden_layers, config.num_attention_heads, device, sieve, direction)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from headlab.errors import UserError, one_of
 
-FEATURE_FAMILIES = ("distance", "clark", "sieve", "js")  # headlab.analysis.features.FAMILIES (no torch import here)
+FEATURE_FAMILIES = ("distance", "clark", "sieve", "js")  # types.features.FAMILIES (no torch here)
 CORRECTIONS = ("holm", "bh", "none")
 
 

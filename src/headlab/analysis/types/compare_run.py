@@ -31,8 +31,8 @@ import pandas as pd
 from rich.console import Console
 from sklearn.metrics import adjusted_rand_score
 
-from headlab.analysis.compare_roles import read_syntax_jobs, role_tables
-from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.types.compare_roles import read_syntax_jobs, role_tables
 from headlab.core.head_files import load_clusters
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic

@@ -28,20 +28,20 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from headlab.analysis.feature_data import (
+from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.types.feature_data import (
     Sequences,
     model_max_length,
     read_text_lines,
     task_sequences,
     text_file_sequences,
 )
-from headlab.analysis.features import AttentionFeatures, attention_features
-from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.analysis.types.features import AttentionFeatures, attention_features
+from headlab.analysis.types.sieve_roles import role_matrix, sieve_roles
 from headlab.core.models import load_model_reporting, load_tokenizer, model_config, note_random_weights
 from headlab.errors import one_of
 from headlab.files import atomic_file, write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
-from headlab.reporting.sieve_roles import role_matrix, sieve_roles
 from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts

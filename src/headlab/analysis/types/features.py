@@ -320,7 +320,7 @@ def _plogp(p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 def _entropy(weights: torch.Tensor) -> torch.Tensor:
     """``[..., seq]`` entropy -sum p ln p of each row of ``weights`` ``[..., seq, seq]``; on CPU one fused loop."""
     if weights.device.type == "cpu" and weights.dtype == torch.float32:
-        from headlab.analysis.log_sums import entropy_cpu
+        from headlab.analysis.types.log_sums import entropy_cpu
 
         return entropy_cpu(weights)
     return -_plogp(weights).sum(-1)
@@ -331,7 +331,7 @@ def _js_sums(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     float64. ``rows`` ``[N heads, T]``: weights of every (query, key) pair; ``weight`` ``[T]``: its query's weight.
     On CPU one fused loop (``log_sums``), elsewhere torch ops (``_js_sums_torch``)."""
     if rows.device.type == "cpu" and rows.dtype == torch.float32:
-        from headlab.analysis.log_sums import js_sums_cpu  # numba: imported (0.2 s) only when needed
+        from headlab.analysis.types.log_sums import js_sums_cpu  # numba: imported (0.2 s) only when needed
 
         cross, plogp, mass = js_sums_cpu(rows, weight)
     else:

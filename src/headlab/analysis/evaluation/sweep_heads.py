@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob
-from headlab.analysis.evaluation import PlanEvaluator, Variant
-from headlab.analysis.job_identity import JobIdentity, resumable
-from headlab.analysis.mode_checks import check_evaluation, warn_about_plan
-from headlab.analysis.sweep_plans import family_plans
+from headlab.analysis.evaluation.sweep_plans import family_plans
+from headlab.analysis.jobs.checks import check_evaluation, warn_about_plan
+from headlab.analysis.jobs.eval_job import EvalJob
+from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.core.attention import Controller, ablate, headlab_implementation
 from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
 from headlab.core.models import model_shape

@@ -11,10 +11,10 @@ Two definitions, ``syntax.sieve``:
 - ``relatives`` (headlab's earlier one): the sieve of a word ``i`` is its gold head (unless ROOT) and its dependents
   (a fine role: those linked to ``i`` by it); the score is, over the words with a sieve, the mean of (attention
   from ``i`` to its sieve) / (|sieve| / slots) on word-level attention, ``slots`` being the words with ``[CLS]`` and
-  ``[SEP]``: the token-level local / block / delimiter sieves' definition (``analysis/features.py``).
+  ``[SEP]``: the token-level local / block / delimiter sieves' definition (``analysis/types/features.py``).
 
 Uniform attention scores exactly 1 under both. A sentence without a pair (a member) of a role gets no score (NaN);
-the roles then follow from the one-sided t-test across sentences and correction (``reporting/sieve_roles.py``).
+the roles then follow from the one-sided t-test across sentences and correction (``analysis/types/sieve_roles.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The bundled demo treebank ``demo_syntax``: English sentences with gold UD trees, built from templates.
 
-    python -m headlab.tasks.demo_tasks       # rewrites it with the other demo tasks (deterministic; committed)
+    python -m headlab.analysis.syntax.demo_treebank       # rewrites src/headlab/tasks/data/demo_syntax/ (deterministic)
 
 Each template is a sentence shape with its tree written out once (``relation:head`` per word, heads 1-based); its
 slots are filled from small vocabularies of invented names and places (which split into several word pieces),
@@ -13,6 +13,9 @@ long and a non-projective one (an extraposed relative clause: "A man arrived who
 from __future__ import annotations
 
 import random
+from pathlib import Path
+
+from headlab.tasks.demo_tasks import DATA_DIR, write_if_changed
 
 SPLITS = {"train": (3000, 900), "dev": (3001, 300)}  # split -> (seed, sentences)
 
@@ -87,3 +90,12 @@ def treebank_split(split: str) -> str:
     seed, count = SPLITS[split]
     rng = random.Random(seed)
     return "\n".join(line for number in range(count) for line in sentence_lines(number, split, rng)) + "\n"
+
+
+def write_demo_treebank(root: Path = DATA_DIR) -> list[Path]:
+    return [write_if_changed(root / "demo_syntax" / f"{split}.conllu", treebank_split(split)) for split in SPLITS]
+
+
+if __name__ == "__main__":
+    for path in write_demo_treebank():
+        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")

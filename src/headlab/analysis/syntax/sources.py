@@ -12,11 +12,12 @@ from typing import Any
 
 from rich.console import Console
 
+from headlab.analysis.syntax.parsed_text import read_text
+from headlab.analysis.syntax.treebank import Sentence, read_conllu
 from headlab.errors import UserError
-from headlab.tasks.parsed_text import read_text
-from headlab.tasks.treebank import Sentence, read_conllu
+from headlab.tasks.demo_tasks import DATA_DIR
 
-BUNDLED = Path(__file__).resolve().parents[1] / "tasks" / "data"  # <treebank>/dev.conllu (scored), train.conllu
+BUNDLED = DATA_DIR  # <treebank>/dev.conllu (scored), train.conllu
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ attention in both directions, plus a learned bias for their distance (clipped to
     attn:      s(i, j) = sum_k  w_k a^k(i -> j) + u_k a^k(j -> i)                     + d(i - j)
     attn_emb:  s(i, j) = sum_k  W_k (e_i + e_j) a^k(i -> j) + U_k (e_i + e_j) a^k(j -> i) + d(i - j)
 
-``a^k`` is head ``k``'s word-level attention (``core/word_attention``) with ROOT standing for ``[CLS]`` and ``[SEP]``
+``a^k`` is head ``k``'s word-level attention (``word_attention``) with ROOT standing for ``[CLS]`` and ``[SEP]``
 together (their rows and columns added), ``e`` the model's own input embeddings of the words (the mean of their
 pieces'; ROOT: ``[CLS]``'s), concatenated (``+`` above), in place of Clark et al.'s GloVe vectors. A softmax over
 the candidates (ROOT and every other word) gives p(head of j = i); cross-entropy against the gold head, Adam, one
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from headlab.analysis.syntax_data import EncodedTreebank
+from headlab.analysis.syntax.data import EncodedTreebank
+from headlab.analysis.syntax.word_attention import slot_matrix, word_level
 from headlab.core.observe import observe_attention
-from headlab.core.word_attention import slot_matrix, word_level
 
 KINDS = ("attn", "attn_emb")
 DISTANCE_CLIP = 5

@@ -29,10 +29,11 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from headlab.analysis.eval_job import EvalJob
-from headlab.analysis.job_identity import JobIdentity, resumable
-from headlab.analysis.mode_checks import check_estimation, check_evaluation, warn_about_plan
-from headlab.analysis.scoring import HeadScorer
+from headlab.analysis.importance.agreement import agreement_table, normalisation_label, read_head_sweep
+from headlab.analysis.importance.scoring import HeadScorer
+from headlab.analysis.jobs.checks import check_estimation, check_evaluation, warn_about_plan
+from headlab.analysis.jobs.eval_job import EvalJob
+from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.core.head_names import head_name
 from headlab.core.importance import HeadGradients, normalize_importance, punctuation_ids
 from headlab.core.masks import plan_from_mask
@@ -40,7 +41,6 @@ from headlab.core.models import load_tokenizer, model_shape
 from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
-from headlab.reporting.agreement import agreement_table, normalisation_label, read_head_sweep
 from headlab.reporting.layouts import to_markdown
 from headlab.training.checkpoints import tokenizer_config
 from headlab.training.tracking import log_artifacts

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from headlab.analysis.syntax.treebank import Sentence, check_tree
 from headlab.errors import UserError
-from headlab.tasks.treebank import Sentence, check_tree
 
 INSTALL = "pip install 'headlab[syntax]' && python -m spacy download en_core_web_sm"
 

@@ -29,10 +29,9 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from headlab.analysis.features_run import encoder, feature_device
-from headlab.analysis.job_identity import JobIdentity, resumable
-from headlab.analysis.syntax_data import EncodedTreebank, encode_treebank
-from headlab.analysis.syntax_heads import (
+from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.syntax.data import EncodedTreebank, encode_treebank
+from headlab.analysis.syntax.heads import (
     SyntaxScores,
     best_heads,
     head_accuracies,
@@ -42,20 +41,21 @@ from headlab.analysis.syntax_heads import (
     syntax_scores,
     word_maps,
 )
-from headlab.analysis.syntax_probe import attachment, probe_sentences, right_branching, train_probe
-from headlab.analysis.syntax_sources import evaluation_source, read_evaluation, read_training, training_source
+from headlab.analysis.syntax.plots import attention_lines, best_relation_heatmap
+from headlab.analysis.syntax.probe import attachment, probe_sentences, right_branching, train_probe
+from headlab.analysis.syntax.sources import evaluation_source, read_evaluation, read_training, training_source
+from headlab.analysis.syntax.treebank import LEFT_OUT_RELATIONS, sentences_digest
+from headlab.analysis.syntax.word_attention import DIRECTIONS
+from headlab.analysis.types.features_run import encoder, feature_device
+from headlab.analysis.types.sieve_roles import sieve_roles
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.core.models import load_tokenizer, model_config, model_shape
 from headlab.core.plans import HeadPlan
-from headlab.core.word_attention import DIRECTIONS
 from headlab.errors import UserError
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting.head_plots import role_panels
 from headlab.reporting.layouts import clark_layout, to_markdown
-from headlab.reporting.sieve_roles import sieve_roles
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
-from headlab.reporting.syntax_plots import attention_lines, best_relation_heatmap
-from headlab.tasks.treebank import LEFT_OUT_RELATIONS, sentences_digest
 from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts

@@ -3,7 +3,7 @@
 Sequences are ``[CLS] words [SEP]``: the words joined by spaces (as Clark et al. do), tokenised with character
 offsets, each piece given to the word whose characters it covers. This serves WordPiece and byte-level BPE alike
 (RoBERTa's tokenizer refuses pre-split words unless made with ``add_prefix_space``). Slots
-(``headlab.core.word_attention``): 0 ``[CLS]`` (the first special token), 1..n the words, n + 1 ``[SEP]`` (any later
+(``word_attention``): 0 ``[CLS]`` (the first special token), 1..n the words, n + 1 ``[SEP]`` (any later
 special token).
 Sentences longer than ``max_length`` word pieces are skipped and counted, as are sentences with a word that the
 tokenizer turns into no piece at all (a control character): its attention would be undefined.
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from headlab.analysis.syntax.treebank import Sentence
 from headlab.errors import UserError
-from headlab.tasks.treebank import Sentence
 
 POSSESSIVE_RELATIONS = ("nmod:poss", "poss")
 POSSESSIVE_MARKERS = ("'s", "'", "s'")

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from headlab.analysis.evaluation import MODEL_INPUTS
+from headlab.analysis.jobs.plan_evaluator import MODEL_INPUTS
 
 
 def _synchronize(device: torch.device) -> None:

@@ -39,7 +39,7 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
     with open_dict(cfg):
         cfg.mask = job_mask(cfg)
     if per_head:
-        from headlab.analysis.sweep_plans import check_sweep_mask
+        from headlab.analysis.evaluation.sweep_plans import check_sweep_mask
 
         check_sweep_mask(cfg.mask)
     else:

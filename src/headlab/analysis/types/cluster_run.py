@@ -1,6 +1,6 @@
 """``ablate.py mode=cluster``: head types from a ``mode=features`` job's distance features (Guan et al. 2020).
 
-Reads ``cluster.features`` (no model is loaded), clusters the heads (``headlab.analysis.clusters``), measures the
+Reads ``cluster.features`` (no model is loaded), clusters the heads (``headlab.analysis.types.clusters``), measures the
 stability, embeds the heads and writes into the job directory:
 
 =========================  ==============================================================================
@@ -29,10 +29,10 @@ import pandas as pd
 from rich.console import Console
 from sklearn.manifold import MDS, TSNE
 
-from headlab.analysis.clusters import Clustering, check_k, fit_clusters, profiles, stability
-from headlab.analysis.features import DISTANCE_BINS, AttentionFeatures
-from headlab.analysis.features_run import features_table
-from headlab.analysis.job_identity import JobIdentity, resumable
+from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.types.clusters import Clustering, check_k, fit_clusters, profiles, stability
+from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
+from headlab.analysis.types.features_run import features_table
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
