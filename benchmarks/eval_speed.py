@@ -54,9 +54,9 @@ from headlab.analysis.importance.prune_curve import prune_plan, random_heads
 from headlab.analysis.importance.scoring import HeadScorer
 from headlab.analysis.jobs.plan_evaluator import MODEL_INPUTS, PlanEvaluator, Variant
 from headlab.cli.schema import register_configs
-from headlab.core.attention import ablate
 from headlab.core.importance import punctuation_ids
 from headlab.core.models import load_model, load_tokenizer
+from headlab.core.patch.attention import ablate
 from headlab.core.plans import ESTIMABLE, HeadPlan
 from headlab.core.pruning import prune_heads
 from headlab.training.datamodule import TaskDataModule

@@ -12,7 +12,7 @@ from transformers import BertForQuestionAnswering, BertForSequenceClassification
 from transformers.masking_utils import create_bidirectional_mask
 
 import headlab
-from headlab.core.attention import register_attention
+from headlab.core.patch.attention import register_attention
 from headlab.core.plans import POLICIES
 
 MIXED_RULES = [

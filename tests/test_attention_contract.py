@@ -10,7 +10,7 @@ from conftest import assert_close_rel
 from test_attention import MIXED_RULES, plan_of, reference
 
 import headlab
-from headlab.core.attention import Controller
+from headlab.core.patch.attention import Controller
 from headlab.core.plans import POLICIES
 
 PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy in POLICIES if policy != "keep"},

@@ -15,7 +15,8 @@ from transformers import GPT2Config
 from headlab.cli.schema import register_configs
 from headlab.cli.train import run_train
 from headlab.core.masks import check_mask, plan_from_mask
-from headlab.core.models import model_config, model_shape
+from headlab.core.model_files import model_shape
+from headlab.core.models import model_config
 from headlab.errors import UserError
 
 register_configs()

@@ -18,7 +18,8 @@ from headlab.analysis.types.features import AttentionFeatures, attention_feature
 from headlab.analysis.types.features_run import encoder
 from headlab.core.models import load_model, load_tokenizer
 from headlab.errors import UserError
-from headlab.training.checkpoints import Checkpoint, load_checkpoint
+from headlab.training.checkpoint_loading import load_checkpoint
+from headlab.training.checkpoints import Checkpoint
 
 LINES = ["The doctor, Smith.", "", "Who was the doctor?\tIt was Smith. He lives here.",
          "The city is old.", "Is it old?\tThe river rose by two metres overnight, and the bridge was closed."]

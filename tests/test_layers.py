@@ -89,14 +89,20 @@ def test_import_headlab_is_light():
     assert result.stdout.strip() == "False"
 
 
-def test_every_mode_module_has_check_and_run():
-    """ablate.py's modes share one interface: check(cfg) (no weights read) and run(cfg, out_dir)."""
-    import importlib
+def test_every_mode_has_a_light_check_and_a_run():
+    """ablate.py's modes share one interface: check(cfg), in a module that imports neither torch nor transformers
+    nor Lightning (a bad config answers before they load), and run(cfg, output_dir)."""
     import inspect
+    import subprocess
+    import sys
 
-    from headlab.analysis.modes import ANALYSIS_MODES
+    from headlab.analysis.modes import ANALYSIS_MODES, function_at
 
-    for mode, name in ANALYSIS_MODES.items():
-        module = importlib.import_module(name)
-        assert list(inspect.signature(module.check).parameters) == ["cfg"], mode
-        assert list(inspect.signature(module.run).parameters)[:2] == ["cfg", "output_dir"], mode
+    for mode, where in ANALYSIS_MODES.items():
+        assert list(inspect.signature(function_at(where.check)).parameters) == ["cfg"], mode
+        assert list(inspect.signature(function_at(where.run)).parameters)[:2] == ["cfg", "output_dir"], mode
+    checks = sorted({where.check.split(":")[0] for where in ANALYSIS_MODES.values()})
+    code = (f"import sys; [__import__(name) for name in {checks!r}]; "
+            "print(sorted(name for name in ('torch', 'transformers', 'lightning') if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

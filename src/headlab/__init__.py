@@ -20,9 +20,9 @@ _EXPORTS = {
     "HeadPlan": "headlab.core.plans",
     "head_name": "headlab.core.head_names",
     "select_heads": "headlab.core.plans",
-    "ablate": "headlab.core.attention",
-    "register_attention": "headlab.core.attention",
-    "set_attention_route": "headlab.core.attention",
+    "ablate": "headlab.core.patch.attention",
+    "register_attention": "headlab.core.patch.attention",
+    "set_attention_route": "headlab.core.patch.attention",
     "split_sentences": "headlab.core.units",
     "unit_ids": "headlab.core.units",
     "UserError": "headlab.errors",
@@ -47,10 +47,10 @@ __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
 
 if TYPE_CHECKING:
     from headlab.analysis.types.features import AttentionFeatures, attention_features
-    from headlab.core.attention import ablate, register_attention, set_attention_route
     from headlab.core.head_names import head_name
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients
     from headlab.core.observe import observe_attention
+    from headlab.core.patch.attention import ablate, register_attention, set_attention_route
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, select_heads
     from headlab.core.pruning import prune_heads
     from headlab.core.units import split_sentences, unit_ids

@@ -1,41 +1,56 @@
 """The analysis modes of ``ablate.py``: the registry, and one check and one run of a mode.
 
-Every mode's module exposes the same two functions: ``check(cfg)``, every check that needs no weights (a bad
-value is one ``error:`` line, not a traceback after minutes), and ``run(cfg, out_dir)``, the mode's job in
-``out_dir``. ``ablate.py`` and the study (``headlab.study``) both go through ``check_mode`` and ``run_mode``.
+Every mode has a ``check(cfg)``, every check that needs no weights (a bad value is one ``error:`` line, not a
+traceback after minutes), in its question's ``checks`` module, which imports neither torch nor transformers nor
+Lightning, so a typo answers in about a second; and a ``run(cfg, output_dir)``, the mode's job, in its own module.
+``ablate.py`` and the study (``headlab.study``) both go through ``check_mode`` and ``run_mode``.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-# mode -> its module (with torch, loaded once the config's groups are checked)
+
+@dataclass(frozen=True)
+class Mode:
+    """Where a mode's check and run are, as ``"module:function"`` (imported when the mode is asked for)."""
+
+    check: str
+    run: str
+
+
+def _mode(question: str, check: str, run_module: str) -> Mode:
+    return Mode(f"headlab.analysis.{question}.checks:{check}", f"headlab.analysis.{question}.{run_module}:run")
+
+
 ANALYSIS_MODES = {
-    "eval": "headlab.analysis.evaluation.eval_run",
-    "sweep_heads": "headlab.analysis.evaluation.sweep_heads",
-    "importance": "headlab.analysis.importance.importance_run",
-    "prune_curve": "headlab.analysis.importance.prune_curve",
-    "features": "headlab.analysis.types.features_run",
-    "cluster": "headlab.analysis.types.cluster_run",
-    "compare": "headlab.analysis.types.compare_run",
-    "syntax": "headlab.analysis.syntax.syntax_run",
-    "report": "headlab.analysis.evaluation.report_run",
-    "demo": "headlab.analysis.evaluation.demo",
+    "eval": _mode("evaluation", "check_eval", "eval_run"),
+    "sweep_heads": _mode("evaluation", "check_sweep_heads", "sweep_heads"),
+    "importance": _mode("importance", "check_importance", "importance_run"),
+    "prune_curve": _mode("importance", "check_prune_curve", "prune_curve"),
+    "features": _mode("types", "check_features", "features_run"),
+    "cluster": _mode("types", "check_cluster", "cluster_run"),
+    "compare": _mode("types", "check_compare", "compare_run"),
+    "syntax": _mode("syntax", "check_syntax", "syntax_run"),
+    "report": _mode("evaluation", "check_report", "report_run"),
+    "demo": _mode("evaluation", "check_demo", "demo"),
 }
 
 
-def mode_module(mode: str) -> ModuleType:
-    return importlib.import_module(ANALYSIS_MODES[mode])
+def function_at(reference: str) -> Any:
+    """The function a ``"module:function"`` reference names."""
+    module, name = reference.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def check_mode(cfg: Any) -> None:
-    """``cfg.mode``'s ``check(cfg)`` (the groups' types and ranges were checked by ``check_config``)."""
-    mode_module(cfg.mode).check(cfg)
+    """``cfg.mode``'s check (the groups' types and ranges were checked by ``check_config``)."""
+    function_at(ANALYSIS_MODES[cfg.mode].check)(cfg)
 
 
 def run_mode(cfg: Any, out_dir: str | Path) -> Any:
     """``cfg.mode``'s ``run(cfg, out_dir)`` (a config that passed ``check_mode``)."""
-    return mode_module(cfg.mode).run(cfg, out_dir)
+    return function_at(ANALYSIS_MODES[cfg.mode].run)(cfg, out_dir)

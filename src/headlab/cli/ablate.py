@@ -9,8 +9,7 @@ from headlab.analysis.modes import ANALYSIS_MODES, check_mode, run_mode
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, point_latest, progress_bars_follow
 from headlab.cli.schema import check_config
 
-# mode -> "module:function" (what --help lists, in this order)
-MODES = {"study": "headlab.study.run:run_study", **ANALYSIS_MODES}
+MODES = ("study", *ANALYSIS_MODES)  # what --help lists, in this order
 
 
 def run_ablate(cfg: Any) -> Any:

@@ -34,7 +34,7 @@ from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "syntax",
                 "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
-ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.attention.ROUTES
+ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.patch.attention.ROUTES
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 

@@ -19,7 +19,7 @@ def check_train_config(cfg: Any) -> None:
         kept = (" (a finished run keeps it only with keep_training_state=true)"
                 if cfg.ckpt_path.endswith("last.ckpt") else "")
         raise UserError(f"ckpt_path={cfg.ckpt_path!r}: no such checkpoint file{kept} (or use ckpt_path=last / null)")
-    from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
+    from headlab.core.model_files import model_shape  # torch and transformers load only once the config is sane
 
     plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
 

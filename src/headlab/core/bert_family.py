@@ -16,24 +16,15 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
+from headlab.core.model_files import check_bert_family
 from headlab.errors import UserError
-
-# Model types whose self-attention dispatches through AttentionInterface with one module per layer.
-BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")
-def check_bert_family(config) -> None:
-    """UserError unless the config is a BERT-family encoder headlab can patch."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in BERT_FAMILY:
-        raise UserError(
-            f"model_type {model_type!r} is not a supported BERT-family encoder; supported: {', '.join(BERT_FAMILY)}"
-        )
 
 
 def self_attention_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
     """The model's self-attention modules, one per layer, in layer order."""
     if not isinstance(model, PreTrainedModel):
         raise UserError(f"expected a Hugging Face PreTrainedModel, got {type(model).__name__}")
-    check_bert_family(model.config)
+    check_bert_family(getattr(model.config, "model_type", None))
     modules = [m for m in model.modules() if _is_self_attention(m)]
     layers = sorted(m.layer_idx for m in modules)
     if layers != list(range(model.config.num_hidden_layers)):

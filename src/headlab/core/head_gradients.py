@@ -28,9 +28,9 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from headlab.core.attention import Controller, _restricted, _shared, headlab_attention
+from headlab.core.patch.attention import Controller, _restricted, _shared, headlab_attention
+from headlab.core.patch.sdpa_masks import padding_mask_function, validity
 from headlab.core.plans import ESTIMABLE
-from headlab.core.sdpa_masks import padding_mask_function, validity
 
 PROBE_NAME = "headlab_probe"
 _PROBE = "_headlab_probe"  # attribute on the self-attention modules while a probe is active

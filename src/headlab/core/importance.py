@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from headlab.core.attention import ablate
 from headlab.core.head_gradients import KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
+from headlab.core.patch.attention import ablate
 from headlab.core.plans import ESTIMABLE, GRANULARITIES, HeadPlan, check_unit
 from headlab.errors import UserError, one_of
 

@@ -8,7 +8,6 @@ a small WordPiece tokenizer built in code so that tests need no download.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import string
 from pathlib import Path
@@ -28,8 +27,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from headlab.core.attention import set_attention_route
-from headlab.core.bert_family import check_bert_family
+from headlab.core.model_files import check_bert_family, check_weights_folder, hub_error, looks_local
+from headlab.core.patch.attention import set_attention_route
 from headlab.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -63,18 +62,15 @@ def from_hub_or_folder(loader: Any, name_or_path: str | None, **kwargs: Any) -> 
     """``loader.from_pretrained(name_or_path)``; ``UserError`` for a missing folder or an unreachable hub model."""
     if not name_or_path:
         raise UserError("model.name_or_path is empty: give a hub model name or a local folder (or random_init=true)")
-    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or Path(name_or_path).exists()
-    if looks_local and not Path(name_or_path).expanduser().is_dir():
+    local = looks_local(name_or_path)
+    if local and not Path(name_or_path).expanduser().is_dir():
         raise UserError(f"model folder {name_or_path!r} does not exist")
     try:
         return loader.from_pretrained(name_or_path, **kwargs)
     except OSError as error:
-        if looks_local:
+        if local:
             raise UserError(f"model folder {name_or_path!r} cannot be loaded: {' '.join(str(error).split())}") from None
-        raise UserError(
-            f"model {name_or_path!r} is neither in the Hugging Face cache nor reachable on the hub; run once online "
-            "to cache it, or set model.name_or_path to a local folder saved with save_pretrained"
-        ) from None
+        raise hub_error(name_or_path) from None
 
 
 def model_config(cfg: Any) -> PretrainedConfig:
@@ -83,14 +79,8 @@ def model_config(cfg: Any) -> PretrainedConfig:
         config = BertConfig(vocab_size=len(tiny_vocab()), **dict(cfg.config))
     else:
         config = from_hub_or_folder(AutoConfig, cfg.name_or_path)
-    check_bert_family(config)
+    check_bert_family(config.model_type)
     return config
-
-
-def model_shape(cfg: Any) -> tuple[int, int]:
-    """``(num_layers, num_heads)`` from the config alone."""
-    config = model_config(cfg)
-    return config.num_hidden_layers, config.num_attention_heads
 
 
 def apply_runtime_options(model, cfg: Any) -> None:
@@ -150,38 +140,6 @@ def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str,
     finally:
         hf_logging.set_verbosity(verbosity)
     return model.eval(), list(info["missing_keys"])
-
-
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-
-
-def check_weights_folder(folder: str | Path, what: str) -> None:
-    """A ``UserError`` naming ``what`` when a local ``save_pretrained`` folder has no weights file or a truncated
-    ``model.safetensors`` (its header, or the tensors it lists, run past the end of the file). Reads the header only."""
-    folder = Path(folder)
-    found = [name for name in WEIGHT_FILES if (folder / name).is_file()]
-    if not found:
-        raise UserError(f"{what}: {str(folder)!r} has no weights file ({' or '.join(WEIGHT_FILES[::2])}); it was not "
-                        "saved whole: train or save it again")
-    if found[0] != "model.safetensors":
-        return
-    path = folder / "model.safetensors"
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as handle:
-            length = int.from_bytes(handle.read(8), "little")
-            if len(handle.read(min(length, size))) != length or length == 0:
-                raise ValueError("the header runs past the end of the file")
-            handle.seek(8)
-            header = json.loads(handle.read(length))
-        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-    except (ValueError, KeyError, TypeError, IndexError) as error:
-        raise UserError(f"{what}: {str(path)!r} is not a readable safetensors file ({error}); train or save it "
-                        "again") from None
-    if 8 + length + end > size:
-        raise UserError(f"{what}: {str(path)!r} is truncated ({size} bytes; its tensors need {8 + length + end}); "
-                        "train or save it again")
 
 
 def weights_hash(model: torch.nn.Module) -> str:

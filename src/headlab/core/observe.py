@@ -21,9 +21,9 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
-from headlab.core.attention import Controller, headlab_implementation
+from headlab.core.patch.attention import Controller, headlab_implementation
+from headlab.core.patch.sdpa_masks import validity
 from headlab.core.pruning import pruned_heads_of
-from headlab.core.sdpa_masks import validity
 from headlab.errors import UserError
 
 Observer = Callable[[int, torch.Tensor], None]

@@ -104,7 +104,7 @@ def about(seconds: float) -> str:
 def study_work(study: Any) -> Callable[[str], float] | None:
     """``stage -> passes`` of ``study`` (a ``headlab.study.stages.Study``), once the first fine-tuned model's
     ``results.json`` gives the task's sizes (None before)."""
-    from headlab.core.models import model_shape
+    from headlab.core.model_files import model_shape
     from headlab.study.configs import analysis_config, train_config
     from headlab.study.stages import GUAN_TYPES, STAGE_MODES, TABLES, table_plans
 

@@ -45,7 +45,7 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
     check_seeds(cfg)
     check_whole_model_one_process(cfg)
     stages = check_stages(cfg, done_stages(Path(folder)))
-    from headlab.core.models import model_shape  # torch and transformers load only once the config is sane
+    from headlab.core.model_files import model_shape  # torch and transformers load only once the config is sane
 
     model_shape(cfg.model)  # a hub model that cannot be reached fails here, before any stage
     if cfg.study.checkpoint is not None:

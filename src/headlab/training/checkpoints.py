@@ -1,4 +1,5 @@
-"""What ``ckpt_path`` names (DESIGN.md section 6), checked before weights load, and the model with those weights.
+"""What ``ckpt_path`` names (DESIGN.md section 6), checked before weights load (no torch imported but to read a
+``.ckpt``); ``checkpoint_loading`` loads the model with those weights.
 
 =====================  ==============================================================================
 ``null``               the model config's own weights (hub models that are already fine-tuned)
@@ -15,13 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
-from headlab.core.models import check_weights_folder, load_model_reporting, note_random_weights
+from headlab.core.model_files import check_weights_folder
 from headlab.errors import UserError
 from headlab.files import read_json
-from headlab.training.modules import task_head
 
 FINAL_WEIGHTS = "model"  # train.py saves its final weights (and tokenizer) in JOB_DIR/model
 PLAN_KEY = "headlab_plan"  # in the saved config.json of weights fine-tuned under a plan: the plan (HeadPlan.to_dict)
@@ -114,6 +113,8 @@ def refuse_plan_trained(ckpt_path: str, changed: str | None) -> None:
 
 
 def _lightning_hparams(path: Path) -> dict[str, Any]:
+    import torch  # a .ckpt is a pickle: only torch reads it
+
     try:
         hparams = torch.load(path, map_location="cpu", weights_only=False).get("hyper_parameters", {})
     except Exception as error:  # pickle, zip and torch errors alike: the file is not a checkpoint
@@ -143,32 +144,3 @@ def tokenizer_config(checkpoint: Checkpoint, model_cfg: Any) -> Any:
     """The model config whose tokenizer goes with ``checkpoint``: its folder's own if it saved one."""
     saved = checkpoint.path is not None and (Path(checkpoint.path) / "tokenizer_config.json").is_file()
     return weights_model_config(checkpoint, model_cfg) if saved else model_cfg
-
-
-def load_checkpoint(checkpoint: Checkpoint, model_cfg: Any, task_cfg: Any, allow_random_head: bool = False,
-                    seed: int = 0) -> torch.nn.Module:
-    """The HF model with ``task_cfg``'s head and ``checkpoint``'s weights, in eval mode.
-
-    An untrained task head (weights without one, or a random model) is a UserError unless ``allow_random_head``.
-    Weights the checkpoint lacks are drawn from ``seed`` (the job's), not from the process's random state: every job
-    of a sweep, and a rerun of a killed one, gets the same random head.
-    """
-    head, overrides = task_head(task_cfg)
-    weights = weights_model_config(checkpoint, model_cfg)
-    model, missing = load_model_reporting(weights, head, overrides, quiet=True, seed=seed)
-    if checkpoint.kind == "lightning":
-        state = torch.load(checkpoint.path, map_location="cpu", weights_only=False)["state_dict"]
-        trained = {name.removeprefix("model."): value for name, value in state.items() if name.startswith("model.")}
-        try:
-            model.load_state_dict(trained)
-        except RuntimeError as error:
-            raise UserError(f"ckpt_path={checkpoint.path!r} does not fit model {model_cfg.name} with the "
-                            f"{task_cfg.name} head: {' '.join(str(error).split())[:300]}") from None
-        missing = []
-    untrained = [name for name in missing if not name.startswith(model.base_model_prefix + ".")]
-    if untrained and not allow_random_head:
-        raise UserError(f"{checkpoint.describe()} has no trained {head} head for task {task_cfg.name} (randomly "
-                        f"initialised: {', '.join(untrained[:4])}); fine-tune first (train.py) and pass ckpt_path, "
-                        "or set allow_random_head=true")
-    note_random_weights(missing, weights)
-    return model.eval()

@@ -21,9 +21,10 @@ from omegaconf import OmegaConf
 from torchmetrics import MeanMetric, SumMetric
 from transformers import get_linear_schedule_with_warmup
 
-from headlab.core.attention import ablate
 from headlab.core.masks import plan_from_mask
-from headlab.core.models import load_model_reporting, model_shape, note_random_weights
+from headlab.core.model_files import model_shape
+from headlab.core.models import load_model_reporting, note_random_weights
+from headlab.core.patch.attention import ablate
 from headlab.errors import UserError
 from headlab.tasks.metrics import SquadMetric, glue_metrics
 from headlab.tasks.squad import AnswerCollector, best_spans

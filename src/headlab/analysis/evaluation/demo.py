@@ -15,16 +15,13 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from headlab.core.attention import ablate
 from headlab.core.masks import check_mask, plan_from_mask
-from headlab.core.models import apply_runtime_options, load_model, load_tokenizer, model_shape
+from headlab.core.model_files import model_shape
+from headlab.core.models import apply_runtime_options, load_model, load_tokenizer
+from headlab.core.patch.attention import ablate
 from headlab.core.plans import HeadPlan
 from headlab.core.units import unit_ids
 from headlab.files import write_json_atomic
-
-
-def check(cfg: Any) -> None:
-    """Nothing beyond the groups' checks: the demo checks each of its plans as it builds it."""
 
 
 def run(cfg: Any, output_dir: str | Path) -> list[dict[str, Any]]:

@@ -11,12 +11,11 @@ from typing import Any
 
 from rich.console import Console
 
-from headlab.analysis.jobs.checks import check_evaluation, warn_about_plan
 from headlab.analysis.jobs.eval_job import EvalJob, summary_line
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import Variant
 from headlab.core.masks import mask_rules, plan_from_mask
-from headlab.core.models import model_shape
+from headlab.core.model_files import model_shape
 
 
 def plan_name(cfg: Any) -> str:
@@ -26,11 +25,6 @@ def plan_name(cfg: Any) -> str:
     rules = mask_rules(cfg.mask)
     heads = lambda h: h if isinstance(h, str) else ",".join(h)  # noqa: E731
     return "; ".join(f"{rule['policy']} {heads(rule['heads'])}" for rule in rules) or "baseline"
-
-
-def check(cfg: Any) -> None:
-    """The plan against the model's shape, the checkpoint, the baseline folder (no weights read)."""
-    warn_about_plan(cfg, check_evaluation(cfg))
 
 
 @resumable

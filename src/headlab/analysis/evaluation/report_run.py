@@ -15,26 +15,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from headlab.errors import UserError
 from headlab.files import config_hash, write_frame_atomic
 from headlab.reporting.head_table import head_table
 from headlab.reporting.report import Report, report_settings, write_report
 from headlab.training.tracking import build_logger, log_artifacts, tracked_job
-
-
-def check(cfg: Any) -> None:
-    """A sweep folder to report (unless only the per-head table of ``report.heads`` is asked for)."""
-    if not cfg.report.heads or cfg.sweep_dir is not None:
-        check_sweep_dir(cfg.sweep_dir)
-
-
-def check_sweep_dir(sweep_dir: str | None) -> None:
-    """``mode=report`` needs an existing directory of ablate.py results."""
-    if sweep_dir is None:
-        raise UserError("mode=report needs sweep_dir=DIR: a directory of ablate.py results (a sweep's "
-                        "hydra.sweep.dir), or report.heads=[{features: DIR, ...}] for the per-head table")
-    if not Path(sweep_dir).is_dir():
-        raise UserError(f"sweep_dir={sweep_dir!r}: no such directory")
 
 
 def run(cfg: Any, output_dir: str | Path | None = None) -> Report | None:

@@ -26,13 +26,12 @@ import torch
 from rich.console import Console
 
 from headlab.analysis.evaluation.sweep_plans import family_plans
-from headlab.analysis.jobs.checks import check_evaluation, warn_about_plan
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
-from headlab.core.attention import Controller, ablate, headlab_implementation
 from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
-from headlab.core.models import model_shape
+from headlab.core.model_files import model_shape
+from headlab.core.patch.attention import Controller, ablate, headlab_implementation
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, write_json_atomic, written_beside
 from headlab.reporting.results import read_complete
@@ -122,11 +121,6 @@ def _every_head_plan(layer: int, variants: list[Variant]) -> HeadPlan:
         raise ValueError(f"a layer sweep needs plans that change only layer {layer}, with one policy and one "
                          f"renormalize; got policies {sorted(policies)} in layers {sorted(changed)}")
     return HeadPlan.from_rules([{"heads": f"L{layer}", "policy": policies.pop()}], first.num_layers, first.num_heads)
-
-
-def check(cfg: Any) -> None:
-    """The sweep's policy and family against the model's shape, the checkpoint, the baseline folder."""
-    warn_about_plan(cfg, check_evaluation(cfg, per_head=True))
 
 
 @resumable

@@ -31,13 +31,13 @@ from rich.console import Console
 
 from headlab.analysis.importance.agreement import agreement_table, normalisation_label, read_head_sweep
 from headlab.analysis.importance.scoring import HeadScorer
-from headlab.analysis.jobs.checks import check_estimation, check_evaluation, warn_about_plan
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.core.head_names import head_name
 from headlab.core.importance import HeadGradients, normalize_importance, punctuation_ids
 from headlab.core.masks import plan_from_mask
-from headlab.core.models import load_tokenizer, model_shape
+from headlab.core.model_files import model_shape
+from headlab.core.models import load_tokenizer
 from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
@@ -66,13 +66,6 @@ def estimators_of(gradients: HeadGradients, options: Any) -> tuple[dict[str, np.
     written = {name: normalize_importance(scores, options.normalize_layer, options.normalize_global)
                if name in GRANULARITIES else scores for name, scores in raw.items()}
     return written, raw
-
-
-def check(cfg: Any) -> None:
-    """The plan, the checkpoint, the estimation split and the sweeps to compare with (no weights read)."""
-    plan = check_evaluation(cfg)
-    check_estimation(cfg)
-    warn_about_plan(cfg, plan)
 
 
 @resumable

@@ -37,7 +37,6 @@ from rich.console import Console
 
 from headlab.analysis.importance.importance_run import score_heads
 from headlab.analysis.importance.timing import forward_seconds
-from headlab.analysis.jobs.checks import check_estimation, check_evaluation, warn_about_plan
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import Variant
@@ -45,7 +44,6 @@ from headlab.core.head_names import head_name, parse_head_name
 from headlab.core.importance import normalize_importance
 from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.core.pruning import prune_heads
-from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
@@ -235,24 +233,6 @@ def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> p
                              "split": split, **metrics,
                              "relative": relative(metrics[curve.metric], curve.baseline[split][curve.metric])})
     return pd.DataFrame(rows).astype({"seed": "Int64"})
-
-
-def check(cfg: Any) -> None:
-    """The full model's plan, the checkpoint, the estimation split, and that some head can be pruned."""
-    plan = check_evaluation(cfg)
-    check_estimation(cfg)
-    check_prune_curve(cfg, plan)
-    warn_about_plan(cfg, plan)
-
-
-def check_prune_curve(cfg: Any, plan: Any) -> None:
-    """A prune curve starts from the full model and must be able to prune a head."""
-    if not plan.is_identity:
-        raise UserError(f"mode=prune_curve starts from the full model; the mask changes heads ({plan.describe()}): "
-                        "use mask=none")
-    if cfg.prune_curve.min_heads_per_layer >= plan.num_heads:
-        raise UserError(f"prune_curve.min_heads_per_layer={cfg.prune_curve.min_heads_per_layer}: the model has "
-                        f"{plan.num_heads} heads per layer, so none could be pruned (allowed: 0-{plan.num_heads - 1})")
 
 
 @resumable

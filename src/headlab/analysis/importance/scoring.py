@@ -14,9 +14,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from headlab.core.attention import ablate
 from headlab.core.head_gradients import gradient_probe
 from headlab.core.importance import GradientRows, HeadGradients, score_batch
+from headlab.core.patch.attention import ablate
 from headlab.core.plans import HeadPlan
 
 

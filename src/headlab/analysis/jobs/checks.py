@@ -44,7 +44,7 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
         check_sweep_mask(cfg.mask)
     else:
         check_mask(cfg.mask)
-    from headlab.core.models import model_shape
+    from headlab.core.model_files import model_shape
     from headlab.training.checkpoints import locate_checkpoint
 
     plan = None if per_head else plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)

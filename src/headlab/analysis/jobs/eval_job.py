@@ -27,7 +27,8 @@ from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.reporting.records import read_records, write_records
 from headlab.reporting.results import EvalResult
 from headlab.tasks.record_metrics import metrics_from_records
-from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config
+from headlab.training.checkpoint_loading import load_checkpoint
+from headlab.training.checkpoints import locate_checkpoint, tokenizer_config
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.finetune import make_trainer
 

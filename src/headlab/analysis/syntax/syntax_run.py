@@ -30,6 +30,7 @@ import pandas as pd
 from rich.console import Console
 
 from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.syntax.checks import require_scorable, syntax_plan
 from headlab.analysis.syntax.data import EncodedTreebank, encode_treebank
 from headlab.analysis.syntax.heads import (
     SyntaxScores,
@@ -44,14 +45,12 @@ from headlab.analysis.syntax.heads import (
 from headlab.analysis.syntax.plots import attention_lines, best_relation_heatmap
 from headlab.analysis.syntax.probe import attachment, probe_sentences, right_branching, train_probe
 from headlab.analysis.syntax.sources import evaluation_source, read_evaluation, read_training, training_source
-from headlab.analysis.syntax.treebank import LEFT_OUT_RELATIONS, sentences_digest
+from headlab.analysis.syntax.treebank import sentences_digest
 from headlab.analysis.syntax.word_attention import DIRECTIONS
 from headlab.analysis.types.features_run import encoder, feature_device
 from headlab.analysis.types.sieve_roles import sieve_roles
-from headlab.core.masks import check_mask, plan_from_mask
-from headlab.core.models import load_tokenizer, model_config, model_shape
-from headlab.core.plans import HeadPlan
-from headlab.errors import UserError
+from headlab.core.model_files import model_shape
+from headlab.core.models import load_tokenizer, model_config
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting.head_plots import role_panels
 from headlab.reporting.layouts import clark_layout, to_markdown
@@ -59,37 +58,6 @@ from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tes
 from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
-
-
-def syntax_plan(cfg: Any) -> HeadPlan | None:
-    """The mask's plan (None when every head keeps); a ``UserError`` when it changes every head (none to score)."""
-    check_mask(cfg.mask)
-    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
-    if plan.is_identity:
-        return None
-    if plan.counts()["keep"] == 0:
-        raise UserError(f"mode=syntax under a plan that changes every head ({plan.describe()}): no head is left to "
-                        "score; keep some heads")
-    return plan
-
-
-def check(cfg: Any) -> None:
-    """The plan fits the model and keeps a head; the sentences read (parsed); the checkpoint exists."""
-    plan = syntax_plan(cfg)
-    if cfg.syntax.probe is not None and plan is not None:
-        raise UserError(f"syntax.probe={cfg.syntax.probe} reads every head: run it without a plan (mask=none)")
-    evaluation = read_evaluation(cfg.syntax)
-    require_scorable(evaluation, f"{evaluation_source(cfg.syntax)} has")
-    if cfg.syntax.probe is not None:
-        read_training(cfg.syntax, evaluation, quiet=True)  # run() says what it shares
-    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
-
-
-def require_scorable(sentences: list[Any], what: str) -> None:
-    """A ``UserError`` unless some word is neither a root nor punct (the table's ``all`` row would be empty)."""
-    if not any(relation not in LEFT_OUT_RELATIONS for sentence in sentences for relation in sentence.relations):
-        raise UserError(f"{what} no word to score: every word is a root or punct (one-word sentences, only "
-                        "punctuation, or a parser that labels nothing else); give sentences with dependency relations")
 
 
 @resumable

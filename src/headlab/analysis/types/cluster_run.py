@@ -30,31 +30,14 @@ from rich.console import Console
 from sklearn.manifold import MDS, TSNE
 
 from headlab.analysis.jobs.identity import JobIdentity, resumable
-from headlab.analysis.types.clusters import Clustering, check_k, fit_clusters, profiles, stability
+from headlab.analysis.types.checks import features_job
+from headlab.analysis.types.clusters import Clustering, fit_clusters, profiles, stability
 from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.types.features_run import features_table
 from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
 from headlab.training.tracking import log_artifacts
-
-
-def features_job(source: str | Path) -> tuple[Path, dict[str, Any]]:
-    """(features.npz, the job's results) of a ``mode=features`` job directory or its ``features.npz``."""
-    path = Path(source)
-    folder = path.parent if path.suffix == ".npz" else path
-    if not (folder / "features.npz").is_file():
-        raise UserError(f"cluster.features={str(source)!r}: no features.npz there; give a mode=features job directory")
-    summary = read_json(folder / "results.json", "features results")
-    shape = summary.get("shape") if isinstance(summary, dict) else None
-    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(n, int) and n > 0 for n in shape)
-            and isinstance(summary.get("families"), list)):
-        raise UserError(f"cluster.features={str(source)!r}: {str(folder / 'results.json')!r} is not the results of a "
-                        "mode=features job (no [layers, heads] shape or families)")
-    if "distance" not in summary.get("families", []):
-        raise UserError(f"cluster.features={str(source)!r} has no distance features (families "
-                        f"{summary.get('families')}); run mode=features with the distance family")
-    return folder / "features.npz", summary
 
 
 def read_features(path: Path, summary: dict[str, Any]) -> AttentionFeatures:
@@ -72,15 +55,6 @@ def read_features(path: Path, summary: dict[str, Any]) -> AttentionFeatures:
                         f"{summary['shape'][1]}: "
                         "the folder mixes two jobs; run its mode=features job again")
     return features
-
-
-def check(cfg: Any) -> None:
-    """The features job exists with distance features, and k fits its heads (no weights are read)."""
-    if cfg.cluster.features is None:
-        raise UserError("mode=cluster needs cluster.features=DIR: a mode=features job directory")
-    _, summary = features_job(cfg.cluster.features)
-    layers, heads = summary["shape"]
-    check_k(cfg.cluster.k, layers * heads)
 
 
 def embed(points: np.ndarray, seed: int, perplexity: float, precomputed: bool = False) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_score
 from sklearn.mixture import GaussianMixture
 
+from headlab.analysis.types.checks import check_k
 from headlab.errors import UserError
 
 TYPE_NAMES = ("dense", "diagonal", "dense_vertical", "vertical")  # Guan et al. 2020, Fig. 1
@@ -56,11 +57,6 @@ def _model(k: int, method: str, seed: int):
 
 def _centroids(model) -> np.ndarray:
     return model.cluster_centers_ if hasattr(model, "cluster_centers_") else model.means_
-
-
-def check_k(k: int, heads: int) -> None:
-    if not 2 <= k <= heads:
-        raise UserError(f"cluster.k={k}: the model has {heads} heads; k must be between 2 and {heads}")
 
 
 def fit_clusters(features: np.ndarray, k: int = 4, method: str = "kmeans", seed: int = 0,

@@ -32,61 +32,12 @@ from rich.console import Console
 from sklearn.metrics import adjusted_rand_score
 
 from headlab.analysis.jobs.identity import JobIdentity, resumable
-from headlab.analysis.types.compare_roles import read_syntax_jobs, role_tables
-from headlab.core.head_files import load_clusters
-from headlab.errors import UserError
-from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.analysis.types.checks import read_inputs
+from headlab.analysis.types.compare_roles import role_tables
+from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
 from headlab.reporting.layouts import to_markdown
 from headlab.training.tracking import log_artifacts
-
-
-def read_clusters_run(source: str | Path) -> dict[str, Any]:
-    """The clusters file of a ``mode=cluster`` job directory (or the file itself)."""
-    path = Path(source)
-    path = path / "clusters.json" if path.is_dir() else path
-    if not path.is_file():
-        raise UserError(f"compare.runs entry {str(source)!r}: no clusters.json there; give mode=cluster job "
-                        "directories")
-    clusters = read_json(path, "clusters")
-    if not isinstance(clusters, dict) or "labels" not in clusters or "shape" not in clusters:
-        raise UserError(f"{str(path)!r} is not a clusters file written by mode=cluster (no labels/shape)")
-    labels = load_clusters(path)  # every head of its shape, once, named L{layer}H{head}
-    return clusters | {"labels": labels, "path": str(path.absolute())}
-
-
-def read_runs(runs: list[str], names: list[str] | None) -> list[dict[str, Any]]:
-    """The runs' clusters, named, checked to come from models of one shape (``UserError`` otherwise)."""
-    if len(runs) < 2:
-        raise UserError(f"mode=compare needs compare.runs with two or more mode=cluster job directories; got "
-                        f"{len(runs)}")
-    if names is not None and len(names) != len(runs):
-        raise UserError(f"compare.names has {len(names)} names for {len(runs)} runs")
-    loaded = [read_clusters_run(run) for run in runs]
-    shapes = {tuple(run["shape"]) for run in loaded}
-    if len(shapes) > 1:
-        described = ", ".join(f"{r['model']} {r['shape'][0]}x{r['shape'][1]}" for r in loaded)
-        raise UserError(f"compare.runs come from models of different shapes ({described}): heads cannot be matched")
-    labels = names or _default_names(loaded)
-    labels = [label if labels.count(label) == 1 else f"{label} #{i + 1}" for i, label in enumerate(labels)]
-    return [run | {"name": label} for run, label in zip(loaded, labels)]
-
-
-def _default_names(runs: list[dict[str, Any]]) -> list[str]:
-    """The model and checkpoint of each run, then what else tells the runs apart (task, clustering settings)."""
-    def model(run: dict[str, Any]) -> str:
-        checkpoint = (run.get("checkpoint") or {}).get("ckpt_path")
-        return f"{run['model']} ({'pre-trained' if checkpoint is None else Path(checkpoint).name})"
-
-    names = [[model(run)] for run in runs]
-    if len({name[0] for name in names}) < len(runs):
-        for describe in (lambda r: r.get("task"), lambda r: r.get("method"), lambda r: f"k={r.get('k')}",
-                         lambda r: f"seed={r.get('seed')}"):
-            parts = [describe(run) for run in runs]
-            if len(set(parts)) > 1:
-                for name, part in zip(names, parts):
-                    name.append(str(part))
-    return [name[0] + (f" {' '.join(name[1:])}" if len(name) > 1 else "") for name in names]
 
 
 def comparison_tables(runs: list[dict[str, Any]], syntax: list[Path] | None = None) -> dict[str, pd.DataFrame]:
@@ -132,16 +83,6 @@ def _distance(run: dict[str, Any], heads: list[str]) -> np.ndarray | None:
         return None
     table = pd.read_parquet(path).set_index("name").loc[heads]
     return table[[c for c in table.columns if c.startswith("dist_")]].to_numpy()
-
-
-def read_inputs(cfg: Any) -> tuple[list[dict[str, Any]], list[Path] | None]:
-    """The runs and their ``mode=syntax`` jobs, checked."""
-    runs = read_runs(list(cfg.compare.runs), None if cfg.compare.names is None else list(cfg.compare.names))
-    return runs, read_syntax_jobs(None if cfg.compare.syntax is None else list(cfg.compare.syntax), runs)
-
-
-def check(cfg: Any) -> None:
-    read_inputs(cfg)
 
 
 @resumable

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headlab.errors import UserError
+from headlab.analysis.types.checks import read_text_lines
 from headlab.tasks.encoding import tokenize_split
 from headlab.tasks.loading import load_task_data
 
@@ -45,37 +45,6 @@ class Sequences:
 
 def _padded(row: list[int], value: int, length: int) -> list[int]:
     return list(row) + [value] * (length - len(row))
-
-
-def read_text_lines(path: str | Path) -> list[tuple[int, list[str]]]:
-    """The file's non-blank lines with their 1-based numbers, each as its one or two texts; ``UserError`` when the
-    file is missing or has none, or a line has more than two texts or a blank one."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"features.text_file={str(path)!r}: no such file; give a text file with one sequence per "
-                        "line (or two tab-separated texts per line)")
-    try:  # lines end at \n only (as `wc -l` and editors count them), not at a form feed or U+2028 inside a line
-        text = path.read_bytes().decode("utf-8")
-        lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
-    except UnicodeDecodeError as error:
-        raise UserError(f"features.text_file={str(path)!r} is not UTF-8 text: {error}") from None
-    kept = [(number, _texts(line, number, path)) for number, line in enumerate(lines, 1) if line.strip()]
-    if not kept:
-        raise UserError(f"features.text_file={str(path)!r} is empty: it has no non-blank line")
-    return kept
-
-
-def _texts(line: str, number: int, path: Path) -> list[str]:
-    """A line's text, or its two tab-separated texts (a pair); neither may be blank."""
-    texts = line.split("\t")
-    if len(texts) > 2:
-        raise UserError(f"features.text_file={str(path)!r} line {number} has {len(texts)} tab-separated texts; a "
-                        "line holds one sequence, or a pair as two texts separated by one tab")
-    if len(texts) == 2 and not all(text.strip() for text in texts):
-        side = "before" if not texts[0].strip() else "after"
-        raise UserError(f"features.text_file={str(path)!r} line {number} has a tab with nothing {side} it; a line "
-                        "holds one sequence, or a pair as two texts separated by one tab")
-    return texts
 
 
 def sample(count: int, limit: int | None, seed: int) -> list[int]:

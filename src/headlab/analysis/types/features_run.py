@@ -32,17 +32,16 @@ from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.types.feature_data import (
     Sequences,
     model_max_length,
-    read_text_lines,
     task_sequences,
     text_file_sequences,
 )
 from headlab.analysis.types.features import AttentionFeatures, attention_features
 from headlab.analysis.types.sieve_roles import role_matrix, sieve_roles
 from headlab.core.models import load_model_reporting, load_tokenizer, model_config, note_random_weights
-from headlab.errors import one_of
 from headlab.files import atomic_file, write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
-from headlab.training.checkpoints import load_checkpoint, locate_checkpoint, tokenizer_config, weights_model_config
+from headlab.training.checkpoint_loading import load_checkpoint
+from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
 
@@ -80,15 +79,6 @@ def feature_device(trainer_cfg: Any) -> torch.device:
     """The first GPU when the trainer asks for one (or ``auto`` finds one), else the CPU."""
     wants_gpu = trainer_cfg.accelerator in ("gpu", "cuda") or trainer_cfg.accelerator == "auto"
     return torch.device("cuda") if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
-
-
-def check(cfg: Any) -> None:
-    """The text file has lines, or the split is one of the task's; the checkpoint exists (no weights read)."""
-    if cfg.features.text_file is not None:
-        read_text_lines(cfg.features.text_file)
-    else:
-        one_of("features.split", cfg.features.split, ["train", cfg.task.train_split, *cfg.task.eval_splits])
-    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
 
 
 @resumable

@@ -51,12 +51,12 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
-from headlab.core import flex_route
 from headlab.core.bert_family import self_attention_modules
-from headlab.core.layer_states import LayerState, RowsState
+from headlab.core.patch import flex_route
+from headlab.core.patch.layer_states import LayerState, RowsState
+from headlab.core.patch.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.core.plans import HeadPlan
 from headlab.core.pruning import pruned_heads_of
-from headlab.core.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.errors import UserError
 from headlab.requirements import require_torch
 
@@ -310,7 +310,7 @@ ROUTES = ("sdpa", "flex")
 def set_attention_route(model: PreTrainedModel, route: str) -> None:
     """What serves ``model``'s layers with ``drop_*`` heads under a plan: ``"sdpa"`` (the default: one SDPA call for
     the keep / prune / uniform heads, one per ``drop_*`` policy) or ``"flex"`` (one FlexAttention call per layer, for
-    GPUs: ``headlab.core.flex_route``). Both give the same outputs; other layers always run SDPA."""
+    GPUs: ``headlab.core.patch.flex_route``). Both give the same outputs; other layers always run SDPA."""
     if route not in ROUTES:
         raise UserError(f"attention route {route!r} is not one of {', '.join(ROUTES)}")
     if route == "flex":

@@ -1,5 +1,5 @@
 """What a plan means for one layer, built once per (model, plan, renormalize) and cached by the controller
-(``headlab.core.attention``): which heads share one SDPA call, which are pruned or uniform, the ``drop_*`` groups."""
+(``attention``): which heads share one SDPA call, which are pruned or uniform, the ``drop_*`` groups."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from headlab.core.flex_route import FusedHeads
+from headlab.core.patch.flex_route import FusedHeads
 from headlab.core.plans import HeadPlan
 
 

@@ -33,7 +33,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from headlab.core.sdpa_masks import checked_unit_ids
+from headlab.core.patch.sdpa_masks import checked_unit_ids
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the compiled CPU kernel's; float64 takes SDPA
 _CODES = {"drop_intra": 1, "drop_inter": 2}  # 0: keep, prune or uniform (the caller zeroes values / queries)

@@ -1,0 +1,115 @@
+"""What a model's files say before any weights load, read as JSON and bytes (no torch, no transformers): its
+``config.json`` (the shape a plan is checked against, the model type) and whether a saved folder holds whole weights.
+
+A hub name is looked up the way ``from_pretrained`` does it (``huggingface_hub.hf_hub_download``: the cache, and the
+hub unless ``HF_HUB_OFFLINE=1``), so a typo answers in a second, not after torch and transformers have loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from headlab.errors import UserError
+from headlab.files import read_json
+
+# Model types whose self-attention dispatches through AttentionInterface with one module per layer.
+BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+# (layers, heads) a config.json that leaves them out gets, as its transformers config class fills them in
+SHAPE_DEFAULTS = {model_type: (12, 4 if model_type == "electra" else 12) for model_type in BERT_FAMILY}
+
+
+def check_bert_family(model_type: Any) -> None:
+    """UserError unless ``model_type`` is a BERT-family encoder headlab can patch."""
+    if model_type not in BERT_FAMILY:
+        raise UserError(
+            f"model_type {model_type!r} is not a supported BERT-family encoder; supported: {', '.join(BERT_FAMILY)}"
+        )
+
+
+def looks_local(name_or_path: str) -> bool:
+    return name_or_path.startswith(("/", "./", "../", "~")) or Path(name_or_path).exists()
+
+
+def hub_error(name_or_path: str) -> UserError:
+    return UserError(
+        f"model {name_or_path!r} is neither in the Hugging Face cache nor reachable on the hub; run once online "
+        "to cache it, or set model.name_or_path to a local folder saved with save_pretrained"
+    )
+
+
+def config_file(name_or_path: str | None) -> Path:
+    """The ``config.json`` of a hub name (cached, or fetched as ``from_pretrained`` would) or of a local folder."""
+    if not name_or_path:
+        raise UserError("model.name_or_path is empty: give a hub model name or a local folder (or random_init=true)")
+    if looks_local(name_or_path):
+        folder = Path(name_or_path).expanduser()
+        if not folder.is_dir():
+            raise UserError(f"model folder {name_or_path!r} does not exist")
+        if not (folder / "config.json").is_file():
+            raise UserError(f"model folder {name_or_path!r} cannot be loaded: it has no config.json (not a folder "
+                            "saved with save_pretrained)")
+        return folder / "config.json"
+    from huggingface_hub import hf_hub_download  # ~0.4 s: only for hub names
+
+    try:
+        return Path(hf_hub_download(name_or_path, "config.json"))
+    except (OSError, ValueError):  # not cached offline, unreachable, no such repo, or not a valid repo id
+        raise hub_error(name_or_path) from None
+
+
+def config_json(model_cfg: Any) -> dict[str, Any]:
+    """The model's config as saved (a random model: its ``config`` fields over BertConfig's defaults), checked to be
+    a BERT-family encoder."""
+    if model_cfg.get("random_init"):
+        config, where = {"model_type": "bert"} | dict(model_cfg.config), "model.config"
+    else:
+        path = config_file(model_cfg.name_or_path)
+        config, where = read_json(path, "model config"), repr(str(path))
+        if not isinstance(config, dict):
+            raise UserError(f"{where} is not a model config (a JSON object)")
+    check_bert_family(config.get("model_type"))
+    layers, heads = SHAPE_DEFAULTS[config["model_type"]]
+    config = {"num_hidden_layers": layers, "num_attention_heads": heads} | config
+    for key in ("num_hidden_layers", "num_attention_heads"):
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{where}: {key}={value!r} is not a positive integer")
+    return config
+
+
+def model_shape(model_cfg: Any) -> tuple[int, int]:
+    """``(num_layers, num_heads)`` from the model's ``config.json`` alone."""
+    config = config_json(model_cfg)
+    return config["num_hidden_layers"], config["num_attention_heads"]
+
+
+def check_weights_folder(folder: str | Path, what: str) -> None:
+    """A ``UserError`` naming ``what`` when a local ``save_pretrained`` folder has no weights file or a truncated
+    ``model.safetensors`` (its header, or the tensors it lists, run past the end of the file). Reads the header only."""
+    folder = Path(folder)
+    found = [name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not found:
+        raise UserError(f"{what}: {str(folder)!r} has no weights file ({' or '.join(WEIGHT_FILES[::2])}); it was not "
+                        "saved whole: train or save it again")
+    if found[0] != "model.safetensors":
+        return
+    path = folder / "model.safetensors"
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if len(handle.read(min(length, size))) != length or length == 0:
+                raise ValueError("the header runs past the end of the file")
+            handle.seek(8)
+            header = json.loads(handle.read(length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        raise UserError(f"{what}: {str(path)!r} is not a readable safetensors file ({error}); train or save it "
+                        "again") from None
+    if 8 + length + end > size:
+        raise UserError(f"{what}: {str(path)!r} is truncated ({size} bytes; its tensors need {8 + length + end}); "
+                        "train or save it again")
