@@ -1,7 +1,8 @@
 """Forward-pass cost of headlab's patched attention vs stock SDPA, the plan entered per forward.
 
-    python benchmarks/attention_overhead.py [--shape tiny|minilm|bert-base|bert-large] [--device cpu|cuda]
+    python benchmarks/attention_overhead.py [--shape tiny|dispatch|minilm|bert-base|bert-large] [--device cpu|cuda]
         [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15] [--route sdpa|flex|both]
+        [--threads N]
 
 Random weights in the named shape (speed does not depend on them); rows padded to N/2..N tokens
 (``--no-padding``: full rows). Plans: the identity (every head ``keep``), one head (the middle
@@ -89,8 +90,13 @@ def main() -> None:
     parser.add_argument("--no-padding", action="store_true", help="full-length rows")
     parser.add_argument("--route", default="sdpa", choices=["sdpa", "flex", "both"],
                         help="what serves layers with drop_* heads (both: each drop_* row on either route)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     device = check_device(parser, args.device)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads {args.threads}: give 1 or more")
+        torch.set_num_threads(args.threads)
     *_, default_batch, default_seq = SHAPES[args.shape]
     batch, seq = args.batch or default_batch, args.seq or default_seq
 

@@ -25,8 +25,11 @@ TINY = {"train.py": ["model=tiny_random", "logger=none", "task=demo_pairs"],
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """Input files with something wrong in each."""
-    folder = tmp_path_factory.mktemp("bad_files")
+    return make_files(tmp_path_factory.mktemp("bad_files"))
+
+
+def make_files(folder):
+    """Input files with something wrong in each (``benchmarks/bad_input_speed.py`` times the cases too)."""
     (folder / "not_json.json").write_text("{labels: L0H0 -> dense")
     (folder / "importance_3x3.json").write_text(json.dumps({"importance": [[0.1] * 3] * 3}))  # the model is 3 x 4
     (folder / "clusters_l7.json").write_text(json.dumps({"labels": {"L7H0": "dense"}}))  # no layer 7

@@ -53,6 +53,20 @@ def _grid(values: Any, what: str, shape: tuple[int, int]) -> np.ndarray:
     return array.reshape(-1)
 
 
+def check_sources(features: str | Path | None = None, clusters: str | Path | None = None,
+                  importance: str | Path | None = None, sweeps: Iterable[str | Path] = (),
+                  syntax: str | Path | None = None, label: str | None = None) -> None:
+    """What ``head_table`` reads first, checked without reading a table: each source is the job it should be."""
+    for source, kind in ((features, "features"), (syntax, "syntax")):
+        if source is not None:
+            _results_of(source, kind)
+    for source, name, kind in ((clusters, "clusters.json", "cluster"), (importance, "importance.json", "importance")):
+        if source is not None:
+            _file(source, name, f"a mode={kind} job")
+    for sweep in sweeps:
+        _file(sweep, "results.json", "a mode=sweep_heads job")
+
+
 def head_table(features: str | Path | None = None, clusters: str | Path | None = None,
                importance: str | Path | None = None, sweeps: Iterable[str | Path] = (),
                syntax: str | Path | None = None, label: str | None = None) -> pd.DataFrame:

@@ -85,6 +85,17 @@ def collect_results(directory: str | Path, latest_multirun: bool = False
     return results, problems
 
 
+def finished_results(directory: str | Path, latest_multirun: bool = False
+                     ) -> tuple[list[tuple[Path, dict[str, Any]]], list[Problem]]:
+    """``collect_results``, a ``UserError`` when no job finished (``mode=report`` checks it before pandas loads)."""
+    results, problems = collect_results(directory, latest_multirun)
+    if not results:
+        listed = "; ".join(f"{p.job}: {p.reason}" for p in problems[:5])
+        raise UserError(f"sweep_dir={str(directory)!r} holds no finished evaluation (results.json of ablate.py "
+                        f"mode=eval or sweep_heads)" + (f"; found {listed}" if listed else ""))
+    return results, problems
+
+
 def _job_of(path: Path, root: Path) -> Path:
     """The Hydra job directory holding ``path`` (a head sweep's plans lie one level below theirs)."""
     for folder in path.parents:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from headlab.errors import UserError
 from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, adjust_p_values, family_level, paired_tests
-from headlab.reporting.sweep_jobs import Problem, collect_results
+from headlab.reporting.sweep_jobs import Problem, finished_results
 
 STAT_COLUMNS = ["ci_low", "ci_high", "p_value", "p_adjusted"]
 # Config keys (dotted prefixes) that may differ between the jobs of one table: the plan, what names the job, the
@@ -130,12 +130,8 @@ def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Re
     that last wrote ``directory/multirun.yaml`` (a sweep's own report, beside earlier sweeps in its folder).
     """
     root = Path(directory)
-    results, problems = collect_results(root, latest_multirun)
+    results, problems = finished_results(root, latest_multirun)
     check_one_configuration(root, results)
-    if not results:
-        listed = "; ".join(f"{p.job}: {p.reason}" for p in problems[:5])
-        raise UserError(f"sweep_dir={str(directory)!r} holds no finished evaluation (results.json of ablate.py "
-                        f"mode=eval or sweep_heads)" + (f"; found {listed}" if listed else ""))
     frame = pd.DataFrame([row for path, result in results for row in _job_rows(root, path, result)])
     frame = frame.sort_values(["model", "task", "checkpoint", "_order", "job"], kind="stable", ignore_index=True)
     for column in STAT_COLUMNS:

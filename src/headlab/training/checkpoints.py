@@ -12,6 +12,7 @@ a folder               saved with ``save_pretrained`` (``config.json`` and weigh
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,10 +114,13 @@ def refuse_plan_trained(ckpt_path: str, changed: str | None) -> None:
 
 
 def _lightning_hparams(path: Path) -> dict[str, Any]:
-    import torch  # a .ckpt is a pickle: only torch reads it
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive: anything else fails before torch loads
+        raise UserError(f"ckpt_path={str(path)!r} is not a readable Lightning checkpoint: not a zip archive as "
+                        "torch.save writes")
+    import torch  # a .ckpt's pickle holds tensors: only torch reads it
 
     try:
-        hparams = torch.load(path, map_location="cpu", weights_only=False).get("hyper_parameters", {})
+        hparams = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("hyper_parameters", {})
     except Exception as error:  # pickle, zip and torch errors alike: the file is not a checkpoint
         raise UserError(f"ckpt_path={str(path)!r} is not a readable Lightning checkpoint: {error}") from None
     if not {"model", "task"} <= set(hparams):

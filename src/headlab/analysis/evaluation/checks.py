@@ -5,8 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from headlab.analysis.jobs.checks import check_evaluation, warn_about_plan
+from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.model_files import model_shape
+from headlab.core.plans import HeadPlan
 from headlab.errors import UserError
+from headlab.reporting.head_table import check_sources
+from headlab.reporting.sweep_jobs import finished_results
 
 
 def check_eval(cfg: Any) -> None:
@@ -21,12 +28,36 @@ def check_sweep_heads(cfg: Any) -> None:
 
 def check_report(cfg: Any) -> None:
     """A sweep folder to report (unless only the per-head table of ``report.heads`` is asked for)."""
+    for entry in cfg.report.get("heads") or []:
+        check_sources(**head_sources(entry))
     if not cfg.report.heads or cfg.sweep_dir is not None:
         check_sweep_dir(cfg.sweep_dir)
+        finished_results(cfg.sweep_dir, cfg.get("latest_multirun", False))
+
+
+def head_sources(entry: Any) -> dict[str, Any]:
+    """The ``headlab.head_table`` arguments of one ``report.heads`` entry (``sweeps``: one folder or a list)."""
+    sources = OmegaConf.to_container(entry, resolve=True)
+    sweeps = sources.pop("sweeps", None) or []
+    return sources | {"sweeps": [sweeps] if isinstance(sweeps, str) else sweeps}
 
 
 def check_demo(cfg: Any) -> None:
-    """Nothing beyond the groups' checks: the demo checks each of its plans as it builds it."""
+    """Every plan of the demo (its presets and the command line's mask) against the model's shape."""
+    demo_plans(cfg)
+
+
+def demo_plans(cfg: Any) -> tuple[dict[str, Any], dict[str, HeadPlan]]:
+    """The demo's masks and their plans by name: the command line's mask first (unless empty), then
+    ``demo.plans`` with the mask's unit and renormalize."""
+    shared = {"unit": cfg.mask.unit, "renormalize": cfg.mask.renormalize}
+    masks = {name: OmegaConf.merge(shared, plan) for name, plan in cfg.demo.plans.items()}
+    if cfg.mask.get("rules") != []:  # a mask given on the command line is shown too
+        masks = {"mask (command line)": cfg.mask, **masks}
+    for mask in masks.values():
+        check_mask(mask)
+    num_layers, num_heads = model_shape(cfg.model)  # reads the config only
+    return masks, {name: plan_from_mask(mask, num_layers, num_heads) for name, mask in masks.items()}
 
 
 def check_sweep_dir(sweep_dir: str | None) -> None:

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from headlab.core.masks import check_mask, plan_from_mask
+from headlab.analysis.evaluation.checks import demo_plans
 from headlab.core.model_files import model_shape
 from headlab.core.models import apply_runtime_options, load_model, load_tokenizer
 from headlab.core.patch.attention import ablate
@@ -25,14 +24,8 @@ from headlab.files import write_json_atomic
 
 
 def run(cfg: Any, output_dir: str | Path) -> list[dict[str, Any]]:
-    shared = {"unit": cfg.mask.unit, "renormalize": cfg.mask.renormalize}
-    masks = {name: OmegaConf.merge(shared, plan) for name, plan in cfg.demo.plans.items()}
-    if cfg.mask.get("rules") != []:  # a mask given on the command line is shown too
-        masks = {"mask (command line)": cfg.mask, **masks}
-    for mask in masks.values():
-        check_mask(mask)
-    num_layers, num_heads = model_shape(cfg.model)  # reads the config only
-    plans = {name: plan_from_mask(mask, num_layers, num_heads) for name, mask in masks.items()}
+    masks, plans = demo_plans(cfg)
+    num_layers, num_heads = model_shape(cfg.model)
 
     tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
     apply_runtime_options(model, cfg)

@@ -15,6 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from headlab.analysis.evaluation.checks import head_sources
 from headlab.files import config_hash, write_frame_atomic
 from headlab.reporting.head_table import head_table
 from headlab.reporting.report import Report, report_settings, write_report
@@ -45,9 +46,7 @@ def write_head_table(cfg: Any, output_dir: Path) -> pd.DataFrame:
     """``headlab.head_table`` of every ``report.heads`` entry, concatenated (one row per head and entry)."""
     tables = []
     for entry in cfg.report.heads:
-        sources = OmegaConf.to_container(entry, resolve=True)
-        sweeps = sources.pop("sweeps", None) or []
-        tables.append(head_table(sweeps=[sweeps] if isinstance(sweeps, str) else sweeps, **sources))
+        tables.append(head_table(**head_sources(entry)))
     table = pd.concat(tables, ignore_index=True)
     write_frame_atomic(table, output_dir / "heads.parquet")
     write_frame_atomic(table, output_dir / "heads.csv")

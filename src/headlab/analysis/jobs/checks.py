@@ -48,7 +48,11 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
     from headlab.training.checkpoints import locate_checkpoint
 
     plan = None if per_head else plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
-    locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    if checkpoint.kind == "model" and cfg.model.get("random_init") and not cfg.allow_random_head:
+        raise UserError(f"model {cfg.model.name} has random weights (random_init=true) and ckpt_path=null: no trained "
+                        f"head for task {cfg.task.name}; fine-tune first (train.py) and pass ckpt_path, or set "
+                        "allow_random_head=true")
     return plan
 
 

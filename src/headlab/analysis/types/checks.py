@@ -3,8 +3,11 @@ read, no torch imported."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from headlab.analysis.types.compare_roles import read_syntax_jobs
 from headlab.core.head_files import load_clusters
@@ -26,9 +29,33 @@ def check_cluster(cfg: Any) -> None:
     """The features job exists with distance features, and k fits its heads (no weights are read)."""
     if cfg.cluster.features is None:
         raise UserError("mode=cluster needs cluster.features=DIR: a mode=features job directory")
-    _, summary = features_job(cfg.cluster.features)
+    path, summary = features_job(cfg.cluster.features)
     layers, heads = summary["shape"]
     check_k(cfg.cluster.k, layers * heads)
+    check_features_file(path, summary)
+
+
+UNREADABLE = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile)  # what np.load raises for a broken file
+
+
+def unreadable_features(path: Path, error: Exception) -> UserError:
+    return UserError(f"features file {str(path)!r} is not readable ({type(error).__name__}: {error}); run its "
+                     "mode=features job again")
+
+
+def check_features_file(path: Path, summary: dict[str, Any]) -> None:
+    """``path`` (a ``features.npz``) opens, and holds distance features of the shape its ``results.json`` says."""
+    try:
+        with np.load(path) as arrays:  # reads the members asked for only
+            layers, heads = (int(n) for n in arrays["shape"][:2])
+            distance = "distance" in arrays.files
+    except UNREADABLE as error:
+        raise unreadable_features(path, error) from None
+    if [layers, heads] != summary["shape"] or not distance:
+        raise UserError(f"features file {str(path)!r} holds {layers} x {heads} heads"
+                        f"{'' if distance else ' without distance features'}, but its "
+                        f"results.json says {summary.get('model', 'a model')} with {summary['shape'][0]} x "
+                        f"{summary['shape'][1]}: the folder mixes two jobs; run its mode=features job again")
 
 
 def check_compare(cfg: Any) -> None:

@@ -20,7 +20,6 @@ stability, embeds the heads and writes into the job directory:
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,10 @@ from rich.console import Console
 from sklearn.manifold import MDS, TSNE
 
 from headlab.analysis.jobs.identity import JobIdentity, resumable
-from headlab.analysis.types.checks import features_job
+from headlab.analysis.types.checks import UNREADABLE, check_features_file, features_job, unreadable_features
 from headlab.analysis.types.clusters import Clustering, fit_clusters, profiles, stability
 from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.types.features_run import features_table
-from headlab.errors import UserError
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
 from headlab.training.tracking import log_artifacts
@@ -42,19 +40,12 @@ from headlab.training.tracking import log_artifacts
 
 def read_features(path: Path, summary: dict[str, Any]) -> AttentionFeatures:
     """The features in ``path``, checked to be of the model its folder's ``results.json`` describes."""
+    check_features_file(path, summary)
     try:
         with np.load(path) as arrays:
-            features = AttentionFeatures.from_arrays(dict(arrays))
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
-        raise UserError(f"features file {str(path)!r} is not readable ({type(error).__name__}: {error}); run its "
-                        "mode=features job again") from None
-    if [features.num_layers, features.num_heads] != summary["shape"] or features.distance is None:
-        raise UserError(f"features file {str(path)!r} holds {features.num_layers} x {features.num_heads} heads"
-                        f"{'' if features.distance is not None else ' without distance features'}, but its "
-                        f"results.json says {summary.get('model', 'a model')} with {summary['shape'][0]} x "
-                        f"{summary['shape'][1]}: "
-                        "the folder mixes two jobs; run its mode=features job again")
-    return features
+            return AttentionFeatures.from_arrays(dict(arrays))
+    except UNREADABLE as error:
+        raise unreadable_features(path, error) from None
 
 
 def embed(points: np.ndarray, seed: int, perplexity: float, precomputed: bool = False) -> dict[str, np.ndarray]:

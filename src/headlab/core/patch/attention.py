@@ -56,7 +56,7 @@ from headlab.core.patch import flex_route
 from headlab.core.patch.layer_states import LayerState, RowsState
 from headlab.core.patch.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.core.plans import HeadPlan
-from headlab.core.pruning import pruned_heads_of
+from headlab.core.pruning import PRUNED
 from headlab.errors import UserError
 from headlab.requirements import require_torch
 
@@ -349,7 +349,7 @@ def ablate(
             )
     if controller.active is not None or controller.observer is not None:
         raise ValueError("model is already inside headlab.ablate or observe_attention; nesting is not supported")
-    if pruned_heads_of(model):
+    if any(PRUNED in module.__dict__ for module in controller.modules):  # prune_heads marks the modules
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
     states = controller.states_for(plan, renormalize, _device(model))
     controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
