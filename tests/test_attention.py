@@ -26,6 +26,13 @@ MIXED_RULES = [
     {"heads": "L2H3", "policy": "drop_inter"},
 ]
 
+# pruned heads at the ends of every layer, next to keep and uniform ones: each layer's context is the other heads'
+# padded with zero heads (LayerState.pad), (before, after) = (1, 0), (1, 1), (0, 2)
+PADDED_RULES = [
+    {"heads": "L0H0,L1H0,L1H3,L2H2-3", "policy": "prune"},
+    {"heads": "L0H1,L2H0", "policy": "uniform"},
+]
+
 
 def plan_of(rules, model):
     return headlab.HeadPlan.from_rules(rules, model.config.num_hidden_layers, model.config.num_attention_heads)
@@ -44,6 +51,19 @@ def test_every_policy_on_all_heads_matches_reference(tiny_model, inputs, sentenc
         out = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
     expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize)
     valid = inputs["attention_mask"].bool()  # padded query rows are not compared
+    assert_close_rel(out[valid], expected[valid])
+
+
+def test_pruned_heads_at_the_ends_pad_the_others_context(tiny_model, inputs):
+    from headlab.core.patch.layer_states import LayerState
+
+    plan = plan_of(PADDED_RULES, tiny_model)
+    assert [LayerState.build(plan, layer, False, torch.device("cpu")).pad for layer in range(3)] == [
+        (1, 0), (1, 1), (0, 2)]
+    with torch.no_grad(), headlab.ablate(tiny_model, plan):
+        out = tiny_model(**inputs).last_hidden_state
+    expected = reference(tiny_model, inputs, plan, None, False)
+    valid = inputs["attention_mask"].bool()
     assert_close_rel(out[valid], expected[valid])
 
 
@@ -198,13 +218,14 @@ def test_model_restored_on_exit_and_on_exception(tiny_model, inputs, sentence_id
         assert torch.equal(tiny_model(**inputs).last_hidden_state, before)
 
 
-def test_gradients_match_reference(tiny_model, tokenizer):
+@pytest.mark.parametrize("rules", [MIXED_RULES, PADDED_RULES], ids=["mixed", "padded"])
+def test_gradients_match_reference(tiny_model, tokenizer, rules):
     """Fine-tuning under a plan: d(output)/d(weights) equals the float64 reference's gradient."""
     batch = tokenizer(["the city is old. he left!", "who was it?"], ["it was smith.", "no"], padding=True,
                       return_tensors="pt")
     units = torch.tensor([[0] * 4 + [1] * 20, [0] * 3 + [1] * 21])[:, : batch["input_ids"].shape[1]]
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
-    plan = plan_of(MIXED_RULES, tiny_model)
+    plan = plan_of(rules, tiny_model)
     weight = torch.randn(tiny_model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with headlab.ablate(tiny_model, plan):
         out = tiny_model(**inputs, sentence_ids=units).last_hidden_state

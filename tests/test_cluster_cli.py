@@ -12,8 +12,8 @@ import pytest
 from conftest import ROOT, assert_one_error_line, run, wandb_log
 from sklearn.cluster import KMeans
 
+from headlab.analysis.types.checks import read_runs
 from headlab.analysis.types.compare_roles import features_alike
-from headlab.analysis.types.compare_run import read_runs
 
 TYPES = "[dense,diagonal,dense_vertical,vertical]"
 

@@ -70,6 +70,8 @@ class Controller:
 
     def __init__(self, model: PreTrainedModel):
         self.modules = self_attention_modules(model)
+        self.shape = (model.config.num_hidden_layers, model.config.num_attention_heads)  # what a plan must have
+        self.probe = next(model.parameters())  # .to() moves it in place: its device is the model's (_device)
         configs = [model.config, *(m.config for m in self.modules if hasattr(m, "config"))]
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
@@ -113,6 +115,7 @@ class Controller:
         copy = Controller.__new__(Controller)
         memo[id(self)] = copy
         copy.modules = deepcopy(self.modules, memo)
+        copy.shape, copy.probe = self.shape, deepcopy(self.probe, memo)  # the copied model's own parameter
         copy.configs = deepcopy(self.configs, memo)
         for config, original in zip(copy.configs, self.implementations or ()):
             config._attn_implementation_internal = original  # the implementation from before the block
@@ -203,6 +206,10 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if not layer.drops and layer.skipped is None:  # one SDPA call serves every head
         out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
         return out.transpose(1, 2).contiguous(), None
+    if layer.pad is not None:  # pruned heads at the ends: the other heads' context, padded with zero heads
+        q, k, v = (x[:, layer.shared] for x in (query, key, value))
+        context = _shared(None, layer.uniform, q, k, v, attention_mask, dropout, scaling)  # [batch, heads', seq, dim]
+        return F.pad(context.transpose(1, 2), (0, 0, *layer.pad)), None  # [batch, seq, heads, head_dim], contiguous
     if layer.drops and controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
         return _fused(layer, controller, query, key, value, attention_mask, scaling, kwargs.get("sentence_ids")), None
     out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
@@ -318,8 +325,12 @@ def set_attention_route(model: PreTrainedModel, route: str) -> None:
     Controller.of(model).route = route
 
 
-def _device(model: PreTrainedModel) -> torch.device:
-    return next(model.parameters()).device
+def _device(controller: Controller, model: PreTrainedModel) -> torch.device:
+    """The model's device, from the parameter the controller keeps (``.to()`` moves parameters in place, unless
+    torch is set to replace them: then from the model)."""
+    if torch.__future__.get_overwrite_module_params_on_conversion():
+        return next(model.parameters()).device
+    return controller.probe.device
 
 
 @contextmanager
@@ -341,7 +352,7 @@ def ablate(
         plan = tuple(plan)
         if not plan or not all(isinstance(p, HeadPlan) for p in plan):
             raise UserError("ablate takes a HeadPlan or a non-empty sequence of HeadPlans (per-row plans)")
-    shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
+    shape = controller.shape
     for one in plan if isinstance(plan, tuple) else (plan,):
         if (one.num_layers, one.num_heads) != shape:
             raise UserError(
@@ -351,7 +362,7 @@ def ablate(
         raise ValueError("model is already inside headlab.ablate or observe_attention; nesting is not supported")
     if any(PRUNED in module.__dict__ for module in controller.modules):  # prune_heads marks the modules
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
-    states = controller.states_for(plan, renormalize, _device(model))
+    states = controller.states_for(plan, renormalize, _device(controller, model))
     controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
     try:  # all keep: the stock model runs untouched
         with headlab_implementation(controller, switch=any(state is not None for state in states)):
@@ -363,13 +374,15 @@ def ablate(
 @contextmanager
 def headlab_implementation(controller: Controller, switch: bool = True) -> Iterator[None]:
     """Inside the block the controller's configs use headlab's attention (when ``switch``); restored on exit."""
+    if not switch:  # nothing to switch or restore
+        yield
+        return
     originals = [config._attn_implementation_internal for config in controller.configs]
     outer = controller.implementations
     controller.implementations = originals if outer is None else outer
     try:
-        if switch:
-            for config in controller.configs:
-                config._attn_implementation_internal = ATTENTION_NAME
+        for config in controller.configs:
+            config._attn_implementation_internal = ATTENTION_NAME
         yield
     finally:
         for config, original in zip(controller.configs, originals):

@@ -21,6 +21,8 @@ class LayerState:
     ``skipped``: pruned heads left out of ``shared`` (their context is 0 without attention), when the other
     shared heads then form one slice (so no gather of query, key and value); None otherwise.
     ``drops``: ``(policy, heads)`` of the ``drop_*`` groups.
+    ``pad``: ``(before, after)`` when the layer has no ``drop_*`` head and its skipped heads lie at either end of
+    ``shared``: the context of ``shared`` padded with that many zero heads is the layer's (one op, no scatter).
     """
 
     shared: slice | torch.Tensor | None
@@ -30,6 +32,7 @@ class LayerState:
     renormalize: bool
     fused: FusedHeads | None  # every head's policy for the fused route (None: no drop_* head)
     skipped: slice | torch.Tensor | None
+    pad: tuple[int, int] | None = None
 
     @classmethod
     def build(cls, plan: HeadPlan, layer: int, renormalize: bool, device: torch.device) -> LayerState | None:
@@ -48,8 +51,9 @@ class LayerState:
 
         drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
         fused = FusedHeads.build(groups, plan.num_heads, device) if drops else None
+        pad = (shared[0], plan.num_heads - 1 - shared[-1]) if skip and shared and not drops else None
         return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize,
-                   fused, _as_index(pruned, device) if skip else None)
+                   fused, _as_index(pruned, device) if skip else None, pad)
 
 
 @dataclass(frozen=True)

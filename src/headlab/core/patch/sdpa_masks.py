@@ -70,7 +70,8 @@ def padding_mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset
     """transformers' SDPA mask without the host read: the bidirectional padding mask ``[batch, 1, 1, kv_length]``.
 
     ``sdpa_mask`` decides whether it may skip the mask by reading it (``padding_mask.all()``), a host-device
-    synchronisation on GPUs; here the mask is always given. It is not expanded over the queries (``sdpa_mask``
+    synchronisation on GPUs; here a mask on a GPU is always given, and one on the CPU is skipped as there when
+    nothing is padded (reading it is no synchronisation). It is not expanded over the queries (``sdpa_mask``
     expands it to ``[batch, 1, q_length, kv_length]``): SDPA broadcasts it, and the additive mask SDPA makes of a
     boolean one in every call is then ``seq`` times smaller (the same result, bit for bit). Without an
     ``attention_mask`` there is no mask (None). Other mask kinds go to ``sdpa_mask``, materialised.
@@ -80,6 +81,8 @@ def padding_mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset
             return None  # no padding, so no mask (what sdpa_mask's skip gives here, without reading data)
         if attention_mask.dim() == 2:
             padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)  # [batch, kv_length] bool
+            if padding.device.type == "cpu" and not torch.compiler.is_compiling() and bool(padding.all()):
+                return None  # no padding: as sdpa_mask skips it (reading a CPU tensor is no synchronisation)
             return padding[:, None, None, :]  # [batch, 1, 1, kv_length]
     kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs)
