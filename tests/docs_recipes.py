@@ -1,9 +1,10 @@
-"""The recipes of README.md and docs/*.md that name other jobs' folders (``ckpt_path=JOB``, ``CLUSTERS_DIR``,
-``SWEEP_DIR``, ``runs/...``, a multirun's folder) run as written on the tiny model: in one working folder, in the
-documents' order (a recipe that reads ``runs/cluster_pre`` runs after the one that writes it), the placeholders
-replaced by real jobs and a few overrides added that make them small (``model=tiny_random``, a few examples). The
-recipes that need a GPU, the hub or several processes only compose (tests/test_docs_commands.py); the study runs in
-tests/test_study.py."""
+"""What the recipe tests share (``test_docs_recipes_*.py``): the recipes of README.md and docs/*.md that name other
+jobs' folders (``ckpt_path=JOB``, ``CLUSTERS_DIR``, ``SWEEP_DIR``, ``runs/...``, a multirun's folder), run as written
+on the tiny model in a working folder, the placeholders replaced by real jobs and a few overrides added that make
+them small (``model=tiny_random``, a few examples). They come in two parts, one test file each, so that the two test
+workers run them side by side: the recipes that read what other recipes write (``runs/``, the Guan multirun and its
+reports), in the documents' order with the writers first, and the rest. The recipes that need a GPU, the hub or
+several processes only compose (tests/test_docs_commands.py); the study runs in tests/test_study.py."""
 
 from __future__ import annotations
 
@@ -12,12 +13,9 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 from conftest import ROOT
 from test_docs_commands import COMMANDS, is_cheap
 from test_syntax_spacy import train_parser
-
-pytestmark = pytest.mark.slow
 
 NEEDS_MORE = ("trainer=gpu", "trainer=ddp", "model=bert", "model=roberta", "compile=true", "attention_route=flex",
               "precision", "hydra/launcher", "task=squad", "task=mrpc", "task=mnli", "study.",
@@ -81,8 +79,17 @@ def run(folder, script: str, *words: str) -> subprocess.CompletedProcess:
                            *SMALL[script], *extra], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_the_recipes_that_read_other_jobs_run_on_the_tiny_model(tmp_path):
-    folder = tmp_path
+CHAINED = ("runs/", "guan2020_table2", "mode=report")  # what other recipes write, or reads what they write
+
+
+def recipe_part(chained: bool) -> list[tuple[str, list[str]]]:
+    """The recipes that write or read each other's folders (``chained``), or the others."""
+    return [recipe for recipe in recipes() if any(mark in " ".join(recipe[1]) for mark in CHAINED) == chained]
+
+
+def prepare_folder(folder) -> dict[str, str]:
+    """The inputs the recipes name, made in ``folder``: texts, a treebank, a spaCy parser, the README's own data,
+    and the jobs the placeholders stand for; returns the placeholders' replacements."""
     (folder / "wiki.txt").write_text("The cat sat on the mat.\nA dog barked.\tIt was late.\n" * 4)
     shutil.copy(ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu", folder / "dev.conllu")
     (folder / "sentences.txt").write_text("Mira 's dog found the key .\nThe man who left saw a red coat .\n" * 4)
@@ -101,12 +108,13 @@ def test_the_recipes_that_read_other_jobs_run_on_the_tiny_model(tmp_path):
     for script, words in setup:
         result = run(folder, script, *words)
         assert result.returncode == 0, result.stderr[-2000:]
-    replace, failed, chosen = placeholders(folder), [], recipes()
-    for where, words in chosen:
-        line = [filled(word, replace, folder) for word in words[1:]]
-        if "syntax.parser=spacy" in line and not any(w.startswith("syntax.spacy_model=") for w in line):
-            line.append(f"syntax.spacy_model={folder / 'parser'}")
-        result = run(folder, words[0], *line)
-        if result.returncode != 0:
-            failed.append(f"{where}: {words[0]} {' '.join(line)}\n{result.stderr.strip()[-1500:]}")
-    assert len(chosen) >= 15 and not failed, "\n\n".join(failed)
+    return placeholders(folder)
+
+
+def run_recipe(folder, replace: dict[str, str], where: str, words: list[str]) -> None:
+    """One recipe as written, its placeholders filled; an assertion error with its command and error if it fails."""
+    line = [filled(word, replace, folder) for word in words[1:]]
+    if "syntax.parser=spacy" in line and not any(w.startswith("syntax.spacy_model=") for w in line):
+        line.append(f"syntax.spacy_model={folder / 'parser'}")
+    result = run(folder, words[0], *line)
+    assert result.returncode == 0, f"{where}: {words[0]} {' '.join(line)}\n{result.stderr.strip()[-1500:]}"
