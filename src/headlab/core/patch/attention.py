@@ -17,7 +17,8 @@ keep                        SDPA, unchanged
 prune                       the head's values are zeroed in that call: its context vector is 0. When the
                             layer's other keep / uniform heads are one slice without the pruned ones
                             (a head at either end, half the heads, the whole layer), pruned heads are
-                            left out of the call and their context is written as 0: no attention work
+                            left out of the call and their context is 0: no attention work (heads at
+                            the ends and no drop_* in the layer: the others' context padded with zeros)
 uniform                     the head's query is zeroed: every score is 0, so the softmax gives 1/n
                             to each valid key (dropout then acts on those weights)
 drop_*, renormalize=True    SDPA with the unit mask; a query with no allowed key attends anywhere
