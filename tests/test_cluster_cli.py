@@ -238,3 +238,13 @@ def test_default_run_names_say_what_tells_the_runs_apart(tmp_path):
     assert names == ["minilm (pre-trained) kmeans k=4 #1", "minilm (pre-trained) gmm k=3",
                      "minilm (pre-trained) kmeans k=4 #3", "minilm (tuned) kmeans k=4"]
     assert [run["name"] for run in read_runs(runs[2:], None)] == ["minilm (pre-trained)", "minilm (tuned)"]
+
+
+@pytest.mark.parametrize("shape", [np.array(3), np.array([3]), np.array(["a", "b"])], ids=["0-d", "one", "text"])
+def test_a_features_file_with_a_malformed_shape_is_unreadable_not_a_traceback(tmp_path, shape):
+    from headlab.analysis.types.checks import check_features_file
+    from headlab.errors import UserError
+
+    np.savez(tmp_path / "features.npz", shape=shape, distance=np.zeros(1))
+    with pytest.raises(UserError, match="is not readable"):
+        check_features_file(tmp_path / "features.npz", {"shape": [3, 4]})

@@ -35,7 +35,8 @@ def check_cluster(cfg: Any) -> None:
     check_features_file(path, summary)
 
 
-UNREADABLE = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile)  # what np.load raises for a broken file
+# what np.load and a malformed member (a shape that is no list of two sizes) raise
+UNREADABLE = (OSError, ValueError, EOFError, KeyError, IndexError, TypeError, zipfile.BadZipFile)
 
 
 def unreadable_features(path: Path, error: Exception) -> UserError:
@@ -59,6 +60,7 @@ def check_features_file(path: Path, summary: dict[str, Any]) -> None:
 
 
 def check_compare(cfg: Any) -> None:
+    """The runs are mode=cluster jobs of one shape, their names and syntax jobs fit them."""
     read_inputs(cfg)
 
 
