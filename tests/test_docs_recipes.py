@@ -1,9 +1,9 @@
-"""What the recipe tests share (``test_docs_recipes_*.py``): the recipes of README.md and docs/*.md that name other
-jobs' folders (``ckpt_path=JOB``, ``CLUSTERS_DIR``, ``SWEEP_DIR``, ``runs/...``, a multirun's folder), run as written
-on the tiny model in a working folder, the placeholders replaced by real jobs and a few overrides added that make
-them small (``model=tiny_random``, a few examples). They come in two parts, one test file each, so that the two test
-workers run them side by side: the recipes that read what other recipes write (``runs/``, the Guan multirun and its
-reports), in the documents' order with the writers first, and the rest. The recipes that need a GPU, the hub or
+"""The recipes of README.md and docs/*.md that name other jobs' folders (``ckpt_path=JOB``, ``CLUSTERS_DIR``,
+``SWEEP_DIR``, ``runs/...``, a multirun's folder) run as written on the tiny model in a working folder, the
+placeholders replaced by real jobs and a few overrides added that make them small (``model=tiny_random``, a few
+examples). They come in two parts, a class each, so that the two test workers run them side by side (``--dist
+loadscope``): the recipes that read what other recipes write (``runs/``, the Guan multirun and its reports), in the
+documents' order with the writers first, and the rest. The recipes that need a GPU, the hub or
 several processes only compose (tests/test_docs_commands.py); the study runs in tests/test_study.py."""
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 from test_docs_commands import COMMANDS, is_cheap
 from test_syntax_spacy import train_parser
+
+pytestmark = pytest.mark.slow
 
 NEEDS_MORE = ("trainer=gpu", "trainer=ddp", "model=bert", "model=roberta", "compile=true", "attention_route=flex",
               "precision", "hydra/launcher", "task=squad", "task=mrpc", "task=mnli", "study.",
@@ -118,3 +121,38 @@ def run_recipe(folder, replace: dict[str, str], where: str, words: list[str]) ->
         line.append(f"syntax.spacy_model={folder / 'parser'}")
     result = run(folder, words[0], *line)
     assert result.returncode == 0, f"{where}: {words[0]} {' '.join(line)}\n{result.stderr.strip()[-1500:]}"
+
+
+
+class RecipePart:
+    """A part of the recipes, run in one working folder prepared once for the part (a class: a worker's share)."""
+
+    RECIPES: tuple = ()
+    MINIMUM = 1  # how many the part must hold (the documents have them)
+
+    def pytest_generate_tests(self, metafunc):
+        if "recipe" in metafunc.fixturenames:
+            metafunc.parametrize("recipe", self.RECIPES, ids=[where for where, _ in self.RECIPES])
+
+    @pytest.fixture(scope="class")
+    def prepared(self, tmp_path_factory):
+        folder = tmp_path_factory.mktemp("recipes")
+        return folder, prepare_folder(folder)
+
+    def test_the_part_holds_its_recipes(self):
+        assert len(self.RECIPES) >= self.MINIMUM, self.RECIPES
+
+    def test_recipe_runs_as_written(self, prepared, recipe):
+        run_recipe(*prepared, *recipe)
+
+
+class TestChainedRecipes(RecipePart):
+    """The recipes that write and read each other's folders, in the documents' order with the writers first."""
+
+    RECIPES, MINIMUM = tuple(recipe_part(chained=True)), 10
+
+
+class TestSingleRecipes(RecipePart):
+    """The recipes that read only the prepared jobs, each on its own."""
+
+    RECIPES, MINIMUM = tuple(recipe_part(chained=False)), 15
