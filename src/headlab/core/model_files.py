@@ -41,14 +41,21 @@ def hub_error(name_or_path: str) -> UserError:
     )
 
 
-def config_file(name_or_path: str | None) -> Path:
-    """The ``config.json`` of a hub name (cached, or fetched as ``from_pretrained`` would) or of a local folder."""
+def check_name_or_path(name_or_path: str | None) -> bool:
+    """Whether ``name_or_path`` names a local folder (True) or a hub model (False); ``UserError`` when it is empty
+    or a local folder that does not exist."""
     if not name_or_path:
         raise UserError("model.name_or_path is empty: give a hub model name or a local folder (or random_init=true)")
-    if looks_local(name_or_path):
+    local = looks_local(name_or_path)
+    if local and not Path(name_or_path).expanduser().is_dir():
+        raise UserError(f"model folder {name_or_path!r} does not exist")
+    return local
+
+
+def config_file(name_or_path: str | None) -> Path:
+    """The ``config.json`` of a hub name (cached, or fetched as ``from_pretrained`` would) or of a local folder."""
+    if check_name_or_path(name_or_path):
         folder = Path(name_or_path).expanduser()
-        if not folder.is_dir():
-            raise UserError(f"model folder {name_or_path!r} does not exist")
         if not (folder / "config.json").is_file():
             raise UserError(f"model folder {name_or_path!r} cannot be loaded: it has no config.json (not a folder "
                             "saved with save_pretrained)")

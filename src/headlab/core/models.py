@@ -27,7 +27,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from headlab.core.model_files import check_bert_family, check_weights_folder, hub_error, looks_local
+from headlab.core.model_files import check_bert_family, check_name_or_path, check_weights_folder, hub_error
 from headlab.core.patch.attention import set_attention_route
 from headlab.errors import UserError
 
@@ -60,11 +60,7 @@ def tiny_tokenizer() -> BertTokenizer:
 
 def from_hub_or_folder(loader: Any, name_or_path: str | None, **kwargs: Any) -> Any:
     """``loader.from_pretrained(name_or_path)``; ``UserError`` for a missing folder or an unreachable hub model."""
-    if not name_or_path:
-        raise UserError("model.name_or_path is empty: give a hub model name or a local folder (or random_init=true)")
-    local = looks_local(name_or_path)
-    if local and not Path(name_or_path).expanduser().is_dir():
-        raise UserError(f"model folder {name_or_path!r} does not exist")
+    local = check_name_or_path(name_or_path)
     try:
         return loader.from_pretrained(name_or_path, **kwargs)
     except OSError as error:

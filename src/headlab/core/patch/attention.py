@@ -9,8 +9,8 @@ few attributes; an all-``keep`` plan, and every all-``keep`` layer, runs stock S
 
 Per layer, the heads that keep, prune or take uniform attention share one SDPA call; ``drop_*``
 heads form one group per policy (a slice when contiguous, so no copy). No seq x seq weights are
-materialised and no branch depends on data (no host-device synchronisation; the forward compiles
-with ``fullgraph=True``):
+materialised and no branch depends on data on a GPU (no host-device synchronisation; the forward compiles
+with ``fullgraph=True``; on the CPU an unpadded batch's padding mask is dropped, as stock does, by reading it):
 
 ==========================  =====================================================================
 keep                        SDPA, unchanged
