@@ -155,3 +155,29 @@ def test_jobs_that_read_other_jobs_files_are_not_named_after_the_default_task_an
         "from_jobs"}
     assert scored_dirs("features", "sst2", "minilm", None, "wiki.txt") == "text_file/minilm/pretrained"
     assert scored_dirs("features", "sst2", "minilm", None, None) == "sst2/minilm/pretrained"
+
+
+def test_the_trainer_checks_before_lightning_loads_follow_lightnings_rules():
+    """``trainer.strategy`` and ``trainer.devices`` are checked before Lightning is imported: the strategies are
+    Lightning's registry, and on CPU a devices value is refused exactly when Lightning's Trainer refuses it."""
+    import lightning.pytorch as pl
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from headlab.cli.schema import STRATEGIES, TrainerConfig
+
+    assert set(STRATEGIES) == {"auto", *StrategyRegistry.available_strategies()}
+    for devices in (0, "0", [], -1, 1, 2, "1", " 2", "auto", [0], [1], "0,1", "x", 1.5, -2, "-1", True, False):
+        try:
+            pl.Trainer(accelerator="cpu", devices=devices, logger=False, enable_progress_bar=False,
+                       enable_checkpointing=False, enable_model_summary=False)
+            lightning_refuses = False
+        except (TypeError, ValueError, MisconfigurationException):
+            lightning_refuses = True
+        try:
+            TrainerConfig(accelerator="cpu", devices=devices)
+            refused = False
+        except UserError as error:
+            refused = True
+            assert f"trainer.devices={devices!r}" in str(error)
+        assert refused == lightning_refuses, devices

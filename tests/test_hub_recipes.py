@@ -176,3 +176,31 @@ def test_recipe_runs_on_cpu_against_the_standin(standin, prepared, recipe):
     line = [filled(word, replace, folder) for word in words[1:]]
     result = run(folder, standin, words[0], *line)
     assert result.returncode == 0, f"{where}: {words[0]} {' '.join(line)}\n{result.stderr.strip()[-2000:]}"
+
+
+def test_the_cache_lookup_before_imports_finds_what_datasets_finds(standin, monkeypatch):
+    """``tasks/hub_data.py`` (paths only, before ``datasets`` loads) finds every task of the stand-in, spells the
+    cache folders as ``datasets`` does, and tells an uncached config offline only."""
+    from datasets.naming import camelcase_to_snakecase
+
+    from headlab.errors import UserError
+    from headlab.tasks.hub_data import cached_folders, check_hub_dataset, snake_case
+
+    for name in ("glue", "squad_v2", "SQuAD", "WikiText103", "ag_news", "HotpotQA", "mC4x"):
+        assert snake_case(name) == camelcase_to_snakecase(name), name
+    monkeypatch.setenv("HF_HOME", str(standin))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    for name, repo in HUB_TASKS.items():
+        subset = yaml.safe_load((ROOT / f"conf/task/{name}.yaml").read_text()).get("subset")
+        assert len(cached_folders(repo, subset)) == 1, name
+        check_hub_dataset(name, repo, subset)
+    with pytest.raises(UserError, match=r"'nyu-mll/glue' is neither in .*/nyu-mll___glue/ax holds no copy"):
+        check_hub_dataset("ax", "nyu-mll/glue", "ax")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # datasets' own switch wins: online, the download may work
+    check_hub_dataset("ax", "nyu-mll/glue", "ax")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(standin / "elsewhere"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(UserError, match="elsewhere/nyu-mll___glue/mrpc"):
+        check_hub_dataset("mrpc", "nyu-mll/glue", "mrpc")

@@ -29,6 +29,7 @@ from headlab.core.plans import POLICIES, UNITS
 from headlab.errors import UserError, check_seed, one_of
 from headlab.requirements import require_torch
 from headlab.study.schema import StudyConfig
+from headlab.tasks.hub_data import check_hub_dataset
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "syntax",
@@ -37,6 +38,34 @@ SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.patch.attention.ROUTES
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64", "32", "16", "bf16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true", "ddp_fork",
+              "ddp_fork_find_unused_parameters_false", "ddp_fork_find_unused_parameters_true", "ddp_notebook",
+              "ddp_notebook_find_unused_parameters_false", "ddp_notebook_find_unused_parameters_true", "ddp_spawn",
+              "ddp_spawn_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_true", "deepspeed",
+              "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+              "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme", "fsdp", "fsdp_cpu_offload",
+              "single_device", "single_tpu", "single_xla", "xla", "xla_debug")  # Lightning's registry (a test checks)
+
+
+def check_devices(accelerator: str, devices: Any) -> None:
+    """``trainer.devices`` by Lightning's rules (checked when its Trainer is built, after the imports): on CPU a
+    number of processes > 0 or ``auto``; on an accelerator also -1 (all), a list of device indices or ``"0,1"``."""
+    given = devices
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)) or (hasattr(devices, "__len__") and not isinstance(devices, str)):
+        valid = accelerator != "cpu" and len(devices) > 0 and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)
+    elif isinstance(devices, str):
+        indices = devices.split(",")
+        valid = devices == "auto" or (accelerator != "cpu" and all(index.strip().isdigit() for index in indices))
+    else:
+        valid = isinstance(devices, int) and (devices > 0 or (devices == -1 and accelerator != "cpu"))
+    if not valid:
+        allowed = ("a number of processes > 0 or auto" if accelerator == "cpu" else
+                   "a number of devices > 0, -1 (all), auto, a list of device indices or '0,1'")
+        raise UserError(f"trainer.devices={given!r} is not valid with trainer.accelerator={accelerator}: "
+                        f"give {allowed}")
 
 
 def at_least(key: str, value: Any, lowest: float, allow_none: bool = False) -> None:
@@ -102,6 +131,8 @@ class TaskConfig:
                     raise UserError(f"task {self.name}: data file {path!r} for split {split!r} does not exist")
         elif not self.dataset:
             raise UserError(f"task {self.name}: give task.dataset (a hub dataset) or task.data_files (local files)")
+        else:
+            check_hub_dataset(self.name, self.dataset, self.subset)
 
 
 @dataclass
@@ -200,6 +231,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         one_of("trainer.precision", self.precision, PRECISIONS)
         one_of("trainer.accelerator", self.accelerator, ACCELERATORS)
+        one_of("trainer.strategy", self.strategy, STRATEGIES)
+        check_devices(self.accelerator, self.devices)
         at_least("trainer.num_nodes", self.num_nodes, 1)
         at_least("trainer.max_steps", self.max_steps, -1)
         if self.max_epochs == -1:

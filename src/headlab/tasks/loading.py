@@ -18,6 +18,7 @@ from typing import Any
 import datasets
 
 from headlab.errors import UserError
+from headlab.tasks.hub_data import not_found
 from headlab.tasks.registry import TASK_TYPES
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,7 @@ def _load_hub_dataset(task: Any) -> datasets.DatasetDict:
     try:
         return datasets.load_dataset(task.dataset, task.get("subset"))
     except (ConnectionError, FileNotFoundError) as error:  # offline, unreachable, or no such dataset
-        raise UserError(
-            f"task {task.name}: dataset {task.dataset!r} is neither in the Hugging Face cache nor reachable on the hub "
-            f"({type(error).__name__}); run once online to cache it, or give local files with "
-            "task.data_files='{train: PATH, validation: PATH}'"
-        ) from None
+        raise not_found(task.name, task.dataset, type(error).__name__) from None
 
 
 def _load_local(task: Any, split: str) -> datasets.Dataset:

@@ -1,0 +1,53 @@
+"""Whether a hub data set can be had: offline, ``datasets`` reads it from its cache folder only. The lookup is the
+one ``datasets`` makes (``HF_DATASETS_CACHE``, else ``HF_HOME/datasets``, else ``XDG_CACHE_HOME/huggingface/datasets``;
+``<namespace>___<name>/<config>/<version>/<hash>/``), done on paths alone so that a task whose data is neither
+cached nor reachable is told before torch, transformers or ``datasets`` load."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from headlab.errors import UserError
+
+TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's and datasets' reading of an environment switch
+
+
+def hub_offline() -> bool:
+    """``datasets``' switch: ``HF_DATASETS_OFFLINE`` if set, else ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``."""
+    own = os.environ.get("HF_DATASETS_OFFLINE")
+    if own is not None:
+        return own.upper() in TRUE
+    return (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "").upper() in TRUE
+
+
+def datasets_cache() -> Path:
+    home = os.getenv("HF_HOME", os.path.join(os.getenv("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    return Path(os.path.expanduser(os.getenv("HF_DATASETS_CACHE", os.path.join(os.path.expanduser(home), "datasets"))))
+
+
+def snake_case(name: str) -> str:
+    """``datasets.naming.camelcase_to_snakecase``: the cache folder's spelling of a data set's name."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z\d])([A-Z])", r"\1_\2", name).lower()
+
+
+def cached_folders(dataset: str, subset: str | None) -> list[Path]:
+    """The cache folders that hold ``dataset`` (the config ``subset``, or any config)."""
+    *namespace, name = dataset.split("/")
+    root = datasets_cache() / "___".join([*namespace, snake_case(name)])
+    return [path for path in root.glob(f"{subset or '*'}/*/*") if path.is_dir()]
+
+
+def not_found(task_name: str, dataset: str, why: str) -> UserError:
+    return UserError(
+        f"task {task_name}: dataset {dataset!r} is neither in the Hugging Face cache nor reachable on the hub ({why}); "
+        "run once online to cache it, or give local files with task.data_files='{train: PATH, validation: PATH}'")
+
+
+def check_hub_dataset(task_name: str, dataset: str, subset: str | None) -> None:
+    """Offline, a data set (config) that is not in the cache is an error now; online the download may still work."""
+    if hub_offline() and not cached_folders(dataset, subset):
+        where = datasets_cache() / "___".join([*dataset.split("/")[:-1], snake_case(dataset.split("/")[-1])])
+        raise not_found(task_name, dataset, f"offline, and {where}/{subset or '*'} holds no copy")
