@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked import run_script
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -96,7 +97,7 @@ def run(script, *overrides, cwd_tmp, check=True, cwd=ROOT):
                *overrides]
     if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
         command.append(f"baseline_dir={cwd_tmp / 'baselines'}")
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    result = run_script(command, cwd=cwd, capture_output=True, text=True, timeout=600)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

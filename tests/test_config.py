@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 from conftest import ROOT, compose_train
+from forked import run_script as run_forked
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from transformers import GPT2Config
@@ -90,7 +90,7 @@ def test_non_bert_model_fails_on_its_config(tmp_path):
 
 
 def run_script(script, *overrides):
-    return subprocess.run([sys.executable, str(ROOT / script), *overrides], cwd=ROOT, capture_output=True,
+    return run_forked([sys.executable, str(ROOT / script), *overrides], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from conftest import ROOT
+from forked import run_script
 from test_docs_commands import COMMANDS, is_cheap
 from test_syntax_spacy import train_parser
 
@@ -78,7 +79,7 @@ def run(folder, script: str, *words: str) -> subprocess.CompletedProcess:
     if script == "ablate.py":
         extra.append(f"baseline_dir={folder / 'baselines'}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, str(ROOT / script), *flags, *(w for w in words if w not in flags),
+    return run_script([sys.executable, str(ROOT / script), *flags, *(w for w in words if w not in flags),
                            *SMALL[script], *extra], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -7,6 +7,7 @@ import json
 import re
 
 from conftest import run
+from forked import run_script
 
 from headlab.cli.hydra_glue import checkpoint_tag, job_dir_name
 from headlab.files import short_name
@@ -38,21 +39,20 @@ def test_a_job_with_a_very_long_command_line_runs(tmp_path):
 
 
 def test_help_starts_with_every_mode_one_line_each():
-    import subprocess
     import sys
 
     from conftest import ROOT
 
     from headlab.cli.ablate import MODES
 
-    out = subprocess.run([sys.executable, str(ROOT / "ablate.py"), "--help"], cwd=ROOT, capture_output=True,
+    out = run_script([sys.executable, str(ROOT / "ablate.py"), "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120).stdout
     head = out.split("== Configuration groups ==")[0]
     listed = [line.split()[0] for line in head.split("== Modes (mode=...) ==")[1].strip().splitlines()[:len(MODES)]]
     assert sorted(listed) == sorted(MODES) and out.index("== Modes") < out.index("== Config ==")
     groups = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert "schema/" not in groups and "\ntask: cola, demo_pairs, demo_qa" in groups and "\nstudy: " in groups
-    trained = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], cwd=ROOT, capture_output=True,
+    trained = run_script([sys.executable, str(ROOT / "train.py"), "--help"], cwd=ROOT, capture_output=True,
                              text=True, timeout=120).stdout
     groups = trained.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert trained.startswith("train.py: fine-tune") and "\nmodel: " in groups
@@ -87,13 +87,12 @@ def test_each_report_and_study_gets_its_own_folder():
 def test_a_failed_command_leaves_no_folder_and_a_finished_one_no_lock_file(tmp_path):
     """Bad input removes the job folder Hydra made for it (and the empty folders above it); one with files of an
     earlier run stays. A finished fine-tune leaves no .train.lock, a computed baseline no .lock."""
-    import subprocess
     import sys
 
     from conftest import ROOT
 
     def ablate(*overrides):
-        return subprocess.run([sys.executable, str(ROOT / "ablate.py"), "mode=eval", "model=tiny_random", "logger=none",
+        return run_script([sys.executable, str(ROOT / "ablate.py"), "mode=eval", "model=tiny_random", "logger=none",
                                "mask=prune", "mask.heads=L9", *overrides], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300)
 

@@ -15,6 +15,7 @@ import hub_standin
 import pytest
 import yaml
 from conftest import ROOT, in_parallel
+from forked import run_script
 from test_docs_commands import COMMANDS
 from test_docs_recipes import filled
 
@@ -81,7 +82,7 @@ def run(folder, home, script: str, *words: str, small: bool = True) -> subproces
     extra = [f"data.cache_dir={folder / 'cache'}", "logger=csv"]
     if script == "ablate.py":
         extra.append(f"baseline_dir={folder / 'baselines'}")
-    return subprocess.run([sys.executable, str(ROOT / script), *flags, *words, *extra], cwd=folder,
+    return run_script([sys.executable, str(ROOT / script), *flags, *words, *extra], cwd=folder,
                           env=environment(home), capture_output=True, text=True, timeout=900)
 
 
@@ -150,7 +151,7 @@ for name in {sorted(HUB_MODELS)!r}:
     counts[name] = [model.config.num_hidden_layers, model.config.num_attention_heads, len(ids)]
 print(json.dumps(counts))
 """
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=environment(standin),
+    result = run_script([sys.executable, "-c", script], cwd=tmp_path, env=environment(standin),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     counts = json.loads(result.stdout.strip().splitlines()[-1])

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT, assert_one_error_line, in_parallel
+from forked import run_script
 
 pytestmark = pytest.mark.slow
 STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "importance", "prune_curve",
@@ -37,7 +38,7 @@ def environment(tmp: Path) -> dict[str, str]:
 
 
 def study(folder: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(command(folder, *overrides), cwd=ROOT, env=environment(folder.parent),
+    result = run_script(command(folder, *overrides), cwd=ROOT, env=environment(folder.parent),
                             capture_output=True, text=True, timeout=900)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -243,7 +244,7 @@ def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finish
     folder, _ = finished
     table = folder / "tables/table2/seed0"
     mine = {path: path.read_bytes() for path in (table / REPORT).iterdir()}
-    by_hand = subprocess.run([sys.executable, str(ROOT / "ablate.py"), "mode=report", f"sweep_dir={table}",
+    by_hand = run_script([sys.executable, str(ROOT / "ablate.py"), "mode=report", f"sweep_dir={table}",
                               "report.confidence=0.5", "report.correction=none", "logger=none"], cwd=ROOT,
                              env=environment(folder.parent), capture_output=True, text=True, timeout=600)
     assert by_hand.returncode == 0, by_hand.stderr[-2000:]
@@ -322,7 +323,7 @@ def test_a_study_with_other_settings_gets_its_own_folder_and_latest_follows(tmp_
     def fine_tune(*overrides: str) -> str:
         argv = [a for a in command(tmp_path / "study", "study.stages=[finetune]", *overrides)
                 if not a.startswith("hydra.run.dir=")]
-        result = subprocess.run(argv, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True,
+        result = run_script(argv, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True,
                                 timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout

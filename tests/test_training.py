@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, assert_one_error_line, compose_train
+from forked import run_script
 from safetensors.torch import load_file
 
 from headlab.cli.schema import register_configs
@@ -28,7 +29,7 @@ SHORT_QA = ["task.max_length=64", "task.doc_stride=16"]  # several windows per c
 
 def train(tmp_path, *overrides, run_dir=None, check=True):
     run_dir = run_dir or tmp_path / "run"
-    result = subprocess.run(
+    result = run_script(
         [sys.executable, str(ROOT / "train.py"), *QUICK, f"data.cache_dir={tmp_path / 'cache'}",
          f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -201,7 +202,7 @@ def test_regression_task_from_local_files(tmp_path):
 
 
 def test_a_named_multirun_runs_one_tracked_run_per_job_in_its_own_directory(tmp_path):
-    result = subprocess.run(  # the default sweep directory, under the working directory
+    result = run_script(  # the default sweep directory, under the working directory
         [sys.executable, str(ROOT / "train.py"), "-m", *QUICK, "task=demo_pairs", "logger=wandb", "seed=0,1",
          "experiment=seeds", "trainer.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_MODE": "offline"},
@@ -610,7 +611,7 @@ def test_the_last_line_is_an_ablate_command_ready_to_paste(tmp_path):
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("next        python ablate.py mode=eval model=tiny_random task=demo_pairs ")
     words = shlex.split(last.split(None, 1)[1])
-    result = subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:], "logger=none",
+    result = run_script([sys.executable, str(ROOT / words[1]), *words[2:], "logger=none",
                              "trainer.enable_progress_bar=false", "data.max_eval_examples=8",
                              f"data.cache_dir={tmp_path / 'cache'}", f"baseline_dir={tmp_path / 'baselines'}",
                              f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT, capture_output=True, text=True,
@@ -635,7 +636,7 @@ def test_own_tsv_data_under_its_own_name_and_the_printed_command_carries_it(tmp_
     assert words[3:9] == ["model=tiny_random", "task=sst2", "task.name=reviews", "task.text_fields=[text]",
                           "task.label_field=stars",
                           f"task.data_files={{train: {tmp_path / 'train.tsv'}, validation: {tmp_path / 'dev.tsv'}}}"]
-    result = subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:], "logger=none",
+    result = run_script([sys.executable, str(ROOT / words[1]), *words[2:], "logger=none",
                              f"data.cache_dir={tmp_path / 'cache'}", f"baseline_dir={tmp_path / 'baselines'}",
                              f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
@@ -655,7 +656,7 @@ def test_train_py_killed_after_an_epoch_end_validation_resumes_to_the_same_weigh
                "trainer.num_sanity_val_steps=0", "data.max_train_examples=64", "data.max_eval_examples=24",
                "optim.lr=1e-3", "logger=none", "trainer.enable_progress_bar=false",
                f"data.cache_dir={tmp_path / 'cache'}"]
-    subprocess.run([*command, f"hydra.run.dir={tmp_path / 'whole'}"], cwd=ROOT, check=True, capture_output=True)
+    run_script([*command, f"hydra.run.dir={tmp_path / 'whole'}"], cwd=ROOT, check=True, capture_output=True)
     killed = tmp_path / "killed"
     process = subprocess.Popen([*command, f"hydra.run.dir={killed}"], cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -666,7 +667,7 @@ def test_train_py_killed_after_an_epoch_end_validation_resumes_to_the_same_weigh
     assert not (killed / "results.json").exists()
     saved = torch.load(killed / "checkpoints/last.ckpt", weights_only=False)
     assert saved["global_step"] % 2 == 0 and saved["global_step"] < 6  # an epoch's end (2 batches of 32 each)
-    subprocess.run([*command, f"hydra.run.dir={killed}"], cwd=ROOT, check=True, capture_output=True)
+    run_script([*command, f"hydra.run.dir={killed}"], cwd=ROOT, check=True, capture_output=True)
     assert results(killed)["resumed_from"] == str(killed / "checkpoints/last.ckpt")
     whole, resumed = (load_file(folder / "model/model.safetensors") for folder in (tmp_path / "whole", killed))
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
@@ -686,7 +687,7 @@ def test_weights_fine_tuned_under_a_plan_are_refused_by_every_analysis(tmp_path)
     cases = [("mode=features", f"ckpt_path={job}"), ("mode=syntax", f"ckpt_path={job / 'model'}"),
              ("mode=eval", f"ckpt_path={job / 'checkpoints/last.ckpt'}"),
              ("mode=study", f"study.checkpoint={job}", "study=quick")]
-    outs = in_parallel(lambda case: subprocess.run(
+    outs = in_parallel(lambda case: run_script(
         [sys.executable, str(ROOT / "ablate.py"), *common, *case, f"hydra.run.dir={tmp_path / case[0][5:]}"], cwd=ROOT,
         capture_output=True, text=True, timeout=600), cases)
     for case, out in zip(cases, outs):
