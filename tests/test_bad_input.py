@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -231,7 +232,7 @@ def run(script, overrides, files, tmp_path, run_dir=None):
     if script == "ablate.py" and not any(o.startswith(("mode=", "experiment=")) for o in overrides):
         overrides = ["mode=demo", *overrides]  # the cases without a mode check the single plan of mode=demo
     command = [sys.executable, str(ROOT / script), *TINY[script], *overrides, *cache, run_dir]
-    return run_script(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return run_script(command, cwd=ROOT, env=env, timeout=300, fresh=True)  # a new user's process, as typed
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +262,7 @@ def test_bugs_keep_their_traceback_and_full_error_shows_all(files, tmp_path):
     """HYDRA_FULL_ERROR=1 asks for the traceback of bad input too."""
     env_result = run_script(
         [sys.executable, str(ROOT / "ablate.py"), "model=tiny_random", "mask.unit=word", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=300, fresh=True)
     assert env_result.returncode == 1 and "Traceback" in env_result.stderr and "UserError" in env_result.stderr
 
 
@@ -306,13 +307,13 @@ def test_a_read_only_folder_is_an_error_before_anything_is_evaluated(tmp_path, r
         folder.mkdir()
     locked = folders[read_only]
     as_root = os.geteuid() == 0
-    run_script(["chattr", "+i", str(locked)], check=True) if as_root else locked.chmod(0o555)
+    subprocess.run(["chattr", "+i", str(locked)], check=True) if as_root else locked.chmod(0o555)
     try:
         result = run("ablate.py", ["mode=eval", "mask=prune", "mask.heads=L0", "allow_random_head=true",
                                    f"baseline_dir={folders['baseline_dir']}"], None, tmp_path,
                      run_dir=folders["hydra.run.dir"])
     finally:
-        run_script(["chattr", "-i", str(locked)], check=True) if as_root else locked.chmod(0o755)
+        subprocess.run(["chattr", "-i", str(locked)], check=True) if as_root else locked.chmod(0o755)
     assert_one_error_line(result, f"baseline_dir={str(locked)!r} is not writable (" if read_only == "baseline_dir"
                           else f"cannot write '{locked}/")
     assert not list(folders["baseline_dir"].iterdir())

@@ -96,3 +96,50 @@ def test_misaligned_squad_answers_are_skipped_and_counted(tmp_path, caplog):
         loaded = load_task_data(task_cfg("squad", f"task.data_files={{train: {path}, validation: {path}}}"))
     assert loaded["train"]["id"] == ["1"] and loaded["validation"]["id"] == ["1", "2"]
     assert "skipped 1 of 2 questions" in caplog.text
+
+
+LOCAL_FILES = {  # name -> contents: files a user may hand a GLUE-style pair task
+    "good.jsonl": '{"sentence1": "a", "sentence2": "b", "label": 0}\n\n'
+                  '{"sentence1": "c", "sentence2": "", "label": 1}\n',
+    "no_field.jsonl": '{"sentence1": "a", "sentence2": "b", "label": 0}\n{"sentence1": "c", "label": 1}\n',
+    "null_text.jsonl": '{"sentence1": "a", "sentence2": null, "label": 0}\n',
+    "number_text.jsonl": '{"sentence1": "a", "sentence2": 5, "label": 0}\n',
+    "no_column.jsonl": '{"sentence1": "a", "label": 0}\n',
+    "not_json.jsonl": '{"sentence1": "a", "sentence2": "b", "label": 0}\n{"sentence1": \n',
+    "good.csv": 'sentence1,sentence2,label\na,"b, c",0\nd,e,1\n',
+    "empty_field.csv": "sentence1,sentence2,label\na,b,0\nc,,1\n",
+    "short_row.csv": "sentence1,sentence2,label\na,b,0\nc\n",
+    "na_text.csv": "sentence1,sentence2,label\na,NA,0\n",  # pandas reads NA as missing: found after loading
+    "good.tsv": 'sentence1\tsentence2\tlabel\nx "0\tY\t0\n',
+    "no_column.tsv": "sentence1\tlabel\nx\t0\n",
+    "empty_field.tsv": "sentence1\tsentence2\tlabel\nx\t\t0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL_FILES))
+def test_the_check_before_imports_refuses_a_local_file_only_as_loading_does(tmp_path, name):
+    """``tasks/local_files.py`` (plain rows, before ``datasets`` loads) refuses a file with the very message the
+    load through ``datasets`` gives, and refuses nothing that loads; what it cannot see (pandas' NA) the load finds."""
+    from headlab.errors import UserError
+    from headlab.tasks.local_files import check_text_file
+
+    path = tmp_path / name
+    path.write_text(LOCAL_FILES[name])
+    try:
+        check_text_file(path, "rte", ["sentence1", "sentence2"], "label")
+        early = None
+    except UserError as error:
+        early = str(error)
+    try:
+        load_task_data(task_cfg("rte", f"task.data_files={{train: {path}, validation: {path}}}"))
+        late = None
+    except UserError as error:
+        late = str(error)
+    if name.startswith("good"):
+        assert early is None and late is None, (early, late)
+    elif name == "not_json.jsonl":
+        assert "could not be read as .jsonl: line 2" in early and "could not be read as .jsonl" in late
+    elif name == "na_text.csv":
+        assert early is None and "row 1 has no text in 'sentence2'" in late
+    else:
+        assert early is not None and early == late, (early, late)

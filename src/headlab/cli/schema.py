@@ -30,6 +30,7 @@ from headlab.errors import UserError, check_seed, one_of
 from headlab.requirements import require_torch
 from headlab.study.schema import StudyConfig
 from headlab.tasks.hub_data import check_hub_dataset
+from headlab.tasks.local_files import check_text_file
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "syntax",
@@ -149,6 +150,9 @@ class ClassificationTaskConfig(TaskConfig):
         if len(self.text_fields) not in (1, 2):
             raise UserError(f"task.text_fields={list(self.text_fields)} must name one or two text columns")
         at_least("task.num_labels", self.num_labels, 1 if self.type == "regression" else 2)
+        if self.data_files:
+            for split in dict.fromkeys([self.train_split, *self.eval_splits]):
+                check_text_file(self.data_files[split], self.name, list(self.text_fields), self.label_field)
         if "f1" in self.metrics and self.num_labels != 2:
             raise UserError(f"task {self.name}: metric f1 is binary (F1 of class 1); task.num_labels={self.num_labels}")
 

@@ -19,6 +19,7 @@ import datasets
 
 from headlab.errors import UserError
 from headlab.tasks.hub_data import not_found
+from headlab.tasks.local_files import missing_columns, no_text
 from headlab.tasks.registry import TASK_TYPES
 
 log = logging.getLogger(__name__)
@@ -80,18 +81,13 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
         dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as error:  # the builders raise many kinds; the file is what matters here
         raise UserError(f"data file {str(path)!r} could not be read as {path.suffix}: {error}") from None
-    expected = [*task.text_fields, task.label_field]
-    missing = [c for c in expected if c not in dataset.column_names]
-    if missing:
-        raise UserError(
-            f"data file {str(path)!r} lacks column(s) {missing}; task {task.name} expects columns {expected}, "
-            f"the file has {dataset.column_names}"
-        )
-    for field in task.text_fields:  # a row without the field (JSON lines) reads as None
+    error = missing_columns(path, task.name, [*task.text_fields, task.label_field], dataset.column_names)
+    if error:
+        raise error
+    for field in task.text_fields:  # a row without the field (JSON lines) or an empty CSV field reads as None
         empty = next((row for row, text in enumerate(dataset[field]) if not isinstance(text, str)), None)
         if empty is not None:
-            raise UserError(f"data file {str(path)!r} row {empty + 1} has no text in {field!r} (task {task.name} "
-                            f"needs {', '.join(task.text_fields)} in every row)")
+            raise no_text(path, task.name, empty + 1, field, list(task.text_fields))
     return dataset
 
 

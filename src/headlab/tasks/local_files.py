@@ -1,0 +1,70 @@
+"""A GLUE-style task's local data file (JSON lines, CSV, TSV) read as plain rows before anything heavy loads: the
+columns the task names and a text in every row, checked with the messages that ``loading`` gives after ``datasets``
+has read the file. What ``datasets`` would refuse beyond this (labels, values pandas reads as missing such as
+``NA``) is still found there; nothing refused here would load there."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from headlab.errors import UserError
+
+CHECKED = (".jsonl", ".csv", ".tsv")
+
+
+def missing_columns(path: Path, task_name: str, expected: list[str], columns: list[str]) -> UserError | None:
+    missing = [c for c in expected if c not in columns]
+    if not missing:
+        return None
+    return UserError(f"data file {str(path)!r} lacks column(s) {missing}; task {task_name} expects columns {expected}, "
+                     f"the file has {columns}")
+
+
+def no_text(path: Path, task_name: str, row: int, field: str, text_fields: list[str]) -> UserError:
+    return UserError(f"data file {str(path)!r} row {row} has no text in {field!r} (task {task_name} needs "
+                     f"{', '.join(text_fields)} in every row)")
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict]]:
+    """``(columns, rows)``; a field a row lacks, or an empty CSV/TSV field (pandas: missing), is absent."""
+    if path.suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise UserError(f"data file {str(path)!r} could not be read as .jsonl: line {number}: "
+                                    f"{error.msg}") from None
+                if not isinstance(row, dict):
+                    raise UserError(f"data file {str(path)!r} could not be read as .jsonl: line {number} is not an "
+                                    "object")
+                rows.append(row)
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        return columns, rows
+    options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix == ".tsv" else {}
+    with path.open(newline="", encoding="utf-8") as file:
+        reader = csv.reader(file, **options)
+        columns = next(reader, [])
+        rows = [{key: value for key, value in zip(columns, values) if value != ""} for values in reader]
+    return columns, rows
+
+
+def check_text_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str) -> None:
+    """The file's columns and texts, for the suffixes in ``CHECKED`` (others are left to ``datasets``)."""
+    path = Path(path)
+    if path.suffix not in CHECKED:
+        return
+    try:
+        columns, rows = _rows(path)
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise UserError(f"data file {str(path)!r} could not be read as {path.suffix}: {error}") from None
+    error = missing_columns(path, task_name, [*text_fields, label_field], columns)
+    if error:
+        raise error
+    for field in text_fields:
+        empty = next((number for number, row in enumerate(rows, start=1) if not isinstance(row.get(field), str)), None)
+        if empty is not None:
+            raise no_text(path, task_name, empty, field, text_fields)
