@@ -89,15 +89,16 @@ def wandb_log(job_dir) -> bytes:
     return next(Path(job_dir).glob("wandb/offline-run-*/*.wandb")).read_bytes()
 
 
-def run(script, *overrides, cwd_tmp, check=True, cwd=ROOT):
-    """An entry script on the tiny BERT and demo_pairs (caches under ``cwd_tmp``), in a subprocess in ``cwd``."""
+def run(script, *overrides, cwd_tmp, check=True, cwd=ROOT, fresh=False):
+    """An entry script on the tiny BERT and demo_pairs (caches under ``cwd_tmp``), in a process of its own in ``cwd``
+    (forked from a preloaded server, ``tests/forked.py``; ``fresh``: a plain subprocess)."""
     flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides
     overrides = [o for o in overrides if not o.startswith("-")]
     command = [sys.executable, str(ROOT / script), *flags, *COMMON, f"data.cache_dir={cwd_tmp / 'cache'}",
                *overrides]
     if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
         command.append(f"baseline_dir={cwd_tmp / 'baselines'}")
-    result = run_script(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    result = run_script(command, cwd=cwd, timeout=600, fresh=fresh)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -56,9 +56,17 @@ class Server:
                 if not future.done():
                     future.set_exception(RuntimeError("the fork server exited"))
 
-    def run(self, request: dict, timeout: float) -> int:
+    def stop(self) -> None:
+        """No new requests; the server exits once its children have (their statuses still come back)."""
+        with self.lock:
+            self.process.stdin.close()
+
+    def run(self, request: dict, timeout: float) -> int | None:
+        """The child's exit status; None if this server was stopped before the request went out."""
         future = Future()
         with self.lock:
+            if self.process.stdin.closed:
+                return None
             ident, self.next_id = self.next_id, self.next_id + 1
             self.pending[ident] = future
             self.process.stdin.write(json.dumps({"id": ident, **request}) + "\n")
@@ -72,16 +80,21 @@ class Server:
             raise
 
 
-_servers: dict[tuple, Server] = {}
+KEPT = 2  # servers alive per test process (about 0.3 GB each): the least recently used one above it stops
+_servers: dict[tuple, Server] = {}  # oldest use first
 _servers_lock = threading.Lock()
 
 
 def _server_for(env: dict[str, str]) -> Server:
     key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith(PER_RUN)))
     with _servers_lock:
-        if key not in _servers or _servers[key].process.poll() is not None:
-            _servers[key] = Server(env)
-        return _servers[key]
+        server = _servers.pop(key, None)
+        if server is None or server.process.poll() is not None:
+            server = Server(env)
+        _servers[key] = server
+        while len(_servers) > KEPT:
+            _servers.pop(next(iter(_servers))).stop()
+        return server
 
 
 def run_script(command: list, *, cwd: str | Path | None = None, env: dict[str, str] | None = None,
@@ -101,7 +114,9 @@ def run_script(command: list, *, cwd: str | Path | None = None, env: dict[str, s
         request = {"script": command[1], "args": command[2:], "cwd": str(cwd or os.getcwd()), "env": env,
                    "out": out, "err": err}
         try:
-            status = _server_for(env).run(request, timeout)
+            status = None
+            while status is None:  # a server stopped meanwhile (another environment took its place): the next
+                status = _server_for(env).run(request, timeout)
         except TimeoutError:
             raise subprocess.TimeoutExpired(command, timeout) from None
         output = [Path(path).read_bytes() if os.path.exists(path) else b"" for path in (out, err)]
@@ -166,6 +181,7 @@ def serve() -> None:
         _, status = os.waitpid(pid, 0)
         report("status", ident, os.waitstatus_to_exitcode(status))
 
+    waiters = []
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()
@@ -175,7 +191,10 @@ def serve() -> None:
             finally:
                 os._exit(1)
         report("pid", request["id"], pid)
-        threading.Thread(target=wait, args=(request["id"], pid), daemon=True).start()
+        waiters.append(threading.Thread(target=wait, args=(request["id"], pid)))
+        waiters[-1].start()
+    for waiter in waiters:  # stopped: the runs under way finish and report first
+        waiter.join()
 
 
 if __name__ == "__main__":

@@ -335,7 +335,7 @@ def test_parallel_jobs_compute_the_baseline_once(trained, tmp_path):
     root, _ = trained
     run("ablate.py", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "mode=eval", "mask=uniform",
         "mask.heads=L0,L2", f"ckpt_path={root / 'train'}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        f"baseline_dir={tmp_path / 'baselines'}", cwd_tmp=root)
+        f"baseline_dir={tmp_path / 'baselines'}", cwd_tmp=root, fresh=True)  # forked, loky's workers took minutes
     assert len(list((tmp_path / "baselines").glob("*/baseline.json"))) == 1
     jobs = [results(job) for job in sorted((tmp_path / "sweep/eval").iterdir())]
     assert len(jobs) == 2 and jobs[0]["baseline"] == jobs[1]["baseline"]
