@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import runpy
 import signal
@@ -167,8 +168,14 @@ def _run_as_main(request: dict) -> None:
 
 
 def serve() -> None:
+    # Lightning gives its loggers a handler of their own (and stops them propagating) when it is imported before
+    # logging is set up; the entry scripts import it after Hydra has set up logging, so that its lines reach the
+    # job's log file: import it that way here too
+    root, placeholder = logging.getLogger(), logging.NullHandler()
+    root.addHandler(placeholder)
     for name in PRELOAD:
         __import__(name)
+    root.removeHandler(placeholder)
     out = sys.stdout
     write_lock = threading.Lock()
 

@@ -164,7 +164,7 @@ def test_the_trainer_checks_before_lightning_loads_follow_lightnings_rules():
     from lightning.fabric.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.strategies import StrategyRegistry
 
-    from headlab.cli.schema import STRATEGIES, TrainerConfig
+    from headlab.cli.trainer_schema import STRATEGIES, TrainerConfig
 
     assert set(STRATEGIES) == {"auto", *StrategyRegistry.available_strategies()}
     for devices in (0, "0", [], -1, 1, 2, "1", " 2", "auto", [0], [1], "0,1", "x", 1.5, -2, "-1", True, False):

@@ -18,6 +18,21 @@ def one_of(key: str, value: object, allowed: tuple | list) -> None:
         raise UserError(f"{key}={value!r} is not allowed; choose one of: {choices}")
 
 
+def at_least(key: str, value: object, lowest: float, allow_none: bool = False) -> None:
+    """``UserError`` unless ``value >= lowest`` (or None, if ``allow_none``)."""
+    if value is None and allow_none:
+        return
+    if value is None or value < lowest:
+        nothing = " or null" if allow_none else ""
+        raise UserError(f"{key}={value!r} is out of range; it must be >= {lowest}{nothing}")
+
+
+def within(key: str, value: float, low: float, high: float) -> None:
+    """``UserError`` unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise UserError(f"{key}={value!r} is out of range; it must be in [{low}, {high}]")
+
+
 SEED_RANGE = (0, 2**32 - 1)  # what Lightning's seed_everything and numpy's generators take
 
 
