@@ -5,6 +5,7 @@ bad input as one error line before any stage runs."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,13 +34,18 @@ def command(folder: Path, *overrides: str) -> list[str]:
             f"hydra.run.dir={folder}", *overrides]
 
 
-def environment(tmp: Path) -> dict[str, str]:
+EMPTY_HF_HOME = tempfile.mkdtemp(prefix="headlab-empty-hf-")  # one for the module: its runs share a fork server
+atexit.register(shutil.rmtree, EMPTY_HF_HOME, True)
+
+
+def environment() -> dict[str, str]:
+    """Offline, with an empty Hugging Face cache."""
     return {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp / "hf")}
+            "HF_DATASETS_OFFLINE": "1", "HF_HOME": EMPTY_HF_HOME}
 
 
 def study(folder: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = run_script(command(folder, *overrides), cwd=ROOT, env=environment(folder.parent),
+    result = run_script(command(folder, *overrides), cwd=ROOT, env=environment(),
                             capture_output=True, text=True, timeout=900)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -246,7 +253,7 @@ def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finish
     mine = {path: path.read_bytes() for path in (table / REPORT).iterdir()}
     by_hand = run_script([sys.executable, str(ROOT / "ablate.py"), "mode=report", f"sweep_dir={table}",
                               "report.confidence=0.5", "report.correction=none", "logger=none"], cwd=ROOT,
-                             env=environment(folder.parent), capture_output=True, text=True, timeout=600)
+                             env=environment(), capture_output=True, text=True, timeout=600)
     assert by_hand.returncode == 0, by_hand.stderr[-2000:]
     assert (table / "report-confidence=0.5,correction=none/plans_validation.md").is_file()
     assert {path: path.read_bytes() for path in (table / REPORT).iterdir()} == mine
@@ -260,7 +267,7 @@ def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finish
 
 def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     folder = tmp_path / "study"
-    process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(tmp_path), stdout=subprocess.PIPE,
+    process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     for line in process.stdout:
         if line.startswith("[3/10] cluster"):
@@ -269,7 +276,7 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     process.wait(timeout=60)
     assert not (folder / "study.md").exists() and (folder / "features/stage.json").is_file()
     # Resumed, then Ctrl-C during the tables (once swallowed in a weakref callback: the study ran on to exit 0)
-    process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(tmp_path), stdout=subprocess.PIPE,
+    process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     out = ""
     for line in process.stdout:
@@ -323,7 +330,7 @@ def test_a_study_with_other_settings_gets_its_own_folder_and_latest_follows(tmp_
     def fine_tune(*overrides: str) -> str:
         argv = [a for a in command(tmp_path / "study", "study.stages=[finetune]", *overrides)
                 if not a.startswith("hydra.run.dir=")]
-        result = run_script(argv, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True,
+        result = run_script(argv, cwd=tmp_path, env=environment(), capture_output=True, text=True,
                                 timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
