@@ -181,3 +181,23 @@ def test_the_trainer_checks_before_lightning_loads_follow_lightnings_rules():
             refused = True
             assert f"trainer.devices={devices!r}" in str(error)
         assert refused == lightning_refuses, devices
+
+
+def test_val_check_interval_is_checked_before_imports_where_the_rows_are_known(tmp_path):
+    """demo_pairs has 3000 training rows: 94 batches of 32 (one process), 47 per process over two; an interval past
+    them is refused before anything loads, with the message the run gives after tokenizing (the same function)."""
+    from headlab.cli.train import check_epoch_fits_interval
+
+    rows = sum(1 for line in (ROOT / "src/headlab/tasks/data/demo_pairs/train.jsonl").open() if line.strip())
+    assert rows == 3000
+    for overrides, batches in ((["trainer.val_check_interval=94"], None), (["trainer.val_check_interval=95"], 94),
+                               (["trainer.val_check_interval=48", "trainer.devices=2"], 47),
+                               (["trainer.val_check_interval=5", "data.max_train_examples=100"], 4),
+                               (["trainer.val_check_interval=95", "trainer.check_val_every_n_epoch=null"], None),
+                               (["trainer.val_check_interval=95", "trainer.devices=auto"], None)):
+        cfg = compose_train("task=demo_pairs", *overrides)
+        if batches is None:
+            check_epoch_fits_interval(cfg)
+        else:
+            with pytest.raises(UserError, match=f"is more than the {batches} training batches"):
+                check_epoch_fits_interval(cfg)

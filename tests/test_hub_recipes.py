@@ -185,7 +185,7 @@ def test_the_cache_lookup_before_imports_finds_what_datasets_finds(standin, monk
     from datasets.naming import camelcase_to_snakecase
 
     from headlab.errors import UserError
-    from headlab.tasks.hub_data import cached_folders, check_hub_dataset, snake_case
+    from headlab.tasks.hub_data import cached_folders, cached_rows, check_hub_dataset, snake_case
 
     for name in ("glue", "squad_v2", "SQuAD", "WikiText103", "ag_news", "HotpotQA", "mC4x"):
         assert snake_case(name) == camelcase_to_snakecase(name), name
@@ -197,6 +197,7 @@ def test_the_cache_lookup_before_imports_finds_what_datasets_finds(standin, monk
         subset = yaml.safe_load((ROOT / f"conf/task/{name}.yaml").read_text()).get("subset")
         assert len(cached_folders(repo, subset)) == 1, name
         check_hub_dataset(name, repo, subset)
+        assert cached_rows(repo, subset, "train") == 48, name  # what val_check_interval is checked against
     with pytest.raises(UserError, match=r"'nyu-mll/glue' is neither in .*/nyu-mll___glue/ax holds no copy"):
         check_hub_dataset("ax", "nyu-mll/glue", "ax")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # datasets' own switch wins: online, the download may work

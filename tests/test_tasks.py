@@ -110,7 +110,8 @@ LOCAL_FILES = {  # name -> contents: files a user may hand a GLUE-style pair tas
     "empty_field.csv": "sentence1,sentence2,label\na,b,0\nc,,1\n",
     "short_row.csv": "sentence1,sentence2,label\na,b,0\nc\n",
     "na_text.csv": "sentence1,sentence2,label\na,NA,0\n",  # pandas reads NA as missing: found after loading
-    "good.tsv": 'sentence1\tsentence2\tlabel\nx "0\tY\t0\n',
+    "good.tsv": 'sentence1\tsentence2\tlabel\nx "0\tY\t0\n\nz\tw\t1\n',
+    "good_multiline.csv": 'sentence1,sentence2,label\n"two\nlines",b,0\n\nc,d,1\n',
     "no_column.tsv": "sentence1\tlabel\nx\t0\n",
     "empty_field.tsv": "sentence1\tsentence2\tlabel\nx\t\t0\n",
 }
@@ -121,7 +122,7 @@ def test_the_check_before_imports_refuses_a_local_file_only_as_loading_does(tmp_
     """``tasks/local_files.py`` (plain rows, before ``datasets`` loads) refuses a file with the very message the
     load through ``datasets`` gives, and refuses nothing that loads; what it cannot see (pandas' NA) the load finds."""
     from headlab.errors import UserError
-    from headlab.tasks.local_files import check_text_file
+    from headlab.tasks.local_files import check_text_file, count_rows
 
     path = tmp_path / name
     path.write_text(LOCAL_FILES[name])
@@ -131,8 +132,9 @@ def test_the_check_before_imports_refuses_a_local_file_only_as_loading_does(tmp_
     except UserError as error:
         early = str(error)
     try:
-        load_task_data(task_cfg("rte", f"task.data_files={{train: {path}, validation: {path}}}"))
+        loaded = load_task_data(task_cfg("rte", f"task.data_files={{train: {path}, validation: {path}}}"))
         late = None
+        assert count_rows(path) == len(loaded["train"])  # what val_check_interval is checked against before loading
     except UserError as error:
         late = str(error)
     if name.startswith("good"):

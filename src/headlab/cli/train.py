@@ -10,6 +10,9 @@ from headlab.cli.schema import check_config
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.core.model_files import check_weights_folder, looks_local, model_shape
 from headlab.errors import UserError
+from headlab.tasks.hub_data import cached_rows
+from headlab.tasks.local_files import count_rows
+from headlab.training.batches import check_val_check_interval, world_size
 from headlab.training.checkpoints import check_lightning_checkpoint
 
 
@@ -27,6 +30,25 @@ def check_train_config(cfg: Any) -> None:
         check_weights_folder(cfg.model.name_or_path, f"model.name_or_path={cfg.model.name_or_path!r}")
     if cfg.ckpt_path not in (None, "last"):
         check_lightning_checkpoint(Path(cfg.ckpt_path), cfg.model, cfg.task)
+    check_epoch_fits_interval(cfg)
+
+
+def check_epoch_fits_interval(cfg: Any) -> None:
+    """An integer ``trainer.val_check_interval`` against the training batches, where the number of training
+    examples is known without loading the data: a classification task's local file or cached hub split (a QA
+    task's windows are known once tokenized; the run checks again then)."""
+    processes = world_size(cfg.trainer)
+    if cfg.task.type == "extractive_qa" or processes is None:
+        return
+    split = cfg.task.train_split
+    if cfg.task.get("data_files"):
+        rows = count_rows(cfg.task.data_files[split])
+    else:
+        rows = cached_rows(cfg.task.dataset, cfg.task.get("subset"), split)
+    if rows is not None:
+        limit = cfg.data.max_train_examples
+        check_val_check_interval(cfg.trainer, rows if limit is None else min(rows, limit), cfg.data.batch_size,
+                                 processes)
 
 
 def run_train(cfg: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ cached nor reachable is told before torch, transformers or ``datasets`` load."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -51,3 +52,15 @@ def check_hub_dataset(task_name: str, dataset: str, subset: str | None) -> None:
     if hub_offline() and not cached_folders(dataset, subset):
         where = datasets_cache() / "___".join([*dataset.split("/")[:-1], snake_case(dataset.split("/")[-1])])
         raise not_found(task_name, dataset, f"offline, and {where}/{subset or '*'} holds no copy")
+
+
+def cached_rows(dataset: str, subset: str | None, split: str) -> int | None:
+    """The number of rows of ``split`` in the newest cached copy (its ``dataset_info.json``), or None."""
+    folders = sorted(cached_folders(dataset, subset), key=lambda path: path.stat().st_mtime)
+    if not folders or (subset is None and len({path.parts[-3] for path in folders}) > 1):
+        return None  # not cached, or several configs (datasets asks which)
+    try:
+        splits = json.loads((folders[-1] / "dataset_info.json").read_text())["splits"]
+        return int(splits[split]["num_examples"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

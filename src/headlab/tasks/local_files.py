@@ -44,12 +44,15 @@ def _rows(path: Path) -> tuple[list[str], list[dict]]:
                 rows.append(row)
         columns = list(dict.fromkeys(key for row in rows for key in row))
         return columns, rows
+    records = [values for values in _csv_rows(path) if values]  # pandas skips blank lines
+    columns = records[0] if records else []
+    return columns, [{key: value for key, value in zip(columns, values) if value != ""} for values in records[1:]]
+
+
+def _csv_rows(path: Path) -> list[list[str]]:
     options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix == ".tsv" else {}
     with path.open(newline="", encoding="utf-8") as file:
-        reader = csv.reader(file, **options)
-        columns = next(reader, [])
-        rows = [{key: value for key, value in zip(columns, values) if value != ""} for values in reader]
-    return columns, rows
+        return list(csv.reader(file, **options))
 
 
 def check_text_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str) -> None:
@@ -68,3 +71,11 @@ def check_text_file(path: str | Path, task_name: str, text_fields: list[str], la
         empty = next((number for number, row in enumerate(rows, start=1) if not isinstance(row.get(field), str)), None)
         if empty is not None:
             raise no_text(path, task_name, empty, field, text_fields)
+
+
+def count_rows(path: str | Path) -> int | None:
+    """The rows ``datasets`` reads from a JSON-lines, CSV or TSV file (blank lines skipped); None for others."""
+    path = Path(path)
+    if path.suffix not in CHECKED:
+        return None
+    return len(_rows(path)[1]) if path.suffix == ".jsonl" else sum(1 for row in _csv_rows(path) if row) - 1

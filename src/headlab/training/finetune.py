@@ -10,7 +10,6 @@ Rerunning a finished job prints its results and stops; rerunning a killed one re
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 import shutil
@@ -29,6 +28,7 @@ from headlab.errors import UserError
 from headlab.files import input_stamps, relative_paths, write_json_atomic
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_why_again
+from headlab.training.batches import check_val_check_interval
 from headlab.training.checkpoints import FINAL_WEIGHTS, PLAN_KEY, check_lightning_checkpoint
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.durable import AtomicCheckpointIO, RandomStates, readable_checkpoint, training_lock
@@ -238,23 +238,6 @@ def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> d
             keep_only(checkpoint_dir, asdict(result))
             _print_summary(result, output_dir, logger, model_and_task)
         return asdict(result)
-
-
-def check_val_check_interval(trainer_cfg: Any, num_train: int, batch_size: int, world_size: int) -> None:
-    """An integer ``val_check_interval`` must fit in an epoch unless it counts across epochs (Lightning says so
-    only once the model is loaded, with a traceback)."""
-    interval, limit = trainer_cfg.val_check_interval, trainer_cfg.limit_train_batches
-    if not isinstance(interval, int) or isinstance(interval, bool) or trainer_cfg.check_val_every_n_epoch is None:
-        return
-    batches = math.ceil(math.ceil(num_train / world_size) / batch_size)  # per process, as the sampler shards
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        batches = min(batches, limit)
-    elif isinstance(limit, float):
-        batches = int(batches * limit)
-    if interval > batches:
-        raise UserError(f"trainer.val_check_interval={interval} is more than the {batches} training batches of an "
-                        f"epoch: use at most {batches}, a fraction of an epoch (e.g. 0.5), or "
-                        "trainer.check_val_every_n_epoch=null to count batches across epochs")
 
 
 def save_final_weights(model: Any, tokenizer: Any, folder: Path) -> Path:
