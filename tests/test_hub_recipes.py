@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import hub_standin
 import pytest
@@ -30,6 +32,7 @@ SMALL = {"train.py": ["trainer.max_steps=2", "trainer.val_check_interval=1.0", "
                        "features.max_sequences=8", "features.js_max_sequences=2", "cluster.stability_fits=2",
                        "cluster.perplexity=3", "syntax.max_sentences=40", "syntax.min_count=3",
                        "syntax.resamples=50", "report.resamples=50", "report.permutations=50"]}
+SMALL_QA = ["task.max_length=128", "task.doc_stride=32"]  # SQuAD's windows: 384 tokens -> 128
 # the study at study=quick's sizes and less (its stages' fields: conf/study/)
 SMALL_STUDY = ["study.finetune.trainer.max_steps=2", "study.finetune.trainer.num_sanity_val_steps=0",
                "study.finetune.data.max_train_examples=16", "study.finetune.data.max_eval_examples=8",
@@ -64,7 +67,17 @@ def needs_hub_or_gpu(words: list[str]) -> bool:
             or any("runs/features_squad" in word for word in words))  # features.md's report of SQuAD and MRPC jobs
 
 
-RECIPES = [(where, words) for where, words in COMMANDS
+def config_recipes() -> list[tuple[str, list[str]]]:
+    """The hub commands that configs print in their comments (the study at the paper's sizes, Table 3's preset)."""
+    found = []
+    for name in ("conf/study/paper.yaml", "conf/experiment/guan2020_table3.yaml"):
+        for number, line in enumerate((ROOT / name).read_text().splitlines(), start=1):
+            if line.startswith("#") and "python ablate.py" in line:
+                found.append((f"{Path(name).name}:{number}", shlex.split(line.split("python", 1)[1])))
+    return found
+
+
+RECIPES = [(where, words) for where, words in [*COMMANDS, *config_recipes()]
            if needs_hub_or_gpu(words) and not any(word in GPU_ONLY for word in words)]
 
 
@@ -79,6 +92,8 @@ def run(folder, home, script: str, *words: str, small: bool = True) -> subproces
     words = [ON_CPU.get(w, w) for w in words if w not in flags and ON_CPU.get(w, w) is not None]
     if small:
         words += SMALL_STUDY if any(w.startswith("study=") for w in words) else SMALL[script]
+        if any(w in ("task=squad", "task=squad_v2") for w in words):
+            words += SMALL_QA
     extra = [f"data.cache_dir={folder / 'cache'}", "logger=csv"]
     if script == "ablate.py":
         extra.append(f"baseline_dir={folder / 'baselines'}")
@@ -108,7 +123,8 @@ def prepared_jobs(folder, home) -> dict[str, str]:
         for words, result in zip(round_, results):
             assert result.returncode == 0, f"{' '.join(words)}\n{result.stderr[-2000:]}"
     treebank = ROOT / "src/headlab/tasks/data/ud_ewt"
-    return {"mask.clusters=clusters.json": f"mask.clusters={folder / 'jobs/cluster_large/clusters.json'}",
+    clusters = f"mask.clusters={folder / 'jobs/cluster_large/clusters.json'}"
+    return {"mask.clusters=clusters.json": clusters, "mask.clusters=FILE": clusters,
             "en_ewt-ud-dev.conllu": str(treebank / "dev.conllu"),
             "en_ewt-ud-train.conllu": str(treebank / "train.conllu"), "JOB": str(folder / "jobs/train")}
 
@@ -167,7 +183,8 @@ print(json.dumps(counts))
 
 def test_the_documents_have_hub_and_gpu_recipes():
     text = [" ".join(words) for _, words in RECIPES]
-    assert len(RECIPES) >= 12 and any("study=paper" in t for t in text) and any("task=squad" in t for t in text)
+    assert len(RECIPES) >= 14 and any("study=paper" in t for t in text) and any("task=squad" in t for t in text)
+    assert "ablate.py model=bert_base_uncased task=squad trainer=gpu study=paper" in text  # conf/study/paper.yaml
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[where for where, _ in RECIPES])
