@@ -78,4 +78,4 @@ def count_rows(path: str | Path) -> int | None:
     path = Path(path)
     if path.suffix not in CHECKED:
         return None
-    return len(_rows(path)[1]) if path.suffix == ".jsonl" else sum(1 for row in _csv_rows(path) if row) - 1
+    return len(_rows(path)[1])
