@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,15 @@ PAIRS = [
 # short ones fill in at the end and both workers finish together (about a minute sooner than alphabetical order)
 LONGEST_FIRST = ("test_minilm_finetuning.py", "test_docs_recipes.py", "test_study.py", "test_hub_recipes.py",
                  "test_training.py", "test_ablate.py", "test_docs_commands.py", "test_ddp.py")
+
+
+def pytest_configure(config):
+    """Under ``-n N`` each worker (and every process it starts) gets its share of the cores as threads: the two
+    workers on two cores each ran torch with two threads, and oversubscribed OpenMP spins (a study's second seed
+    took 103 s beside the other worker, 25 s alone). Set before the workers start, so they inherit it."""
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 0 and "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 
 def pytest_collection_modifyitems(items):
