@@ -31,10 +31,12 @@ PAIRS = [
 ]
 
 
-# the longest files (or classes) first: --dist loadscope hands them to the two workers in collection order, so the
-# short ones fill in at the end and both workers finish together (about a minute sooner than alphabetical order)
-LONGEST_FIRST = ("test_minilm_finetuning.py", "test_docs_recipes.py", "test_study.py", "test_hub_recipes.py",
-                 "test_training.py", "test_ablate.py", "test_docs_commands.py", "test_ddp.py")
+# the longest files (or classes) first: with --no-loadscope-reorder, --dist loadscope hands them to the two workers in
+# collection order, so the short ones fill in at the end and both workers finish together (xdist's own reorder, by
+# the number of tests, put the one-test MiniLM file of 5 minutes last: 2.5 minutes of one worker alone)
+LONGEST_FIRST = ("test_minilm_finetuning.py", "test_study.py", "test_hub_recipes.py", "test_docs_recipes.py",
+                 "test_training.py", "test_ablate.py", "test_bad_input.py", "test_ddp.py", "test_cluster_cli.py",
+                 "test_docs_commands.py", "test_prune_curve.py")
 
 
 def pytest_configure(config):
