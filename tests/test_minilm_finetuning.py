@@ -1,4 +1,5 @@
-"""The real MiniLM learns the bundled demo_qa on CPU in a bounded number of steps (slow: ~3 min)."""
+"""The real MiniLM learns the bundled demo_qa on CPU in a bounded number of steps (slow: ~3 min on two threads, ~5 on
+one beside the other test worker)."""
 
 from __future__ import annotations
 
