@@ -56,7 +56,7 @@ from headlab.analysis.jobs.plan_evaluator import MODEL_INPUTS, PlanEvaluator, Va
 from headlab.cli.schema import register_configs
 from headlab.core.importance import punctuation_ids
 from headlab.core.models import load_model, load_tokenizer
-from headlab.core.patch.attention import ablate
+from headlab.core.patch.ablate import ablate
 from headlab.core.plans import ESTIMABLE, HeadPlan
 from headlab.core.pruning import prune_heads
 from headlab.training.datamodule import TaskDataModule

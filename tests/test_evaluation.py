@@ -106,7 +106,7 @@ def test_classification_records_and_metrics_from_them(tmp_path):
         for row, example in zip(rows, raw):
             enc = tokenizer_of(cfg)(example["sentence1"], example["sentence2"], truncation=True, max_length=64,
                                     return_tensors="pt")
-            from headlab.core.patch.attention import ablate
+            from headlab.core.patch.ablate import ablate
 
             with ablate(model, HeadPlan.from_rules([{"heads": "L0", "policy": "prune"}], 3, 4)):
                 logits = model(**enc).logits[0].double()

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from reference import bert_forward, classifier_logits, params_of, qa_logits
 
 import headlab
-from headlab.core.bert_family import self_attention_of
 from headlab.core.head_gradients import GradientProbe, gradient_probe
 from headlab.core.importance import head_gradients, normalize_importance
+from headlab.core.model_parts import self_attention_of
 from headlab.core.models import load_model
 from headlab.core.plans import ESTIMABLE
 from headlab.errors import UserError

@@ -22,12 +22,18 @@ def headlab_imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("headlab."):
-            found.add(node.module)
+            found |= {submodule if is_module(submodule := f"{node.module}.{alias.name}") else node.module
+                      for alias in node.names}  # from a package import its modules: those modules
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("headlab.")}
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("headlab."):
             found.add(node.value.split(":")[0])  # lazy "module:function" references (MODES)
     return {name for name in found if name.split(".")[1] in LAYERS}
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.joinpath(*name.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def test_every_module_belongs_to_a_layer():

@@ -10,7 +10,7 @@ from reference import bert_forward, params_of
 from test_attention import MIXED_RULES, plan_of
 
 import headlab
-from headlab.core.bert_family import layer_inputs, start_at_layer
+from headlab.core.model_parts import layer_inputs, start_at_layer
 from headlab.core.plans import POLICIES
 from headlab.errors import UserError
 

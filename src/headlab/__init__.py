@@ -20,9 +20,9 @@ _EXPORTS = {
     "HeadPlan": "headlab.core.plans",
     "head_name": "headlab.core.head_names",
     "select_heads": "headlab.core.plans",
-    "ablate": "headlab.core.patch.attention",
+    "ablate": "headlab.core.patch.ablate",
     "register_attention": "headlab.core.patch.attention",
-    "set_attention_route": "headlab.core.patch.attention",
+    "set_attention_route": "headlab.core.patch.ablate",
     "split_sentences": "headlab.core.units",
     "unit_ids": "headlab.core.units",
     "UserError": "headlab.errors",
@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from headlab.core.head_names import head_name
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients
     from headlab.core.observe import observe_attention
-    from headlab.core.patch.attention import ablate, register_attention, set_attention_route
+    from headlab.core.patch.ablate import ablate, set_attention_route
+    from headlab.core.patch.attention import register_attention
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, select_heads
     from headlab.core.pruning import prune_heads
     from headlab.core.units import split_sentences, unit_ids

@@ -37,7 +37,7 @@ from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "syntax",
                 "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
-ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.patch.attention.ROUTES
+ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.patch.ablate.ROUTES
 # --------------------------------------------------------------------------- groups
 
 

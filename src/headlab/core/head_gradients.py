@@ -28,7 +28,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from headlab.core.patch.attention import Controller, _restricted, _shared, headlab_attention
+from headlab.core.patch.attention import Controller, _restricted, _shared, attend, call_depth
 from headlab.core.patch.sdpa_masks import padding_mask_function, validity
 from headlab.core.plans import ESTIMABLE
 
@@ -148,12 +148,13 @@ def _mean_abs_by_key_type(grad, values, key_masks, query_valid) -> torch.Tensor:
 
 
 def probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """AttentionInterface function: ``headlab_attention`` (the active plan), then the probe's gates and capture."""
-    out, _ = headlab_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    """AttentionInterface function: the active plan (``attend``), then the probe's gates and capture."""
+    controller, depth = call_depth(module)
+    out, _ = attend(controller, depth, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     probe = module.__dict__.get(_PROBE)
     if probe is None:
         return out, None
-    return probe.capture(module.layer_idx, out, query, key, value, attention_mask, scaling,
+    return probe.capture(depth, out, query, key, value, attention_mask, scaling,
                          kwargs.get("sentence_ids")), None
 
 

@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedModel
 
 from headlab.core.head_gradients import KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
-from headlab.core.patch.attention import ablate
+from headlab.core.patch.ablate import ablate
 from headlab.core.plans import ESTIMABLE, GRANULARITIES, HeadPlan, check_unit
 from headlab.errors import UserError, one_of
 

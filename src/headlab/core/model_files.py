@@ -11,24 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from headlab.core.families import family_for
 from headlab.errors import UserError
 from headlab.files import read_json
 
-# Model types whose self-attention dispatches through AttentionInterface with one module per layer.
-BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-# (layers, heads) a config.json that leaves them out gets, as its transformers config class fills them in
-SHAPE_DEFAULTS = {model_type: (12, 4 if model_type == "electra" else 12) for model_type in BERT_FAMILY}
-
-
-def check_bert_family(model_type: Any) -> None:
-    """UserError unless ``model_type`` is a BERT-family encoder headlab can patch."""
-    if model_type not in BERT_FAMILY:
-        raise UserError(
-            f"model_type {model_type!r} is not a supported BERT-family encoder; supported: {', '.join(BERT_FAMILY)}"
-        )
-
 
 def looks_local(name_or_path: str) -> bool:
     return name_or_path.startswith(("/", "./", "../", "~")) or Path(name_or_path).exists()
@@ -69,8 +57,8 @@ def config_file(name_or_path: str | None) -> Path:
 
 
 def config_json(model_cfg: Any) -> dict[str, Any]:
-    """The model's config as saved (a random model: its ``config`` fields over BertConfig's defaults), checked to be
-    a BERT-family encoder."""
+    """The model's config as saved (a random model: its ``config`` fields, ``model_type`` bert unless given), checked
+    to be a supported encoder, with ``num_hidden_layers`` and ``num_attention_heads`` whatever its family calls them."""
     if model_cfg.get("random_init"):
         config, where = {"model_type": "bert"} | dict(model_cfg.config), "model.config"
     else:
@@ -78,14 +66,8 @@ def config_json(model_cfg: Any) -> dict[str, Any]:
         config, where = read_json(path, "model config"), repr(str(path))
         if not isinstance(config, dict):
             raise UserError(f"{where} is not a model config (a JSON object)")
-    check_bert_family(config.get("model_type"))
-    layers, heads = SHAPE_DEFAULTS[config["model_type"]]
-    config = {"num_hidden_layers": layers, "num_attention_heads": heads} | config
-    for key in ("num_hidden_layers", "num_attention_heads"):
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"{where}: {key}={value!r} is not a positive integer")
-    return config
+    layers, heads = family_for(config.get("model_type")).shape(config, where)
+    return config | {"num_hidden_layers": layers, "num_attention_heads": heads}
 
 
 def model_shape(model_cfg: Any) -> tuple[int, int]:

@@ -1,8 +1,8 @@
 """Models and tokenizers from a ``model`` config group entry.
 
 A model config is either a checkpoint (``name_or_path``: a hub name or a folder) or a
-random BERT (``random_init: true`` with a ``config`` of BertConfig fields), which comes with
-a small WordPiece tokenizer built in code so that tests need no download.
+random encoder (``random_init: true`` with a ``config`` of its config class's fields, ``model_type`` bert unless
+given), which comes with a small WordPiece tokenizer built in code so that tests need no download.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    BertConfig,
     BertTokenizer,
     PretrainedConfig,
 )
 from transformers.utils import logging as hf_logging
 
-from headlab.core.model_files import check_bert_family, check_name_or_path, check_weights_folder, hub_error
-from headlab.core.patch.attention import set_attention_route
+from headlab.core.families import family_for
+from headlab.core.model_files import check_name_or_path, check_weights_folder, hub_error
+from headlab.core.patch.ablate import set_attention_route
 from headlab.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -70,12 +70,14 @@ def from_hub_or_folder(loader: Any, name_or_path: str | None, **kwargs: Any) -> 
 
 
 def model_config(cfg: Any) -> PretrainedConfig:
-    """The model's config (no weights are read), checked to be BERT-family."""
+    """The model's config (no weights are read), checked to be of a supported family."""
     if cfg.get("random_init"):
-        config = BertConfig(vocab_size=len(tiny_vocab()), **dict(cfg.config))
-    else:
-        config = from_hub_or_folder(AutoConfig, cfg.name_or_path)
-    check_bert_family(config.model_type)
+        fields = dict(cfg.config)
+        model_type = fields.pop("model_type", "bert")
+        family_for(model_type)
+        return AutoConfig.for_model(model_type, vocab_size=len(tiny_vocab()), **fields)
+    config = from_hub_or_folder(AutoConfig, cfg.name_or_path)
+    family_for(config.model_type)
     return config
 
 

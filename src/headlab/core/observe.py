@@ -21,7 +21,8 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
-from headlab.core.patch.attention import Controller, headlab_implementation
+from headlab.core.patch.ablate import headlab_implementation
+from headlab.core.patch.attention import Controller
 from headlab.core.patch.sdpa_masks import validity
 from headlab.core.pruning import pruned_heads_of
 from headlab.errors import UserError

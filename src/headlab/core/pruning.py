@@ -16,7 +16,9 @@ from torch import nn
 from torch.nn.utils import skip_init
 from transformers import PreTrainedModel
 
-from headlab.core.bert_family import encoder_layers, self_attention_modules
+from headlab.core.families import family_of
+from headlab.core.families.base import module_at
+from headlab.core.model_parts import self_attention_modules
 from headlab.core.plans import HeadPlan
 from headlab.errors import UserError
 
@@ -28,7 +30,7 @@ def pruned_heads_of(model: PreTrainedModel) -> dict[int, list[int]]:
 
     Read from the modules, so pruning ``model.bert`` shows on ``model`` too.
     """
-    return {m.layer_idx: m.__dict__[PRUNED] for m in self_attention_modules(model) if PRUNED in m.__dict__}
+    return {depth: m.__dict__[PRUNED] for depth, m in enumerate(self_attention_modules(model)) if PRUNED in m.__dict__}
 
 
 def _uninitialised_linear(*args, **kwargs) -> nn.Linear:
@@ -80,22 +82,48 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
                         f"{shape[0]} x {shape[1]}")
     if pruned_heads_of(model):
         raise UserError("the model is already physically pruned; prune a fresh copy with the combined plan")
-    _, layers = encoder_layers(model)
-    for layer, attention in enumerate(self_attention_modules(model)):
+    family = family_of(model)
+    modules, layers = self_attention_modules(model), family.layers(model)
+    if family.shared:
+        _check_shared_prune(plan, modules)
+    done: set[int] = set()
+    for layer, attention in enumerate(modules):
         heads = plan.layer_groups(layer).get("prune", [])
-        if not heads:
+        if not heads or id(attention) in done:
             continue
+        done.add(id(attention))
         attention.__dict__[PRUNED] = heads
-        width = attention.attention_head_size
-        kept = [h for h in range(attention.num_attention_heads) if h not in heads]
+        width = getattr(attention, family.head_width)
+        count = getattr(attention, family.head_count[0])
+        kept = [h for h in range(count) if h not in heads]
+        first = getattr(attention, family.projections[0])
         index = torch.tensor([h * width + i for h in kept for i in range(width)], dtype=torch.long,
-                             device=attention.query.weight.device)
-        for name in ("query", "key", "value"):
+                             device=first.weight.device)
+        for name in family.projections:
             setattr(attention, name, _keep_rows(getattr(attention, name), index))
-        output = layers[layer].attention.output
-        output.dense = _keep_columns(output.dense, index)
-        attention.num_attention_heads = len(kept)
-        attention.all_head_size = len(kept) * width
+        owner, _, name = family.output_path.rpartition(".")
+        output = module_at(layers[layer], owner)
+        setattr(output, name, _keep_columns(getattr(output, name), index))
+        for name in family.head_count:
+            setattr(attention, name, len(kept))
+        for name in family.head_total:
+            setattr(attention, name, len(kept) * width)
         if not kept:
+            if family.output_path.startswith(family.attention_path + "."):
+                raise UserError(f"prune_heads: layer {layer} would lose every head, and {family.name}'s attention "
+                                "module applies the output projection itself; keep a head, or use mask=prune")
             attention.forward = _no_heads  # an instance attribute shadows the class's forward
     return model
+
+
+def _check_shared_prune(plan: HeadPlan, modules: list[nn.Module]) -> None:
+    """Depths that share an attention module (ALBERT) can only lose the same heads together."""
+    by_module: dict[int, list[int]] = {}
+    for depth, module in enumerate(modules):
+        by_module.setdefault(id(module), []).append(depth)
+    for depths in by_module.values():
+        pruned = {tuple(plan.layer_groups(depth).get("prune", [])) for depth in depths}
+        if len(pruned) > 1:
+            raise UserError(f"depths L{depths[0]}..L{depths[-1]} share their attention weights (ALBERT): a physical "
+                            "prune must remove the same heads at every one of them; use mask=prune (the masked "
+                            "prune, same outputs) for a prune of some depths")

@@ -24,7 +24,7 @@ from transformers import get_linear_schedule_with_warmup
 from headlab.core.masks import plan_from_mask
 from headlab.core.model_files import model_shape
 from headlab.core.models import load_model_reporting, note_random_weights
-from headlab.core.patch.attention import ablate
+from headlab.core.patch.ablate import ablate
 from headlab.errors import UserError
 from headlab.tasks.metrics import SquadMetric, glue_metrics
 from headlab.tasks.squad import AnswerCollector, best_spans

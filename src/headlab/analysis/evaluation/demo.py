@@ -17,7 +17,7 @@ from rich.table import Table
 from headlab.analysis.evaluation.checks import demo_plans
 from headlab.core.model_files import model_shape
 from headlab.core.models import apply_runtime_options, load_model, load_tokenizer
-from headlab.core.patch.attention import ablate
+from headlab.core.patch.ablate import ablate
 from headlab.core.plans import HeadPlan
 from headlab.core.units import unit_ids
 from headlab.files import write_json_atomic

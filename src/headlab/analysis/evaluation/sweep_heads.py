@@ -29,9 +29,10 @@ from headlab.analysis.evaluation.sweep_plans import family_plans
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
-from headlab.core.bert_family import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
 from headlab.core.model_files import model_shape
-from headlab.core.patch.attention import Controller, ablate, headlab_implementation
+from headlab.core.model_parts import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
+from headlab.core.patch.ablate import ablate, headlab_implementation
+from headlab.core.patch.attention import Controller
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, write_json_atomic, written_beside
 from headlab.reporting.results import read_complete

@@ -16,7 +16,7 @@ import torch
 
 from headlab.core.head_gradients import gradient_probe
 from headlab.core.importance import GradientRows, HeadGradients, score_batch
-from headlab.core.patch.attention import ablate
+from headlab.core.patch.ablate import ablate
 from headlab.core.plans import HeadPlan
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from headlab.core.patch.attention import ablate
+from headlab.core.patch.ablate import ablate
 from headlab.core.plans import HeadPlan
 from headlab.tasks.metrics import squad_scores
 from headlab.tasks.squad import AnswerCollector, best_spans

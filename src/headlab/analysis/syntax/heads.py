@@ -33,7 +33,7 @@ from headlab.analysis.syntax.treebank import LEFT_OUT_RELATIONS
 from headlab.analysis.syntax.word_attention import DIRECTIONS, most_attended, slot_matrix, word_level
 from headlab.core.head_names import head_name
 from headlab.core.observe import observe_attention
-from headlab.core.patch.attention import ablate
+from headlab.core.patch.ablate import ablate
 from headlab.core.plans import HeadPlan
 
 OFFSETS = (-3, -2, -1, 1, 2)

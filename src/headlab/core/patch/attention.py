@@ -1,4 +1,4 @@
-"""Patched self-attention that applies a HeadPlan, and ``headlab.ablate`` (DESIGN.md sections 2-3).
+"""Patched self-attention that applies a HeadPlan (DESIGN.md sections 2-3; ``ablate.py`` enters plans).
 
 transformers 5 has no ``head_mask``; every BERT-family self-attention dispatches through
 ``AttentionInterface``. We register one attention function (and the SDPA padding mask under the
@@ -41,8 +41,6 @@ policy some plan uses in the layer runs over all heads and is selected per row a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from copy import deepcopy
 from typing import Any
 
@@ -52,17 +50,15 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
-from headlab.core.bert_family import self_attention_modules
+from headlab.core.model_parts import depth_of, self_attention_modules
 from headlab.core.patch import flex_route
 from headlab.core.patch.layer_states import LayerState, RowsState
 from headlab.core.patch.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.core.plans import HeadPlan
-from headlab.core.pruning import PRUNED
-from headlab.errors import UserError
-from headlab.requirements import require_torch
 
 ATTENTION_NAME = "headlab"
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
+_RESET = "_headlab_resets_calls"  # on a base model whose attention modules serve several depths
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
 
 
@@ -83,6 +79,7 @@ class Controller:
         self.implementations: list | None = None  # the configs' implementations from before the current block
         self.per_row = 0  # how many per-row plans the active block has (0: one plan, or none)
         self.checked: tuple | None = None  # (plan_ids, its version) last checked
+        self.calls = 0  # attention calls of a module shared by depths so far in this forward (ALBERT): their depth
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -101,9 +98,20 @@ class Controller:
                 raise ValueError("the model's attention modules already belong to different headlab controllers")
             controller = next(iter(found.values())) if found else cls(model)
             controller.adopt(model)
-            for owner in (model, *controller.modules):
+            for owner in (model, model.base_model, *controller.modules):
                 owner.__dict__[_CONTROLLER] = controller
+            if any(depth_of(m) is None for m in modules) and _RESET not in model.base_model.__dict__:
+                model.base_model.register_forward_pre_hook(_reset_calls)  # shared modules: depths count from 0
+                model.base_model.__dict__[_RESET] = True
         return controller
+
+    def depth(self, module: torch.nn.Module) -> int:
+        """The depth of this call of ``module``: its mark, or for a module shared by depths the call's position in
+        the forward (counted from the base model's forward pre-hook)."""
+        depth = depth_of(module)
+        if depth is None:
+            depth, self.calls = self.calls, self.calls + 1
+        return depth
 
     def adopt(self, model: PreTrainedModel) -> None:
         """Switch ``model``'s config objects along with the ones already controlled (a wrapper shares its base's)."""
@@ -122,6 +130,7 @@ class Controller:
             config._attn_implementation_internal = original  # the implementation from before the block
         copy.active, copy.observer, copy.masks, copy.states = None, None, None, {}
         copy.route, copy.implementations, copy.per_row, copy.checked = self.route, None, 0, None
+        copy.calls = 0
         return copy
 
     def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
@@ -188,14 +197,26 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
     Returns ``([batch, seq, heads, head_dim], None)`` like transformers' SDPA function.
     """
+    controller, depth = call_depth(module)
+    return attend(controller, depth, module, query, key, value, attention_mask, dropout, scaling, kwargs)
+
+
+def call_depth(module: torch.nn.Module) -> tuple[Controller | None, int | None]:
+    """The controller of an attention module and the depth of this call of it (None, None: not controlled)."""
     controller = module.__dict__.get(_CONTROLLER)
+    return controller, None if controller is None else controller.depth(module)
+
+
+def attend(controller: Controller | None, depth: int | None, module, query, key, value, attention_mask, dropout,
+           scaling, kwargs: dict) -> tuple[torch.Tensor, None]:
+    """``headlab_attention`` of the call at ``depth`` (None: not controlled)."""
     if controller is not None and controller.observer is not None:  # observe_attention: its weights give the output
-        weights = controller.observer(module.layer_idx, query, key, attention_mask, scaling)
+        weights = controller.observer(depth, query, key, attention_mask, scaling)
         if controller.active is None:
             weights = F.dropout(weights, dropout)
             return torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous(), None
         # observed inside ablate: the observer saw each head's own softmax; the plan's route gives the output
-    layer = None if controller is None or controller.active is None else controller.active[module.layer_idx]
+    layer = None if controller is None or controller.active is None else controller.active[depth]
     if controller is not None and controller.active is not None and "plan_ids" in kwargs:
         controller.check_plan_ids(kwargs["plan_ids"], query.shape[0])
     if layer is None:
@@ -226,6 +247,13 @@ def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, sc
             context = _restricted(q, k, v, *mask, dropout, scaling)
         _write(out, heads, context)
     return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
+
+
+def _reset_calls(base_model: torch.nn.Module, args) -> None:
+    """Forward pre-hook of a base model whose attention modules serve several depths: the first call is depth 0."""
+    controller = base_model.__dict__.get(_CONTROLLER)
+    if controller is not None:
+        controller.calls = 0
 
 
 def _write(out: torch.Tensor, heads: slice | torch.Tensor, context: torch.Tensor | float) -> None:
@@ -310,82 +338,3 @@ def register_attention() -> None:
     """Make ``attn_implementation="headlab"`` available (idempotent)."""
     AttentionInterface.register(ATTENTION_NAME, headlab_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, padding_mask_function)
-
-
-ROUTES = ("sdpa", "flex")
-
-
-def set_attention_route(model: PreTrainedModel, route: str) -> None:
-    """What serves ``model``'s layers with ``drop_*`` heads under a plan: ``"sdpa"`` (the default: one SDPA call for
-    the keep / prune / uniform heads, one per ``drop_*`` policy) or ``"flex"`` (one FlexAttention call per layer, for
-    GPUs: ``headlab.core.patch.flex_route``). Both give the same outputs; other layers always run SDPA."""
-    if route not in ROUTES:
-        raise UserError(f"attention route {route!r} is not one of {', '.join(ROUTES)}")
-    if route == "flex":
-        require_torch("attention_route=flex")
-    Controller.of(model).route = route
-
-
-def _device(controller: Controller, model: PreTrainedModel) -> torch.device:
-    """The model's device, from the parameter the controller keeps (``.to()`` moves parameters in place, unless
-    torch is set to replace them: then from the model)."""
-    if torch.__future__.get_overwrite_module_params_on_conversion():
-        return next(model.parameters()).device
-    return controller.probe.device
-
-
-@contextmanager
-def ablate(
-    model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False
-) -> Iterator[PreTrainedModel]:
-    """Run ``model`` under ``plan`` inside the block; restore it exactly on exit (also on error).
-
-    ``model`` is any HF BERT-family model, bare or with a task head. Policies ``drop_*`` need
-    ``sentence_ids=`` in the forward call. A sequence of plans gives each row its own: the forward
-    then takes ``plan_ids=LongTensor[batch]`` (indices into the sequence). The attention
-    implementation is switched on the model's config object, so another model sharing that object
-    switches too. Entering costs microseconds after the first time a (model, plan, renormalize) is seen.
-    """
-    if not isinstance(renormalize, bool):
-        raise UserError(f"renormalize must be true or false, got {renormalize!r}")
-    controller = Controller.of(model)
-    if not isinstance(plan, HeadPlan):
-        plan = tuple(plan)
-        if not plan or not all(isinstance(p, HeadPlan) for p in plan):
-            raise UserError("ablate takes a HeadPlan or a non-empty sequence of HeadPlans (per-row plans)")
-    shape = controller.shape
-    for one in plan if isinstance(plan, tuple) else (plan,):
-        if (one.num_layers, one.num_heads) != shape:
-            raise UserError(
-                f"plan is for {one.num_layers} layers x {one.num_heads} heads; the model has {shape[0]} x {shape[1]}"
-            )
-    if controller.active is not None or controller.observer is not None:
-        raise ValueError("model is already inside headlab.ablate or observe_attention; nesting is not supported")
-    if any(PRUNED in module.__dict__ for module in controller.modules):  # prune_heads marks the modules
-        raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
-    states = controller.states_for(plan, renormalize, _device(controller, model))
-    controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
-    try:  # all keep: the stock model runs untouched
-        with headlab_implementation(controller, switch=any(state is not None for state in states)):
-            yield model
-    finally:
-        controller.active, controller.masks, controller.per_row, controller.checked = None, None, 0, None
-
-
-@contextmanager
-def headlab_implementation(controller: Controller, switch: bool = True) -> Iterator[None]:
-    """Inside the block the controller's configs use headlab's attention (when ``switch``); restored on exit."""
-    if not switch:  # nothing to switch or restore
-        yield
-        return
-    originals = [config._attn_implementation_internal for config in controller.configs]
-    outer = controller.implementations
-    controller.implementations = originals if outer is None else outer
-    try:
-        for config in controller.configs:
-            config._attn_implementation_internal = ATTENTION_NAME
-        yield
-    finally:
-        for config, original in zip(controller.configs, originals):
-            config._attn_implementation_internal = original
-        controller.implementations = outer

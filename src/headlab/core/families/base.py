@@ -1,0 +1,70 @@
+"""What headlab needs to know of an encoder family, and how it finds a model's parts from it.
+
+A family is data (module paths, config keys) plus the few functions a family overrides; nothing here imports torch
+or transformers, so the checks that run before they load (a config.json's shape, an unknown model type) read it.
+Paths are dotted attribute names: ``layers`` from the base model (``model.base_model``) to its list of layers,
+``attention`` and ``output`` from a layer to the module that calls the attention function and to the linear map
+that mixes the heads' context vectors (its input is ``[batch, seq, heads * head_dim]``, head h in columns
+``h * head_dim .. (h + 1) * head_dim``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+from headlab.errors import UserError
+
+
+def module_at(root: Any, path: str) -> Any:
+    """``root.a.b.0.c`` for ``path="a.b.0.c"`` (indices of module lists included)."""
+    return reduce(lambda node, name: node[int(name)] if name.isdigit() else getattr(node, name), path.split("."), root)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family of encoders (``model_types``: the ``model_type`` values of its Hugging Face configs)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    shape_defaults: dict[str, tuple[int, int]]  # per model type: (layers, heads) its config class fills in
+    shape_keys: tuple[str, str] = ("num_hidden_layers", "num_attention_heads")  # their names in config.json
+    layers_path: str = "encoder.layer"
+    attention_path: str = "attention.self"
+    output_path: str = "attention.output.dense"
+    projections: tuple[str, ...] = ("query", "key", "value")  # per-head output rows, in the attention module
+    head_count: tuple[str, ...] = ("num_attention_heads",)  # the attention module's head count attributes
+    head_width: str = "attention_head_size"  # the attention module's head_dim attribute
+    head_total: tuple[str, ...] = ("all_head_size",)  # its attributes of heads * head_dim
+    shared: bool = False  # one attention module serves every depth (a depth is the call's position)
+
+    def shape(self, config: dict[str, Any], where: str) -> tuple[int, int]:
+        """``(layers, heads)`` of a config.json's dict (defaults as its config class fills them in)."""
+        defaults = self.shape_defaults[config["model_type"]]
+        shape = tuple(config.get(key, default) for key, default in zip(self.shape_keys, defaults))
+        for key, value in zip(self.shape_keys, shape):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"{where}: {key}={value!r} is not a positive integer")
+        self.check_config(config, where)
+        return shape
+
+    def check_config(self, config: dict[str, Any], where: str) -> None:
+        """A ``UserError`` for a configuration of the family headlab cannot patch (none by default)."""
+
+    def encoder(self, model: Any) -> tuple[Any, str]:
+        """The module holding the list of layers, and the list's attribute name (``start_at_layer`` swaps it)."""
+        parent, _, name = self.layers_path.rpartition(".")
+        return (module_at(model.base_model, parent) if parent else model.base_model), name
+
+    def layers(self, model: Any) -> list[Any]:
+        """The model's layers, one per depth, in order (a module may repeat: ``shared``)."""
+        return list(module_at(model.base_model, self.layers_path))
+
+    def attention_modules(self, model: Any) -> list[Any]:
+        """Per depth, the module that calls the attention function."""
+        return [module_at(layer, self.attention_path) for layer in self.layers(model)]
+
+    def output_projections(self, model: Any) -> list[Any]:
+        """Per depth, the linear map of the heads' contexts ``[batch, seq, heads * head_dim]``."""
+        return [module_at(layer, self.output_path) for layer in self.layers(model)]

@@ -1,0 +1,93 @@
+"""``headlab.ablate``: a model under a plan inside a block, and the switch of its attention implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers import PreTrainedModel
+
+from headlab.core.patch.attention import ATTENTION_NAME, Controller
+from headlab.core.plans import HeadPlan
+from headlab.core.pruning import PRUNED
+from headlab.errors import UserError
+from headlab.requirements import require_torch
+
+ROUTES = ("sdpa", "flex")
+
+
+def set_attention_route(model: PreTrainedModel, route: str) -> None:
+    """What serves ``model``'s layers with ``drop_*`` heads under a plan: ``"sdpa"`` (the default: one SDPA call for
+    the keep / prune / uniform heads, one per ``drop_*`` policy) or ``"flex"`` (one FlexAttention call per layer, for
+    GPUs: ``headlab.core.patch.flex_route``). Both give the same outputs; other layers always run SDPA."""
+    if route not in ROUTES:
+        raise UserError(f"attention route {route!r} is not one of {', '.join(ROUTES)}")
+    if route == "flex":
+        require_torch("attention_route=flex")
+    Controller.of(model).route = route
+
+
+def _device(controller: Controller, model: PreTrainedModel) -> torch.device:
+    """The model's device, from the parameter the controller keeps (``.to()`` moves parameters in place, unless
+    torch is set to replace them: then from the model)."""
+    if torch.__future__.get_overwrite_module_params_on_conversion():
+        return next(model.parameters()).device
+    return controller.probe.device
+
+
+@contextmanager
+def ablate(
+    model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False
+) -> Iterator[PreTrainedModel]:
+    """Run ``model`` under ``plan`` inside the block; restore it exactly on exit (also on error).
+
+    ``model`` is any HF BERT-family model, bare or with a task head. Policies ``drop_*`` need
+    ``sentence_ids=`` in the forward call. A sequence of plans gives each row its own: the forward
+    then takes ``plan_ids=LongTensor[batch]`` (indices into the sequence). The attention
+    implementation is switched on the model's config object, so another model sharing that object
+    switches too. Entering costs microseconds after the first time a (model, plan, renormalize) is seen.
+    """
+    if not isinstance(renormalize, bool):
+        raise UserError(f"renormalize must be true or false, got {renormalize!r}")
+    controller = Controller.of(model)
+    if not isinstance(plan, HeadPlan):
+        plan = tuple(plan)
+        if not plan or not all(isinstance(p, HeadPlan) for p in plan):
+            raise UserError("ablate takes a HeadPlan or a non-empty sequence of HeadPlans (per-row plans)")
+    shape = controller.shape
+    for one in plan if isinstance(plan, tuple) else (plan,):
+        if (one.num_layers, one.num_heads) != shape:
+            raise UserError(
+                f"plan is for {one.num_layers} layers x {one.num_heads} heads; the model has {shape[0]} x {shape[1]}"
+            )
+    if controller.active is not None or controller.observer is not None:
+        raise ValueError("model is already inside headlab.ablate or observe_attention; nesting is not supported")
+    if any(PRUNED in module.__dict__ for module in controller.modules):  # prune_heads marks the modules
+        raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
+    states = controller.states_for(plan, renormalize, _device(controller, model))
+    controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
+    try:  # all keep: the stock model runs untouched
+        with headlab_implementation(controller, switch=any(state is not None for state in states)):
+            yield model
+    finally:
+        controller.active, controller.masks, controller.per_row, controller.checked = None, None, 0, None
+
+
+@contextmanager
+def headlab_implementation(controller: Controller, switch: bool = True) -> Iterator[None]:
+    """Inside the block the controller's configs use headlab's attention (when ``switch``); restored on exit."""
+    if not switch:  # nothing to switch or restore
+        yield
+        return
+    originals = [config._attn_implementation_internal for config in controller.configs]
+    outer = controller.implementations
+    controller.implementations = originals if outer is None else outer
+    try:
+        for config in controller.configs:
+            config._attn_implementation_internal = ATTENTION_NAME
+        yield
+    finally:
+        for config, original in zip(controller.configs, originals):
+            config._attn_implementation_internal = original
+        controller.implementations = outer
