@@ -1,0 +1,132 @@
+"""Every policy on every encoder family against the family's own eager attention in float64 with the policy applied
+by definition (``tests/families.py``), per-row plans, physical pruning, and the family seam's errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import assert_close_rel
+from families import CONFIGS, batch, reference_of, tiny_model
+
+import headlab
+from headlab.core.plans import POLICIES
+
+FAMILIES = list(CONFIGS)
+MIXED = [{"heads": "L0H0", "policy": "prune"}, {"heads": "L0H1", "policy": "uniform"},
+         {"heads": "L0H2", "policy": "drop_intra"}, {"heads": "L0H3", "policy": "drop_inter"},
+         {"heads": "L1", "policy": "drop_intra"}, {"heads": "L1H1,L1H3", "policy": "uniform"},
+         {"heads": "L2H0,L2H2", "policy": "prune"}, {"heads": "L2H3", "policy": "drop_inter"}]
+
+
+def plan_of(rules, model) -> headlab.HeadPlan:
+    return headlab.HeadPlan.from_rules(rules, model.config.num_hidden_layers, model.config.num_attention_heads)
+
+
+def model_inputs(rows: dict) -> dict:
+    return {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"]}
+
+
+def expected(model, plan, rows, renormalize, policy_of=None) -> torch.Tensor:
+    with torch.no_grad(), reference_of(model, policy_of or plan.policy_of, rows["sentence_ids"], renormalize) as ref:
+        return ref(**model_inputs(rows)).last_hidden_state
+
+
+def compare(out, reference, rows) -> None:
+    valid = rows["attention_mask"].bool()  # padded query rows are not compared
+    assert_close_rel(out[valid], reference[valid])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    return request.param, tiny_model(request.param)
+
+
+def test_the_reference_under_keep_is_the_stock_model(family):
+    name, model = family
+    rows = batch()
+    with torch.no_grad():
+        stock = model(**model_inputs(rows)).last_hidden_state
+    compare(stock, expected(model, plan_of([], model), rows, False), rows)
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_on_all_heads_equals_the_reference(family, policy, renormalize):
+    name, model = family
+    rows, plan = batch(), plan_of([{"heads": "all", "policy": policy}], model)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
+        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"]).last_hidden_state
+    reference = expected(model, plan, rows, renormalize)
+    compare(out, reference, rows)
+    if policy != "keep":  # the policy matters on this model, so the comparison could fail
+        stock = expected(model, plan_of([], model), rows, False)
+        assert (reference - stock)[rows["attention_mask"].bool()].abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_a_mixed_plan_equals_the_reference(family, renormalize):
+    name, model = family
+    rows, plan = batch(), plan_of(MIXED, model)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
+        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"]).last_hidden_state
+    compare(out, expected(model, plan, rows, renormalize), rows)
+
+
+def test_per_row_plans_equal_each_rows_reference(family):
+    name, model = family
+    rows = batch()
+    plans = [plan_of(MIXED, model), plan_of([{"heads": "all", "policy": "uniform"}], model), plan_of([], model)]
+    plan_ids = torch.tensor([1, 0, 2])
+    with torch.no_grad(), headlab.ablate(model, plans):
+        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], plan_ids=plan_ids).last_hidden_state
+    for row, plan in enumerate(plans[i] for i in plan_ids.tolist()):
+        one = {key: value[row : row + 1] for key, value in rows.items()}
+        compare(out[row : row + 1], expected(model, plan, one, False), one)
+
+
+def test_physical_pruning_equals_the_reference(family):
+    name, model = family
+    rows = batch()
+    rules = [{"heads": "L0H0,L0H3,L1H1-2", "policy": "prune"}]
+    if name.startswith("albert"):  # depths sharing weights lose the same heads
+        rules = [{"heads": "H1,H2", "policy": "prune"}]
+    plan = plan_of(rules, model)
+    pruned = headlab.prune_heads(copy.deepcopy(model), plan)
+    with torch.no_grad():
+        out = pruned(**model_inputs(rows)).last_hidden_state
+    compare(out, expected(model, plan, rows, False), rows)
+
+
+def test_albert_refuses_a_physical_prune_of_one_depth():
+    model = tiny_model("albert")
+    with pytest.raises(headlab.UserError, match=r"depths L0\.\.L2 share their attention weights \(ALBERT\): a "
+                                                r"physical prune must remove the same heads at every one of them; "
+                                                r"use mask=prune"):
+        headlab.prune_heads(model, plan_of([{"heads": "L1H0", "policy": "prune"}], model))
+
+
+def test_shape_and_family_from_config_json_alone(tmp_path):
+    from omegaconf import OmegaConf
+
+    from headlab.core.model_files import model_shape
+
+    for name in FAMILIES:
+        folder = tmp_path / name
+        tiny_model(name).save_pretrained(folder)
+        config = json.loads((folder / "config.json").read_text())
+        layers = config.get("num_hidden_layers", config.get("n_layers"))
+        assert model_shape(OmegaConf.create({"name_or_path": str(folder)})) == (layers, 4), name
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2/config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(headlab.UserError, match=r"model_type 'gpt2' is not a supported BERT-family encoder; "
+                                                r"supported: bert, electra, ernie, roberta, xlm-roberta, camembert, "
+                                                r"distilbert, albert"):
+        model_shape(OmegaConf.create({"name_or_path": str(tmp_path / "gpt2")}))
+    (tmp_path / "albert2").mkdir()
+    (tmp_path / "albert2/config.json").write_text(json.dumps({"model_type": "albert", "inner_group_num": 2}))
+    with pytest.raises(headlab.UserError, match=r"inner_group_num=2: headlab patches ALBERTs with one layer per "
+                                                r"group"):
+        model_shape(OmegaConf.create({"name_or_path": str(tmp_path / "albert2")}))
