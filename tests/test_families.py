@@ -45,7 +45,7 @@ def family(request):
 
 
 def test_the_reference_under_keep_is_the_stock_model(family):
-    name, model = family
+    _, model = family
     rows = batch()
     with torch.no_grad():
         stock = model(**model_inputs(rows)).last_hidden_state
@@ -55,7 +55,7 @@ def test_the_reference_under_keep_is_the_stock_model(family):
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_on_all_heads_equals_the_reference(family, policy, renormalize):
-    name, model = family
+    _, model = family
     rows, plan = batch(), plan_of([{"heads": "all", "policy": policy}], model)
     with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
         out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"]).last_hidden_state
@@ -68,7 +68,7 @@ def test_every_policy_on_all_heads_equals_the_reference(family, policy, renormal
 
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_a_mixed_plan_equals_the_reference(family, renormalize):
-    name, model = family
+    _, model = family
     rows, plan = batch(), plan_of(MIXED, model)
     with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
         out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"]).last_hidden_state
@@ -76,7 +76,7 @@ def test_a_mixed_plan_equals_the_reference(family, renormalize):
 
 
 def test_per_row_plans_equal_each_rows_reference(family):
-    name, model = family
+    _, model = family
     rows = batch()
     plans = [plan_of(MIXED, model), plan_of([{"heads": "all", "policy": "uniform"}], model), plan_of([], model)]
     plan_ids = torch.tensor([1, 0, 2])
