@@ -290,6 +290,19 @@ def test_sweep_heads_equals_separate_eval_jobs(trained):
     np.testing.assert_allclose(redone, summary["tables"]["validation"]["loss"]["delta"], rtol=1e-6)
 
 
+def test_sweep_heads_on_albert_runs_whole_forwards_equal_to_eval_jobs(tmp_path):
+    """ALBERT's depths share one layer's modules, so no forward starts at a layer: each plan runs a whole forward."""
+    args = ["model=tiny_albert", "mask.policy=prune", "data.max_eval_examples=24", "allow_random_head=true"]
+    run("ablate.py", "mode=sweep_heads", *args, f"hydra.run.dir={tmp_path / 'heads'}", cwd_tmp=tmp_path)
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L1H2", *args, f"hydra.run.dir={tmp_path / 'single'}",
+        cwd_tmp=tmp_path)
+    single, swept = results(tmp_path / "single"), results(tmp_path / "heads/L1H2")
+    assert flat(swept["metrics"]) == pytest.approx(flat(single["metrics"]), rel=1e-6)
+    a, b = (pd.read_parquet(tmp_path / f"{job}/records.parquet") for job in ("heads/L1H2", "single"))
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=0, atol=1e-6)
+    assert abs(single["delta"]["validation"]["loss"]) > 1e-6  # the plan changes the model
+
+
 def compose_ablate(*overrides, hydra=False):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("ablate", overrides=["model=tiny_random", *overrides], return_hydra_config=hydra)

@@ -24,9 +24,9 @@ from headlab.training.modules import task_head
 register_configs()
 
 
-def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24):
+def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24, model: str = "tiny_random"):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("ablate", overrides=["model=tiny_random", f"task={task}", "task.max_length=64",
+        cfg = compose("ablate", overrides=[f"model={model}", f"task={task}", "task.max_length=64",
                                            *(["task.doc_stride=16"] if task == "demo_qa" else [])])
     data = TaskDataModule(cfg.task, cfg.model, unit=unit, eval_batch_size=7, max_eval_examples=examples,
                           cache_dir=tmp_path / "cache", train=False)
@@ -35,7 +35,8 @@ def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24):
     model = load_model(cfg.model, *task_head(cfg.task))
     with torch.no_grad():  # sharper attention than a fresh init's (near uniform), so every policy changes outputs
         for name, weight in model.named_parameters():
-            if name.endswith(("query.weight", "key.weight", "classifier.weight", "qa_outputs.weight")):
+            if name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight", "classifier.weight",
+                              "qa_outputs.weight")):
                 weight.mul_(12)
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     return cfg, data, model, trainer
@@ -71,6 +72,25 @@ def test_head_sweep_equals_separate_evaluations(task, policy, renormalize, tmp_p
     moved = [np.abs(np.array([r["loss"] for r in rows]) - base).max() for key, rows in separate.items()
              if key[0] != "baseline"]
     assert min(moved) > 2e-5, "every ablation must change the losses, or the comparison proves nothing"
+
+
+@pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta", "tiny_electra"])
+def test_head_sweep_on_other_model_families_equals_separate_evaluations(model, tmp_path):
+    """The replayed contexts of a layer: DistilBERT's are the input of the projection inside its attention module."""
+    cfg, data, model, trainer = setup("demo_pairs", tmp_path, model=model)
+    plans = family_plans("single_head", "prune", 3, 4)
+    separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [
+        Variant("baseline", HeadPlan.keep_all(3, 4)), *(Variant(n, p) for n, _, p in plans)], data.eval_examples))
+    base = np.array([r["loss"] for r in separate[("baseline", "validation")]])
+    for layer in range(3):
+        variants = [Variant(n, p) for n, l, p in plans if l == layer]
+        swept = records_of(trainer, data, LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples,
+                                                              per_forward=2))
+        for variant in variants:
+            key = (variant.name, "validation")
+            losses = [r["loss"] for r in separate[key]]
+            np.testing.assert_allclose([r["loss"] for r in swept[key]], losses, rtol=2e-6, atol=1e-7)
+            assert np.abs(np.array(losses) - base).max() > 3e-6, key  # past the tolerance: the comparison can fail
 
 
 @pytest.mark.parametrize("family", ["all_but_one", "layer"])

@@ -47,6 +47,11 @@ river year years day days old new first last after before because but if then th
 two three four five six seven eight nine ten million people doctor smith paid stop really bank""".split()
 
 
+# The tiny tokenizer's special tokens, for every family's config ([PAD] 0, [CLS] 2, [SEP] 3): RoBERTa would take
+# token 1 for padding when placing positions, ModernBERT's defaults lie outside the tiny vocabulary.
+TINY_SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3}
+
+
 def tiny_vocab() -> list[str]:
     """WordPiece vocabulary of the tiny tokenizer: specials, characters, pieces, common words."""
     chars = list(string.ascii_lowercase + string.digits + string.punctuation)
@@ -75,7 +80,7 @@ def model_config(cfg: Any) -> PretrainedConfig:
         fields = dict(cfg.config)
         model_type = fields.pop("model_type", "bert")
         family_for(model_type)
-        return AutoConfig.for_model(model_type, vocab_size=len(tiny_vocab()), **fields)
+        return AutoConfig.for_model(model_type, **(TINY_SPECIAL_IDS | {"vocab_size": len(tiny_vocab())} | fields))
     config = from_hub_or_folder(AutoConfig, cfg.name_or_path)
     family_for(config.model_type)
     return config

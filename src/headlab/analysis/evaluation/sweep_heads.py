@@ -6,7 +6,8 @@ columns of the self-attention output (heads are computed independently). So per 
 input and its self-attention output are computed twice, once unablated and once with every head of
 the layer under the policy; each plan's output takes its heads' columns from the second and the rest
 from the first, is replayed in place of layer l's self-attention (no query, key or value projections)
-and the forward runs from there: the plans differ only from layer l's output projection on. One pass
+and the forward runs from there: the plans differ only from layer l's output projection on (on a family whose depths
+share their modules, ALBERT, each plan runs a whole forward, as ``mode=eval`` does: the same numbers). One pass
 over the data per layer: a layer's results are written when its pass ends, and a rerun skips the
 layers already written. ``sweep.heads_per_batch`` plans share a forward (0: all of a layer's on a GPU,
 one at a time on a CPU, where larger batches run slower per row; see BENCHMARKS.md).
@@ -29,6 +30,7 @@ from headlab.analysis.evaluation.sweep_plans import family_plans
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
+from headlab.core.families import family_of
 from headlab.core.model_files import model_shape
 from headlab.core.model_parts import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
 from headlab.core.patch.ablate import ablate, headlab_implementation
@@ -132,6 +134,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     plan_hash = lambda name: config_hash([identity.hash, name])  # noqa: E731  each plan's results belong to this job
     console = Console()
     job, output_dir = EvalJob(cfg, identity), identity.output_dir
+    shared = family_of(job.model).shared  # depths share modules (ALBERT): no forward from a layer, whole ones instead
     results, baseline = {}, None
     for layer in range(num_layers):
         variants = [Variant(name, plan, cfg.mask.renormalize) for name, l, plan in plans if l == layer]
@@ -144,9 +147,10 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         if job.trainer.is_global_zero:  # progress over heads; Lightning's bar shows the layer's batches
             console.print(f"layer {layer} (0-{num_layers - 1}): {len(variants)} plans; {len(results)} of "
                           f"{len(plans)} plans done", markup=False)
-        records, baseline = job.evaluate(variants, lambda chosen, extra, layer=layer: LayerSweepEvaluator(
+        replay = None if shared else (lambda chosen, extra, layer=layer: LayerSweepEvaluator(
             job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
             extra[0] if extra else None))
+        records, baseline = job.evaluate(variants, replay)
         done = []
         for variant in variants:
             mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
