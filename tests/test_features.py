@@ -16,7 +16,7 @@ from headlab.analysis.types.features import (
     TokenKinds,
     attention_features,
 )
-from headlab.core.models import tiny_tokenizer
+from headlab.core.tiny_tokenizers import tiny_tokenizer
 from headlab.errors import UserError
 from tests.reference import bert_forward, params_of
 

@@ -2,14 +2,14 @@
 
 A model config is either a checkpoint (``name_or_path``: a hub name or a folder) or a
 random encoder (``random_init: true`` with a ``config`` of its config class's fields, ``model_type`` bert unless
-given), which comes with a small WordPiece tokenizer built in code so that tests need no download.
+given), which comes with a small tokenizer of its model type built in code (``tiny_tokenizers``) so that tests need
+no download.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import string
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    BertTokenizer,
     PretrainedConfig,
 )
 from transformers.utils import logging as hf_logging
@@ -29,6 +28,7 @@ from transformers.utils import logging as hf_logging
 from headlab.core.families import family_for
 from headlab.core.model_files import check_name_or_path, check_weights_folder, hub_error
 from headlab.core.patch.ablate import set_attention_route
+from headlab.core.tiny_tokenizers import tiny_config_fields, tiny_tokenizer
 from headlab.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -38,30 +38,6 @@ HEADS = {
     "sequence_classification": AutoModelForSequenceClassification,
     "question_answering": AutoModelForQuestionAnswering,
 }
-
-# Words of the demo texts and common English, so the tiny tokenizer is not all ##pieces.
-_TINY_WORDS = """the a an of to in and or is was are were be been he she it they we you i his her their
-its this that these those who what where when why how which on at by for with from as not no yes
-did does do has have had will would can could said asked left went came born lives lived city town
-river year years day days old new first last after before because but if then than there here one
-two three four five six seven eight nine ten million people doctor smith paid stop really bank""".split()
-
-
-# The tiny tokenizer's special tokens, for every family's config ([PAD] 0, [CLS] 2, [SEP] 3): RoBERTa would take
-# token 1 for padding when placing positions, ModernBERT's defaults lie outside the tiny vocabulary.
-TINY_SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3}
-
-
-def tiny_vocab() -> list[str]:
-    """WordPiece vocabulary of the tiny tokenizer: specials, characters, pieces, common words."""
-    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
-    pieces = ["##" + c for c in string.ascii_lowercase + string.digits]
-    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *pieces, *dict.fromkeys(_TINY_WORDS)]
-
-
-def tiny_tokenizer() -> BertTokenizer:
-    return BertTokenizer(vocab={token: i for i, token in enumerate(tiny_vocab())})
-
 
 def from_hub_or_folder(loader: Any, name_or_path: str | None, **kwargs: Any) -> Any:
     """``loader.from_pretrained(name_or_path)``; ``UserError`` for a missing folder or an unreachable hub model."""
@@ -80,7 +56,7 @@ def model_config(cfg: Any) -> PretrainedConfig:
         fields = dict(cfg.config)
         model_type = fields.pop("model_type", "bert")
         family_for(model_type)
-        return AutoConfig.for_model(model_type, **(TINY_SPECIAL_IDS | {"vocab_size": len(tiny_vocab())} | fields))
+        return AutoConfig.for_model(model_type, **(tiny_config_fields(model_type) | fields))
     config = from_hub_or_folder(AutoConfig, cfg.name_or_path)
     family_for(config.model_type)
     return config
@@ -102,7 +78,10 @@ def apply_runtime_options(model, cfg: Any) -> None:
 
 
 def load_tokenizer(cfg: Any):
-    return tiny_tokenizer() if cfg.get("random_init") else from_hub_or_folder(AutoTokenizer, cfg.name_or_path)
+    """The checkpoint's tokenizer; a random model's: the tiny one of its model type (``tiny_tokenizers``)."""
+    if cfg.get("random_init"):
+        return tiny_tokenizer(dict(cfg.get("config") or {}).get("model_type", "bert"))
+    return from_hub_or_folder(AutoTokenizer, cfg.name_or_path)
 
 
 def load_model(cfg: Any, head: str | None = None, overrides: dict[str, Any] | None = None):

@@ -43,7 +43,8 @@ def normalisation_label(layer: bool, global_: bool) -> str:
 
 
 def top_k_overlap(scores: np.ndarray, measured: np.ndarray, k: int) -> float:
-    """Share of the k highest-scoring heads that are among the k with the highest measured values."""
+    """Share of the k highest-scoring heads that are among the k with the highest measured values (of equal values,
+    the earlier head in L0H0, L0H1, ... order counts as higher)."""
     k = min(k, scores.size)
     top = lambda values: set(np.argsort(-values.reshape(-1), kind="stable")[:k])  # noqa: E731
     return len(top(scores) & top(measured)) / k
