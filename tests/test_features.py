@@ -66,8 +66,8 @@ def ref_sieve(ids, attention):
     n = len(ids)
     seps = [j for j in range(n) if ids[j] == KINDS.sep]
 
-    def segment(i):  # [CLS] with the first segment, a [SEP] with the segment it closes
-        return sum(1 for s in seps if s < i)
+    def segment(i):  # [CLS] with the first segment, a [SEP] with the segment it closes, a second [SEP] the next
+        return sum(1 for s in seps if s < i and (s == 0 or ids[s - 1] != KINDS.sep))
 
     members = {
         "local": lambda i: [j for j in range(n) if abs(i - j) <= 2],
@@ -165,6 +165,7 @@ def hand_made(rng, layers=2, heads=3):
         [C, 70, 80, S],
         [C, 90, PERIOD, 100, COMMA, 70, 80, 110, 120, PERIOD, S, 130, S],
         [C, S, S],  # empty segments: no block sieve anywhere
+        [C, 70, COMMA, 80, S, S, 90, 100, PERIOD, S],  # a RoBERTa pair: <s> A </s></s> B </s>
     ]
     sequences = []
     for tokens in token_lists:
@@ -178,7 +179,7 @@ def hand_made(rng, layers=2, heads=3):
 
 def test_every_family_equals_the_definitions_on_hand_made_maps():
     sequences = hand_made(np.random.default_rng(0))
-    features = accumulate(sequences, [4])
+    features = accumulate(sequences, [5])
     expected = reference(sequences)
     assert_matches(features, expected)
     assert np.isnan(features.sieve["block"][3]).all(), "a sequence whose sieve is empty for every query has no score"
@@ -191,7 +192,7 @@ def test_every_family_equals_the_definitions_on_hand_made_maps():
 
 def test_streaming_over_batches_equals_one_batch():
     sequences = hand_made(np.random.default_rng(1))
-    one, streamed = accumulate(sequences, [4]), accumulate(sequences, [1, 2, 1])
+    one, streamed = accumulate(sequences, [5]), accumulate(sequences, [1, 2, 2])
     arrays, streamed_arrays = one.to_arrays(), streamed.to_arrays()
     assert arrays.keys() == streamed_arrays.keys()
     for name in arrays.keys() - {"families"}:  # float32 sums per batch: equal to rounding
@@ -232,7 +233,7 @@ def test_uniform_attention_scores_exactly_one_in_every_sieve():
 
 def test_js_is_symmetric_with_a_zero_diagonal_and_equals_the_direct_computation():
     sequences = hand_made(np.random.default_rng(2), layers=2, heads=2)
-    js = accumulate(sequences, [2, 2], families=("js",)).js
+    js = accumulate(sequences, [2, 3], families=("js",)).js
     np.testing.assert_array_equal(js, js.T)
     np.testing.assert_array_equal(np.diag(js), 0.0)
     np.testing.assert_allclose(js, reference(sequences)[3], atol=1e-6)

@@ -260,7 +260,9 @@ class FeatureAccumulator:
         kinds = self.kinds
         is_cls, is_sep = input_ids == kinds.cls, input_ids == kinds.sep
         special = torch.isin(input_ids, torch.tensor(kinds.special, device=input_ids.device))
-        segment = is_sep.cumsum(1) - is_sep.long()  # [CLS] and a segment's closing [SEP] count with it
+        # [CLS] and a segment's closing [SEP] count with it; a [SEP] right after one (RoBERTa's </s></s>) opens the next
+        closing = is_sep & ~torch.nn.functional.pad(is_sep[:, :-1], (1, 0), value=False)
+        segment = closing.cumsum(1) - closing.long()
         key_valid = valid[:, None, :]
         sieves = {
             "local": ((position[:, None] - position[None, :]).abs() <= 2)[None] & key_valid,
