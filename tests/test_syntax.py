@@ -18,6 +18,7 @@ from headlab.analysis.syntax.heads import OFFSETS, head_accuracies, syntax_score
 from headlab.analysis.syntax.treebank import read_conllu
 from headlab.analysis.syntax.word_attention import slot_matrix, word_level
 from headlab.core.plans import HeadPlan
+from headlab.core.tiny_tokenizers import tiny_tokenizer
 from headlab.errors import UserError
 from headlab.reporting.head_table import head_table
 from tests.reference import bert_forward, params_of
@@ -407,19 +408,25 @@ def byte_level_bpe_tokenizer(texts, trim_offsets=True):
                                 unk_token="<unk>", cls_token="<s>", sep_token="</s>", trim_offsets=trim_offsets)
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "byte-level BPE", "byte-level BPE, untrimmed offsets"])
+@pytest.mark.parametrize("kind", ["wordpiece", "byte-level BPE", "byte-level BPE, untrimmed offsets", "roberta",
+                                  "xlm-roberta", "albert"])
 def test_each_word_gets_exactly_its_own_pieces(treebank, tokenizer, kind):
-    if kind != "wordpiece":
+    """Trained on the treebank's words, and each family's tiny tokenizer (rarely whole words: RoBERTa's lone "Ġ"
+    before a word, SentencePiece's lone "▁")."""
+    if kind.startswith("byte-level"):
         tokenizer = byte_level_bpe_tokenizer([" ".join(s.words) for s in treebank] * 3, "untrimmed" not in kind)
+    elif kind != "wordpiece":
+        tokenizer = tiny_tokenizer(kind)
     encoded = encode_treebank(treebank, tokenizer, max_length=512)
     for sentence, ids, slots in zip(encoded.sentences, encoded.input_ids, encoded.token_slots):
         pieces = tokenizer.convert_ids_to_tokens(ids)
         assert slots[0] == 0 and slots[-1] == len(sentence) + 1 and slots == sorted(slots)
         for number, word in enumerate(sentence.words, start=1):
             text = tokenizer.convert_tokens_to_string([p for p, s in zip(pieces, slots) if s == number])
-            assert text.strip().replace(" ", "") == word.lower() if kind == "wordpiece" else text.strip() == word
+            lower = kind in ("wordpiece", "albert")  # uncased
+            assert text.strip().replace(" ", "") == word.lower() if lower else text.strip() == word, (kind, word)
     pieces_of_longest = max(slots.count(8) for slots in encoded.token_slots[:1])  # "Vartorholm" is slot 8
-    assert pieces_of_longest >= (3 if kind == "wordpiece" else 1)
+    assert pieces_of_longest >= (3 if kind in ("wordpiece", "roberta", "xlm-roberta", "albert") else 1)
 
 
 def test_mode_syntax_trains_the_attention_probe_and_scores_the_baseline(tmp_path):

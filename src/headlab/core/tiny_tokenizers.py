@@ -83,6 +83,7 @@ def tiny_config_fields(model_type: str) -> dict[str, Any]:
     """A random model's vocabulary size and special token ids, from its tiny tokenizer (RoBERTa places positions
     after its padding id; ModernBERT's default ids lie outside a tiny vocabulary)."""
     tokenizer = _build(model_type)
-    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+    size = max(tokenizer.get_vocab().values()) + 1  # the WordPiece list names "a" and "i" twice: ids run past len
+    return {"vocab_size": size, "pad_token_id": tokenizer.pad_token_id,
             "bos_token_id": tokenizer.cls_token_id, "cls_token_id": tokenizer.cls_token_id,
             "eos_token_id": tokenizer.sep_token_id, "sep_token_id": tokenizer.sep_token_id}

@@ -85,14 +85,19 @@ def encode_treebank(sentences: Sequence[Sentence], tokenizer, max_length: int,
 
 def _tokens(tokenizer, words: Sequence[str]) -> tuple[list[int], list[int]]:
     """The token ids of the words joined by spaces, and each token's slot: the word of its last character (a BPE
-    token's offsets may include the space before its word)."""
+    token's offsets may include the space before its word); a bare word boundary of no width (byte-level BPE's "Ġ"
+    before a word it did not merge with) the word that starts there."""
     starts = np.cumsum([0] + [len(word) + 1 for word in words[:-1]])  # each word's first character
+    starts_set = set(starts.tolist())
     encoding = tokenizer(" ".join(words), truncation=False, return_offsets_mapping=True,
                          return_special_tokens_mask=True)
     slots, seen_word = [], False
     for (start, end), special in zip(encoding["offset_mapping"], encoding["special_tokens_mask"]):
-        if special or start == end:
+        if special or (start == end and start not in starts_set):
             slots.append(len(words) + 1 if seen_word else 0)
+        elif start == end:
+            slots.append(int(np.searchsorted(starts, start, side="right")))  # the word starting there, 1-based
+            seen_word = True
         else:
             slots.append(int(np.searchsorted(starts, end - 1, side="right")))  # 1-based
             seen_word = True
