@@ -217,6 +217,13 @@ CASES = [
     ("train.py", ["optim.lr=abc"], "'abc'"),
     ("train.py", ["optim.lr=0"], "optim.lr=0.0"),
     ("train.py", ["optim.warmup_ratio=1.5"], "warmup_ratio=1.5"),
+    # the model's family and size
+    ("train.py", ["task.max_length=600"], "task.max_length=600 is longer than the 512 positions model 'tiny_random'"),
+    ("ablate.py", ["mode=eval", "model=tiny_roberta", "task.max_length=513", "mask=prune", "mask.heads=L0H0"],
+     "task.max_length=513 is longer than the 512 positions model 'tiny_roberta'"),  # 514 embeddings, 2 before
+    ("ablate.py", ["mode=eval", "model=tiny_albert", "mask=prune", "mask.heads=L3H0"], "L3H0"),  # 3 shared depths
+    ("train.py", ["model=tiny_distilbert", "model.config.n_heads=5"], "n_heads=5 does not divide dim=32"),
+    ("train.py", ["model=tiny_random", "+model.config.model_type=gpt2"], "model_type 'gpt2' is not a supported"),
 ]
 
 

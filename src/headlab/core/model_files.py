@@ -76,6 +76,15 @@ def model_shape(model_cfg: Any) -> tuple[int, int]:
     return config["num_hidden_layers"], config["num_attention_heads"]
 
 
+def check_fits_positions(model_cfg: Any, length: int, what: str = "task.max_length") -> None:
+    """A ``UserError`` when sequences of ``length`` tokens would run past the model's position embeddings."""
+    config = config_json(model_cfg)
+    positions = family_for(config["model_type"]).positions(config)
+    if positions is not None and length > positions:
+        raise UserError(f"{what}={length} is longer than the {positions} positions model {model_cfg.get('name')!r} "
+                        f"has (max_position_embeddings in its config); set {what} to at most {positions}")
+
+
 def check_weights_folder(folder: str | Path, what: str) -> None:
     """A ``UserError`` naming ``what`` when a local ``save_pretrained`` folder has no weights file or a truncated
     ``model.safetensors`` (its header, or the tensors it lists, run past the end of the file). Reads the header only."""

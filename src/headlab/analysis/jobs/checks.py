@@ -44,10 +44,11 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
         check_sweep_mask(cfg.mask)
     else:
         check_mask(cfg.mask)
-    from headlab.core.model_files import model_shape
+    from headlab.core.model_files import check_fits_positions, model_shape
     from headlab.training.checkpoints import locate_checkpoint
 
     plan = None if per_head else plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
+    check_fits_positions(cfg.model, cfg.task.max_length)
     checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     if checkpoint.kind == "model" and cfg.model.get("random_init") and not cfg.allow_random_head:
         raise UserError(f"model {cfg.model.name} has random weights (random_init=true) and ckpt_path=null: no trained "

@@ -47,6 +47,7 @@ from headlab.analysis.syntax.probe import attachment, probe_sentences, right_bra
 from headlab.analysis.syntax.sources import evaluation_source, read_evaluation, read_training, training_source
 from headlab.analysis.syntax.treebank import sentences_digest
 from headlab.analysis.syntax.word_attention import DIRECTIONS
+from headlab.analysis.types.feature_data import model_max_length
 from headlab.analysis.types.features_run import encoder, feature_device
 from headlab.analysis.types.sieve_roles import sieve_roles
 from headlab.core.model_files import model_shape
@@ -65,7 +66,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Syntax heads of ``cfg.ckpt_path`` on the treebank; ``cfg`` passed ``check``."""
     checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
-    limit = model_config(weights_model_config(checkpoint, cfg.model)).max_position_embeddings
+    limit = model_max_length(tokenizer, model_config(weights_model_config(checkpoint, cfg.model)))
     max_length = limit if cfg.syntax.max_length is None else min(cfg.syntax.max_length, limit)
     source = evaluation_source(cfg.syntax)
     sentences = read_evaluation(cfg.syntax)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from headlab.analysis.types.checks import read_text_lines
+from headlab.core.families import family_for
 from headlab.tasks.encoding import tokenize_split
 from headlab.tasks.loading import load_task_data
 
@@ -94,7 +95,5 @@ def _longer_than(data: Any, task: Any, tokenizer) -> int:
 
 def model_max_length(tokenizer, config) -> int:
     """The longest sequence the model takes: its position embeddings, or the tokenizer's limit if lower."""
-    limit = config.max_position_embeddings
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        limit -= config.pad_token_id + 1  # positions start after the padding index
-    return min(limit, tokenizer.model_max_length)
+    limit = family_for(config.model_type).positions(config.to_dict())
+    return tokenizer.model_max_length if limit is None else min(limit, tokenizer.model_max_length)

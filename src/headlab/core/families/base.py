@@ -30,6 +30,7 @@ class Family:
     model_types: tuple[str, ...]
     shape_defaults: dict[str, tuple[int, int]]  # per model type: (layers, heads) its config class fills in
     shape_keys: tuple[str, str] = ("num_hidden_layers", "num_attention_heads")  # their names in config.json
+    width_key: str = "hidden_size"  # the attention's width in config.json (heads * head_dim)
     layers_path: str = "encoder.layer"
     attention_path: str = "attention.self"
     output_path: str = "attention.output.dense"
@@ -46,8 +47,16 @@ class Family:
         for key, value in zip(self.shape_keys, shape):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"{where}: {key}={value!r} is not a positive integer")
+        width = config.get(self.width_key)
+        if isinstance(width, int) and width % shape[1]:
+            raise UserError(f"{where}: {self.shape_keys[1]}={shape[1]} does not divide {self.width_key}={width} "
+                            "(each head takes an equal share)")
         self.check_config(config, where)
         return shape
+
+    def positions(self, config: dict[str, Any]) -> int | None:
+        """The longest sequence the model's position embeddings take (None: no absolute positions, or unknown)."""
+        return config.get("max_position_embeddings")
 
     def check_config(self, config: dict[str, Any], where: str) -> None:
         """A ``UserError`` for a configuration of the family headlab cannot patch (none by default)."""
