@@ -64,10 +64,9 @@ def ref_clark(ids, attention):
 def ref_sieve(ids, attention):
     """Per sieve: mean over queries with a non-empty sieve of (mean attention over the sieve) / (1 / n)."""
     n = len(ids)
-    seps = [j for j in range(n) if ids[j] == KINDS.sep]
 
-    def segment(i):  # [CLS] with the first segment, a [SEP] with the segment it closes, a second [SEP] the next
-        return sum(1 for s in seps if s < i and (s == 0 or ids[s - 1] != KINDS.sep))
+    def segment(i):  # [CLS] with the first segment, [SEP]s (one, or RoBERTa's two) with the segment they close
+        return sum(1 for p in range(1, i + 1) if ids[p] != KINDS.sep and ids[p - 1] == KINDS.sep)
 
     members = {
         "local": lambda i: [j for j in range(n) if abs(i - j) <= 2],

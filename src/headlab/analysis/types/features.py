@@ -260,9 +260,10 @@ class FeatureAccumulator:
         kinds = self.kinds
         is_cls, is_sep = input_ids == kinds.cls, input_ids == kinds.sep
         special = torch.isin(input_ids, torch.tensor(kinds.special, device=input_ids.device))
-        # [CLS] and a segment's closing [SEP] count with it; a [SEP] right after one (RoBERTa's </s></s>) opens the next
-        closing = is_sep & ~torch.nn.functional.pad(is_sep[:, :-1], (1, 0), value=False)
-        segment = closing.cumsum(1) - closing.long()
+        # a segment starts at a token right after a [SEP]: [CLS] and a segment's closing [SEP]s (RoBERTa's </s></s>)
+        # count with the segment they close, as the units of drop_* do (headlab.core.units)
+        opening = ~is_sep & torch.nn.functional.pad(is_sep[:, :-1], (1, 0), value=False)
+        segment = opening.cumsum(1)
         key_valid = valid[:, None, :]
         sieves = {
             "local": ((position[:, None] - position[None, :]).abs() <= 2)[None] & key_valid,
