@@ -31,6 +31,9 @@ CONFIGS = {  # model_type -> its config fields (a tiny one: 3 layers x 4 heads u
                    "vocab_size": VOCAB},
     "albert": SIZES | {"embedding_size": 16},  # one group: the same attention module at every depth
     "albert-groups": SIZES | {"embedding_size": 16, "num_hidden_layers": 4, "num_hidden_groups": 2},
+    # layers 1 and 2 attend within a window of 2 tokens either way, layer 0 globally
+    "modernbert": SIZES | {"local_attention": 4, "global_attn_every_n_layers": 3, "pad_token_id": 0,
+                           "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3},
 }
 
 
@@ -42,7 +45,7 @@ def tiny_model(name: str, head: type | None = None, seed: int = 0) -> torch.nn.M
     model = (head or AutoModel).from_config(config).eval()
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
-            if parameter_name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")):
+            if parameter_name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight", "Wqkv.weight")):
                 parameter.mul_(12.0)
     return model
 

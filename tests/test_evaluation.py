@@ -35,8 +35,8 @@ def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24, model
     model = load_model(cfg.model, *task_head(cfg.task))
     with torch.no_grad():  # sharper attention than a fresh init's (near uniform), so every policy changes outputs
         for name, weight in model.named_parameters():
-            if name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight", "classifier.weight",
-                              "qa_outputs.weight")):
+            if name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight", "Wqkv.weight",
+                              "classifier.weight", "qa_outputs.weight")):
                 weight.mul_(12)
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     return cfg, data, model, trainer
@@ -74,9 +74,10 @@ def test_head_sweep_equals_separate_evaluations(task, policy, renormalize, tmp_p
     assert min(moved) > 2e-5, "every ablation must change the losses, or the comparison proves nothing"
 
 
-@pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta", "tiny_electra"])
+@pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta", "tiny_electra", "tiny_modernbert"])
 def test_head_sweep_on_other_model_families_equals_separate_evaluations(model, tmp_path):
-    """The replayed contexts of a layer: DistilBERT's are the input of the projection inside its attention module."""
+    """The replayed contexts of a layer: DistilBERT's and ModernBERT's are the input of the projection inside their
+    attention modules; ELECTRA's first layer follows a projection of the embeddings."""
     cfg, data, model, trainer = setup("demo_pairs", tmp_path, model=model)
     plans = family_plans("single_head", "prune", 3, 4)
     separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [

@@ -123,7 +123,7 @@ def test_shape_and_family_from_config_json_alone(tmp_path):
     (tmp_path / "gpt2/config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(headlab.UserError, match=r"model_type 'gpt2' is not a supported BERT-family encoder; "
                                                 r"supported: bert, electra, ernie, roberta, xlm-roberta, camembert, "
-                                                r"distilbert, albert"):
+                                                r"distilbert, albert, modernbert"):
         model_shape(OmegaConf.create({"name_or_path": str(tmp_path / "gpt2")}))
     (tmp_path / "albert2").mkdir()
     (tmp_path / "albert2/config.json").write_text(json.dumps({"model_type": "albert", "inner_group_num": 2}))

@@ -158,7 +158,7 @@ def start_at_layer(model: PreTrainedModel, layer: int, hidden_states: torch.Tens
     """Inside the block, a forward feeds ``hidden_states`` to layer ``layer`` and runs only the layers from it on.
 
     The other inputs (attention mask, unit ids, plan ids) are given to the forward as usual; the embeddings
-    still run (cheap) but their output is replaced.
+    still run (cheap), and layer ``layer`` gets ``hidden_states`` in place of what they give.
     """
     encoder, layers = encoder_layers(model)
 
@@ -167,7 +167,7 @@ def start_at_layer(model: PreTrainedModel, layer: int, hidden_states: torch.Tens
             return args, {**kwargs, "hidden_states": hidden_states}
         return (hidden_states, *args[1:]), kwargs
 
-    handle = encoder.register_forward_pre_hook(replace_input, with_kwargs=True)
+    handle = layers[layer].register_forward_pre_hook(replace_input, with_kwargs=True)  # the first layer that runs
     name = family_of(model).encoder(model)[1]
     setattr(encoder, name, layers[layer:])  # the same modules (their depth marks unchanged), fewer of them
     try:

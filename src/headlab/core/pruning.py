@@ -86,6 +86,12 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
     modules, layers = self_attention_modules(model), family.layers(model)
     if family.shared:
         _check_shared_prune(plan, modules)
+    count = model.config.num_attention_heads
+    inside = family.output_path.startswith(family.attention_path + ".")  # the module applies the projection
+    for layer in range(plan.num_layers):
+        if inside and len(plan.layer_groups(layer).get("prune", [])) == count:  # before anything is sliced
+            raise UserError(f"prune_heads: layer {layer} would lose every head, and {family.name}'s attention "
+                            "module applies the output projection itself; keep a head, or use mask=prune")
     done: set[int] = set()
     for layer, attention in enumerate(modules):
         heads = plan.layer_groups(layer).get("prune", [])
@@ -94,13 +100,13 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         done.add(id(attention))
         attention.__dict__[PRUNED] = heads
         width = getattr(attention, family.head_width)
-        count = getattr(attention, family.head_count[0])
         kept = [h for h in range(count) if h not in heads]
         first = getattr(attention, family.projections[0])
         index = torch.tensor([h * width + i for h in kept for i in range(width)], dtype=torch.long,
                              device=first.weight.device)
-        for name in family.projections:
-            setattr(attention, name, _keep_rows(getattr(attention, name), index))
+        rows = torch.cat([index + block * count * width for block in range(3)]) if family.fused else index
+        for name in family.projections:  # [query; key; value] blocks of a fused projection
+            setattr(attention, name, _keep_rows(getattr(attention, name), rows))
         owner, _, name = family.output_path.rpartition(".")
         output = module_at(layers[layer], owner)
         setattr(output, name, _keep_columns(getattr(output, name), index))
@@ -109,9 +115,6 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         for name in family.head_total:
             setattr(attention, name, len(kept) * width)
         if not kept:
-            if family.output_path.startswith(family.attention_path + "."):
-                raise UserError(f"prune_heads: layer {layer} would lose every head, and {family.name}'s attention "
-                                "module applies the output projection itself; keep a head, or use mask=prune")
             attention.forward = _no_heads  # an instance attribute shadows the class's forward
     return model
 

@@ -1,7 +1,8 @@
 """Small tokenizers built in code, one per model type, for random models (tests and debugging need no download).
 
 Each has the vocabulary kind and the special tokens of its family's real tokenizer, so pairs come out as they do
-for the real models: WordPiece ``[CLS] A [SEP] B [SEP]`` with segment ids (BERT, ELECTRA; DistilBERT without),
+for the real models: WordPiece ``[CLS] A [SEP] B [SEP]`` with segment ids (BERT, ELECTRA; DistilBERT and, with
+WordPiece standing in for its BPE, ModernBERT without),
 byte-level BPE ``<s> A </s></s> B </s>`` (RoBERTa), SentencePiece unigram ``<s> A </s></s> B </s>`` (XLM-R) and
 ``[CLS] A [SEP] B [SEP]`` (ALBERT, DeBERTa-v3). The pieces are the tiny word list below, its characters, and (BPE)
 merges learnt from it; a random model's config takes its vocabulary size and special ids from its tokenizer.
@@ -68,7 +69,7 @@ def _build(model_type: str):
         return AlbertTokenizer(vocab=_unigram(["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]))
     if model_type == "deberta-v2":
         return DebertaV2Tokenizer(vocab=_unigram(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
-    wordpiece = DistilBertTokenizer if model_type == "distilbert" else BertTokenizer  # DistilBERT: no segment ids
+    wordpiece = DistilBertTokenizer if model_type in ("distilbert", "modernbert") else BertTokenizer  # no segment ids
     return wordpiece(vocab={token: i for i, token in enumerate(tiny_vocab())})
 
 

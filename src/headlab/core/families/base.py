@@ -35,6 +35,7 @@ class Family:
     attention_path: str = "attention.self"
     output_path: str = "attention.output.dense"
     projections: tuple[str, ...] = ("query", "key", "value")  # per-head output rows, in the attention module
+    fused: bool = False  # one projection holds query, key and value blocks (ModernBERT's Wqkv)
     head_count: tuple[str, ...] = ("num_attention_heads",)  # the attention module's head count attributes
     head_width: str = "attention_head_size"  # the attention module's head_dim attribute
     head_total: tuple[str, ...] = ("all_head_size",)  # its attributes of heads * head_dim
