@@ -121,3 +121,14 @@ def test_ragged_encoding_matches_padded(tokenizer):
     padded = unit_ids(tokenizer(texts, pairs, padding=True, return_offsets_mapping=True), texts, pairs)
     ragged = unit_ids(tokenizer(texts, pairs, return_offsets_mapping=True), texts, pairs)
     assert torch.equal(padded, ragged)
+
+
+def test_an_encoding_without_sequence_ids_is_one_clear_error():
+    """A Python tokenizer's encoding has no ``sequence_ids``: the tokens' segments are unknown."""
+    from transformers import BatchEncoding
+
+    from headlab.errors import UserError
+
+    encoding = BatchEncoding({"input_ids": [[2, 10, 3]], "offset_mapping": [[(0, 0), (0, 3), (0, 0)]]})
+    with pytest.raises(UserError, match=r"the tokenizer gives no sequence ids \(a Python tokenizer"):
+        unit_ids(encoding, ["The"])

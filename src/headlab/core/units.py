@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from headlab.core.plans import check_unit
+from headlab.errors import UserError
 
 ABBREVIATIONS = frozenset(
     """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al inc ltd co corp no nos fig figs vol
@@ -86,7 +87,9 @@ def unit_ids(
     if "offset_mapping" not in encoding:
         raise ValueError("unit_ids needs the encoding's character offsets: tokenize with return_offsets_mapping=True")
     if not hasattr(encoding, "sequence_ids") or encoding.encodings is None:
-        raise ValueError("unit_ids needs an encoding from a fast (Rust) tokenizer, which knows each token's segment")
+        raise UserError("the tokenizer gives no sequence ids (a Python tokenizer, not one of the tokenizers library): "
+                        "headlab reads each token's sentence and segment from them; save the model with a "
+                        "tokenizer.json (a fast tokenizer) and use that")
     offsets = encoding["offset_mapping"]
     rows = len(offsets)
     samples = encoding.get("overflow_to_sample_mapping", list(range(rows)))
