@@ -31,6 +31,11 @@ MODELS = {
     "google-bert/bert-large-uncased": ("BertForMaskedLM", 24, 16),
     "google-bert/bert-large-uncased-whole-word-masking-finetuned-squad": ("BertForQuestionAnswering", 24, 16),
     "FacebookAI/roberta-base": ("RobertaForMaskedLM", 12, 12),
+    "FacebookAI/xlm-roberta-base": ("XLMRobertaForMaskedLM", 12, 12),
+    "google/electra-base-discriminator": ("ElectraForPreTraining", 12, 12),
+    "distilbert/distilbert-base-uncased": ("DistilBertForMaskedLM", 6, 12),
+    "albert/albert-base-v2": ("AlbertForMaskedLM", 12, 12),
+    "answerdotai/ModernBERT-base": ("ModernBertForMaskedLM", 22, 12),
 }
 SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"  # the commit every stand-in repo's refs/main names
 
@@ -90,12 +95,36 @@ def write_model(hub: Path, repo: str, architecture: str, layers: int, heads: int
     (repo_folder / "refs").mkdir(exist_ok=True)
     (repo_folder / "refs/main").write_text(SNAPSHOT)
     roberta = architecture.startswith("Roberta")
-    tokenizer = roberta_tokenizer(snapshot) if roberta else bert_tokenizer(snapshot)
+    kind = architecture.removesuffix("ForMaskedLM").removesuffix("ForPreTraining").removesuffix("ForQuestionAnswering")
+    if roberta:
+        tokenizer = roberta_tokenizer(snapshot)
+    elif kind in ("XLMRoberta", "Albert"):  # SentencePiece: headlab's tiny unigram tokenizer of the type stands in
+        from headlab.core.tiny_tokenizers import tiny_tokenizer
+
+        tokenizer = tiny_tokenizer("xlm-roberta" if kind == "XLMRoberta" else "albert")
+        tokenizer.model_max_length = 512
+        tokenizer.save_pretrained(snapshot)
+    else:
+        tokenizer = bert_tokenizer(snapshot)
     shape = dict(hidden_size=4 * heads, num_hidden_layers=layers, num_attention_heads=heads,
                  intermediate_size=8 * heads, vocab_size=len(tokenizer))
+    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
+                   cls_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                   sep_token_id=tokenizer.sep_token_id)
     if roberta:
         config = transformers.RobertaConfig(**shape, max_position_embeddings=514, type_vocab_size=1,
                                             pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    elif kind == "XLMRoberta":
+        config = transformers.XLMRobertaConfig(**shape, max_position_embeddings=514, type_vocab_size=1, **special)
+    elif kind == "Electra":
+        config = transformers.ElectraConfig(**shape, embedding_size=2 * heads, max_position_embeddings=512)
+    elif kind == "DistilBert":
+        config = transformers.DistilBertConfig(dim=4 * heads, n_layers=layers, n_heads=heads, hidden_dim=8 * heads,
+                                               vocab_size=len(tokenizer), max_position_embeddings=512)
+    elif kind == "Albert":
+        config = transformers.AlbertConfig(**shape, embedding_size=2 * heads, max_position_embeddings=512, **special)
+    elif kind == "ModernBert":
+        config = transformers.ModernBertConfig(**shape, max_position_embeddings=8192, local_attention=128, **special)
     else:
         config = transformers.BertConfig(**shape, max_position_embeddings=512, pad_token_id=0)
     config.architectures = [architecture]

@@ -87,12 +87,13 @@ def test_per_row_plans_equal_each_rows_reference(family):
         compare(out[row : row + 1], expected(model, plan, one, False), one)
 
 
-def test_physical_pruning_equals_the_reference(family):
+@pytest.mark.parametrize("which", ["some", "a whole layer"])
+def test_physical_pruning_equals_the_reference(family, which):
     name, model = family
     rows = batch()
-    rules = [{"heads": "L0H0,L0H3,L1H1-2", "policy": "prune"}]
+    rules = [{"heads": "L0H0,L0H3,L1H1-2" if which == "some" else "L0H0,L0H3,L1", "policy": "prune"}]
     if name.startswith("albert"):  # depths sharing weights lose the same heads
-        rules = [{"heads": "H1,H2", "policy": "prune"}]
+        rules = [{"heads": "H1,H2" if which == "some" else "all", "policy": "prune"}]
     plan = plan_of(rules, model)
     pruned = headlab.prune_heads(copy.deepcopy(model), plan)
     with torch.no_grad():

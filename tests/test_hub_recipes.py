@@ -164,7 +164,8 @@ for name in {sorted(HUB_MODELS)!r}:
     cfg = OmegaConf.load("{ROOT}/conf/model/" + name + ".yaml")
     model, tokenizer = load_model(cfg), load_tokenizer(cfg)
     ids = tokenizer("The cat sat.", "It was late.")["input_ids"]
-    counts[name] = [model.config.num_hidden_layers, model.config.num_attention_heads, len(ids)]
+    counts[name] = [model.config.num_hidden_layers, model.config.num_attention_heads, len(ids),
+                    tokenizer.convert_ids_to_tokens(ids)]
 print(json.dumps(counts))
 """
     result = run_script([sys.executable, "-c", script], cwd=tmp_path, env=environment(standin),
@@ -177,8 +178,12 @@ print(json.dumps(counts))
                ("mnli", "squad", "squad_v2")), counts
     shapes = {name: counts[name][:2] for name in HUB_MODELS}
     assert shapes == {"bert_base_uncased": [12, 12], "bert_large_uncased": [24, 16],
-                      "bert_large_wwm_squad": [24, 16], "roberta_base": [12, 12]}
+                      "bert_large_wwm_squad": [24, 16], "roberta_base": [12, 12], "xlm_roberta_base": [12, 12],
+                      "electra_base": [12, 12], "distilbert_base_uncased": [6, 12], "albert_base_v2": [12, 12],
+                      "modernbert_base": [22, 12]}  # each family's config names, read by transformers
     assert counts["bert_base_uncased"][2] == 11  # [CLS] the cat sat . [SEP] it was late . [SEP]: WordPiece
+    xlmr = counts["xlm_roberta_base"][3]  # a pair as XLM-R puts it: <s> A </s></s> B </s>
+    assert xlmr[0] == "<s>" and xlmr[-1] == "</s>" and "</s>,</s>" in ",".join(xlmr) and xlmr.count("</s>") == 3
 
 
 def test_the_documents_have_hub_and_gpu_recipes():

@@ -4,7 +4,9 @@ The pruned heads' rows of the query, key and value projections and their columns
 projection are sliced out, so the model computes the same as under the ``prune`` plan (a pruned head's
 context vector is 0, so its output-projection columns contribute nothing; the bias, residual and LayerNorm
 stay) with fewer multiplications. A layer that loses every head skips attention altogether: its
-self-attention returns a zero-width context and the output projection gives its bias.
+self-attention returns a zero-width context and the output projection gives its bias. Where the attention module
+applies the output projection itself (DistilBERT, ALBERT, ModernBERT), one head stays with zero values: its context
+is 0, the projection gives its bias.
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ def _no_heads(hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tenso
     return hidden_states.new_zeros(*hidden_states.shape[:-1], 0), None
 
 
+def _zero_values(attention: nn.Module, family, width: int) -> None:
+    """The one head left in a layer that lost all: its value rows 0, so its context is 0 as a pruned head's."""
+    with torch.no_grad():
+        value = getattr(attention, family.projections[-1])
+        rows = slice(-width, None) if family.fused else slice(None)  # the value block of [query; key; value]
+        value.weight[rows] = 0.0
+        if value.bias is not None:
+            value.bias[rows] = 0.0
+
+
 def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
     """Remove the heads ``plan`` prunes from ``model``, in place; returns the model.
 
@@ -88,10 +100,6 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         _check_shared_prune(plan, modules)
     count = model.config.num_attention_heads
     inside = family.output_path.startswith(family.attention_path + ".")  # the module applies the projection
-    for layer in range(plan.num_layers):
-        if inside and len(plan.layer_groups(layer).get("prune", [])) == count:  # before anything is sliced
-            raise UserError(f"prune_heads: layer {layer} would lose every head, and {family.name}'s attention "
-                            "module applies the output projection itself; keep a head, or use mask=prune")
     done: set[int] = set()
     for layer, attention in enumerate(modules):
         heads = plan.layer_groups(layer).get("prune", [])
@@ -101,6 +109,8 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         attention.__dict__[PRUNED] = heads
         width = getattr(attention, family.head_width)
         kept = [h for h in range(count) if h not in heads]
+        silent = not kept and inside  # its forward cannot run without a head: one head stays, with zero values
+        kept = kept or ([0] if inside else [])
         first = getattr(attention, family.projections[0])
         index = torch.tensor([h * width + i for h in kept for i in range(width)], dtype=torch.long,
                              device=first.weight.device)
@@ -110,6 +120,8 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         owner, _, name = family.output_path.rpartition(".")
         output = module_at(layers[layer], owner)
         setattr(output, name, _keep_columns(getattr(output, name), index))
+        if silent:
+            _zero_values(attention, family, width)
         for name in family.head_count:
             setattr(attention, name, len(kept))
         for name in family.head_total:
