@@ -2,9 +2,10 @@
 
     python benchmarks/attention_overhead.py [--shape tiny|dispatch|minilm|bert-base|bert-large] [--device cpu|cuda]
         [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15] [--route sdpa|flex|both]
-        [--threads N]
+        [--threads N] [--family bert|roberta|electra|distilbert|albert|modernbert]
 
-Random weights in the named shape (speed does not depend on them); rows padded to N/2..N tokens
+Random weights in the named shape (speed does not depend on them), of the family's model (``--family``: its own
+stock model is the baseline, the same attention implementation, SDPA); rows padded to N/2..N tokens
 (``--no-padding``: full rows). Plans: the identity (every head ``keep``), one head (the middle
 layer's head 0) under prune / uniform / drop_intra, and half the heads of every layer under each
 policy. Each forward enters ``headlab.ablate`` as the Lightning module does per batch. Every round
@@ -22,7 +23,17 @@ from __future__ import annotations
 import statistics
 
 import torch
-from common import DTYPES, SHAPES, Parser, add_device_arguments, alternating_rounds, check_device, machine, random_bert
+from common import (
+    DTYPES,
+    FAMILY_TYPES,
+    SHAPES,
+    Parser,
+    add_device_arguments,
+    alternating_rounds,
+    check_device,
+    machine,
+    random_encoder,
+)
 
 import headlab
 
@@ -91,6 +102,7 @@ def main() -> None:
     parser.add_argument("--route", default="sdpa", choices=["sdpa", "flex", "both"],
                         help="what serves layers with drop_* heads (both: each drop_* row on either route)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--family", default="bert", choices=FAMILY_TYPES, help="the model's family (its model_type)")
     args = parser.parse_args()
     device = check_device(parser, args.device)
     if args.threads is not None:
@@ -100,7 +112,7 @@ def main() -> None:
     *_, default_batch, default_seq = SHAPES[args.shape]
     batch, seq = args.batch or default_batch, args.seq or default_seq
 
-    model = random_bert(args.shape, device, DTYPES[args.dtype])
+    model = random_encoder(args.family, args.shape, device, DTYPES[args.dtype])
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     inputs, sentence_ids = make_batch(batch, seq, model.config.vocab_size, not args.no_padding, device)
     table = with_routes(plans(layers, heads, device.type == "cuda"), args.route)
@@ -123,7 +135,7 @@ def main() -> None:
         check_fused_rows(table, runs, patched, inputs["attention_mask"].bool(), DTYPES[args.dtype])
         times = alternating_rounds(runs, args.rounds, args.repeat, device)
 
-    print(f"{args.shape} ({layers} x {heads} heads) forward, {args.dtype}, batch {batch} x {seq} tokens, "
+    print(f"{args.family} {args.shape} ({layers} x {heads} heads) forward, {args.dtype}, batch {batch} x {seq} tokens, "
           f"padded={not args.no_padding}, {args.rounds} rounds x {args.repeat} forwards; {machine(device)}")
     print(f"{'plan':<31} {'median ms':>10} {'ratio':>7} {'target':>7}")
     for name, samples in times.items():

@@ -7,7 +7,7 @@ import sys
 import time
 
 import torch
-from transformers import BertConfig, BertModel
+from transformers import AutoConfig, AutoModel, BertConfig, BertModel
 
 # name -> (layers, heads, hidden size, default batch, default sequence length); feed-forward 4 x hidden
 # tiny: tests' tiny_random shape; on a CPU its steps are launch-bound as a GPU's are (per-call overhead shows)
@@ -45,6 +45,22 @@ def random_bert(shape: str, device: torch.device, dtype: torch.dtype = torch.flo
     bert_config = BertConfig(num_hidden_layers=layers, num_attention_heads=heads, hidden_size=hidden,
                              intermediate_size=4 * hidden, attn_implementation="sdpa", **config)
     return BertModel(bert_config).to(device=device, dtype=dtype).eval()
+
+
+FAMILY_TYPES = ("bert", "roberta", "electra", "distilbert", "albert", "modernbert")  # a model_type per family
+
+
+def random_encoder(family: str, shape: str, device: torch.device, dtype: torch.dtype = torch.float32):
+    """A model of ``family`` (a ``model_type``) in the named shape with random weights, SDPA attention, eval mode."""
+    if family == "bert":
+        return random_bert(shape, device, dtype)
+    torch.manual_seed(0)
+    layers, heads, hidden, _, _ = SHAPES[shape]
+    fields = ({"n_layers": layers, "n_heads": heads, "dim": hidden, "hidden_dim": 4 * hidden} if family == "distilbert"
+              else {"num_hidden_layers": layers, "num_attention_heads": heads, "hidden_size": hidden,
+                    "intermediate_size": 4 * hidden})
+    config = AutoConfig.for_model(family, **fields, attn_implementation="sdpa")
+    return AutoModel.from_config(config).to(device=device, dtype=dtype).eval()
 
 
 def clock(device: torch.device) -> float:

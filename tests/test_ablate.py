@@ -291,16 +291,20 @@ def test_sweep_heads_equals_separate_eval_jobs(trained):
 
 
 def test_sweep_heads_on_albert_runs_whole_forwards_equal_to_eval_jobs(tmp_path):
-    """ALBERT's depths share one layer's modules, so no forward starts at a layer: each plan runs a whole forward."""
+    """ALBERT's depths share one layer's modules, so no forward starts at a layer: each plan runs a whole forward,
+    the same computation as a ``mode=eval`` job's (equal to the bit), and each depth's prune its own."""
     args = ["model=tiny_albert", "mask.policy=prune", "data.max_eval_examples=24", "allow_random_head=true"]
-    run("ablate.py", "mode=sweep_heads", *args, f"hydra.run.dir={tmp_path / 'heads'}", cwd_tmp=tmp_path)
-    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L1H2", *args, f"hydra.run.dir={tmp_path / 'single'}",
+    run("ablate.py", "mode=sweep_heads", "sweep.family=layer", *args, f"hydra.run.dir={tmp_path / 'heads'}",
         cwd_tmp=tmp_path)
-    single, swept = results(tmp_path / "single"), results(tmp_path / "heads/L1H2")
-    assert flat(swept["metrics"]) == pytest.approx(flat(single["metrics"]), rel=1e-6)
-    a, b = (pd.read_parquet(tmp_path / f"{job}/records.parquet") for job in ("heads/L1H2", "single"))
-    np.testing.assert_allclose(a["loss"], b["loss"], rtol=0, atol=1e-6)
-    assert abs(single["delta"]["validation"]["loss"]) > 1e-6  # the plan changes the model
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L1", *args, f"hydra.run.dir={tmp_path / 'single'}",
+        cwd_tmp=tmp_path)
+    single = results(tmp_path / "single")
+    assert flat(results(tmp_path / "heads/L1")["metrics"]) == pytest.approx(flat(single["metrics"]), rel=1e-6)
+    losses = {job: pd.read_parquet(tmp_path / job / "records.parquet")["loss"].to_numpy()
+              for job in ("heads/L0", "heads/L1", "heads/L2", "single")}
+    assert np.array_equal(losses["heads/L1"], losses["single"])
+    assert not np.array_equal(losses["heads/L0"], losses["single"])  # a random head's effects are small, not 0
+    assert not np.array_equal(losses["heads/L2"], losses["single"])
 
 
 def compose_ablate(*overrides, hydra=False):
