@@ -74,7 +74,3 @@ class Family:
     def attention_modules(self, model: Any) -> list[Any]:
         """Per depth, the module that calls the attention function."""
         return [module_at(layer, self.attention_path) for layer in self.layers(model)]
-
-    def output_projections(self, model: Any) -> list[Any]:
-        """Per depth, the linear map of the heads' contexts ``[batch, seq, heads * head_dim]``."""
-        return [module_at(layer, self.output_path) for layer in self.layers(model)]
