@@ -131,3 +131,14 @@ def test_shape_and_family_from_config_json_alone(tmp_path):
     with pytest.raises(headlab.UserError, match=r"inner_group_num=2: headlab patches ALBERTs with one layer per "
                                                 r"group"):
         model_shape(OmegaConf.create({"name_or_path": str(tmp_path / "albert2")}))
+
+
+def test_a_prune_curve_times_only_masks_the_weights_allow():
+    """The prune curve's final mask is timed physically unless depths sharing weights (ALBERT) lose different heads."""
+    from headlab.core.pruning import shared_prune_conflict
+
+    albert, bert = tiny_model("albert"), tiny_model("bert")
+    differs, same = [{"heads": "L0H1,L2H3", "policy": "prune"}], [{"heads": "H1", "policy": "prune"}]
+    assert shared_prune_conflict(albert, plan_of(differs, albert)).startswith("depths L0..L2 share their attention")
+    assert shared_prune_conflict(albert, plan_of(same, albert)) is None
+    assert shared_prune_conflict(bert, plan_of(differs, bert)) is None

@@ -96,8 +96,9 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         raise UserError("the model is already physically pruned; prune a fresh copy with the combined plan")
     family = family_of(model)
     modules, layers = self_attention_modules(model), family.layers(model)
-    if family.shared:
-        _check_shared_prune(plan, modules)
+    conflict = shared_prune_conflict(model, plan) if family.shared else None
+    if conflict:
+        raise UserError(conflict)
     count = model.config.num_attention_heads
     inside = family.output_path.startswith(family.attention_path + ".")  # the module applies the projection
     done: set[int] = set()
@@ -131,14 +132,16 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
     return model
 
 
-def _check_shared_prune(plan: HeadPlan, modules: list[nn.Module]) -> None:
-    """Depths that share an attention module (ALBERT) can only lose the same heads together."""
+def shared_prune_conflict(model: PreTrainedModel, plan: HeadPlan) -> str | None:
+    """Why ``plan`` cannot be pruned physically from ``model`` (None: it can): depths that share an attention module
+    (ALBERT) can only lose the same heads together."""
     by_module: dict[int, list[int]] = {}
-    for depth, module in enumerate(modules):
+    for depth, module in enumerate(self_attention_modules(model)):
         by_module.setdefault(id(module), []).append(depth)
     for depths in by_module.values():
         pruned = {tuple(plan.layer_groups(depth).get("prune", [])) for depth in depths}
         if len(pruned) > 1:
-            raise UserError(f"depths L{depths[0]}..L{depths[-1]} share their attention weights (ALBERT): a physical "
-                            "prune must remove the same heads at every one of them; use mask=prune (the masked "
-                            "prune, same outputs) for a prune of some depths")
+            return (f"depths L{depths[0]}..L{depths[-1]} share their attention weights (ALBERT): a physical prune "
+                    "must remove the same heads at every one of them; use mask=prune (the masked prune, same "
+                    "outputs) for a prune of some depths")
+    return None

@@ -43,7 +43,7 @@ from headlab.analysis.jobs.plan_evaluator import Variant
 from headlab.core.head_names import head_name, parse_head_name
 from headlab.core.importance import normalize_importance
 from headlab.core.plans import GRANULARITIES, HeadPlan
-from headlab.core.pruning import prune_heads
+from headlab.core.pruning import prune_heads, shared_prune_conflict
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
@@ -199,8 +199,13 @@ def most_steps(layers: int, heads: int, step: float, min_heads_per_layer: int) -
 
 
 def time_final_mask(job: EvalJob, heads: list[str], shape: tuple[int, int], rounds: int) -> dict[str, Any] | None:
-    """Forward seconds over the first eval split, physically pruned vs full model (None if nothing is pruned)."""
+    """Forward seconds over the first eval split, physically pruned vs full model (None if nothing is pruned, or if
+    the mask cannot be pruned physically: ALBERT's depths share weights, and the mask prunes them differently)."""
     if not heads:
+        return None
+    conflict = shared_prune_conflict(job.model, prune_plan(heads, shape))
+    if conflict:
+        Console().print(f"note: the final mask is not timed: {conflict.split(';')[0]}", markup=False, soft_wrap=True)
         return None
     split = job.data.eval_splits[0]
     batches = list(job.data.eval_dataloader(split))
