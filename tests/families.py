@@ -76,6 +76,8 @@ def _reference_attention(state: dict) -> Callable:
             for h in range(heads):
                 scores = query[b, h] @ key[b, h].T * scale  # [n, n]
                 weights = head_attention(scores, valid, units, state["policy_of"](depth, h), state["renormalize"])
+                if state["record"] is not None:
+                    state["record"].append((depth, b, h, weights.detach().clone()))
                 out[b, h] = weights @ value[b, h]
         return out.transpose(1, 2).contiguous(), None
     return attention
@@ -83,9 +85,10 @@ def _reference_attention(state: dict) -> Callable:
 
 @contextmanager
 def reference_of(model: torch.nn.Module, policy_of: Callable[[int, int], str], units: torch.Tensor | None,
-                 renormalize: bool) -> Iterator[torch.nn.Module]:
-    """A float64 copy of ``model`` whose forwards apply ``policy_of(depth, head)`` by definition (module docstring)."""
-    state = {"calls": 0, "policy_of": policy_of, "units": units, "renormalize": renormalize}
+                 renormalize: bool, record: list | None = None) -> Iterator[torch.nn.Module]:
+    """A float64 copy of ``model`` whose forwards apply ``policy_of(depth, head)`` by definition (module docstring);
+    ``record`` gets ``(depth, example, head, weights [seq, seq])`` of every head."""
+    state = {"calls": 0, "policy_of": policy_of, "units": units, "renormalize": renormalize, "record": record}
     AttentionInterface.register(REFERENCE, _reference_attention(state))
     AttentionMaskInterface.register(REFERENCE, eager_mask)
     reference = copy.deepcopy(model).double()

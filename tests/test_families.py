@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import assert_close_rel
@@ -142,3 +143,31 @@ def test_a_prune_curve_times_only_masks_the_weights_allow():
     assert shared_prune_conflict(albert, plan_of(differs, albert)).startswith("depths L0..L2 share their attention")
     assert shared_prune_conflict(albert, plan_of(same, albert)) is None
     assert shared_prune_conflict(bert, plan_of(differs, bert)) is None
+
+
+def test_attention_features_equal_the_definitions_on_the_familys_own_attention(family):
+    """``attention_features`` (the observer of each attention call) against every head's weights in the family's own
+    float64 forward: ALBERT's depths by call, ModernBERT's windows, DistilBERT's modules."""
+    from test_features import assert_matches, reference
+
+    from headlab.core.tiny_tokenizers import tiny_tokenizer
+
+    _, model = family
+    tokenizer, rows = tiny_tokenizer(), batch()  # the WordPiece ids of [CLS], [SEP], "," and "." lie in the vocabulary
+    mask, lengths = rows["attention_mask"], rows["attention_mask"].sum(1)
+    ids = rows["input_ids"].clone()
+    ids[:, 0], ids[torch.arange(3), lengths - 1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+    ids[0, 4], ids[1, 2] = tokenizer.convert_tokens_to_ids(","), tokenizer.convert_tokens_to_ids(".")
+    record: list = []
+    with torch.no_grad(), reference_of(model, lambda depth, head: "keep", None, False, record) as ref:
+        ref(input_ids=ids, attention_mask=mask)
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    sequences = []
+    for b, n in enumerate(lengths.tolist()):
+        maps = np.zeros((layers, heads, n, n))
+        for depth, example, head, weights in record:
+            if example == b:
+                maps[depth, head] = weights[:n, :n].numpy()
+        sequences.append((ids[b, :n].tolist(), maps))
+    features = headlab.attention_features(model, tokenizer, [{"input_ids": ids, "attention_mask": mask}])
+    assert_matches(features, reference(sequences), atol=2e-5)

@@ -31,13 +31,17 @@ Observer = Callable[[int, torch.Tensor], None]
 
 
 def attention_weights(query: torch.Tensor, key: torch.Tensor, attention_mask, scaling: float | None) -> torch.Tensor:
-    """``[batch, heads, seq, seq]`` float32 softmax weights; query and key ``[batch, heads, seq, head_dim]``."""
+    """``[batch, heads, seq, seq]`` float32 softmax weights (0 for a query that sees no key); query and key
+    ``[batch, heads, seq, head_dim]``."""
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale  # [batch, heads, seq, seq]
     valid, bias = validity(attention_mask, query)
     if bias is not None:
         scores = scores + bias.float()
-    return scores.masked_fill(~valid, float("-inf")).softmax(dim=-1)
+    weights = scores.masked_fill(~valid, float("-inf")).softmax(dim=-1)
+    # a query that sees no key (a padding query past a sliding window's reach: ModernBERT) gets 0, as SDPA gives it,
+    # not the NaN of an all -inf softmax (it would spread through the padding positions' values)
+    return weights.masked_fill(~valid.any(-1, keepdim=True), 0.0)
 
 
 @contextmanager
