@@ -10,6 +10,7 @@ merges learnt from it; a random model's config takes its vocabulary size and spe
 
 from __future__ import annotations
 
+import copy
 import json
 import string
 from functools import cache
@@ -75,8 +76,6 @@ def _build(model_type: str):
 
 def tiny_tokenizer(model_type: str = "bert"):
     """The tiny tokenizer of ``model_type`` (WordPiece for the types not named in the module docstring)."""
-    import copy
-
     return copy.deepcopy(_build(model_type))  # the caller may change it (padding side, max length)
 
 
