@@ -4,19 +4,24 @@ The reference runs the family's own modules in float64 with an attention functio
 transformers' ``AttentionInterface``: it computes each head's eager attention (``softmax(q k^T * scaling)`` over the
 keys the family's mask lets a query see), one example and one head at a time, and applies the head's policy to
 those probabilities by definition (``reference.head_attention``). Nothing of headlab runs in it; a call's depth is
-its position among the forward's attention calls (the order every family calls its layers in).
+its position among the forward's attention calls (the order every family calls its layers in). DeBERTa, which calls
+no attention function, gets a forward of this file on its attention modules: the module's own content and relative
+scores, then the same per-head attention.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import MethodType
 
 import torch
 from reference import head_attention
 from transformers import AttentionInterface, AutoConfig, AutoModel
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
 
 REFERENCE = "headlab_tests_reference"
 VOCAB = 120
@@ -34,18 +39,29 @@ CONFIGS = {  # model_type -> its config fields (a tiny one: 3 layers x 4 heads u
     # layers 1 and 2 attend within a window of 2 tokens either way, layer 0 globally
     "modernbert": SIZES | {"local_attention": 4, "global_attn_every_n_layers": 3, "pad_token_id": 0,
                            "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3},
+    # as deberta-v3-base: relative positions only (6 buckets, so sequences reach past them), shared position keys
+    "deberta-v3": SIZES | {"relative_attention": True, "position_buckets": 6, "max_relative_positions": -1,
+                           "pos_att_type": "p2c|c2p", "share_att_key": True, "position_biased_input": False,
+                           "norm_rel_ebd": "layer_norm", "type_vocab_size": 0},
+    # as deberta-v2-xlarge: own position projections, absolute positions too, the convolution after layer 0
+    "deberta-v2": SIZES | {"relative_attention": True, "max_relative_positions": 5, "pos_att_type": "c2p|p2c",
+                           "share_att_key": False, "position_biased_input": True, "conv_kernel_size": 3,
+                           "type_vocab_size": 2},
 }
+MODEL_TYPES = {"albert-groups": "albert", "deberta-v3": "deberta-v2"}  # a CONFIGS key that is no model_type
+SHARPENED = ("query.weight", "key.weight", "q_lin.weight", "k_lin.weight", "Wqkv.weight", "query_proj.weight",
+             "key_proj.weight")  # DeBERTa's pos_key_proj / pos_query_proj end so too
 
 
 def tiny_model(name: str, head: type | None = None, seed: int = 0) -> torch.nn.Module:
     """A random model of ``name`` (a key of ``CONFIGS``) in eval mode, with sharp attention: the query and key
     weights scaled up, so that every policy changes the outputs (a fresh init attends almost uniformly)."""
-    config = AutoConfig.for_model(name.removesuffix("-groups"), **CONFIGS[name])
+    config = AutoConfig.for_model(MODEL_TYPES.get(name, name), **CONFIGS[name])
     torch.manual_seed(seed)
     model = (head or AutoModel).from_config(config).eval()
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
-            if parameter_name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight", "Wqkv.weight")):
+            if parameter_name.endswith(SHARPENED):
                 parameter.mul_(12.0)
     return model
 
@@ -68,7 +84,7 @@ def _reference_attention(state: dict) -> Callable:
         state["calls"] += 1
         batch_size, heads, n, head_dim = query.shape
         scale = head_dim ** -0.5 if scaling is None else scaling
-        out = torch.zeros_like(query)  # [batch, heads, seq, head_dim]
+        out = query.new_zeros(*query.shape[:3], value.shape[-1])  # [batch, heads, seq, head_dim]
         for b in range(batch_size):
             valid = torch.ones(n, n, dtype=torch.bool) if attention_mask is None else \
                 attention_mask[b, 0].expand(n, n) > torch.finfo(attention_mask.dtype).min / 2
@@ -78,22 +94,59 @@ def _reference_attention(state: dict) -> Callable:
                 weights = head_attention(scores, valid, units, state["policy_of"](depth, h), state["renormalize"])
                 if state["record"] is not None:
                     state["record"].append((depth, b, h, weights.detach().clone()))
-                out[b, h] = weights @ value[b, h]
+                context = weights @ value[b, h]  # [seq, head_dim]
+                if state["toward"] is not None:  # gate * (z + step * (z' - z)), z' under the policy
+                    policy, gates, steps = state["toward"]
+                    alternative = head_attention(scores, valid, units, policy, state["renormalize"]) @ value[b, h]
+                    context = gates[b, depth, h] * (context + steps[b, depth, h] * (alternative - context))
+                out[b, h] = context
         return out.transpose(1, 2).contiguous(), None
     return attention
 
 
 @contextmanager
 def reference_of(model: torch.nn.Module, policy_of: Callable[[int, int], str], units: torch.Tensor | None,
-                 renormalize: bool, record: list | None = None) -> Iterator[torch.nn.Module]:
+                 renormalize: bool, record: list | None = None,
+                 toward: tuple | None = None) -> Iterator[torch.nn.Module]:
     """A float64 copy of ``model`` whose forwards apply ``policy_of(depth, head)`` by definition (module docstring);
-    ``record`` gets ``(depth, example, head, weights [seq, seq])`` of every head."""
-    state = {"calls": 0, "policy_of": policy_of, "units": units, "renormalize": renormalize, "record": record}
+    ``record`` gets ``(depth, example, head, weights [seq, seq])`` of every head. ``toward = (policy, gates, steps)``
+    (``[batch, layers, heads]`` each): head h's context z becomes ``gate * (z + step * (z' - z))``, z' its context
+    under ``policy``, so the loss's gradients by gate and step are the gate gradient and the first-order estimate."""
+    state = {"calls": 0, "policy_of": policy_of, "units": units, "renormalize": renormalize, "record": record,
+             "toward": toward}
     AttentionInterface.register(REFERENCE, _reference_attention(state))
     AttentionMaskInterface.register(REFERENCE, eager_mask)
     reference = copy.deepcopy(model).double()
     configs = {id(m.config): m.config for m in reference.modules() if hasattr(m, "config")}
     for config in configs.values():
         config._attn_implementation_internal = REFERENCE
+    for module in reference.modules():
+        if isinstance(module, DisentangledSelfAttention):  # DeBERTa computes its attention itself
+            module.forward = MethodType(_reference_disentangled(state), module)
     reference.register_forward_pre_hook(lambda *_: state.update(calls=0))
     yield reference
+
+
+def _reference_disentangled(state: dict) -> Callable:
+    """DeBERTa's attention as its module computes it (content scores over sqrt(head_dim * factor), plus the module's
+    own relative terms, the keys its mask shows), one example and head at a time, the policy applied by definition."""
+    attention = _reference_attention(state)
+
+    def forward(module, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None,
+                rel_embeddings=None):
+        heads = module.num_attention_heads
+        q, k, v = (module.transpose_for_scores(projection(hidden_states), heads)  # [batch * heads, seq, head_dim]
+                   for projection in (module.query_proj, module.key_proj, module.value_proj))
+        factor = 1 + len({"c2p", "p2c"} & set(module.pos_att_type))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1] * factor)
+        if module.relative_attention:
+            scores = scores + module.disentangled_attention_bias(q, k, relative_pos, rel_embeddings, factor)
+        batch, n = hidden_states.shape[:2]
+        scores = scores.view(batch, heads, n, n)
+        # the reference attention takes scores as query @ key: an identity key of width n carries them
+        eye = torch.eye(n, dtype=scores.dtype).expand(batch, heads, n, n)
+        mask = torch.zeros(batch, 1, n, n, dtype=scores.dtype).masked_fill(
+            ~attention_mask.bool(), torch.finfo(scores.dtype).min)
+        out, _ = attention(module, scores, eye, v.view(batch, heads, n, -1), mask, scaling=1.0)
+        return out.reshape(batch, n, -1), None
+    return forward

@@ -125,7 +125,7 @@ def test_shape_and_family_from_config_json_alone(tmp_path):
     (tmp_path / "gpt2/config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(headlab.UserError, match=r"model_type 'gpt2' is not a supported BERT-family encoder; "
                                                 r"supported: bert, electra, ernie, roberta, xlm-roberta, camembert, "
-                                                r"distilbert, albert, modernbert"):
+                                                r"distilbert, albert, deberta-v2, modernbert"):
         model_shape(OmegaConf.create({"name_or_path": str(tmp_path / "gpt2")}))
     (tmp_path / "albert2").mkdir()
     (tmp_path / "albert2/config.json").write_text(json.dumps({"model_type": "albert", "inner_group_num": 2}))
@@ -171,3 +171,73 @@ def test_attention_features_equal_the_definitions_on_the_familys_own_attention(f
         sequences.append((ids[b, :n].tolist(), maps))
     features = headlab.attention_features(model, tokenizer, [{"input_ids": ids, "attention_mask": mask}])
     assert_matches(features, reference(sequences), atol=2e-5)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def classifier(request):
+    from transformers import AutoModelForSequenceClassification
+
+    return request.param, tiny_model(request.param, AutoModelForSequenceClassification).double()
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_gradient_importance_and_estimates_equal_the_reference(classifier, renormalize):
+    """Per example: d loss / d gate and every first-order estimate g . (z' - z), from the family's own float64
+    forward with a gate and a step toward each policy on every head (``reference_of(toward=...)``)."""
+    from headlab.core.importance import head_gradients
+    from headlab.core.plans import ESTIMABLE
+
+    name, model = classifier
+    rows, labels = batch(), torch.tensor([1, 0, 1])
+    mine = head_gradients(model, [{**rows, "labels": labels}], policies=ESTIMABLE, renormalize=renormalize)
+    shape = (3, model.config.num_hidden_layers, model.config.num_attention_heads)
+    for policy in ESTIMABLE:
+        gates = torch.ones(shape, dtype=torch.float64, requires_grad=True)
+        steps = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+        with reference_of(model, lambda depth, head: "keep", rows["sentence_ids"], renormalize,
+                          toward=(policy, gates, steps)) as reference:
+            logits = reference(**model_inputs(rows)).logits
+        gate, estimate = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"),
+                                             [gates, steps])
+        np.testing.assert_allclose(mine.gate, gate.numpy(), rtol=1e-7, atol=1e-10, err_msg=name)
+        np.testing.assert_allclose(mine.estimates[policy], estimate.numpy(), rtol=1e-7, atol=1e-10,
+                                   err_msg=f"{name} {policy}")
+        assert np.abs(estimate.numpy()).max() > 1e-6  # 1e4 times atol: the comparison can fail
+
+
+def test_task_models_take_unit_and_plan_ids_to_every_layer(classifier):
+    """Per-row plans with drop_* heads through a task model (DeBERTa's do not pass extra arguments down)."""
+    name, model = classifier
+    rows = batch()
+    plans = [plan_of(MIXED, model), plan_of([{"heads": "all", "policy": "drop_inter"}], model), plan_of([], model)]
+    plan_ids = torch.tensor([1, 0, 2])
+    with torch.no_grad(), headlab.ablate(model, plans):
+        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], plan_ids=plan_ids).logits
+    with torch.no_grad():
+        stock = model(**model_inputs(rows)).logits
+    assert (out - stock)[:2].abs().amax(1).min() > 1e-6  # the plans move each row they change: the test can fail
+    for row, plan in enumerate(plans[i] for i in plan_ids.tolist()):
+        one = {key: value[row : row + 1] for key, value in rows.items()}
+        with torch.no_grad(), reference_of(model, plan.policy_of, one["sentence_ids"], False) as reference:
+            np.testing.assert_allclose(out[row : row + 1].numpy(), reference(**model_inputs(one)).logits.numpy(),
+                                       rtol=1e-9, atol=1e-12, err_msg=name)
+    with torch.no_grad(), headlab.ablate(model, plans[1]), pytest.raises(ValueError, match="need unit ids"):
+        model(**model_inputs(rows))  # the arguments of the forward before are not kept
+
+
+def test_a_forward_started_at_a_layer_equals_the_whole_forward(family):
+    """``start_at_layer`` (head sweeps): ELECTRA projects its embeddings, DeBERTa-v2's convolution follows layer 0
+    only, ModernBERT's encoder is its base model; ALBERT's shared layers cannot start at a depth."""
+    from headlab.core.model_parts import layer_inputs, start_at_layer
+
+    name, model = family
+    rows = model_inputs(batch())
+    if name.startswith("albert"):
+        with pytest.raises(headlab.UserError, match="cannot start at a depth"), start_at_layer(model, 1, None):
+            pass
+        return
+    with torch.no_grad(), layer_inputs(model) as seen:
+        whole = model(**rows).last_hidden_state
+    for layer in range(1, model.config.num_hidden_layers):
+        with torch.no_grad(), start_at_layer(model, layer, seen[layer]):
+            np.testing.assert_array_equal(model(**rows).last_hidden_state.numpy(), whole.numpy(), err_msg=name)

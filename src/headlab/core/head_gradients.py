@@ -28,11 +28,10 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from headlab.core.patch.attention import Controller, _restricted, _shared, attend, call_depth
+from headlab.core.patch.attention import PROBE_NAME, Controller, _restricted, _shared, attend, call_depth
 from headlab.core.patch.sdpa_masks import padding_mask_function, validity
 from headlab.core.plans import ESTIMABLE
 
-PROBE_NAME = "headlab_probe"
 _PROBE = "_headlab_probe"  # attribute on the self-attention modules while a probe is active
 KEY_TYPES = ("cls", "sep", "punct", "other")
 

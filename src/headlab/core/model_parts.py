@@ -168,10 +168,16 @@ def start_at_layer(model: PreTrainedModel, layer: int, hidden_states: torch.Tens
         return (hidden_states, *args[1:]), kwargs
 
     handle = layers[layer].register_forward_pre_hook(replace_input, with_kwargs=True)  # the first layer that runs
-    name = family_of(model).encoder(model)[1]
+    family = family_of(model)
+    name = family.encoder(model)[1]
     setattr(encoder, name, layers[layer:])  # the same modules (their depth marks unchanged), fewer of them
+    extras = {extra: getattr(encoder, extra, None) for extra in family.first_layer_only} if layer else {}
     try:
+        for extra in extras:  # DeBERTa's conv follows its first layer: not the first that runs here
+            setattr(encoder, extra, None)
         yield model
     finally:
+        for extra, module in extras.items():
+            setattr(encoder, extra, module)
         setattr(encoder, name, layers)
         handle.remove()

@@ -116,7 +116,8 @@ def prune_heads(model: PreTrainedModel, plan: HeadPlan) -> PreTrainedModel:
         index = torch.tensor([h * width + i for h in kept for i in range(width)], dtype=torch.long,
                              device=first.weight.device)
         rows = torch.cat([index + block * count * width for block in range(3)]) if family.fused else index
-        for name in family.projections:  # [query; key; value] blocks of a fused projection
+        extra = [name for name in family.extra_projections if hasattr(attention, name)]  # DeBERTa's positions
+        for name in (*family.projections, *extra):  # [query; key; value] blocks of a fused projection
             setattr(attention, name, _keep_rows(getattr(attention, name), rows))
         owner, _, name = family.output_path.rpartition(".")
         output = module_at(layers[layer], owner)

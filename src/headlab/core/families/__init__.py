@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from headlab.core.families import albert, bert, distilbert, modernbert, roberta
+from headlab.core.families import albert, bert, deberta, distilbert, modernbert, roberta
 from headlab.core.families.base import Family
 from headlab.errors import UserError
 
-FAMILIES: tuple[Family, ...] = (bert.FAMILY, roberta.FAMILY, distilbert.FAMILY, albert.FAMILY, modernbert.FAMILY)
+FAMILIES: tuple[Family, ...] = (bert.FAMILY, roberta.FAMILY, distilbert.FAMILY, albert.FAMILY, deberta.FAMILY,
+                                modernbert.FAMILY)
 MODEL_TYPES: dict[str, Family] = {model_type: family for family in FAMILIES for model_type in family.model_types}
 
 

@@ -40,6 +40,9 @@ class Family:
     head_width: str = "attention_head_size"  # the attention module's head_dim attribute
     head_total: tuple[str, ...] = ("all_head_size",)  # its attributes of heads * head_dim
     shared: bool = False  # one attention module serves every depth (a depth is the call's position)
+    own_attention: bool = False  # the module computes attention itself (no AttentionInterface): headlab routes it
+    extra_projections: tuple[str, ...] = ()  # more per-head projections, sliced with the others where present
+    first_layer_only: tuple[str, ...] = ()  # encoder modules applied after its first layer only (start_at_layer)
 
     def shape(self, config: dict[str, Any], where: str) -> tuple[int, int]:
         """``(layers, heads)`` of a config.json's dict (defaults as its config class fills them in)."""

@@ -49,14 +49,17 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from headlab.core.families import family_of
 from headlab.core.model_parts import depth_of, self_attention_modules
-from headlab.core.patch import flex_route
+from headlab.core.patch import disentangled, flex_route
 from headlab.core.patch.layer_states import LayerState, RowsState
 from headlab.core.patch.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
 from headlab.core.plans import HeadPlan
 
 ATTENTION_NAME = "headlab"
+PROBE_NAME = "headlab_probe"  # gradient_probe's attention function (``head_gradients.py``)
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
 _RESET = "_headlab_resets_calls"  # on a base model whose attention modules serve several depths
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
@@ -80,6 +83,7 @@ class Controller:
         self.per_row = 0  # how many per-row plans the active block has (0: one plan, or none)
         self.checked: tuple | None = None  # (plan_ids, its version) last checked
         self.calls = 0  # attention calls of a module shared by depths so far in this forward (ALBERT): their depth
+        self.arguments = disentangled.ForwardArguments()  # for modules their model passes no arguments to (DeBERTa)
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -103,7 +107,23 @@ class Controller:
             if any(depth_of(m) is None for m in modules) and _RESET not in model.base_model.__dict__:
                 model.base_model.register_forward_pre_hook(_reset_calls)  # shared modules: depths count from 0
                 model.base_model.__dict__[_RESET] = True
+            if family_of(model).own_attention:  # DeBERTa: its modules ask route_of how to run
+                for module in modules:
+                    disentangled.route(module, controller.route_of)
+                for owner in (model, model.base_model):
+                    controller.arguments.attach(owner)
         return controller
+
+    def route_of(self, module: torch.nn.Module) -> tuple | None:
+        """How a call of a module that computes attention itself runs (``disentangled.py``): None for its stock
+        forward (no headlab block, or a layer the plan leaves whole), else (attention function, forward arguments)."""
+        implementation = self.configs[0]._attn_implementation_internal
+        if implementation not in (ATTENTION_NAME, PROBE_NAME):
+            return None
+        if implementation == ATTENTION_NAME and self.observer is None and (
+                self.active is None or self.active[depth_of(module)] is None):
+            return None
+        return ALL_ATTENTION_FUNCTIONS[implementation], self.arguments.values
 
     def depth(self, module: torch.nn.Module) -> int:
         """The depth of this call of ``module``: its mark, or for a module shared by depths the call's position in
@@ -130,7 +150,7 @@ class Controller:
             config._attn_implementation_internal = original  # the implementation from before the block
         copy.active, copy.observer, copy.masks, copy.states = None, None, None, {}
         copy.route, copy.implementations, copy.per_row, copy.checked = self.route, None, 0, None
-        copy.calls = 0
+        copy.calls, copy.arguments = 0, deepcopy(self.arguments, memo)
         return copy
 
     def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
@@ -230,7 +250,8 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
         return out.transpose(1, 2).contiguous(), None
     if layer.pad is not None:  # pruned heads at the ends: the other heads' context, padded with zero heads
         q, k, v = (x[:, layer.shared] for x in (query, key, value))
-        context = _shared(None, layer.uniform, q, k, v, attention_mask, dropout, scaling)  # [batch, heads', seq, dim]
+        mask = _mask_heads(attention_mask, layer.shared)
+        context = _shared(None, layer.uniform, q, k, v, mask, dropout, scaling)  # [batch, heads', seq, dim]
         return F.pad(context.transpose(1, 2), (0, 0, *layer.pad)), None  # [batch, seq, heads, head_dim], contiguous
     if layer.drops and controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
         return _fused(layer, controller, query, key, value, attention_mask, scaling, kwargs.get("sentence_ids")), None
@@ -241,10 +262,11 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
     for policy, heads in [*groups, *layer.drops]:
         q, k, v = (_heads(x, heads) for x in (query, key, value))
         if policy == "shared":
-            context = _shared(layer.prune, layer.uniform, q, k, v, attention_mask, dropout, scaling)
+            context = _shared(layer.prune, layer.uniform, q, k, v, _mask_heads(attention_mask, heads), dropout,
+                              scaling)
         else:
             mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
-            context = _restricted(q, k, v, *mask, dropout, scaling)
+            context = _restricted(q, k, v, *(_mask_heads(m, heads) for m in mask), dropout, scaling)
         _write(out, heads, context)
     return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
 
@@ -318,6 +340,11 @@ def _zero_heads(x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
 
 def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
     return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
+
+
+def _mask_heads(mask: torch.Tensor | None, heads: slice | torch.Tensor) -> torch.Tensor | None:
+    """A mask's rows of ``heads`` where it has one per head (DeBERTa's bias ``[batch, heads, seq, seq]``)."""
+    return _heads(mask, heads) if mask is not None and mask.dim() == 4 and mask.shape[1] > 1 else mask
 
 
 def _version(tensor: torch.Tensor | None) -> int | None:
