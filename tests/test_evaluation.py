@@ -74,7 +74,8 @@ def test_head_sweep_equals_separate_evaluations(task, policy, renormalize, tmp_p
     assert min(moved) > 2e-5, "every ablation must change the losses, or the comparison proves nothing"
 
 
-@pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta", "tiny_electra", "tiny_modernbert"])
+@pytest.mark.parametrize("model", ["tiny_distilbert", "tiny_roberta", "tiny_electra", "tiny_modernbert",
+                                   "tiny_deberta"])
 def test_head_sweep_on_other_model_families_equals_separate_evaluations(model, tmp_path):
     """The replayed contexts of a layer: DistilBERT's and ModernBERT's are the input of the projection inside their
     attention modules; ELECTRA's first layer follows a projection of the embeddings."""

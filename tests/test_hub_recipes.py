@@ -180,7 +180,7 @@ print(json.dumps(counts))
     assert shapes == {"bert_base_uncased": [12, 12], "bert_large_uncased": [24, 16],
                       "bert_large_wwm_squad": [24, 16], "roberta_base": [12, 12], "xlm_roberta_base": [12, 12],
                       "electra_base": [12, 12], "distilbert_base_uncased": [6, 12], "albert_base_v2": [12, 12],
-                      "modernbert_base": [22, 12]}  # each family's config names, read by transformers
+                      "modernbert_base": [22, 12], "deberta_v3_base": [12, 12]}  # each family's config names
     assert counts["bert_base_uncased"][2] == 11  # [CLS] the cat sat . [SEP] it was late . [SEP]: WordPiece
     xlmr = counts["xlm_roberta_base"][3]  # a pair as XLM-R puts it: <s> A </s></s> B </s>
     assert xlmr[0] == "<s>" and xlmr[-1] == "</s>" and "</s>,</s>" in ",".join(xlmr) and xlmr.count("</s>") == 3

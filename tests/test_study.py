@@ -443,3 +443,4 @@ def test_a_given_checkpoint_is_analysed_without_fine_tuning(finished, tmp_path):
     assert compared["runs"][1]["path"] == str(folder / "cluster/checkpoint/clusters.json")
     assert json.loads((folder / "features/checkpoint/results.json").read_text())["checkpoint"]["path"] == str(
         job / "model")
+

@@ -1,0 +1,34 @@
+"""The whole study (``study=quick``, no logger) on a tiny model of each family besides BERT's, as ``test_study.py``
+runs it on the tiny BERT; a file of its own so that its runs go to the other test worker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT
+from forked import run_script
+from test_study import STAGES, command, environment, summary_of
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("model", ["tiny_roberta", "tiny_albert", "tiny_deberta", "tiny_modernbert"])
+def test_the_study_runs_on_every_family(model, tmp_path):
+    """The whole study on a tiny model of each other family (DistilBERT's runs in test_hub_recipes.py): byte-level
+    BPE and SentencePiece words, shared depths, disentangled attention, sliding windows; every feature finite."""
+    folder = tmp_path / "study"
+    words = [f"model={model}" if word == "model=tiny_random" else word for word in command(folder, "logger=none")]
+    result = run_script(words, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for number, stage in enumerate(STAGES, start=1):
+        assert f"[{number}/10] {stage}: " in result.stdout + result.stderr
+    summary = summary_of(folder)
+    assert summary["model"] == model and summary["findings"] and (folder / "study.md").is_file()
+    for name in ("pretrained", "seed0"):
+        with np.load(folder / f"features/{name}/features.npz") as features:
+            for key in features.files:
+                values = features[key]
+                assert values.dtype.kind not in "fc" or np.isfinite(values).all(), (name, key)
+        assert len(pd.read_csv(folder / f"syntax/{name}/syntax.csv")) > 1
+    assert pd.read_csv(folder / "sweep/seed0/deltas_validation.csv", index_col=0).shape == (3, 4)  # every head
