@@ -2,10 +2,10 @@
 
     python benchmarks/attention_overhead.py [--shape tiny|dispatch|minilm|bert-base|bert-large] [--device cpu|cuda]
         [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15] [--route sdpa|flex|both]
-        [--threads N] [--family bert|roberta|electra|distilbert|albert|modernbert]
+        [--threads N] [--family bert|roberta|electra|distilbert|albert|deberta-v2|modernbert]
 
 Random weights in the named shape (speed does not depend on them), of the family's model (``--family``: its own
-stock model is the baseline, the same attention implementation, SDPA); rows padded to N/2..N tokens
+stock model is the baseline, the same attention implementation: SDPA, DeBERTa's own); rows padded to N/2..N tokens
 (``--no-padding``: full rows). Plans: the identity (every head ``keep``), one head (the middle
 layer's head 0) under prune / uniform / drop_intra, and half the heads of every layer under each
 policy. Each forward enters ``headlab.ablate`` as the Lightning module does per batch. Every round
@@ -130,7 +130,8 @@ def main() -> None:
 
         return run
 
-    runs = {"stock sdpa": stock, **{name: patched(*row[:2], row[3]) for name, row in table.items()}}
+    baseline = f"stock {model.config._attn_implementation}"  # sdpa; DeBERTa's own: eager
+    runs = {baseline: stock, **{name: patched(*row[:2], row[3]) for name, row in table.items()}}
     with torch.inference_mode():  # the warm-up calls build each plan's state once
         check_fused_rows(table, runs, patched, inputs["attention_mask"].bool(), DTYPES[args.dtype])
         times = alternating_rounds(runs, args.rounds, args.repeat, device)
@@ -139,7 +140,7 @@ def main() -> None:
           f"padded={not args.no_padding}, {args.rounds} rounds x {args.repeat} forwards; {machine(device)}")
     print(f"{'plan':<31} {'median ms':>10} {'ratio':>7} {'target':>7}")
     for name, samples in times.items():
-        ratio = statistics.median(t / s for t, s in zip(samples, times["stock sdpa"]))
+        ratio = statistics.median(t / s for t, s in zip(samples, times[baseline]))
         target = table[name][2] if name in table else None
         verdict = "" if target is None else ("ok" if ratio <= target else "MISS")
         print(f"{name:<31} {statistics.median(samples) * 1e3:>10.2f} {ratio:>7.3f} "

@@ -47,11 +47,15 @@ def random_bert(shape: str, device: torch.device, dtype: torch.dtype = torch.flo
     return BertModel(bert_config).to(device=device, dtype=dtype).eval()
 
 
-FAMILY_TYPES = ("bert", "roberta", "electra", "distilbert", "albert", "modernbert")  # a model_type per family
+FAMILY_TYPES = ("bert", "roberta", "electra", "distilbert", "albert", "deberta-v2", "modernbert")  # one per family
+DEBERTA_V3 = {"relative_attention": True, "position_buckets": 256, "max_relative_positions": -1,
+              "pos_att_type": "p2c|c2p", "share_att_key": True, "position_biased_input": False,
+              "norm_rel_ebd": "layer_norm", "type_vocab_size": 0}  # deberta-v3-base's attention settings
 
 
 def random_encoder(family: str, shape: str, device: torch.device, dtype: torch.dtype = torch.float32):
-    """A model of ``family`` (a ``model_type``) in the named shape with random weights, SDPA attention, eval mode."""
+    """A model of ``family`` (a ``model_type``) in the named shape with random weights, SDPA attention (DeBERTa: its
+    own), eval mode."""
     if family == "bert":
         return random_bert(shape, device, dtype)
     torch.manual_seed(0)
@@ -59,6 +63,9 @@ def random_encoder(family: str, shape: str, device: torch.device, dtype: torch.d
     fields = ({"n_layers": layers, "n_heads": heads, "dim": hidden, "hidden_dim": 4 * hidden} if family == "distilbert"
               else {"num_hidden_layers": layers, "num_attention_heads": heads, "hidden_size": hidden,
                     "intermediate_size": 4 * hidden})
+    if family == "deberta-v2":  # its own attention: the stock model is eager (it has no other)
+        config = AutoConfig.for_model(family, **fields, **DEBERTA_V3)
+        return AutoModel.from_config(config).to(device=device, dtype=dtype).eval()
     config = AutoConfig.for_model(family, **fields, attn_implementation="sdpa")
     return AutoModel.from_config(config).to(device=device, dtype=dtype).eval()
 

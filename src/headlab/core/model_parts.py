@@ -38,6 +38,12 @@ def self_attention_modules(model: PreTrainedModel) -> list[torch.nn.Module]:
     return modules
 
 
+def head_width(model: PreTrainedModel) -> int:
+    """The width of each head's context vector (``head_dim``), as the attention modules have it (DeBERTa's may differ
+    from ``hidden_size / heads``)."""
+    return getattr(self_attention_modules(model)[0], family_of(model).head_width)
+
+
 def depth_of(module: torch.nn.Module) -> int | None:
     """The depth of an attention module listed by ``self_attention_modules`` (None: shared by several depths)."""
     return module.__dict__.get(DEPTH)

@@ -32,7 +32,13 @@ from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.core.families import family_of
 from headlab.core.model_files import model_shape
-from headlab.core.model_parts import encoder_layers, replay_self_attention, self_attention_output, start_at_layer
+from headlab.core.model_parts import (
+    encoder_layers,
+    head_width,
+    replay_self_attention,
+    self_attention_output,
+    start_at_layer,
+)
 from headlab.core.patch.ablate import ablate, headlab_implementation
 from headlab.core.patch.attention import Controller
 from headlab.core.plans import HeadPlan
@@ -49,7 +55,7 @@ class LayerSweepEvaluator(PlanEvaluator):
         self.layer, self.sweep, self.baseline = layer, list(variants), baseline
         self.per_forward = per_forward  # 0: chosen by device in the first step
         self.every_head = _every_head_plan(layer, self.sweep)  # each head as the plans ablate it
-        head_dim = model.config.hidden_size // model.config.num_attention_heads
+        head_dim = head_width(model)
         self.columns = torch.tensor([[v.plan.policy_of(layer, h) != "keep" for h in range(v.plan.num_heads)]
                                      for v in self.sweep]).repeat_interleave(head_dim, dim=1)  # [plans, heads * dim]
 
