@@ -409,10 +409,12 @@ def byte_level_bpe_tokenizer(texts, trim_offsets=True):
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "byte-level BPE", "byte-level BPE, untrimmed offsets", "roberta",
-                                  "xlm-roberta", "albert"])
+                                  "xlm-roberta", "albert", "deberta-v2"])
 def test_each_word_gets_exactly_its_own_pieces(treebank, tokenizer, kind):
     """Trained on the treebank's words, and each family's tiny tokenizer (rarely whole words: RoBERTa's lone "Ġ"
-    before a word, SentencePiece's lone "▁")."""
+    before a word, SentencePiece's lone "▁", whose offsets DeBERTa's tokenizer puts on the space before the word).
+    By the pieces' text, and by their characters: each piece's non-space characters lie in its word, and a piece of
+    spaces alone (or of none) ends where its word starts."""
     if kind.startswith("byte-level"):
         tokenizer = byte_level_bpe_tokenizer([" ".join(s.words) for s in treebank] * 3, "untrimmed" not in kind)
     elif kind != "wordpiece":
@@ -425,6 +427,19 @@ def test_each_word_gets_exactly_its_own_pieces(treebank, tokenizer, kind):
             text = tokenizer.convert_tokens_to_string([p for p, s in zip(pieces, slots) if s == number])
             lower = kind in ("wordpiece", "albert")  # uncased
             assert text.strip().replace(" ", "") == word.lower() if lower else text.strip() == word, (kind, word)
+        joined = " ".join(sentence.words)
+        encoding = tokenizer(joined, return_offsets_mapping=True, return_special_tokens_mask=True)
+        assert encoding["input_ids"] == list(ids)
+        word_starts = [sum(len(w) + 1 for w in sentence.words[:i]) for i in range(len(sentence.words))]
+        for (start, end), special, slot in zip(encoding["offset_mapping"], encoding["special_tokens_mask"], slots):
+            if special:
+                continue
+            first = word_starts[slot - 1]
+            characters = [i for i in range(start, end) if not joined[i].isspace()]
+            if characters:
+                assert first <= min(characters) and max(characters) < first + len(sentence.words[slot - 1]), kind
+            else:
+                assert end == first, (kind, joined[start:end], slot)
     pieces_of_longest = max(slots.count(8) for slots in encoded.token_slots[:1])  # "Vartorholm" is slot 8
     assert pieces_of_longest >= (3 if kind in ("wordpiece", "roberta", "xlm-roberta", "albert") else 1)
 

@@ -132,3 +132,32 @@ def test_an_encoding_without_sequence_ids_is_one_clear_error():
     encoding = BatchEncoding({"input_ids": [[2, 10, 3]], "offset_mapping": [[(0, 0), (0, 3), (0, 0)]]})
     with pytest.raises(UserError, match=r"the tokenizer gives no sequence ids \(a Python tokenizer"):
         unit_ids(encoding, ["The"])
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "xlm-roberta", "albert", "deberta-v2", "modernbert"])
+def test_each_token_gets_the_unit_of_its_characters(kind):
+    """Each family's tokenizer: a token's unit is the sentence its non-space characters lie in (DeBERTa's offsets
+    include the space before a word: its first token of a sentence starts in the sentence before); a token of spaces
+    alone (DeBERTa's lone "▁") takes the sentence of the character after it; special tokens as documented."""
+    from headlab.core.tiny_tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer(kind)
+    texts, pairs = ["It rained. Then it sat down.", "A cat. The dog ran."], ["The dog sat. A cat ran.", "It ran."]
+    encoding = tokenizer(texts, pairs, return_offsets_mapping=True, padding=True)
+    ids = unit_ids(encoding, texts, pairs)
+    for row in range(2):
+        segments = [texts[row], pairs[row]]
+        first = [0, len(split_sentences(texts[row]))]  # units are numbered across the segments
+        expected, last = [], 0
+        for segment, (start, end) in zip(encoding.sequence_ids(row), encoding["offset_mapping"][row]):
+            if segment is not None:
+                text = segments[segment]
+                characters = [i for i in range(start, end) if not text[i].isspace()] or [end]
+                spans = split_sentences(text)
+                found = {n for n, (a, b) in enumerate(spans) for i in characters if a <= i < b}
+                assert len(found) == 1, (kind, text[start:end])
+                last = first[segment] + found.pop()
+            expected.append(last)  # [CLS] the first unit, a later special token the unit it closes
+        mask = encoding["attention_mask"][row]
+        assert ids[row].tolist() == [unit if m else -1 for unit, m in zip(expected, mask)], kind
+    assert ids.max() == 3  # two sentences in each segment of the first row

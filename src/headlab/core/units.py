@@ -68,6 +68,14 @@ def _strip(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
+def content_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """A token's character span without the whitespace its offsets may include: DeBERTa's ``▁word`` starts at the
+    space before the word, and its lone ``▁`` (a word boundary it did not merge with the word) is that space alone,
+    which becomes ``(end, end)``: no characters, at the start of the word after it."""
+    start, stripped = _strip(text, start, end)
+    return (end, end) if start == stripped else (start, stripped)
+
+
 def unit_ids(
     encoding,
     texts: Sequence[str],
@@ -102,12 +110,11 @@ def unit_ids(
         for segment in range(len(segments)):
             if (sample, segment) not in sentence_cache:
                 sentence_cache[(sample, segment)] = [a for a, _ in splitter(segments[segment])]
+        sequence_ids = encoding.sequence_ids(row)
+        spans = [tuple(o) if s is None else content_span(segments[s], *o) for s, o in zip(sequence_ids, offsets[row])]
         ids[row, : len(offsets[row])] = _row_ids(
-            encoding.sequence_ids(row),
-            [tuple(o) for o in offsets[row]],
-            None if mask is None else mask[row],
-            [sentence_cache[(sample, s)] for s in range(len(segments))],
-            unit,
+            sequence_ids, spans, None if mask is None else mask[row],
+            [sentence_cache[(sample, s)] for s in range(len(segments))], unit,
         )
     return ids
 

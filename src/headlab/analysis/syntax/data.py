@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from headlab.analysis.syntax.treebank import Sentence
+from headlab.core.units import content_span
 from headlab.errors import UserError
 
 POSSESSIVE_RELATIONS = ("nmod:poss", "poss")
@@ -84,15 +85,16 @@ def encode_treebank(sentences: Sequence[Sentence], tokenizer, max_length: int,
 
 
 def _tokens(tokenizer, words: Sequence[str]) -> tuple[list[int], list[int]]:
-    """The token ids of the words joined by spaces, and each token's slot: the word of its last character (a BPE
-    token's offsets may include the space before its word); a bare word boundary of no width (byte-level BPE's "Ġ"
-    before a word it did not merge with) the word that starts there."""
+    """The token ids of the words joined by spaces, and each token's slot: the word of its characters, the spaces its
+    offsets may include left out (``content_span``); a bare word boundary (byte-level BPE's "Ġ" of no width,
+    DeBERTa's lone "▁" over the space: a boundary not merged with its word) the word that starts after it."""
     starts = np.cumsum([0] + [len(word) + 1 for word in words[:-1]])  # each word's first character
     starts_set = set(starts.tolist())
-    encoding = tokenizer(" ".join(words), truncation=False, return_offsets_mapping=True,
-                         return_special_tokens_mask=True)
+    text = " ".join(words)
+    encoding = tokenizer(text, truncation=False, return_offsets_mapping=True, return_special_tokens_mask=True)
     slots, seen_word = [], False
-    for (start, end), special in zip(encoding["offset_mapping"], encoding["special_tokens_mask"]):
+    for offsets, special in zip(encoding["offset_mapping"], encoding["special_tokens_mask"]):
+        start, end = content_span(text, *offsets)
         if special or (start == end and start not in starts_set):
             slots.append(len(words) + 1 if seen_word else 0)
         elif start == end:

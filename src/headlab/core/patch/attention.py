@@ -33,6 +33,9 @@ drop_*, renormalize=False   SDPA over doubled keys ``[K; K]`` with values ``[V; 
 With ``set_attention_route(model, "flex")`` a layer with ``drop_*`` heads is one FlexAttention call over all its
 heads instead, where that route applies (``flex_route.py``: no dropout, one plan per batch).
 
+DeBERTa's attention modules call no attention function; ``disentangled.py`` routes them here, their relative-position
+terms as an additive bias ``[batch, heads, seq, seq]`` (each group of heads takes its rows of it).
+
 Per-row plans (``ablate(model, [plan_0, plan_1, ...])``, forward with ``plan_ids=LongTensor[batch]``):
 each layer keeps ``[plans, heads]`` tables of the policies; the rows pick theirs by ``plan_ids``. The
 keep / prune / uniform heads share one SDPA call as above (row-and-head masks), and each ``drop_*``
