@@ -267,9 +267,10 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
         if policy == "shared":
             context = _shared(layer.prune, layer.uniform, q, k, v, _mask_heads(attention_mask, heads), dropout,
                               scaling)
-        else:
-            mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
-            context = _restricted(q, k, v, *(_mask_heads(m, heads) for m in mask), dropout, scaling)
+        else:  # a per-head bias (DeBERTa): the group's unit masks from its own rows
+            group_mask = _mask_heads(attention_mask, heads)
+            mask = controller.drop_mask(policy, layer.renormalize, group_mask, kwargs.get("sentence_ids"), query)
+            context = _restricted(q, k, v, *mask, dropout, scaling)
         _write(out, heads, context)
     return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
 
