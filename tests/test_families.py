@@ -241,3 +241,20 @@ def test_a_forward_started_at_a_layer_equals_the_whole_forward(family):
     for layer in range(1, model.config.num_hidden_layers):
         with torch.no_grad(), start_at_layer(model, layer, seen[layer]):
             np.testing.assert_array_equal(model(**rows).last_hidden_state.numpy(), whole.numpy(), err_msg=name)
+
+
+def test_segment_units_come_from_token_type_ids_only_where_the_model_takes_them():
+    """RoBERTa's token_type_ids (when asked for) are all 0: estimates by ``unit='segment'`` would see one unit."""
+    from transformers import AutoModelForSequenceClassification
+
+    rows = batch()
+    labelled = {**model_inputs(rows), "labels": torch.ones(3, dtype=torch.long)}
+    zeros = {**labelled, "token_type_ids": torch.zeros_like(rows["input_ids"])}
+    for name in ("roberta", "xlm-roberta"):
+        model = tiny_model(name, AutoModelForSequenceClassification)
+        with pytest.raises(headlab.UserError, match=rf"unit='segment' reads the segments from token_type_ids, which a "
+                                                    rf"{name} tokenizer gives as all 0"):
+            headlab.ablation_estimate(model, [zeros], "drop_inter", unit="segment")
+    model = tiny_model("distilbert", AutoModelForSequenceClassification)
+    with pytest.raises(headlab.UserError, match="token_type_ids, which the batch does not have"):
+        headlab.ablation_estimate(model, [labelled], "drop_inter", unit="segment")

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from headlab.core.families import family_of
 from headlab.core.head_gradients import KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
 from headlab.core.patch.ablate import ablate
 from headlab.core.plans import ESTIMABLE, GRANULARITIES, HeadPlan, check_unit
@@ -141,6 +142,9 @@ def _unit_ids(batch: Mapping[str, torch.Tensor], unit: str | None) -> torch.Tens
     if unit is not None:
         check_unit(unit)
     if unit == "segment":
+        if "token_type_ids" not in batch:
+            raise UserError("unit='segment' reads the segments from token_type_ids, which the batch does not have; "
+                            "give it sentence_ids from headlab.unit_ids(encoding, texts, pairs, unit='segment')")
         return batch["token_type_ids"]
     if "sentence_ids" not in batch:
         raise UserError("drop_intra / drop_inter estimates need unit ids: batches with 'sentence_ids' "
@@ -178,6 +182,10 @@ def head_gradients(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.
     key type ([CLS], [SEP], ``.``/``,``, other). The model runs in eval mode (no dropout) and is restored.
     """
     policies = tuple(policies)
+    if unit == "segment" and not family_of(model).segment_ids:
+        raise UserError(f"unit='segment' reads the segments from token_type_ids, which a {model.config.model_type} "
+                        "tokenizer gives as all 0 (every token one unit); give the batches sentence_ids from "
+                        "headlab.unit_ids(encoding, texts, pairs, unit='segment') instead")
     key_ids = None if tokenizer is None else punctuation_ids(tokenizer)
     rows, training = GradientRows(model.config.num_hidden_layers, model.config.num_attention_heads), model.training
     patched = nullcontext() if plan is None or plan.is_identity else ablate(model, plan, renormalize)
@@ -209,7 +217,8 @@ def ablation_estimate(model: PreTrainedModel, batches: Iterable[Mapping[str, tor
     """First-order estimate of the loss change of ablating each head alone under ``policy``.
 
     ``[layers, heads]`` (the mean over examples), or ``[examples, layers, heads]`` with ``per_example=True``.
-    ``unit``: ``segment`` takes the units from ``token_type_ids``; otherwise batches carry ``sentence_ids``.
+    ``unit``: ``segment`` takes the units from ``token_type_ids`` (not RoBERTa's: all 0); otherwise batches carry
+    ``sentence_ids`` (``headlab.unit_ids``: any unit, any family).
     """
     one_of("policy", policy, ESTIMABLE)
     grads = head_gradients(model, batches, policies=(policy,), renormalize=renormalize, unit=unit, plan=plan)

@@ -43,6 +43,7 @@ class Family:
     own_attention: bool = False  # the module computes attention itself (no AttentionInterface): headlab routes it
     extra_projections: tuple[str, ...] = ()  # more per-head projections, sliced with the others where present
     first_layer_only: tuple[str, ...] = ()  # encoder modules applied after its first layer only (start_at_layer)
+    segment_ids: bool = True  # its tokenizers give a pair's segments as token_type_ids 0 / 1 (RoBERTa's: all 0)
 
     def shape(self, config: dict[str, Any], where: str) -> tuple[int, int]:
         """``(layers, heads)`` of a config.json's dict (defaults as its config class fills them in)."""

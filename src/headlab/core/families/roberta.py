@@ -16,4 +16,5 @@ class RobertaFamily(Family):
 
 
 FAMILY = RobertaFamily(name="roberta", model_types=("roberta", "xlm-roberta", "camembert"),
-                       shape_defaults={"roberta": (12, 12), "xlm-roberta": (12, 12), "camembert": (12, 12)})
+                       shape_defaults={"roberta": (12, 12), "xlm-roberta": (12, 12), "camembert": (12, 12)},
+                       segment_ids=False)

@@ -1,0 +1,83 @@
+"""Every head's mean context vector over a reference set: what mean ablation puts in a head's place.
+
+A head's context vector is its output before the output projection (where ``prune`` puts zeros): ``[head_dim]`` per
+token. ``head_means(model, batches)`` runs the unablated model over the batches once and averages, in float64,
+
+* ``over="tokens"``: over every non-padding token of every example: ``[layers, heads, head_dim]``;
+* ``over="positions"``: per position, over the examples long enough to have it (for inputs of a fixed template):
+  ``[layers, positions, heads, head_dim]``, with the number of examples at each position.
+
+Special tokens count as tokens: a head's mean is over what it outputs at every position the model attends from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from headlab.core.model_parts import head_width, self_attention_output
+from headlab.errors import UserError
+
+MEAN_OVER = ("tokens", "positions")
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what the model's forward takes of a batch
+
+
+@dataclass(frozen=True)
+class HeadMeans:
+    """Mean context vectors (module docstring); ``counts``: tokens averaged, in all (``tokens``) or per position."""
+
+    over: str
+    values: np.ndarray  # float64, [layers, heads, head_dim] or [layers, positions, heads, head_dim]
+    counts: np.ndarray  # int64, [] or [positions]
+
+    @property
+    def positions(self) -> int | None:
+        """How many positions the means cover (None: one mean for every position)."""
+        return None if self.over == "tokens" else self.values.shape[1]
+
+
+def head_means(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tensor]],
+               over: str = "tokens") -> HeadMeans:
+    """The unablated model's mean context vector of every head over ``batches`` (module docstring)."""
+    if over not in MEAN_OVER:
+        raise UserError(f"mean_over={over!r} is not one of {', '.join(MEAN_OVER)}")
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    width = head_width(model)
+    sums = np.zeros((layers, 0 if over == "positions" else 1, heads, width))  # positions grow as batches come
+    counts = np.zeros(0 if over == "positions" else 1, dtype=np.int64)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                valid = batch["attention_mask"].bool()  # [batch, seq]
+                with ExitStack() as stack:
+                    seen = [stack.enter_context(self_attention_output(model, layer)) for layer in range(layers)]
+                    model(**{name: batch[name] for name in INPUTS if name in batch})
+                length = valid.shape[1]
+                if over == "positions" and length > sums.shape[1]:
+                    sums = np.pad(sums, ((0, 0), (0, length - sums.shape[1]), (0, 0), (0, 0)))
+                    counts = np.pad(counts, (0, length - len(counts)))
+                for layer, (context,) in enumerate(seen):  # [batch, seq, heads * head_dim]
+                    mask = valid.to(context.device)[:, :, None]
+                    kept = context.double().masked_fill(~mask, 0.0).view(*context.shape[:2], heads, width)
+                    summed = kept.sum(0) if over == "positions" else kept.sum((0, 1))[None]
+                    sums[layer, : len(summed)] += summed.cpu().numpy()
+                counts[: (length if over == "positions" else 1)] += (
+                    valid.sum(0) if over == "positions" else valid.sum()[None]).numpy()
+    finally:
+        model.train(training)
+    if not counts.any():
+        raise UserError("the reference set has no tokens: mean ablation needs at least one non-padding token")
+    if over == "tokens":
+        return HeadMeans(over, sums[:, 0] / counts[0], counts[0])
+    reached = int(np.flatnonzero(counts)[-1]) + 1  # padding past every example's end is no position
+    if not counts[:reached].all():
+        raise UserError("mean_over=positions needs inputs padded on the right (a position is the same index in every "
+                        "example); this reference set has positions no example reaches before later ones")
+    return HeadMeans(over, sums[:, :reached] / counts[None, :reached, None, None], counts[:reached])
