@@ -78,3 +78,21 @@ def test_a_mask_that_prunes_heads_scores_them_zero(trained, tmp_path):
     data = json.loads((out / "importance.json").read_text())
     assert data["raw"]["example"][1][2] == 0 and data["settings"]["pruned_by_mask"] == ["L1H2"]
     assert set(data["estimators"]) == {"example", "token", "batch", "fisher", "estimate_prune"}
+
+
+def test_an_undefined_correlation_reads_n_a_and_says_why():
+    """A measured change the same for every head (no single head moves the f1 of a few examples) has no order."""
+    from headlab.analysis.importance.agreement import UNDEFINED, agreement_markdown, agreement_table
+
+    scores = np.arange(12.0).reshape(3, 4)
+    sweep = {"policy": "prune", "tables": {"validation": {"loss": {"delta": (-scores * 0.1).tolist()},
+                                                          "f1": {"delta": np.zeros((3, 4)).tolist()}}}}
+    table = agreement_table({"example": scores}, sweep, "f1", k=5)
+    text = agreement_markdown(table, 4)
+    rows = [line for line in text.splitlines() if line.startswith("| prune")]
+    loss, f1 = rows
+    assert "| -1.0 " in loss and "n/a" not in loss  # the reversed order: -1
+    assert f1.count("| n/a ") == 2 and text.rstrip().endswith(UNDEFINED)
+    assert np.isclose(table["spearman"][0], scipy.stats.spearmanr(scores.ravel(), -scores.ravel()).statistic)
+    defined = agreement_markdown(table.iloc[:1], 4)
+    assert UNDEFINED not in defined and "n/a" not in defined

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headlab.analysis.importance.agreement import normalisation_label
+from headlab.analysis.importance.agreement import agreement_markdown, normalisation_label
 from headlab.analysis.syntax.heads import left_out_sentence
 from headlab.core.head_names import head_name
 from headlab.files import read_json
@@ -75,7 +75,7 @@ def agreement_lines(report: StudyReport, frame: pd.DataFrame, link: str, granula
     estimates against both targets, the loss increase (what the estimates predict) and the main metric's drop."""
     report.markdown += [f"Spearman correlation of each estimator with the measured sweep (`{link}`; `scores` names "
                         "the normalisation: a per-layer one reorders heads across layers):", "",
-                        to_markdown(frame.round(4).astype(str))]
+                        agreement_markdown(frame, 4)]
     scores = frame["scores"] if "scores" in frame else pd.Series("raw", index=frame.index)  # an older agreement.csv
     shown = frame[((frame["estimator"] == granularity) & (scores == (label if (scores == label).any() else "raw")))
                   | frame["estimator"].str.startswith("estimate_")]

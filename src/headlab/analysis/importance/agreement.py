@@ -17,6 +17,10 @@ import scipy.stats
 
 from headlab.errors import UserError
 from headlab.files import read_json
+from headlab.reporting.layouts import to_markdown
+
+UNDEFINED = ("n/a: one side is the same for every head (the measured change, when no single head changes it on these "
+             "examples, or the scores), so there is no order to correlate with")
 
 
 def read_head_sweep(path: str | Path, weights_hash: str) -> dict[str, Any]:
@@ -76,3 +80,10 @@ def agreement_table(estimators: dict[str, np.ndarray], sweep: dict[str, Any], ma
                          "spearman": spearman, "kendall": kendall,
                          f"top{k}_overlap": top_k_overlap(x, y, k), "heads": x.size})
     return pd.DataFrame(rows)
+
+
+def agreement_markdown(table: pd.DataFrame, digits: int) -> str:
+    """The agreement table as markdown, an undefined correlation as ``n/a`` and a line that says why."""
+    shown = table.round(digits).astype(object).where(table.notna(), "n/a").astype(str)
+    text = to_markdown(shown)
+    return text + "\n" + UNDEFINED + "\n" if table[["spearman", "kendall"]].isna().any(axis=None) else text

@@ -29,7 +29,12 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from headlab.analysis.importance.agreement import agreement_table, normalisation_label, read_head_sweep
+from headlab.analysis.importance.agreement import (
+    agreement_markdown,
+    agreement_table,
+    normalisation_label,
+    read_head_sweep,
+)
 from headlab.analysis.importance.scoring import HeadScorer
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
@@ -149,7 +154,7 @@ def _agreement(cfg, job, raw, written, output_dir, formats, images) -> pd.DataFr
                 f"{policy}: estimate vs ablation", output_dir / f"agreement_{policy}", formats)[0]
     table = pd.concat(tables, ignore_index=True)
     write_frame_atomic(table, output_dir / "agreement.csv")
-    text = to_markdown(table.round(3))
+    text = agreement_markdown(table, 3)
     write_text_atomic(output_dir / "agreement.md", text)
     Console().print(f"Agreement with measured single-head ablations\n{text}", markup=False, soft_wrap=True)
     return table
