@@ -111,7 +111,8 @@ def unit_ids(
             if (sample, segment) not in sentence_cache:
                 sentence_cache[(sample, segment)] = [a for a, _ in splitter(segments[segment])]
         sequence_ids = encoding.sequence_ids(row)
-        spans = [tuple(o) if s is None else content_span(segments[s], *o) for s, o in zip(sequence_ids, offsets[row])]
+        spans = [tuple(map(int, o)) if s is None else content_span(segments[s], *map(int, o))
+                 for s, o in zip(sequence_ids, offsets[row])]  # lists or tensors
         ids[row, : len(offsets[row])] = _row_ids(
             sequence_ids, spans, None if mask is None else mask[row],
             [sentence_cache[(sample, s)] for s in range(len(segments))], unit,
