@@ -70,3 +70,23 @@ def test_a_reference_set_without_tokens_is_refused():
         head_means(model, [rows])
     with pytest.raises(UserError, match="mean_over='words' is not one of tokens, positions"):
         head_means(model, [batch()], "words")
+
+
+def test_saved_means_load_for_their_identity_only(tmp_path):
+    from headlab.core.head_means import load_means, save_means
+
+    model = tiny_model("bert")
+    means = head_means(model, [batch()], "positions")
+    identity = {"weights": "abc123", "reference": "validation", "examples": 512, "mean_over": "positions"}
+    path = save_means(means, tmp_path / "means.npz", identity)
+    assert [p.name for p in tmp_path.iterdir()] == ["means.npz"]  # no temporary file left
+    loaded = load_means(path, dict(reversed(identity.items())))  # the same identity, keys in another order
+    assert loaded.over == "positions" and loaded.positions == 11
+    np.testing.assert_array_equal(loaded.values, means.values)
+    np.testing.assert_array_equal(loaded.counts, means.counts)
+    assert load_means(path, {**identity, "weights": "other"}) is None  # another model's means
+    assert load_means(tmp_path / "missing.npz", identity) is None
+    (tmp_path / "cut.npz").write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # a killed copy
+    assert load_means(tmp_path / "cut.npz", identity) is None
+    (tmp_path / "text.npz").write_text("not an archive")
+    assert load_means(tmp_path / "text.npz", identity) is None

@@ -8,13 +8,22 @@ token. ``head_means(model, batches)`` runs the unablated model over the batches 
   ``[layers, positions, heads, head_dim]``, with the number of examples at each position.
 
 Special tokens count as tokens: a head's mean is over what it outputs at every position the model attends from.
+
+``save_means`` / ``load_means``: the means as one ``.npz`` with the identity they were computed for (the model's
+weights, the reference set, the settings: a dict the caller builds); a file of another identity, or one that cannot
+be read whole, loads as None: the caller computes the means again (a cache never answers for other inputs).
 """
 
 from __future__ import annotations
 
+import io
+import json
+import zipfile
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +31,7 @@ from transformers import PreTrainedModel
 
 from headlab.core.model_parts import head_width, self_attention_output
 from headlab.errors import UserError
+from headlab.files import atomic_file
 
 MEAN_OVER = ("tokens", "positions")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what the model's forward takes of a batch
@@ -81,3 +91,29 @@ def head_means(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tens
         raise UserError("mean_over=positions needs inputs padded on the right (a position is the same index in every "
                         "example); this reference set has positions no example reaches before later ones")
     return HeadMeans(over, sums[:, :reached] / counts[None, :reached, None, None], counts[:reached])
+
+
+def save_means(means: HeadMeans, path: str | Path, identity: dict[str, Any]) -> Path:
+    """Write ``means`` and the ``identity`` they belong to (JSON-serialisable) to ``path`` atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, values=means.values, counts=means.counts, over=np.array(means.over),
+             identity=np.array(json.dumps(identity, sort_keys=True)))
+    with atomic_file(path, "wb") as handle:
+        handle.write(buffer.getvalue())
+    return Path(path)
+
+
+def load_means(path: str | Path, identity: dict[str, Any]) -> HeadMeans | None:
+    """The means saved at ``path`` for ``identity``; None when there are none, they are another identity's, or the
+    file cannot be read whole."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if json.loads(str(data["identity"])) != json.loads(json.dumps(identity, sort_keys=True)):
+                return None
+            over = str(data["over"])
+            values, counts = data["values"], data["counts"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if over not in MEAN_OVER or values.dtype != np.float64 or not np.isfinite(values).all():
+        return None
+    return HeadMeans(over, values, counts)
