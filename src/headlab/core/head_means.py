@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from headlab.core.importance import MODEL_INPUTS
 from headlab.core.model_parts import head_width, self_attention_output
 from headlab.errors import UserError
 from headlab.files import atomic_file
 
 MEAN_OVER = ("tokens", "positions")
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what the model's forward takes of a batch
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def head_means(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tens
                 valid = batch["attention_mask"].bool()  # [batch, seq]
                 with ExitStack() as stack:
                     seen = [stack.enter_context(self_attention_output(model, layer)) for layer in range(layers)]
-                    model(**{name: batch[name] for name in INPUTS if name in batch})
+                    model(**{name: batch[name] for name in MODEL_INPUTS if name in batch})
                 length = valid.shape[1]
                 if over == "positions" and length > sums.shape[1]:
                     sums = np.pad(sums, ((0, 0), (0, length - sums.shape[1]), (0, 0), (0, 0)))

@@ -15,7 +15,7 @@ module's own code and calls headlab's attention function (whichever the model's 
 ``softmax(q k^T * scaling + bias)`` is DeBERTa's softmax, so every policy acts on the probabilities after it (uniform:
 1/n over the keys its mask shows; drop_*: those probabilities restricted to the allowed keys). DeBERTa's task
 models do not pass extra forward arguments down, so ``sentence_ids`` and ``plan_ids`` come from the controller,
-which reads them as the outer model's forward starts (``Controller.forward_arguments``).
+which reads them as the outer model's forward starts (``ForwardArguments``, below).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
+
+ROUTE = "_headlab_route"  # on a routed module: the controller's method that says how a call runs
 
 
 class RoutedDisentangledSelfAttention(DisentangledSelfAttention):
@@ -63,9 +65,6 @@ class RoutedDisentangledSelfAttention(DisentangledSelfAttention):
         bias = bias.masked_fill(~attention_mask.bool(), torch.finfo(query.dtype).min)  # as DeBERTa masks its scores
         split = lambda x: x.view(batch, heads, *x.shape[1:])  # noqa: E731
         return split(query), split(key), split(value), bias, 1.0 / math.sqrt(query.shape[-1] * scale_factor)
-
-
-ROUTE = "_headlab_route"  # on a routed module: the controller's method that says how a call runs
 
 
 def route(module: torch.nn.Module, how: Any) -> None:
