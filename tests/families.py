@@ -91,10 +91,15 @@ def _reference_attention(state: dict) -> Callable:
             units = None if state["units"] is None else state["units"][b]
             for h in range(heads):
                 scores = query[b, h] @ key[b, h].T * scale  # [n, n]
-                weights = head_attention(scores, valid, units, state["policy_of"](depth, h), state["renormalize"])
+                policy = state["policy_of"](depth, h)
+                weights = head_attention(scores, valid, units, policy, state["renormalize"])
                 if state["record"] is not None:
                     state["record"].append((depth, b, h, weights.detach().clone()))
                 context = weights @ value[b, h]  # [seq, head_dim]
+                if policy in ("mean", "resample"):  # no attention: the context comes from elsewhere
+                    context = context + state["substitutes"](depth, b, h, policy)
+                if state["contexts"] is not None:
+                    state["contexts"][depth, b, h] = context.detach().clone()
                 if state["toward"] is not None:  # gate * (z + step * (z' - z)), z' under the policy
                     policy, gates, steps = state["toward"]
                     alternative = head_attention(scores, valid, units, policy, state["renormalize"]) @ value[b, h]
@@ -106,14 +111,17 @@ def _reference_attention(state: dict) -> Callable:
 
 @contextmanager
 def reference_of(model: torch.nn.Module, policy_of: Callable[[int, int], str], units: torch.Tensor | None,
-                 renormalize: bool, record: list | None = None,
-                 toward: tuple | None = None) -> Iterator[torch.nn.Module]:
+                 renormalize: bool, record: list | None = None, toward: tuple | None = None,
+                 substitutes: Callable | None = None, contexts: dict | None = None) -> Iterator[torch.nn.Module]:
     """A float64 copy of ``model`` whose forwards apply ``policy_of(depth, head)`` by definition (module docstring);
     ``record`` gets ``(depth, example, head, weights [seq, seq])`` of every head. ``toward = (policy, gates, steps)``
     (``[batch, layers, heads]`` each): head h's context z becomes ``gate * (z + step * (z' - z))``, z' its context
-    under ``policy``, so the loss's gradients by gate and step are the gate gradient and the first-order estimate."""
+    under ``policy``, so the loss's gradients by gate and step are the gate gradient and the first-order estimate.
+    ``substitutes(depth, example, head, policy)``: the context ``[seq, head_dim]`` of a ``mean`` / ``resample`` head
+    (``reference.substitutes_from``); ``contexts[depth, example, head]`` gets every head's context ``[seq, head_dim]``.
+    """
     state = {"calls": 0, "policy_of": policy_of, "units": units, "renormalize": renormalize, "record": record,
-             "toward": toward}
+             "toward": toward, "substitutes": substitutes, "contexts": contexts}
     AttentionInterface.register(REFERENCE, _reference_attention(state))
     AttentionMaskInterface.register(REFERENCE, eager_mask)
     reference = copy.deepcopy(model).double()
@@ -125,6 +133,17 @@ def reference_of(model: torch.nn.Module, policy_of: Callable[[int, int], str], u
             module.forward = MethodType(_reference_disentangled(state), module)
     reference.register_forward_pre_hook(lambda *_: state.update(calls=0))
     yield reference
+
+
+def reference_contexts(model: torch.nn.Module, rows: dict) -> torch.Tensor:
+    """Every head's context vectors of the unablated ``model`` by the reference: ``[layers, batch, seq, heads,
+    head_dim]`` in float64."""
+    contexts = {}
+    with torch.no_grad(), reference_of(model, lambda depth, head: "keep", None, False, contexts=contexts) as ref:
+        ref(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"])
+    layers, batch_size, heads = (1 + max(key[i] for key in contexts) for i in range(3))
+    return torch.stack([torch.stack([torch.stack([contexts[depth, b, h] for h in range(heads)], dim=1)
+                                     for b in range(batch_size)]) for depth in range(layers)])
 
 
 def _reference_disentangled(state: dict) -> Callable:

@@ -37,7 +37,7 @@ def head_attention(scores, valid, units, policy, renormalize):
     (non-padding keys); units: ``[n]`` unit ids (or None).
     """
     n = scores.shape[0]
-    if policy == "prune":
+    if policy in ("prune", "mean", "resample"):  # mean / resample: no attention; the context comes from elsewhere
         return torch.zeros(n, n, dtype=scores.dtype)
     if policy == "uniform":
         return valid.double() / valid.sum(-1, keepdim=True).clamp(min=1)
@@ -65,7 +65,7 @@ def head_attention(scores, valid, units, policy, renormalize):
 
 
 def bert_forward(params, config, input_ids, attention_mask, token_type_ids, policy_of, sentence_ids=None,
-                 renormalize=False, gates=None, record=None):
+                 renormalize=False, gates=None, record=None, substitutes=None):
     """Last hidden states ``[batch, seq, hidden]`` in float64; ``policy_of(layer, head) -> policy``.
 
     ``attention_mask``: ``[batch, seq]`` (1 = real token) or ``[batch, seq, seq]`` (query x key).
@@ -74,7 +74,8 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
     every other key (a policy) each layer's context with every head under that policy, on the same input;
     an ``"attention"`` list gets ``(layer, example, head, zeros [n, n])``: leaves added to each attention
     matrix, so their gradients are those of the attention weights; a ``"weights"`` list gets
-    ``(layer, example, head, weights [n, n])`` (after the policy, detached).
+    ``(layer, example, head, weights [n, n])`` (after the policy, detached). ``substitutes(layer, example, head,
+    policy)``: the context ``[n, head_dim]`` a ``mean`` / ``resample`` head takes (``substitutes_from``).
     """
     p = params
     eps = config.layer_norm_eps
@@ -113,7 +114,9 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
                     attention = attention + nudge
                     record["attention"].append((layer, b, h, nudge))
                 gate = 1.0 if gates is None else gates[b, layer, h]
-                context[b, :, cols] = gate * (attention @ v[b, :, cols])
+                own = policy_of(layer, h)
+                put = substitutes(layer, b, h, own) if own in ("mean", "resample") else 0.0  # [n, head_dim]
+                context[b, :, cols] = gate * (attention @ v[b, :, cols] + put)
                 for policy, other in others.items():
                     with torch.no_grad():
                         other[b, :, cols] = head_attention(scores, valid, units, policy, renormalize) @ v[b, :, cols]
@@ -126,6 +129,40 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
         ffn = lin(_gelu(lin(x, "intermediate.dense")), "output.dense")
         x = _layer_norm(ffn + x, p[pre + "output.LayerNorm.weight"], p[pre + "output.LayerNorm.bias"], eps)
     return x
+
+
+def bert_contexts(params, config, inputs) -> torch.Tensor:
+    """Every head's context vectors of the unablated model: ``[layers, batch, seq, heads, head_dim]`` in float64."""
+    record = {"contexts": []}
+    bert_forward(params, config, inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"],
+                 lambda layer, head: "keep", record=record)
+    heads = config.num_attention_heads
+    return torch.stack([c.view(*c.shape[:2], heads, -1) for c in record["contexts"]]).detach()
+
+
+def substitutes_from(contexts, attention_mask, sources=None):
+    """``substitutes(layer, example, head) -> [seq, head_dim]`` by definition from every head's unablated contexts
+    ``[layers, batch, seq, heads, head_dim]`` on a reference set with ``attention_mask`` ``[batch, seq]``, and the
+    means ``[layers, heads, head_dim]``: a ``mean`` head takes its mean over the set's non-padding tokens at every
+    position; a ``resample`` head of example b takes example ``sources[b]``'s contexts position by position, and its
+    mean at the positions that example has no token at."""
+    layers, batch, n, heads, width = contexts.shape
+    means = torch.zeros(layers, heads, width, dtype=torch.float64)
+    count = 0
+    for b in range(batch):
+        for i in range(n):
+            if attention_mask[b, i]:
+                means += contexts[:, b, i]
+                count += 1
+    means /= count
+
+    def substitute(layer, b, h, policy):
+        if policy == "mean":
+            return means[layer, h].expand(n, width)
+        source = sources[b]
+        return torch.stack([contexts[layer, source, i, h] if attention_mask[source, i] else means[layer, h]
+                            for i in range(n)])
+    return substitute, means
 
 
 def classifier_logits(params, hidden):

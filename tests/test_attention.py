@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from conftest import assert_close_rel
-from reference import bert_forward, classifier_logits, params_of, qa_logits
+from reference import bert_contexts, bert_forward, classifier_logits, params_of, qa_logits, substitutes_from
 from transformers import BertForQuestionAnswering, BertForSequenceClassification, BertModel
 from transformers.masking_utils import create_bidirectional_mask
 
@@ -25,6 +25,12 @@ MIXED_RULES = [
     {"heads": "L2H0,L2H2", "policy": "prune"},
     {"heads": "L2H3", "policy": "drop_inter"},
 ]
+SUBSTITUTED_RULES = [  # every policy: MIXED_RULES with mean and resample heads among the others
+    *MIXED_RULES,
+    {"heads": "L1H0", "policy": "mean"},  # next to drop_intra and uniform heads
+    {"heads": "L0H0,L1H2", "policy": "resample"},  # at an end; between uniform heads
+    {"heads": "L2H2", "policy": "mean"},  # beside a pruned head and a kept one
+]
 
 # pruned heads at the ends of every layer, next to keep and uniform ones: each layer's context is the other heads'
 # padded with zero heads (LayerState.pad), (before, after) = (1, 0), (1, 1), (0, 2)
@@ -38,18 +44,31 @@ def plan_of(rules, model):
     return headlab.HeadPlan.from_rules(rules, model.config.num_hidden_layers, model.config.num_attention_heads)
 
 
-def reference(model, inputs, plan, sentence_ids, renormalize):
+def reference(model, inputs, plan, sentence_ids, renormalize, substitutes=None):
     return bert_forward(params_of(model), model.config, inputs["input_ids"], inputs["attention_mask"],
-                        inputs["token_type_ids"], plan.policy_of, sentence_ids, renormalize)
+                        inputs["token_type_ids"], plan.policy_of, sentence_ids, renormalize, substitutes=substitutes)
+
+
+def substituted(model, inputs):
+    """``(means, head_sources, substitutes)``: headlab's means over ``inputs`` and resample sources (each row's
+    source is the next row, of another length), and the reference's by definition."""
+    sources = [(b + 1) % len(inputs["input_ids"]) for b in range(len(inputs["input_ids"]))]
+    means = headlab.head_means(model, [inputs])
+    head_sources = headlab.resample_sources(model, {k: v[sources] for k, v in inputs.items()},
+                                            inputs["input_ids"].shape[1], means)
+    on_cpu = {k: v.cpu() for k, v in inputs.items()}
+    contexts = bert_contexts({k: v.cpu() for k, v in params_of(model).items()}, model.config, on_cpu)
+    return means, head_sources, substitutes_from(contexts, on_cpu["attention_mask"], sources)[0]
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_on_all_heads_matches_reference(tiny_model, inputs, sentence_ids, policy, renormalize):
     plan = plan_of([{"heads": "all", "policy": policy}], tiny_model)
-    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
-        out = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
-    expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize)
+    means, head_sources, substitutes = substituted(tiny_model, inputs)
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize, means=means):
+        out = tiny_model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
+    expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize, substitutes)
     valid = inputs["attention_mask"].bool()  # padded query rows are not compared
     assert_close_rel(out[valid], expected[valid])
 
@@ -69,11 +88,12 @@ def test_pruned_heads_at_the_ends_pad_the_others_context(tiny_model, inputs):
 
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_mixed_plan_matches_reference(tiny_model, inputs, sentence_ids, renormalize):
-    plan = plan_of(MIXED_RULES, tiny_model)
+    plan = plan_of(SUBSTITUTED_RULES, tiny_model)
     assert set(plan.counts()) == set(POLICIES) and all(plan.counts().values())
-    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize):
-        out = tiny_model(**inputs, sentence_ids=sentence_ids).last_hidden_state
-    expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize)
+    means, head_sources, substitutes = substituted(tiny_model, inputs)
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize, means=means):
+        out = tiny_model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
+    expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize, substitutes)
     valid = inputs["attention_mask"].bool()
     assert_close_rel(out[valid], expected[valid])
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import assert_close_rel
-from test_attention import MIXED_RULES, plan_of, reference
+from test_attention import MIXED_RULES, SUBSTITUTED_RULES, plan_of, reference, substituted
 
 import headlab
 from headlab.core.patch.attention import Controller
 from headlab.core.plans import POLICIES
 
 PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy in POLICIES if policy != "keep"},
-         "mixed": MIXED_RULES}
+         "mixed": SUBSTITUTED_RULES}
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -22,10 +22,12 @@ PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy i
 def test_float64_model_matches_reference_to_1e_10(tiny_model, inputs, sentence_ids, name, renormalize):
     model = tiny_model.double()
     plan = plan_of(PLANS[name], model)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
-        out = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    means, head_sources, substitutes = substituted(model, inputs)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+        out = model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
     valid = inputs["attention_mask"].bool()
-    assert_close_rel(out[valid], reference(model, inputs, plan, sentence_ids, renormalize)[valid], rtol=1e-10)
+    expected = reference(model, inputs, plan, sentence_ids, renormalize, substitutes)
+    assert_close_rel(out[valid], expected[valid], rtol=1e-10)
 
 
 def test_plan_states_are_built_once_and_cached(tiny_model):
@@ -91,14 +93,15 @@ def test_observed_inside_a_plan_the_output_is_the_plans_and_kept_heads_show_thei
 
 
 def compiled_equals_eager(model, inputs, sentence_ids, plan, renormalize, backend):
+    means, head_sources, substitutes = substituted(model, inputs)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend=backend, dynamic=False)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
-        eager = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
-        traced = compiled(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+        eager = model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
+        traced = compiled(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
     valid = inputs["attention_mask"].bool()
     assert_close_rel(traced[valid], eager[valid], rtol=1e-5)
-    assert_close_rel(traced[valid], reference(model, inputs, plan, sentence_ids, renormalize)[valid])
+    assert_close_rel(traced[valid], reference(model, inputs, plan, sentence_ids, renormalize, substitutes)[valid])
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -110,7 +113,7 @@ def test_fullgraph_compile_finds_no_data_dependent_branch(tiny_model, inputs, se
 
 @pytest.mark.slow
 def test_inductor_compiled_mixed_plan_equals_eager(tiny_model, inputs, sentence_ids):
-    compiled_equals_eager(tiny_model, inputs, sentence_ids, plan_of(MIXED_RULES, tiny_model), False, "inductor")
+    compiled_equals_eager(tiny_model, inputs, sentence_ids, plan_of(SUBSTITUTED_RULES, tiny_model), False, "inductor")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -121,17 +124,19 @@ def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormaliz
     inputs = {k: v.cuda() for k, v in inputs.items()}
     units = sentence_ids.cuda()  # (a host-to-device copy synchronises: done before the check)
     plan = plan_of(PLANS[name], model)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
-        model(**inputs, sentence_ids=units)  # warm-up
+    means, head_sources, substitutes = substituted(model, inputs)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+        model(**inputs, sentence_ids=units, head_sources=head_sources)  # warm-up
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = model(**inputs, sentence_ids=units).last_hidden_state
+            out = model(**inputs, sentence_ids=units, head_sources=head_sources).last_hidden_state
         finally:
             torch.cuda.set_sync_debug_mode("default")
     valid = inputs["attention_mask"].bool().cpu()
-    assert_close_rel(out.cpu()[valid], reference(model.cpu(), {k: v.cpu() for k, v in inputs.items()}, plan,
-                                                 sentence_ids, renormalize)[valid])
+    expected = reference(model.cpu(), {k: v.cpu() for k, v in inputs.items()}, plan, sentence_ids, renormalize,
+                         substitutes)
+    assert_close_rel(out.cpu()[valid], expected[valid])
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -155,10 +160,10 @@ def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sen
             assert_close_rel(out[valid], reference(tiny_model, inputs, plan, units, renormalize)[valid])
 
 
-@pytest.mark.parametrize("name", ["drop_intra", "mixed"])
-def test_forwards_with_other_padding_inside_one_plan(tiny_model, inputs, sentence_ids, name):
+@pytest.mark.parametrize("rules", [PLANS["drop_intra"], MIXED_RULES])
+def test_forwards_with_other_padding_inside_one_plan(tiny_model, inputs, sentence_ids, rules):
     """What the layers of a forward share (unit masks) is rebuilt when the padding changes."""
-    plan = plan_of(PLANS[name], tiny_model)
+    plan = plan_of(rules, tiny_model)
     shorter = dict(inputs, attention_mask=inputs["attention_mask"].clone())
     shorter["attention_mask"][:, 5:] = 0
     with torch.no_grad(), headlab.ablate(tiny_model, plan):

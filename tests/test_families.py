@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_close_rel
-from families import CONFIGS, batch, reference_of, tiny_model
+from families import CONFIGS, batch, reference_contexts, reference_of, tiny_model
+from reference import substitutes_from
 
 import headlab
 from headlab.core.plans import POLICIES
@@ -19,7 +20,10 @@ FAMILIES = list(CONFIGS)
 MIXED = [{"heads": "L0H0", "policy": "prune"}, {"heads": "L0H1", "policy": "uniform"},
          {"heads": "L0H2", "policy": "drop_intra"}, {"heads": "L0H3", "policy": "drop_inter"},
          {"heads": "L1", "policy": "drop_intra"}, {"heads": "L1H1,L1H3", "policy": "uniform"},
-         {"heads": "L2H0,L2H2", "policy": "prune"}, {"heads": "L2H3", "policy": "drop_inter"}]
+         {"heads": "L2H0,L2H2", "policy": "prune"}, {"heads": "L2H3", "policy": "drop_inter"},
+         {"heads": "L1H0", "policy": "mean"}, {"heads": "L0H0,L1H2", "policy": "resample"},
+         {"heads": "L2H2", "policy": "mean"}]
+SOURCES = [1, 2, 0]  # each row's resample source: the next row (11, 8 and 5 tokens: shorter, shorter, longer)
 
 
 def plan_of(rules, model) -> headlab.HeadPlan:
@@ -30,8 +34,18 @@ def model_inputs(rows: dict) -> dict:
     return {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"]}
 
 
-def expected(model, plan, rows, renormalize, policy_of=None) -> torch.Tensor:
-    with torch.no_grad(), reference_of(model, policy_of or plan.policy_of, rows["sentence_ids"], renormalize) as ref:
+def substituted(model, rows) -> tuple:
+    """``(means, head_sources, substitutes)``: headlab's means over ``rows`` and resample sources (``SOURCES``), and
+    the reference's by definition."""
+    means = headlab.head_means(model, [model_inputs(rows)])
+    sources = {k: v[SOURCES] for k, v in model_inputs(rows).items()}
+    head_sources = headlab.resample_sources(model, sources, rows["input_ids"].shape[1], means)
+    return means, head_sources, substitutes_from(reference_contexts(model, rows), rows["attention_mask"], SOURCES)[0]
+
+
+def expected(model, plan, rows, renormalize, policy_of=None, substitutes=None) -> torch.Tensor:
+    with torch.no_grad(), reference_of(model, policy_of or plan.policy_of, rows["sentence_ids"], renormalize,
+                                       substitutes=substitutes) as ref:
         return ref(**model_inputs(rows)).last_hidden_state
 
 
@@ -58,9 +72,11 @@ def test_the_reference_under_keep_is_the_stock_model(family):
 def test_every_policy_on_all_heads_equals_the_reference(family, policy, renormalize):
     _, model = family
     rows, plan = batch(), plan_of([{"heads": "all", "policy": policy}], model)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
-        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"]).last_hidden_state
-    reference = expected(model, plan, rows, renormalize)
+    means, head_sources, substitutes = substituted(model, rows)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], head_sources=head_sources
+                    ).last_hidden_state
+    reference = expected(model, plan, rows, renormalize, substitutes=substitutes)
     compare(out, reference, rows)
     if policy != "keep":  # the policy matters on this model, so the comparison could fail
         stock = expected(model, plan_of([], model), rows, False)
@@ -71,21 +87,28 @@ def test_every_policy_on_all_heads_equals_the_reference(family, policy, renormal
 def test_a_mixed_plan_equals_the_reference(family, renormalize):
     _, model = family
     rows, plan = batch(), plan_of(MIXED, model)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize):
-        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"]).last_hidden_state
-    compare(out, expected(model, plan, rows, renormalize), rows)
+    means, head_sources, substitutes = substituted(model, rows)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], head_sources=head_sources
+                    ).last_hidden_state
+    compare(out, expected(model, plan, rows, renormalize, substitutes=substitutes), rows)
 
 
 def test_per_row_plans_equal_each_rows_reference(family):
     _, model = family
     rows = batch()
-    plans = [plan_of(MIXED, model), plan_of([{"heads": "all", "policy": "uniform"}], model), plan_of([], model)]
-    plan_ids = torch.tensor([1, 0, 2])
-    with torch.no_grad(), headlab.ablate(model, plans):
-        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], plan_ids=plan_ids).last_hidden_state
-    for row, plan in enumerate(plans[i] for i in plan_ids.tolist()):
-        one = {key: value[row : row + 1] for key, value in rows.items()}
-        compare(out[row : row + 1], expected(model, plan, one, False), one)
+    plans = [plan_of(MIXED, model), plan_of([{"heads": "all", "policy": "uniform"}], model), plan_of([], model),
+             plan_of([{"heads": "all", "policy": "resample"}], model)]
+    plan_ids = torch.tensor([1, 0, 2, 3, 0])
+    repeated = {key: value[[0, 1, 2, 0, 2]] for key, value in rows.items()}  # rows 0 and 2 twice
+    means, head_sources, substitutes = substituted(model, rows)
+    with torch.no_grad(), headlab.ablate(model, plans, means=means):
+        out = model(**model_inputs(repeated), sentence_ids=repeated["sentence_ids"], plan_ids=plan_ids,
+                    head_sources=head_sources[:, [0, 1, 2, 0, 2]]).last_hidden_state
+    for row, (source, plan) in enumerate(zip([0, 1, 2, 0, 2], (plans[i] for i in plan_ids.tolist()))):
+        one = {key: value[source : source + 1] for key, value in rows.items()}
+        own = lambda depth, b, h, policy, source=source: substitutes(depth, source, h, policy)  # noqa: E731
+        compare(out[row : row + 1], expected(model, plan, one, False, substitutes=own), one)
 
 
 @pytest.mark.parametrize("which", ["some", "a whole layer"])
@@ -206,19 +229,24 @@ def test_gradient_importance_and_estimates_equal_the_reference(classifier, renor
 
 
 def test_task_models_take_unit_and_plan_ids_to_every_layer(classifier):
-    """Per-row plans with drop_* heads through a task model (DeBERTa's do not pass extra arguments down)."""
+    """Per-row plans with drop_*, mean and resample heads through a task model (DeBERTa's do not pass extra arguments
+    down: ``sentence_ids``, ``plan_ids`` and ``head_sources`` reach its attention by forward hooks)."""
     name, model = classifier
     rows = batch()
     plans = [plan_of(MIXED, model), plan_of([{"heads": "all", "policy": "drop_inter"}], model), plan_of([], model)]
     plan_ids = torch.tensor([1, 0, 2])
-    with torch.no_grad(), headlab.ablate(model, plans):
-        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], plan_ids=plan_ids).logits
+    means, head_sources, substitutes = substituted(model, rows)
+    with torch.no_grad(), headlab.ablate(model, plans, means=means):
+        out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], plan_ids=plan_ids,
+                    head_sources=head_sources).logits
     with torch.no_grad():
         stock = model(**model_inputs(rows)).logits
     assert (out - stock)[:2].abs().amax(1).min() > 1e-6  # the plans move each row they change: the test can fail
     for row, plan in enumerate(plans[i] for i in plan_ids.tolist()):
         one = {key: value[row : row + 1] for key, value in rows.items()}
-        with torch.no_grad(), reference_of(model, plan.policy_of, one["sentence_ids"], False) as reference:
+        own = lambda depth, b, h, policy, row=row: substitutes(depth, row, h, policy)  # noqa: E731
+        with torch.no_grad(), reference_of(model, plan.policy_of, one["sentence_ids"], False,
+                                           substitutes=own) as reference:
             np.testing.assert_allclose(out[row : row + 1].numpy(), reference(**model_inputs(one)).logits.numpy(),
                                        rtol=1e-9, atol=1e-12, err_msg=name)
     with torch.no_grad(), headlab.ablate(model, plans[1]), pytest.raises(ValueError, match="need unit ids"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import assert_close_rel
-from test_attention import MIXED_RULES, plan_of, reference
+from test_attention import MIXED_RULES, SUBSTITUTED_RULES, plan_of, reference, substituted
 
 import headlab
 
@@ -16,14 +16,16 @@ PLANS = {
     "all drop_intra": [{"heads": "all", "policy": "drop_intra"}],
     "half drop_inter": [{"heads": "H0-1", "policy": "drop_inter"}],  # keep heads beside a slice of drop heads
     "mixed": MIXED_RULES,  # every policy in layer 0, non-contiguous uniform heads beside drop_intra in layer 1
+    "substituted": SUBSTITUTED_RULES,  # mean and resample heads beside drop_* heads
 }
 
 
-def fused_forward(model, inputs, sentence_ids, plan, renormalize) -> tuple[torch.Tensor, bool]:
+def fused_forward(model, inputs, sentence_ids, plan, renormalize, means=None,
+                  head_sources=None) -> tuple[torch.Tensor, bool]:
     """(last hidden state, whether a layer took the fused route) under ``plan`` on the flex route."""
     headlab.set_attention_route(model, "flex")
-    with headlab.ablate(model, plan, renormalize=renormalize):
-        out = model(**inputs, sentence_ids=sentence_ids).last_hidden_state
+    with headlab.ablate(model, plan, renormalize=renormalize, means=means):
+        out = model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
         forward_cache = model._headlab_controller.masks[2]
     return out, any(name[0] == "flex block mask" for name in forward_cache)
 
@@ -32,11 +34,13 @@ def fused_forward(model, inputs, sentence_ids, plan, renormalize) -> tuple[torch
 @pytest.mark.parametrize("name", list(PLANS))
 def test_fused_route_matches_reference(tiny_model, inputs, sentence_ids, name, renormalize):
     plan = plan_of(PLANS[name], tiny_model)
+    means, head_sources, substitutes = substituted(tiny_model, inputs)
     with torch.no_grad():
-        out, fused = fused_forward(tiny_model, inputs, sentence_ids, plan, renormalize)
+        out, fused = fused_forward(tiny_model, inputs, sentence_ids, plan, renormalize, means, head_sources)
     assert fused
     valid = inputs["attention_mask"].bool()  # padded query rows are not compared
-    assert_close_rel(out[valid], reference(tiny_model, inputs, plan, sentence_ids, renormalize)[valid])
+    expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize, substitutes)
+    assert_close_rel(out[valid], expected[valid])
 
 
 @pytest.mark.parametrize("renormalize", [False, True])

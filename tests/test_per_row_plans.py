@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import assert_close_rel
 from reference import bert_forward, params_of
-from test_attention import MIXED_RULES, plan_of
+from test_attention import SUBSTITUTED_RULES, plan_of, substituted
 
 import headlab
 from headlab.core.model_parts import layer_inputs, start_at_layer
@@ -15,12 +15,16 @@ from headlab.core.plans import POLICIES
 from headlab.errors import UserError
 
 
-def row_alone(model, inputs, sentence_ids, row, plan, renormalize):
-    """Row ``row`` run alone (its padding cut off) by the float64 reference: ``[length, hidden]``."""
+def row_alone(model, inputs, sentence_ids, row, plan, renormalize, substitutes=None):
+    """Row ``row`` run alone (its padding cut off) by the float64 reference: ``[length, hidden]``; ``substitutes``:
+    the reference's (``test_attention.substituted``) of the whole batch."""
     length = int(inputs["attention_mask"][row].sum())
     cut = {k: v[row : row + 1, :length] for k, v in inputs.items()}
+    own = None if substitutes is None else (
+        lambda layer, b, h, policy: substitutes(layer, row, h, policy)[:length])
     return bert_forward(params_of(model), model.config, cut["input_ids"], cut["attention_mask"],
-                        cut["token_type_ids"], plan.policy_of, sentence_ids[row : row + 1, :length], renormalize)[0]
+                        cut["token_type_ids"], plan.policy_of, sentence_ids[row : row + 1, :length], renormalize,
+                        substitutes=own)[0]
 
 
 def repeated(inputs, sentence_ids, times):
@@ -31,14 +35,16 @@ def repeated(inputs, sentence_ids, times):
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "keep"])
 def test_each_row_equals_that_row_alone_under_its_plan(tiny_model, inputs, sentence_ids, policy, renormalize):
     plans = [plan_of([], tiny_model), plan_of([{"heads": "L0H1,L1-2H0-2", "policy": policy}], tiny_model),
-             plan_of(MIXED_RULES, tiny_model), plan_of([{"heads": "all", "policy": policy}], tiny_model)]
+             plan_of(SUBSTITUTED_RULES, tiny_model), plan_of([{"heads": "all", "policy": policy}], tiny_model)]
     batch = len(inputs["input_ids"])
     rows, units = repeated(inputs, sentence_ids, len(plans))  # every row under every plan
     plan_ids = torch.arange(len(plans)).repeat_interleave(batch).roll(1)  # mixed, not in blocks
-    with torch.no_grad(), headlab.ablate(tiny_model, plans, renormalize=renormalize):
-        out = tiny_model(**rows, sentence_ids=units, plan_ids=plan_ids).last_hidden_state
+    means, head_sources, substitutes = substituted(tiny_model, inputs)
+    with torch.no_grad(), headlab.ablate(tiny_model, plans, renormalize=renormalize, means=means):
+        out = tiny_model(**rows, sentence_ids=units, plan_ids=plan_ids,
+                         head_sources=head_sources.repeat(1, len(plans), 1, 1, 1)).last_hidden_state
     for i, plan_id in enumerate(plan_ids.tolist()):
-        expected = row_alone(tiny_model, inputs, sentence_ids, i % batch, plans[plan_id], renormalize)
+        expected = row_alone(tiny_model, inputs, sentence_ids, i % batch, plans[plan_id], renormalize, substitutes)
         assert_close_rel(out[i, : len(expected)], expected)
 
 

@@ -37,12 +37,15 @@ _EXPORTS = {
     "attention_features": "headlab.analysis.types.features",
     "AttentionFeatures": "headlab.analysis.types.features",
     "head_table": "headlab.reporting.head_table",
+    "HeadMeans": "headlab.core.substitutes.means",
+    "head_means": "headlab.core.substitutes.means",
+    "resample_sources": "headlab.core.substitutes.sources",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
     "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention", "set_attention_route",
     "split_sentences", "unit_ids", "UserError", "head_importance", "ablation_estimate", "key_type_gradients",
     "head_gradients", "prune_heads", "load_sweep", "paired_ci", "observe_attention", "attention_features",
-    "AttentionFeatures", "head_table",
+    "AttentionFeatures", "head_table", "HeadMeans", "head_means", "resample_sources",
 ]
 
 if TYPE_CHECKING:
@@ -54,6 +57,8 @@ if TYPE_CHECKING:
     from headlab.core.patch.attention import register_attention
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, select_heads
     from headlab.core.pruning import prune_heads
+    from headlab.core.substitutes.means import HeadMeans, head_means
+    from headlab.core.substitutes.sources import resample_sources
     from headlab.core.units import split_sentences, unit_ids
     from headlab.errors import UserError
     from headlab.reporting.head_table import head_table

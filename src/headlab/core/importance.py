@@ -34,11 +34,11 @@ from transformers import PreTrainedModel
 
 from headlab.core.families import family_of
 from headlab.core.head_gradients import KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
+from headlab.core.model_parts import MODEL_INPUTS
 from headlab.core.patch.ablate import ablate
 from headlab.core.plans import ESTIMABLE, GRANULARITIES, HeadPlan, check_unit
 from headlab.errors import UserError, one_of
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LABELS = (("labels",), ("start_positions", "end_positions"))  # classification / regression, extractive QA
 PUNCTUATION = (".", ",")  # Clark et al. 2019: exactly these tokens
 

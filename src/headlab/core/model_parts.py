@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from headlab.core.families import family_of
 from headlab.errors import UserError
 
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what a bare model's forward takes of a batch
 DEPTH = "_headlab_depth"  # on each attention module of a family without shared modules: its depth
 
 
@@ -100,18 +101,21 @@ def _projection_inside(model: PreTrainedModel) -> str | None:
 @contextmanager
 def _hook_at_depth(model: PreTrainedModel, module: torch.nn.Module, layer: int, hook, pre: bool) -> Iterator[None]:
     """``hook`` as a forward (pre-)hook of ``module`` at depth ``layer`` only: a module shared by several depths
-    counts its calls from the start of each forward of ``model``."""
-    if depth_of(self_attention_of(model, layer)) is not None:
+    counts its calls from the start of each forward of ``model`` (depth ``layer`` is its call after those of the
+    depths below that share it: ALBERT's second group serves depths from its first call)."""
+    attention = self_attention_of(model, layer)
+    if depth_of(attention) is not None:
         handles = [module.register_forward_pre_hook(hook) if pre else module.register_forward_hook(hook)]
     else:
         calls = [0]
+        call = 1 + sum(self_attention_of(model, depth) is attention for depth in range(layer))
 
         def reset(*_):
             calls[0] = 0
 
         def counted(*args):
             calls[0] += 1
-            return hook(*args) if calls[0] == layer + 1 else None
+            return hook(*args) if calls[0] == call else None
 
         handles = [model.register_forward_pre_hook(reset),
                    module.register_forward_pre_hook(counted) if pre else module.register_forward_hook(counted)]

@@ -30,7 +30,8 @@ from headlab.core.head_files import load_clusters, load_importance
 from headlab.core.head_names import head_index, head_name
 from headlab.errors import UserError
 
-POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter")
+POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter", "mean", "resample")
+SUBSTITUTED = ("mean", "resample")  # policies whose context vector comes from elsewhere (core/substitutes)
 UNITS = ("sentence", "segment")
 ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter")  # policies with a first-order estimate (section 4)
 GRANULARITIES = ("example", "token", "batch", "fisher")  # gradient importance estimators (section 4)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-SYMBOLS = {"keep": "✓", "prune": "✗", "uniform": "1/L", "drop_intra": "-intra", "drop_inter": "-inter"}
+SYMBOLS = {"keep": "✓", "prune": "✗", "uniform": "1/L", "drop_intra": "-intra", "drop_inter": "-inter", "mean": "μ",
+           "resample": "↻"}
 
 
 def significance(p_adjusted: float) -> str:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from headlab.core.model_parts import head_width
 from headlab.core.patch.attention import ATTENTION_NAME, Controller
+from headlab.core.patch.substitution import DeviceMeans
 from headlab.core.plans import HeadPlan
 from headlab.core.pruning import PRUNED
+from headlab.core.substitutes.means import HeadMeans
 from headlab.errors import UserError
 from headlab.requirements import require_torch
 
@@ -38,7 +42,7 @@ def _device(controller: Controller, model: PreTrainedModel) -> torch.device:
 
 @contextmanager
 def ablate(
-    model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False
+    model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False, means: Any = None
 ) -> Iterator[PreTrainedModel]:
     """Run ``model`` under ``plan`` inside the block; restore it exactly on exit (also on error).
 
@@ -47,6 +51,9 @@ def ablate(
     then takes ``plan_ids=LongTensor[batch]`` (indices into the sequence). The attention
     implementation is switched on the model's config object, so another model sharing that object
     switches too. Entering costs microseconds after the first time a (model, plan, renormalize) is seen.
+
+    ``means``: the ``HeadMeans`` (``headlab.head_means``) that ``mean`` heads take; needed when a plan has any.
+    ``resample`` heads take theirs from the forward argument ``head_sources`` (``headlab.resample_sources``).
     """
     if not isinstance(renormalize, bool):
         raise UserError(f"renormalize must be true or false, got {renormalize!r}")
@@ -65,13 +72,39 @@ def ablate(
         raise ValueError("model is already inside headlab.ablate or observe_attention; nesting is not supported")
     if any(PRUNED in module.__dict__ for module in controller.modules):  # prune_heads marks the modules
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
-    states = controller.states_for(plan, renormalize, _device(controller, model))
+    device = _device(controller, model)
+    means = _device_means(controller, plan, means, model, device)
+    states = controller.states_for(plan, renormalize, device)
     controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
+    controller.means = means
     try:  # all keep: the stock model runs untouched
         with headlab_implementation(controller, switch=any(state is not None for state in states)):
             yield model
     finally:
         controller.active, controller.masks, controller.per_row, controller.checked = None, None, 0, None
+        controller.means = None
+
+
+def _device_means(controller: Controller, plan: HeadPlan | tuple[HeadPlan, ...], means: Any, model: PreTrainedModel,
+                  device: torch.device) -> DeviceMeans | None:
+    """The block's means on the model's device (the previous block's when they are the same), checked."""
+    if means is None:
+        if any(one.counts()["mean"] for one in (plan if isinstance(plan, tuple) else (plan,))):
+            raise UserError("the plan has mean heads: ablate needs means= (headlab.head_means over a reference set)")
+        return None
+    if not isinstance(means, HeadMeans):
+        raise UserError(f"means must be a HeadMeans (headlab.head_means), got {type(means).__name__}")
+    layers, heads = controller.shape
+    expected = (layers, heads, head_width(model))
+    found = means.values.shape[:1] + means.values.shape[-2:]
+    if found != expected:
+        raise UserError(f"the means are for [layers, heads, head_dim] = {list(found)}; the model has "
+                        f"{list(expected)}: means of another model")
+    dtype = next(model.parameters()).dtype
+    cached = controller.last_means
+    if cached is None or cached.source is not means or cached.values.device != device or cached.values.dtype != dtype:
+        controller.last_means = cached = DeviceMeans(means, device, dtype)
+    return cached
 
 
 @contextmanager

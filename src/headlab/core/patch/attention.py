@@ -59,6 +59,7 @@ from headlab.core.model_parts import depth_of, self_attention_modules
 from headlab.core.patch import disentangled, flex_route
 from headlab.core.patch.layer_states import LayerState, RowsState
 from headlab.core.patch.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
+from headlab.core.patch.substitution import DeviceMeans, substitute
 from headlab.core.plans import HeadPlan
 
 ATTENTION_NAME = "headlab"
@@ -87,6 +88,8 @@ class Controller:
         self.checked: tuple | None = None  # (plan_ids, its version) last checked
         self.calls = 0  # attention calls of a module shared by depths so far in this forward (ALBERT): their depth
         self.arguments = disentangled.ForwardArguments()  # for modules their model passes no arguments to (DeBERTa)
+        self.means: DeviceMeans | None = None  # what mean heads take in the active block (ablate's means=)
+        self.last_means: DeviceMeans | None = None  # the latest block's, reused by a block with the same HeadMeans
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -153,7 +156,7 @@ class Controller:
             config._attn_implementation_internal = original  # the implementation from before the block
         copy.active, copy.observer, copy.masks, copy.states = None, None, None, {}
         copy.route, copy.implementations, copy.per_row, copy.checked = self.route, None, 0, None
-        copy.calls, copy.arguments = 0, deepcopy(self.arguments, memo)
+        copy.calls, copy.arguments, copy.means, copy.last_means = 0, deepcopy(self.arguments, memo), None, None
         return copy
 
     def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
@@ -247,17 +250,27 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     if isinstance(layer, RowsState):
-        return _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
+        out = _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs)
+        rows = kwargs["plan_ids"].to(query.device)
+    else:
+        out, rows = _planned(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
+    if layer.substituted:  # mean / resample heads: computed as pruned, their context replaced now
+        out = substitute(out, layer.substituted, depth, controller.means, kwargs, rows)
+    return out, None
+
+
+def _planned(layer: LayerState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
+    """The context vectors ``[batch, seq, heads, head_dim]`` of a layer under one plan."""
     if not layer.drops and layer.skipped is None:  # one SDPA call serves every head
         out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
-        return out.transpose(1, 2).contiguous(), None
+        return out.transpose(1, 2).contiguous()
     if layer.pad is not None:  # pruned heads at the ends: the other heads' context, padded with zero heads
         q, k, v = (x[:, layer.shared] for x in (query, key, value))
         mask = _mask_heads(attention_mask, layer.shared)
         context = _shared(None, layer.uniform, q, k, v, mask, dropout, scaling)  # [batch, heads', seq, dim]
-        return F.pad(context.transpose(1, 2), (0, 0, *layer.pad)), None  # [batch, seq, heads, head_dim], contiguous
+        return F.pad(context.transpose(1, 2), (0, 0, *layer.pad))  # [batch, seq, heads, head_dim], contiguous
     if layer.drops and controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
-        return _fused(layer, controller, query, key, value, attention_mask, scaling, kwargs.get("sentence_ids")), None
+        return _fused(layer, controller, query, key, value, attention_mask, scaling, kwargs.get("sentence_ids"))
     out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
     if layer.skipped is not None:  # pruned heads without attention: their context is 0
         _write(out, layer.skipped, 0.0)
@@ -272,7 +285,7 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
             mask = controller.drop_mask(policy, layer.renormalize, group_mask, kwargs.get("sentence_ids"), query)
             context = _restricted(q, k, v, *mask, dropout, scaling)
         _write(out, heads, context)
-    return out.transpose(1, 2).contiguous(), None  # [batch, seq, heads, head_dim]
+    return out.transpose(1, 2).contiguous()  # [batch, seq, heads, head_dim]
 
 
 def _reset_calls(base_model: torch.nn.Module, args) -> None:

@@ -78,10 +78,11 @@ def route(module: torch.nn.Module, how: Any) -> None:
 
 
 class ForwardArguments:
-    """headlab's forward arguments (``sentence_ids``, ``plan_ids``) of the forward under way, read by forward hooks
-    on the models a controller serves, for attention modules their model does not pass them to (DeBERTa)."""
+    """headlab's forward arguments (``sentence_ids``, ``plan_ids``, ``head_sources``) of the forward under way,
+    read by forward hooks on the models a controller serves, for attention modules their model does not pass them to
+    (DeBERTa)."""
 
-    NAMES = ("sentence_ids", "plan_ids")
+    NAMES = ("sentence_ids", "plan_ids", "head_sources")
     FLAG = "_headlab_reads_arguments"  # on a model whose forwards are read
 
     def __init__(self):

@@ -1,5 +1,6 @@
 """What a plan means for one layer, built once per (model, plan, renormalize) and cached by the controller
-(``attention``): which heads share one SDPA call, which are pruned or uniform, the ``drop_*`` groups."""
+(``attention``): which heads share one SDPA call, which are pruned or uniform, the ``drop_*`` groups, and the heads
+whose context vector is substituted afterwards (``mean``, ``resample``: computed as pruned heads, then replaced)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import torch
 
 from headlab.core.patch.flex_route import FusedHeads
-from headlab.core.plans import HeadPlan
+from headlab.core.plans import SUBSTITUTED, HeadPlan
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class LayerState:
     ``drops``: ``(policy, heads)`` of the ``drop_*`` groups.
     ``pad``: ``(before, after)`` when the layer has no ``drop_*`` head and its skipped heads lie at either end of
     ``shared``: the context of ``shared`` padded with that many zero heads is the layer's (one op, no scatter).
+    ``substituted``: ``(policy, [1, 1, heads, 1] marks)`` of the ``mean`` / ``resample`` heads, in the layout of the
+    layer's output ``[batch, seq, heads, head_dim]``; they are pruned in everything above.
     """
 
     shared: slice | torch.Tensor | None
@@ -33,6 +36,7 @@ class LayerState:
     fused: FusedHeads | None  # every head's policy for the fused route (None: no drop_* head)
     skipped: slice | torch.Tensor | None
     pad: tuple[int, int] | None = None
+    substituted: tuple[tuple[str, torch.Tensor], ...] = ()
 
     @classmethod
     def build(cls, plan: HeadPlan, layer: int, renormalize: bool, device: torch.device) -> LayerState | None:
@@ -40,6 +44,10 @@ class LayerState:
         groups = plan.layer_groups(layer)
         if set(groups) == {"keep"}:
             return None
+        substituted = tuple((policy, torch.tensor([h in groups[policy] for h in range(plan.num_heads)],
+                                                  device=device).view(1, 1, -1, 1))
+                            for policy in SUBSTITUTED if policy in groups)
+        groups = _substituted_as_pruned(groups)
         attending = sorted(h for policy in ("keep", "uniform") for h in groups.get(policy, []))
         pruned = groups.get("prune", [])
         skip = bool(pruned) and (not attending or _is_range(attending))
@@ -53,17 +61,19 @@ class LayerState:
         fused = FusedHeads.build(groups, plan.num_heads, device) if drops else None
         pad = (shared[0], plan.num_heads - 1 - shared[-1]) if skip and shared and not drops else None
         return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize,
-                   fused, _as_index(pruned, device) if skip else None, pad)
+                   fused, _as_index(pruned, device) if skip else None, pad, substituted)
 
 
 @dataclass(frozen=True)
 class RowsState:
-    """One layer under per-row plans: ``[plans, heads]`` boolean tables per policy (None if no plan uses it)."""
+    """One layer under per-row plans: ``[plans, heads]`` boolean tables per policy (None if no plan uses it);
+    ``prune`` also marks the ``mean`` / ``resample`` heads, whose tables are in ``substituted``."""
 
     prune: torch.Tensor | None
     uniform: torch.Tensor | None
     drops: tuple[tuple[str, torch.Tensor], ...]
     renormalize: bool
+    substituted: tuple[tuple[str, torch.Tensor], ...] = ()
 
     @classmethod
     def build(cls, plans: tuple[HeadPlan, ...], layer: int, renormalize: bool, device) -> RowsState | None:
@@ -76,7 +86,19 @@ class RowsState:
             return torch.tensor(table == policy, device=device) if (table == policy).any() else None
 
         drops = tuple((p, chosen(p)) for p in ("drop_intra", "drop_inter") if chosen(p) is not None)
-        return cls(chosen("prune"), chosen("uniform"), drops, renormalize)
+        substituted = tuple((p, chosen(p)) for p in SUBSTITUTED if chosen(p) is not None)
+        pruned = np.isin(table, ("prune", *SUBSTITUTED))
+        return cls(torch.tensor(pruned, device=device) if pruned.any() else None, chosen("uniform"), drops,
+                   renormalize, substituted)
+
+
+def _substituted_as_pruned(groups: dict[str, list[int]]) -> dict[str, list[int]]:
+    """A layer's ``{policy: heads}`` with the ``mean`` / ``resample`` heads among the pruned ones."""
+    merged = {p: heads for p, heads in groups.items() if p not in SUBSTITUTED}
+    substituted = [h for p in SUBSTITUTED for h in groups.get(p, [])]
+    if substituted:
+        merged["prune"] = sorted(merged.get("prune", []) + substituted)
+    return merged
 
 
 def _as_index(heads: list[int], device: torch.device) -> slice | torch.Tensor:

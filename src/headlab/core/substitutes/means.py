@@ -20,7 +20,6 @@ import io
 import json
 import zipfile
 from collections.abc import Iterable, Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from headlab.core.importance import MODEL_INPUTS
-from headlab.core.model_parts import head_width, self_attention_output
+from headlab.core.model_parts import head_width
+from headlab.core.substitutes.contexts import head_contexts
 from headlab.errors import UserError
 from headlab.files import atomic_file
 
@@ -60,28 +59,18 @@ def head_means(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tens
     width = head_width(model)
     sums = np.zeros((layers, 0 if over == "positions" else 1, heads, width))  # positions grow as batches come
     counts = np.zeros(0 if over == "positions" else 1, dtype=np.int64)
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                valid = batch["attention_mask"].bool()  # [batch, seq]
-                with ExitStack() as stack:
-                    seen = [stack.enter_context(self_attention_output(model, layer)) for layer in range(layers)]
-                    model(**{name: batch[name] for name in MODEL_INPUTS if name in batch})
-                length = valid.shape[1]
-                if over == "positions" and length > sums.shape[1]:
-                    sums = np.pad(sums, ((0, 0), (0, length - sums.shape[1]), (0, 0), (0, 0)))
-                    counts = np.pad(counts, (0, length - len(counts)))
-                for layer, (context,) in enumerate(seen):  # [batch, seq, heads * head_dim]
-                    mask = valid.to(context.device)[:, :, None]
-                    kept = context.double().masked_fill(~mask, 0.0).view(*context.shape[:2], heads, width)
-                    summed = kept.sum(0) if over == "positions" else kept.sum((0, 1))[None]
-                    sums[layer, : len(summed)] += summed.cpu().numpy()
-                counts[: (length if over == "positions" else 1)] += (
-                    valid.sum(0) if over == "positions" else valid.sum()[None]).numpy()
-    finally:
-        model.train(training)
+    for batch in batches:
+        valid = batch["attention_mask"].bool()  # [batch, seq]
+        contexts = head_contexts(model, batch)  # [layers, batch, seq, heads, head_dim]
+        length = valid.shape[1]
+        if over == "positions" and length > sums.shape[1]:
+            sums = np.pad(sums, ((0, 0), (0, length - sums.shape[1]), (0, 0), (0, 0)))
+            counts = np.pad(counts, (0, length - len(counts)))
+        kept = contexts.double().masked_fill(~valid.to(contexts.device)[None, :, :, None, None], 0.0)
+        summed = kept.sum(1) if over == "positions" else kept.sum((1, 2))[:, None]  # [layers, seq or 1, heads, dim]
+        sums[:, : summed.shape[1]] += summed.cpu().numpy()
+        counts[: (length if over == "positions" else 1)] += (
+            valid.sum(0) if over == "positions" else valid.sum()[None]).cpu().numpy()
     if not counts.any():
         raise UserError("the reference set has no tokens: mean ablation needs at least one non-padding token")
     if over == "tokens":
