@@ -95,6 +95,37 @@ def test_head_sweep_on_other_model_families_equals_separate_evaluations(model, t
             assert np.abs(np.array(losses) - base).max() > 3e-6, key  # past the tolerance: the comparison can fail
 
 
+@pytest.mark.parametrize("task", ["demo_pairs", "demo_qa"])
+@pytest.mark.parametrize("policy", ["mean", "resample"])
+def test_head_sweep_of_substituted_heads_equals_separate_evaluations(task, policy, tmp_path):
+    """The means (and two resample draws per example, SQuAD windows taking their source's window) reach the replayed
+    layer as they reach a whole forward; the resample sources are drawn once, the same for both."""
+    from headlab.analysis.jobs.substitutes import JobSubstitutes
+
+    cfg, data, model, trainer = setup(task, tmp_path)
+    cfg.mask.reference_examples, cfg.mask.resamples, cfg.baseline_dir = 24, 2, str(tmp_path / "baselines")
+    substitutes = JobSubstitutes(cfg, cfg.model, data, resample=policy == "resample")
+    substitutes.weights = "tiny"
+    plans = family_plans("single_head", policy, 3, 4)
+    separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [
+        Variant("baseline", HeadPlan.keep_all(3, 4)), *(Variant(n, p) for n, _, p in plans)], data.eval_examples,
+        substitutes))
+    base = np.array([r["loss"] for r in separate[("baseline", "validation")]])
+    for layer in range(3):
+        variants = [Variant(n, p) for n, l, p in plans if l == layer]
+        swept = records_of(trainer, data, LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples,
+                                                              per_forward=3, substitutes=substitutes))
+        for variant in variants:
+            key = (variant.name, "validation")
+            losses = [r["loss"] for r in separate[key]]
+            np.testing.assert_allclose([r["loss"] for r in swept[key]], losses, rtol=2e-6, atol=1e-7)
+            assert [r["prediction"] for r in swept[key]] == [r["prediction"] for r in separate[key]]
+            assert np.abs(np.array(losses) - base).max() > 3e-6, key  # past the tolerance: the comparison can fail
+            if policy == "resample":
+                assert [r["sources"] for r in swept[key]] == [r["sources"] for r in separate[key]]
+                assert all(len(r["sources"]) == 2 and r["example"] not in r["sources"] for r in swept[key])
+
+
 @pytest.mark.parametrize("family", ["all_but_one", "layer"])
 def test_other_families_equal_separate_evaluations(family, tmp_path):
     cfg, data, model, trainer = setup("demo_pairs", tmp_path)

@@ -26,7 +26,7 @@ from headlab.analysis.types.schema import ClusterConfig, CompareConfig, Features
 from headlab.cli.hydra_glue import register_resolvers
 from headlab.cli.logger_schema import CSVLoggerConfig, NoLoggerConfig, WandbLoggerConfig
 from headlab.cli.trainer_schema import TrainerConfig
-from headlab.core.plans import POLICIES, UNITS
+from headlab.core.plans import MEAN_OVER, POLICIES, UNITS
 from headlab.errors import UserError, at_least, check_seed, one_of, within
 from headlab.requirements import require_torch
 from headlab.study.schema import StudyConfig
@@ -146,11 +146,18 @@ class MaskConfig:
     clusters: str | None = None  # clusters JSON, for cluster:NAME
     importance: str | None = None  # importance JSON, for top:K / bottom:K
     importance_estimator: str | None = None  # which of the file's estimators top:/bottom: use (null: "importance")
+    reference: str = "validation"  # mean / resample: train | validation (the first eval split) | a data FILE
+    reference_examples: int = 512  # the reference set: the first N examples of mask.reference
+    mean_over: str = "tokens"  # mean: over every non-padding token, or per position (fixed-template inputs)
+    resamples: int = 1  # resample: draws per example, their outputs averaged
 
     def __post_init__(self) -> None:
         one_of("mask.unit", self.unit, UNITS)
         if self.policy is not None:
             one_of("mask.policy", self.policy, POLICIES)
+        one_of("mask.mean_over", self.mean_over, MEAN_OVER)
+        at_least("mask.reference_examples", self.reference_examples, 1)
+        at_least("mask.resamples", self.resamples, 1)
 
 
 @dataclass

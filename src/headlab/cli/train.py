@@ -7,7 +7,7 @@ from typing import Any
 
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, model_and_task_overrides, progress_bars_follow
 from headlab.cli.schema import check_config
-from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.masks import check_mask, plan_from_mask, refuse_substituted
 from headlab.core.model_files import check_fits_positions, check_weights_folder, looks_local, model_shape
 from headlab.errors import UserError
 from headlab.tasks.hub_data import cached_rows
@@ -25,7 +25,7 @@ def check_train_config(cfg: Any) -> None:
         kept = (" (a finished run keeps it only with keep_training_state=true)"
                 if cfg.ckpt_path.endswith("last.ckpt") else "")
         raise UserError(f"ckpt_path={cfg.ckpt_path!r}: no such checkpoint file{kept} (or use ckpt_path=last / null)")
-    plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
+    refuse_substituted(plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name), "train.py")
     check_fits_positions(cfg.model, cfg.task.max_length)
     if not cfg.model.get("random_init") and looks_local(cfg.model.name_or_path):
         check_weights_folder(cfg.model.name_or_path, f"model.name_or_path={cfg.model.name_or_path!r}")

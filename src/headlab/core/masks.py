@@ -6,7 +6,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from headlab.core.plans import HeadPlan, check_policy, check_rules, check_unit
+from headlab.core.plans import SUBSTITUTED, HeadPlan, check_policy, check_rules, check_unit
 from headlab.errors import UserError
 from headlab.files import read_json
 
@@ -55,3 +55,12 @@ def plan_from_mask(mask: Any, num_layers: int, num_heads: int, model_name: str |
         mask_rules(mask), num_layers, num_heads, clusters=mask.get("clusters"), importance=mask.get("importance"),
         estimator=mask.get("importance_estimator"),
     )
+
+
+def refuse_substituted(plan: HeadPlan, where: str) -> None:
+    """A ``UserError`` when ``plan`` has ``mean`` or ``resample`` heads, which ``where`` does not take (their values
+    come from a reference set that only ``ablate.py``'s evaluating modes load)."""
+    used = [policy for policy in SUBSTITUTED if plan.counts()[policy]]
+    if used:
+        raise UserError(f"{where} takes no {' or '.join(used)} heads (the plan has {plan.describe()}); they are "
+                        "evaluation ablations: use them with ablate.py mode=eval or sweep_heads")

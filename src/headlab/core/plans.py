@@ -32,6 +32,7 @@ from headlab.errors import UserError
 
 POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter", "mean", "resample")
 SUBSTITUTED = ("mean", "resample")  # policies whose context vector comes from elsewhere (core/substitutes)
+MEAN_OVER = ("tokens", "positions")  # what a mean head's mean is over (headlab.head_means)
 UNITS = ("sentence", "segment")
 ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter")  # policies with a first-order estimate (section 4)
 GRANULARITIES = ("example", "token", "batch", "fisher")  # gradient importance estimators (section 4)

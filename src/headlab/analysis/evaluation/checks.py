@@ -8,7 +8,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from headlab.analysis.jobs.checks import check_evaluation, warn_about_plan
-from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.masks import check_mask, plan_from_mask, refuse_substituted
 from headlab.core.model_files import model_shape
 from headlab.core.plans import HeadPlan
 from headlab.errors import UserError
@@ -57,7 +57,10 @@ def demo_plans(cfg: Any) -> tuple[dict[str, Any], dict[str, HeadPlan]]:
     for mask in masks.values():
         check_mask(mask)
     num_layers, num_heads = model_shape(cfg.model)  # reads the config only
-    return masks, {name: plan_from_mask(mask, num_layers, num_heads) for name, mask in masks.items()}
+    plans = {name: plan_from_mask(mask, num_layers, num_heads) for name, mask in masks.items()}
+    for plan in plans.values():
+        refuse_substituted(plan, "mode=demo")
+    return masks, plans
 
 
 def check_sweep_dir(sweep_dir: str | None) -> None:

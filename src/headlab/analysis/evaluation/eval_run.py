@@ -31,7 +31,7 @@ def plan_name(cfg: Any) -> str:
 def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` on ``cfg.task`` under ``cfg.mask``; ``cfg`` passed ``check_mode``."""
     variant = Variant(plan_name(cfg), plan_from_mask(cfg.mask, *model_shape(cfg.model)), cfg.mask.renormalize)
-    job = EvalJob(cfg, identity)
+    job = EvalJob(cfg, identity, plans=[variant.plan])
     records, baseline = job.evaluate([variant])
     mine = {split: records[(variant.name, split)] for split in job.data.eval_splits}
     result = job.result(variant, mine, baseline, identity.output_dir)

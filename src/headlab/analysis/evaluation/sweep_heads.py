@@ -50,8 +50,8 @@ class LayerSweepEvaluator(PlanEvaluator):
     """Scores the plans of one layer (``variants``: each puts some heads of ``layer`` under one common policy)."""
 
     def __init__(self, model, task, layer: int, variants: list[Variant], examples: dict[str, Any],
-                 per_forward: int = 0, baseline: Variant | None = None):
-        super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples)
+                 per_forward: int = 0, baseline: Variant | None = None, substitutes: Any = None):
+        super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples, substitutes)
         self.layer, self.sweep, self.baseline = layer, list(variants), baseline
         self.per_forward = per_forward  # 0: chosen by device in the first step
         self.every_head = _every_head_plan(layer, self.sweep)  # each head as the plans ablate it
@@ -60,6 +60,7 @@ class LayerSweepEvaluator(PlanEvaluator):
                                      for v in self.sweep]).repeat_interleave(head_dim, dim=1)  # [plans, heads * dim]
 
     def on_validation_start(self) -> None:
+        super().on_validation_start()
         if not self.per_forward:  # on CPUs a bigger batch is not faster per row (measured: slower); GPUs gain
             self.per_forward = len(self.sweep) if self.device.type == "cuda" else 1
         self.columns = self.columns.to(self.device)
@@ -70,8 +71,15 @@ class LayerSweepEvaluator(PlanEvaluator):
         inputs = self.model_inputs(batch)
         plain = {name: t for name, t in inputs.items() if name != "sentence_ids"}  # the stock model's inputs
         hidden, kept = self._layer_input(plain, batch, split)  # [batch, seq, hidden], [batch, seq, heads * dim]
-        ablated = self._ablated_output(inputs, hidden)  # [batch, seq, heads * dim]
-        size = len(batch["input_ids"])
+        draws = 1
+        if self.resampled:  # every row once per draw (draw-major), each with its draw's source
+            draws = self.substitutes.draws
+            repeat = lambda t: t.repeat(draws, *[1] * (t.dim() - 1))  # noqa: E731
+            inputs, plain, hidden, kept = ({n: repeat(t) for n, t in inputs.items()},
+                                           {n: repeat(t) for n, t in plain.items()}, repeat(hidden), repeat(kept))
+            inputs["head_sources"] = self.substitutes.sources(self.model, batch, split)
+        ablated = self._ablated_output(inputs, hidden)  # [draws * batch, seq, heads * dim]
+        size = len(batch["input_ids"]) * draws
         for start in range(0, len(self.sweep), self.per_forward):
             chunk = self.sweep[start : start + self.per_forward]
             columns = self.columns[start : start + len(chunk), None, None]  # [plans, 1, 1, heads * dim]
@@ -85,7 +93,7 @@ class LayerSweepEvaluator(PlanEvaluator):
             for i, variant in enumerate(chunk):
                 rows = SimpleNamespace(**{name: value[i * size : (i + 1) * size] for name, value in out.items()
                                           if isinstance(value, torch.Tensor) and value.dim() > 0})
-                self._pending.setdefault((variant.name, split), []).append(self._batch_rows(rows, batch))
+                self._pending.setdefault((variant.name, split), []).append(self._batch_rows(rows, batch, draws))
 
     def _layer_input(self, plain: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], split: str):
         """The unablated input of ``self.layer`` and its self-attention output; the layers above run only when
@@ -108,7 +116,7 @@ class LayerSweepEvaluator(PlanEvaluator):
         """The swept layer's self-attention output with every head under the plans' policy: heads are computed
         independently, so a plan's output takes its heads' columns from here and the others' from the kept one."""
         try:
-            with ablate(self.model, self.every_head, self.sweep[0].renormalize), \
+            with ablate(self.model, self.every_head, self.sweep[0].renormalize, means=self.means), \
                     start_at_layer(self.model, self.layer, hidden), \
                     self_attention_output(self.model, self.layer, _Stopped) as seen:
                 self.model(**inputs)
@@ -139,7 +147,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     plans = family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads)
     plan_hash = lambda name: config_hash([identity.hash, name])  # noqa: E731  each plan's results belong to this job
     console = Console()
-    job, output_dir = EvalJob(cfg, identity), identity.output_dir
+    job, output_dir = EvalJob(cfg, identity, plans=[plan for _, _, plan in plans]), identity.output_dir
     shared = family_of(job.model).shared  # depths share modules (ALBERT): no forward from a layer, whole ones instead
     results, baseline = {}, None
     for layer in range(num_layers):
@@ -155,7 +163,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                           f"{len(plans)} plans done", markup=False)
         replay = None if shared else (lambda chosen, extra, layer=layer: LayerSweepEvaluator(
             job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
-            extra[0] if extra else None))
+            extra[0] if extra else None, job.substitutes))
         records, baseline = job.evaluate(variants, replay)
         done = []
         for variant in variants:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from headlab.analysis.jobs.checks import check_estimation, check_evaluation, warn_about_plan
+from headlab.core.masks import refuse_substituted
 from headlab.errors import UserError
 
 
 def check_importance(cfg: Any) -> None:
     """The plan, the checkpoint, the estimation split and the sweeps to compare with (no weights read)."""
     plan = check_evaluation(cfg)
+    refuse_substituted(plan, "mode=importance")
     check_estimation(cfg)
     warn_about_plan(cfg, plan)
 

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from headlab.analysis.jobs.identity import JobIdentity
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
+from headlab.analysis.jobs.substitutes import JobSubstitutes, uses_substitutes
 from headlab.core.models import apply_runtime_options, weights_hash
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, read_json, write_json_atomic
@@ -52,10 +53,12 @@ def policy_label(plan: HeadPlan) -> str:
 class EvalJob:
     """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
 
-    def __init__(self, cfg: Any, identity: JobIdentity, *, estimation: Any = None, evaluation: bool = True):
+    def __init__(self, cfg: Any, identity: JobIdentity, *, estimation: Any = None, evaluation: bool = True,
+                 plans: list[HeadPlan] = ()):
         """``evaluation``: the task's eval splits (``data``) and a Trainer for them (``trainer``); ``estimation``
         (the ``importance`` config section): its estimation split (``estimation_data``, ``estimation_task``) and a
-        Trainer without inference mode for gradient scoring (``scoring_trainer``). Either or both."""
+        Trainer without inference mode for gradient scoring (``scoring_trainer``). Either or both. ``plans``: the
+        job's plans; with ``mean`` or ``resample`` heads, the reference set is loaded too (``substitutes``)."""
         self.cfg, self.identity = cfg, identity
         self.output_dir, self.job_hash, self.resolved = identity.output_dir, identity.hash, identity.resolved
         self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
@@ -63,9 +66,14 @@ class EvalJob:
         self.data = self._data_module(cfg.task) if evaluation else None
         self.estimation_data = None if estimation is None else self._data_module(
             estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples)
+        mean, resample = uses_substitutes(list(plans))
+        self.substitutes = JobSubstitutes(cfg, tokenizer_config(self.checkpoint, cfg.model), self.data, resample) \
+            if mean or resample else None
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head, cfg.seed)
         apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)
+        if self.substitutes is not None:
+            self.substitutes.weights = self.weights
         self.logger = identity.logger(cfg.logger, f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}")
         self.trainer = make_trainer(cfg.trainer, [], None, self.output_dir, fitting=False) if evaluation else None
         self.scoring_trainer = None if estimation is None else make_trainer(cfg.trainer, [], None, self.output_dir,
@@ -152,7 +160,8 @@ class EvalJob:
         shape = variants[0].plan.num_layers, variants[0].plan.num_heads
         extra = [] if cached is not None or identity else [Variant(BASELINE, HeadPlan.keep_all(*shape))]
         if make_evaluator is None:
-            evaluator = PlanEvaluator(self.model, self.cfg.task, [*variants, *extra], self.data.eval_examples)
+            evaluator = PlanEvaluator(self.model, self.cfg.task, [*variants, *extra], self.data.eval_examples,
+                                      self.substitutes)
         else:
             evaluator = make_evaluator(variants, extra)
         self.trainer.validate(evaluator, datamodule=self.data, verbose=False)

@@ -47,7 +47,8 @@ class PlanEvaluator(pl.LightningModule):
 
     pass_name = "evaluation"  # in progress lines
 
-    def __init__(self, model: torch.nn.Module, task: Any, variants: list[Variant], examples: dict[str, Any]):
+    def __init__(self, model: torch.nn.Module, task: Any, variants: list[Variant], examples: dict[str, Any],
+                 substitutes: Any = None):
         super().__init__()
         self.model = model.eval()
         self.task, self.variants = task, list(variants)
@@ -57,8 +58,16 @@ class PlanEvaluator(pl.LightningModule):
             self.contexts = {split: list(examples[split]["context"]) for split in self.splits}
             self.golds = {split: [a["text"] for a in examples[split]["answers"]] for split in self.splits}
         self.uses_units = any(v.uses_units for v in self.variants)
+        self.substitutes = substitutes  # JobSubstitutes: what mean / resample heads take (None: no such head)
+        self.resampled = any(v.plan.counts()["resample"] for v in self.variants)
+        self.means = None  # the reference set's means, on the model's device once validation starts
         self.records: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._pending: dict[tuple[str, str], list] = {}
+
+    def on_validation_start(self) -> None:
+        if self.substitutes is not None:  # the model is on its device now
+            self.means = self.substitutes.means(self.model)
+            self.substitutes.start_pass({split: len(ids) for split, ids in self.ids.items()})
 
     def model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = {name: batch[name] for name in MODEL_INPUTS if name in batch}
@@ -70,34 +79,60 @@ class PlanEvaluator(pl.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.splits[dataloader_idx]
         inputs = self.model_inputs(batch)
+        sources = self.substitutes.sources(self.model, batch, split) if self.resampled else None  # one forward
         for variant in self.variants:
+            draws = 1
+            if variant.plan.counts()["resample"]:  # the batch once per draw, each with its draw's sources
+                draws = self.substitutes.draws
+                outer = {name: t.repeat(draws, *[1] * (t.dim() - 1)) for name, t in inputs.items()}
+                outer["head_sources"] = sources
+            else:
+                outer = inputs
             patched = nullcontext() if variant.plan.is_identity else ablate(self.model, variant.plan,
-                                                                            variant.renormalize)
+                                                                            variant.renormalize, means=self.means)
             with patched:
-                out = self.model(**inputs)
-            self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch))
+                out = self.model(**outer)
+            self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch, draws))
 
-    def _batch_rows(self, out: Any, batch: dict[str, torch.Tensor]) -> Any:
+    def _batch_rows(self, out: Any, batch: dict[str, torch.Tensor], draws: int = 1) -> Any:
         """What one batch contributes: per-example columns (classification) or per-feature spans and losses (QA).
+        ``draws``: ``out`` holds the batch's rows once per resample draw (draw-major): each example's loss is the
+        mean of its draws' losses, its prediction that of the draws' mean output (class probabilities, score, span
+        logits).
 
         Tensors on the model's device, read when the epoch ends: no host-device synchronisation per batch.
         """
-        if self.task.type == "extractive_qa":  # start_logits, end_logits: [batch, seq]
-            spans = best_spans(out.start_logits, out.end_logits, batch["context_offsets"], self.task.n_best,
-                               self.task.max_answer_length)
-            losses = span_losses(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"])
-            return batch["example_index"], spans, losses
+        size = len(batch["input_ids"])
+        per_draw = lambda t: t.reshape(draws, size, *t.shape[1:])  # noqa: E731  [draws, batch, ...]
+        repeated = lambda t: t.repeat(draws)  # noqa: E731
+        if self.task.type == "extractive_qa":  # start_logits, end_logits: [draws * batch, seq]
+            losses = span_losses(out.start_logits, out.end_logits, repeated(batch["start_positions"]),
+                                 repeated(batch["end_positions"]))
+            start, end = (per_draw(x).mean(0) if draws > 1 else x for x in (out.start_logits, out.end_logits))
+            spans = best_spans(start, end, batch["context_offsets"], self.task.n_best, self.task.max_answer_length)
+            return batch["example_index"], spans, per_draw(losses).mean(0)
         regression = self.task.type == "regression"
-        logits = out.logits  # [batch, labels]
-        prediction = logits[:, 0].double() if regression else logits.argmax(dim=-1)
+        logits = out.logits  # [draws * batch, labels]
         labels = batch["labels"]
-        return batch["example_index"], labels, prediction, example_losses(logits, labels, regression)
+        losses = per_draw(example_losses(logits, repeated(labels), regression)).mean(0)
+        if draws == 1:
+            prediction = logits[:, 0].double() if regression else logits.argmax(dim=-1)
+        elif regression:
+            prediction = per_draw(logits[:, 0].double()).mean(0)
+        else:
+            prediction = per_draw(logits.float().softmax(-1)).mean(0).argmax(dim=-1)
+        return batch["example_index"], labels, prediction, losses
 
     def on_validation_epoch_end(self) -> None:
         for (name, split), batches in self._pending.items():
             rows = self._qa_rows(batches, split) if self.task.type == "extractive_qa" else [
                 row for batch in batches for row in zip(*(column.tolist() for column in batch))]
-            self.records[(name, split)] = self._records(gather_rows(rows), split)
+            records = self._records(gather_rows(rows), split)
+            if any(v.name == name and v.plan.counts()["resample"] for v in self.variants):
+                drawn = self.substitutes.drawn(split)  # [draws, examples]: each example's source per draw
+                for record in records:
+                    record["sources"] = drawn[:, record["example"]].tolist()
+            self.records[(name, split)] = records
         self._pending = {}
 
     def _qa_rows(self, batches: list, split: str) -> list[tuple]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from headlab.analysis.syntax.sources import evaluation_source, read_evaluation, read_training
 from headlab.analysis.syntax.treebank import LEFT_OUT_RELATIONS
-from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.masks import check_mask, plan_from_mask, refuse_substituted
 from headlab.core.model_files import model_shape
 from headlab.core.plans import HeadPlan
 from headlab.errors import UserError
@@ -30,6 +30,7 @@ def syntax_plan(cfg: Any) -> HeadPlan | None:
     """The mask's plan (None when every head keeps); a ``UserError`` when it changes every head (none to score)."""
     check_mask(cfg.mask)
     plan = plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
+    refuse_substituted(plan, "mode=syntax")
     if plan.is_identity:
         return None
     if plan.counts()["keep"] == 0:

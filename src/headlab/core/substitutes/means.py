@@ -29,11 +29,10 @@ import torch
 from transformers import PreTrainedModel
 
 from headlab.core.model_parts import head_width
+from headlab.core.plans import MEAN_OVER
 from headlab.core.substitutes.contexts import head_contexts
 from headlab.errors import UserError
 from headlab.files import atomic_file
-
-MEAN_OVER = ("tokens", "positions")
 
 
 @dataclass(frozen=True)

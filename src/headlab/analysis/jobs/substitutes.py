@@ -1,0 +1,168 @@
+"""What ``mean`` and ``resample`` heads take in ``ablate.py``'s jobs (docs/plans.md).
+
+The reference set is ``mask.reference`` (``train``: the task's training split; ``validation``: its first evaluation
+split; or a data file in the task's format), its first ``mask.reference_examples`` examples, tokenised like the
+evaluation data; it is loaded and checked before the weights. ``JobSubstitutes``:
+
+* ``means(model)``: every head's mean context vector over the reference set (``mask.mean_over``), computed once per
+  weights, reference set and setting, and cached as ``<baseline_dir>/means/<key>.npz`` (the key a hash of exactly
+  those; another job of the sweep reads it);
+* ``sources(model, batch, split)``: the ``head_sources`` of an evaluated batch for ``mask.resamples`` draws: draw k
+  gives example e the reference example ``source(e, k)`` (seeded by ``seed``; never e itself: when the reference
+  set is the evaluated split, each draw is a derangement), and an evaluated feature (a SQuAD window) the source's
+  feature of the same window number (modulo its windows). The rows of the K draws are stacked draw-major, so a
+  forward of the batch repeated K times takes them whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from headlab.core.plans import HeadPlan
+from headlab.core.substitutes.means import HeadMeans, head_means, load_means, save_means
+from headlab.core.substitutes.sources import derangement, resample_sources
+from headlab.errors import UserError
+from headlab.files import config_hash, path_stamp
+from headlab.training.datamodule import TaskDataModule
+
+SPLITS = ("train", "validation")  # mask.reference values that name a split of the task
+
+
+def uses_substitutes(plans: list[HeadPlan]) -> tuple[bool, bool]:
+    """Whether any plan has ``mean`` heads, and whether any has ``resample`` heads."""
+    return (any(plan.counts()["mean"] for plan in plans), any(plan.counts()["resample"] for plan in plans))
+
+
+def reference_task(task: Any, reference: str) -> tuple[Any, str]:
+    """The task whose one evaluation split is the reference set, and that split's name."""
+    plain = OmegaConf.to_container(task, resolve=True)
+    if reference == "train":
+        split = task.train_split
+    elif reference == "validation":
+        split = task.eval_splits[0]
+    else:
+        split = "reference"
+        plain |= {"dataset": None, "subset": None, "data_files": {split: reference}}
+    return OmegaConf.create(plain | {"eval_splits": [split]}), split
+
+
+class JobSubstitutes:
+    """The reference set of a job and what mean and resample heads take from it (module docstring)."""
+
+    def __init__(self, cfg: Any, tokenizer_cfg: Any, evaluated: TaskDataModule | None, resample: bool):
+        mask = cfg.mask
+        self.mean_over, self.draws, self.seed = mask.mean_over, mask.resamples if resample else 1, cfg.seed
+        self.cache_dir, self.weights = cfg.baseline_dir, None  # the weights' hash: set once they are loaded
+        self.reference, self.examples = mask.reference, mask.reference_examples
+        if resample and self.examples < 2:
+            raise UserError(f"mask.reference_examples={self.examples}: resample needs at least 2 reference examples "
+                            "(each example takes another's heads)")
+        task, self.split = reference_task(cfg.task, mask.reference)
+        data_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
+                    if k in ("eval_batch_size", "cache_dir")}
+        data = TaskDataModule(task, tokenizer_cfg, unit=mask.unit, seed=cfg.seed, train=False,
+                              max_eval_examples=self.examples, **data_cfg)
+        data.setup()
+        found = data.num_examples[self.split]
+        if found < self.examples:
+            where = mask.reference if mask.reference not in SPLITS else f"{mask.reference} (split {self.split})"
+            raise UserError(f"mask.reference={where} has {found} examples; mask.reference_examples="
+                            f"{self.examples} needs that many (lower it, or use a larger reference set)")
+        self.features, self.collator, self.batch_size = data.eval_features[self.split], data.collator, \
+            data.eval_batch_size
+        owners = np.asarray(self.features["example_index"])  # [features]: each feature's example
+        self.first = np.searchsorted(owners, np.arange(self.examples))  # [examples]: its first feature
+        self.windows = np.bincount(owners, minlength=self.examples)  # [examples]: its features
+        self.identity = {"task": OmegaConf.to_container(task, resolve=True), "reference": mask.reference,
+                         "stamp": path_stamp(mask.reference), "examples": self.examples, "mean_over": self.mean_over,
+                         "max_length": cfg.task.get("max_length")}
+        if evaluated is not None and self.mean_over == "positions":
+            self._check_positions(evaluated)
+        self._means: HeadMeans | None = None
+        self._assignments: dict[tuple[str, int], np.ndarray] = {}
+        self._windows: dict[str, tuple[int, int]] = {}  # per split: (last example seen, its windows so far)
+        self.sizes: dict[str, int] = {}
+
+    def _check_positions(self, evaluated: TaskDataModule) -> None:
+        """``mean_over=positions`` has a mean for every position an evaluated input reaches."""
+        reached = max(len(ids) for ids in self.features["input_ids"])
+        for split, features in evaluated.eval_features.items():
+            longest = max(len(ids) for ids in features["input_ids"])
+            if longest > reached:
+                raise UserError(f"mask.mean_over=positions: split {split} has inputs of {longest} tokens, longer than "
+                                f"any reference example ({reached}); use mean_over=tokens or a reference set of "
+                                "inputs as long")
+
+    def means(self, model: torch.nn.Module) -> HeadMeans:
+        """The means over the reference set (cached; computed on the model's device when missing); the model's
+        ``weights`` hash must be set."""
+        if self._means is None:
+            identity = {"weights": self.weights, **self.identity}
+            path = Path(self.cache_dir) / "means" / f"{config_hash(identity)}.npz"
+            means = load_means(path, identity)
+            if means is None:
+                means = head_means(model, self._batches(model), self.mean_over)
+                save_means(means, path, identity)
+            self._means = means
+        return self._means
+
+    def _batches(self, model: torch.nn.Module):
+        device = next(model.parameters()).device
+        loader = DataLoader(self.features, batch_size=self.batch_size, collate_fn=self.collator)
+        for batch in loader:
+            yield {name: value.to(device) for name, value in batch.items()}
+
+    def start_pass(self, sizes: dict[str, int]) -> None:
+        """Before a pass over the evaluated splits: their numbers of examples (``sources`` draws for each)."""
+        self.sizes, self._windows = dict(sizes), {}
+
+    def sources(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
+        """``head_sources`` ``[layers, draws * batch, seq, heads, head_dim]`` of ``batch`` (module docstring); after
+        ``means`` and ``start_pass``."""
+        examples = batch["example_index"].tolist()
+        windows = self._window_numbers(split, examples)
+        rows = []
+        for draw in range(self.draws):
+            owners = self._assignment(split, draw)[examples]
+            rows += [int(self.first[o] + w % self.windows[o]) for o, w in zip(owners, windows)]
+        device = batch["input_ids"].device
+        chosen = self.collator([self.features[row] for row in rows])
+        inputs = {name: chosen[name].to(device) for name in ("input_ids", "attention_mask", "token_type_ids")
+                  if name in chosen}
+        return resample_sources(model, inputs, batch["input_ids"].shape[1], self._means)
+
+    def drawn(self, split: str) -> np.ndarray:
+        """``[draws, examples of split]``: the reference example each evaluated example takes its heads from."""
+        return np.stack([self._assignment(split, draw) for draw in range(self.draws)])
+
+    def _window_numbers(self, split: str, examples: list[int]) -> list[int]:
+        """Each row's window number within its example (the rows of an example are adjacent, in order)."""
+        last, count = self._windows.get(split, (-1, 0))
+        numbers = []
+        for example in examples:
+            count = count + 1 if example == last else 0
+            last = example
+            numbers.append(count)
+        self._windows[split] = (last, count)
+        return numbers
+
+    def _assignment(self, split: str, draw: int) -> np.ndarray:
+        """``[examples of split]``: each evaluated example's source in draw ``draw``: uniform over the reference set,
+        seeded by (seed, draw, split); where the evaluated split is the reference split, example e is reference
+        example e and draws another: a derangement of the reference set (uniform beyond it)."""
+        key = (split, draw)
+        if key not in self._assignments:
+            size = self.sizes[split]
+            generator = np.random.default_rng([self.seed, draw, int(config_hash(split), 16) % 2**32])
+            drawn = generator.integers(0, self.examples, size)
+            if split == self.split and self.reference in SPLITS:
+                inside = min(size, self.examples)
+                drawn[:inside] = derangement(self.examples, generator)[:inside]
+            self._assignments[key] = drawn
+        return self._assignments[key]
