@@ -103,6 +103,8 @@ def _reference_attention(state: dict) -> Callable:
                 if state["toward"] is not None:  # gate * (z + step * (z' - z)), z' under the policy
                     policy, gates, steps = state["toward"]
                     alternative = head_attention(scores, valid, units, policy, state["renormalize"]) @ value[b, h]
+                    if policy in ("mean", "resample"):
+                        alternative = alternative + state["substitutes"](depth, b, h, policy)
                     context = gates[b, depth, h] * (context + steps[b, depth, h] * (alternative - context))
                 out[b, h] = context
         return out.transpose(1, 2).contiguous(), None

@@ -119,7 +119,9 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
                 context[b, :, cols] = gate * (attention @ v[b, :, cols] + put)
                 for policy, other in others.items():
                     with torch.no_grad():
-                        other[b, :, cols] = head_attention(scores, valid, units, policy, renormalize) @ v[b, :, cols]
+                        taken = substitutes(layer, b, h, policy) if policy in ("mean", "resample") else 0.0
+                        other[b, :, cols] = head_attention(scores, valid, units, policy, renormalize) @ v[b, :, cols] \
+                            + taken
         if record is not None:
             record.setdefault("contexts", []).append(context)
             for policy, other in others.items():

@@ -212,13 +212,15 @@ def test_gradient_importance_and_estimates_equal_the_reference(classifier, renor
 
     name, model = classifier
     rows, labels = batch(), torch.tensor([1, 0, 1])
-    mine = head_gradients(model, [{**rows, "labels": labels}], policies=ESTIMABLE, renormalize=renormalize)
+    means, head_sources, substitutes = substituted(model, rows)
+    mine = head_gradients(model, [{**rows, "labels": labels, "head_sources": head_sources}], policies=ESTIMABLE,
+                          renormalize=renormalize, means=means)
     shape = (3, model.config.num_hidden_layers, model.config.num_attention_heads)
     for policy in ESTIMABLE:
         gates = torch.ones(shape, dtype=torch.float64, requires_grad=True)
         steps = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
         with reference_of(model, lambda depth, head: "keep", rows["sentence_ids"], renormalize,
-                          toward=(policy, gates, steps)) as reference:
+                          toward=(policy, gates, steps), substitutes=substitutes) as reference:
             logits = reference(**model_inputs(rows)).logits
         gate, estimate = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"),
                                              [gates, steps])

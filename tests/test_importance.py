@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from reference import bert_forward, classifier_logits, params_of, qa_logits
+from test_attention import substituted
 
 import headlab
 from headlab.core.head_gradients import GradientProbe, gradient_probe
@@ -39,9 +40,14 @@ def rows(batch, *slices):
     return [{k: v[s] for k, v in batch.items()} for s in slices]
 
 
-def reference_gradients(model, batch, policies=(), renormalize=False, qa=False):
+def batch_inputs(batch):
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def reference_gradients(model, batch, policies=(), renormalize=False, qa=False, substitutes=None):
     """Per example (alone, one backward each): gate gradient, sum_t |g . z|, sum_t g . (z' - z) per policy,
-    and |d loss / d A| of every head, all ``[layers, heads, ...]`` float64."""
+    and |d loss / d A| of every head, all ``[layers, heads, ...]`` float64. ``substitutes``: what mean and resample
+    heads take, of the whole batch (``test_attention.substituted``)."""
     params, config = params_of(model), model.config
     layers, heads = config.num_hidden_layers, config.num_attention_heads
     out = []
@@ -49,8 +55,9 @@ def reference_gradients(model, batch, policies=(), renormalize=False, qa=False):
         one = {k: v[b:b + 1] for k, v in batch.items()}
         gates = torch.ones(1, layers, heads, dtype=torch.float64, requires_grad=True)
         record = {"attention": [], **{p: [] for p in policies if p != "prune"}}
+        own = None if substitutes is None else (lambda layer, _, h, policy, b=b: substitutes(layer, b, h, policy))
         hidden = bert_forward(params, config, one["input_ids"], one["attention_mask"], one["token_type_ids"],
-                              lambda layer, head: "keep", one["sentence_ids"], renormalize, gates, record)
+                              lambda layer, head: "keep", one["sentence_ids"], renormalize, gates, record, own)
         if qa:
             start, end = qa_logits(params, hidden)
             loss = (F.cross_entropy(start, one["start_positions"]) + F.cross_entropy(end, one["end_positions"])) / 2
@@ -74,9 +81,11 @@ def reference_gradients(model, batch, policies=(), renormalize=False, qa=False):
 
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_every_per_example_value_equals_the_float64_reference(classifier, batch, renormalize):
-    mine = head_gradients(classifier, rows(batch, slice(0, 2), slice(2, 3)), policies=ESTIMABLE,
-                          renormalize=renormalize)
-    expected = reference_gradients(classifier, batch, ESTIMABLE, renormalize)
+    means, head_sources, substitutes = substituted(classifier, batch_inputs(batch))
+    parts = [{**part, "head_sources": head_sources[:, cut]}
+             for part, cut in zip(rows(batch, slice(0, 2), slice(2, 3)), (slice(0, 2), slice(2, 3)))]
+    mine = head_gradients(classifier, parts, policies=ESTIMABLE, renormalize=renormalize, means=means)
+    expected = reference_gradients(classifier, batch, ESTIMABLE, renormalize, substitutes=substitutes)
     assert mine.num_examples == 3 and (mine.order[:, 0] == [0, 1, 2]).all()
     for b, ref in enumerate(expected):
         np.testing.assert_allclose(mine.gate[b], ref["gate"], rtol=1e-9, atol=1e-12)
@@ -133,7 +142,9 @@ def test_key_type_gradients_equal_the_reference(classifier, batch, tokenizer):
 def test_each_estimate_is_the_limit_of_the_measured_loss_change(classifier, batch, policy):
     """Finite differences: move one head's context vector a fraction eps of the way to its ablated value."""
     layer, head = 1, 2
-    estimate = headlab.ablation_estimate(classifier, [batch], policy)[layer, head].item()
+    means, head_sources, _ = substituted(classifier, batch_inputs(batch))  # the next row's heads for resample
+    estimate = headlab.ablation_estimate(classifier, [{**batch, "head_sources": head_sources}], policy,
+                                         means=means)[layer, head].item()
     plan = headlab.HeadPlan.from_rules([{"heads": f"L{layer}H{head}", "policy": policy}], 3, 4)
     module, width = self_attention_of(classifier, layer), classifier.config.hidden_size // 4
     columns = slice(head * width, (head + 1) * width)
@@ -141,8 +152,8 @@ def test_each_estimate_is_the_limit_of_the_measured_loss_change(classifier, batc
     hook = module.register_forward_hook(lambda m, args, out: seen.append(out[0]))
     with torch.no_grad():
         loss0 = classifier(**batch).loss.item()
-        with headlab.ablate(classifier, plan):
-            measured = classifier(**batch).loss.item() - loss0
+        with headlab.ablate(classifier, plan, means=means):
+            measured = classifier(**batch, head_sources=head_sources).loss.item() - loss0
     hook.remove()
     kept, ablated = seen
 
@@ -179,8 +190,9 @@ def test_gates_leave_the_forward_unchanged(tiny_cfg, batch):
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     with torch.no_grad():
         expected = model(**inputs).logits
-    with torch.enable_grad(), gradient_probe(model, ESTIMABLE) as probe:
-        got = model(**inputs, sentence_ids=batch["sentence_ids"]).logits
+    means, head_sources, _ = substituted(model, inputs)
+    with torch.enable_grad(), gradient_probe(model, ESTIMABLE, means=means) as probe:
+        got = model(**inputs, sentence_ids=batch["sentence_ids"], head_sources=head_sources).logits
         assert probe.gates.shape == (3, 3, 4) and probe.gates.requires_grad
     assert torch.equal(got, expected)
     assert all(p.requires_grad for p in model.parameters())  # restored

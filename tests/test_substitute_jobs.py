@@ -104,9 +104,16 @@ def test_mean_and_resample_records_equal_the_definitions(trained):
      "data file 'missing.jsonl' for split 'reference' does not exist"),
     (["mask=mean", "mask.heads=L0", "mask.mean_over=words"], "mask.mean_over='words' is not allowed"),
     (["mask=resample", "mask.heads=L0", "mask.resamples=0"], "mask.resamples=0 is out of range"),
+    (["mask=mean", "mask.heads=L0", "mask.reference=EMPTY"], "for split 'reference' is empty"),
+    (["mask=mean", "mask.heads=L0", "mask.mean_over=positions", "mask.reference=SHORT", "mask.reference_examples=1"],
+     "mask.mean_over=positions: split validation has inputs of"),
 ])
 def test_bad_reference_settings_fail_before_the_weights_load(trained, overrides, expected):
     root, _ = trained
+    empty, short = root / "empty.jsonl", root / "short.jsonl"
+    empty.write_text("")
+    short.write_text(json.dumps({"sentence1": "Yes.", "sentence2": "No.", "label": 0}) + "\n")
+    overrides = [o.replace("EMPTY", str(empty)).replace("SHORT", str(short)) for o in overrides]
     result = run("ablate.py", "mode=eval", f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'bad'}",
                  *overrides, cwd_tmp=root, check=False)
     assert_one_error_line(result, expected)

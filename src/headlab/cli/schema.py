@@ -21,6 +21,7 @@ from omegaconf import MISSING, OmegaConf
 
 from headlab.analysis.evaluation.report_schema import ReportConfig
 from headlab.analysis.importance.schema import ImportanceConfig, PruneCurveConfig
+from headlab.analysis.shapley.schema import ShapleyConfig
 from headlab.analysis.syntax.schema import SyntaxConfig
 from headlab.analysis.types.schema import ClusterConfig, CompareConfig, FeaturesConfig
 from headlab.cli.hydra_glue import register_resolvers
@@ -34,8 +35,8 @@ from headlab.tasks.hub_data import check_hub_dataset
 from headlab.tasks.local_files import check_text_file
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "features", "cluster", "compare", "syntax",
-                "report", "demo")
+ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "features", "cluster",
+                "compare", "syntax", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.patch.ablate.ROUTES
 # --------------------------------------------------------------------------- groups
@@ -266,6 +267,7 @@ class AblateConfig(RunConfig):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     syntax: SyntaxConfig = field(default_factory=SyntaxConfig)
+    shapley: ShapleyConfig = field(default_factory=ShapleyConfig)
     sweep_dir: str | None = None  # mode=report: the sweep directory to collect
     report: ReportConfig = field(default_factory=ReportConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -283,7 +285,7 @@ SCHEMAS = {
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
 CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "importance", "prune_curve", "features",
-                  "cluster", "compare", "syntax", "report")
+                  "cluster", "compare", "syntax", "shapley", "report")
 
 
 def register_configs() -> None:

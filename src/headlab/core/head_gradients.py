@@ -10,6 +10,8 @@ per layer, what the first-order estimates need:
   layer input (computed without gradient, with the functions ``ablate`` uses, so the estimate and the
   measured ablation share one definition); ``prune`` needs none (``z' = 0``), and ``uniform`` under a
   padding mask is the closed form of its SDPA call: every query's context is the mean of the valid values;
+  ``mean`` takes the probe's means (``gradient_probe(means=)``), ``resample`` the forward's ``head_sources``
+  (several draws: their mean, since the estimate is linear in ``z'``);
 * the values ``[batch, heads, seq, head_dim]``, for the gradient with respect to the attention weights:
   with ``z_i = sum_j A_ij v_j`` (``A`` after the softmax, before dropout), ``d loss / d A_ij = g_i . v_j``.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -30,7 +33,9 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from headlab.core.patch.attention import PROBE_NAME, Controller, _restricted, _shared, attend, call_depth
 from headlab.core.patch.sdpa_masks import padding_mask_function, validity
-from headlab.core.plans import ESTIMABLE
+from headlab.core.patch.substitution import SOURCES, DeviceMeans
+from headlab.core.plans import ESTIMABLE, SUBSTITUTED
+from headlab.errors import UserError
 
 _PROBE = "_headlab_probe"  # attribute on the self-attention modules while a probe is active
 KEY_TYPES = ("cls", "sep", "punct", "other")
@@ -55,11 +60,15 @@ class GradientProbe:
     """What one forward under ``gradient_probe`` keeps per layer, and its backward pass."""
 
     def __init__(self, controller: Controller, num_layers: int, policies: Sequence[str], renormalize: bool,
-                 values: bool):
+                 values: bool, means: DeviceMeans | None = None):
         unknown = sorted(set(policies) - set(ESTIMABLE))
         if unknown:
             raise ValueError(f"no first-order estimate for policies {unknown}; estimable: {', '.join(ESTIMABLE)}")
-        self.controller, self.num_layers = controller, num_layers
+        if "mean" in policies and means is None:
+            raise UserError("the estimate of mean needs the heads' means: "
+                            "gradient_probe(means=headlab.head_means(...))")
+        self.controller, self.num_layers, self.means = controller, num_layers, means
+        self._sources: torch.Tensor | None = None  # the current forward's head_sources (resample), set at depth 0
         self.policies, self.renormalize, self.keep_values = tuple(policies), renormalize, values
         self._clear()
 
@@ -69,7 +78,7 @@ class GradientProbe:
         self.deltas: dict[str, list[torch.Tensor | None]] = {p: [None] * self.num_layers for p in self.policies}
         self.values: list[torch.Tensor | None] = [None] * self.num_layers  # [batch, heads, seq, head_dim]
 
-    def capture(self, layer: int, out, query, key, value, attention_mask, scaling, sentence_ids) -> torch.Tensor:
+    def capture(self, layer: int, out, query, key, value, attention_mask, scaling, kwargs: dict) -> torch.Tensor:
         """Gate the layer's context vectors ``out`` ``[batch, seq, heads, head_dim]`` and keep what is needed."""
         if layer == 0 or self.gates is None:  # a new forward
             self._clear()
@@ -81,12 +90,26 @@ class GradientProbe:
         with torch.no_grad():
             z = out.detach()
             for policy in self.policies:
-                if policy != "prune":
-                    alternative = self._alternative(policy, query, key, value, attention_mask, scaling, sentence_ids)
+                if policy in SUBSTITUTED:  # [batch or 1, seq or 1, heads, head_dim]
+                    self.deltas[policy][layer] = self._substitute(policy, layer, z) - z
+                elif policy != "prune":
+                    alternative = self._alternative(policy, query, key, value, attention_mask, scaling,
+                                                    kwargs.get("sentence_ids"))
                     self.deltas[policy][layer] = alternative.transpose(1, 2) - z
             if self.keep_values:
                 self.values[layer] = value.detach()
         return gated
+
+    def _substitute(self, policy: str, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """``z'`` of a ``mean`` / ``resample`` head at ``layer``: ``[batch or 1, seq or 1, heads, head_dim]``."""
+        if policy == "mean":
+            return self.means.at(layer, z.shape[1]).to(z.dtype)
+        sources = self._sources
+        if sources is None:
+            raise UserError("the estimate of resample needs head_sources= in the forward (headlab.resample_sources)")
+        if sources.shape[1] != z.shape[0]:  # several draws, stacked draw-major: their mean
+            sources = sources.view(sources.shape[0], -1, *z.shape).mean(1)
+        return sources[layer].to(z.dtype)
 
     def _alternative(self, policy, query, key, value, attention_mask, scaling, sentence_ids) -> torch.Tensor:
         """``z'``: every head of the layer under ``policy``, ``[batch, heads, seq, head_dim]`` (no dropout)."""
@@ -153,8 +176,9 @@ def probe_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     probe = module.__dict__.get(_PROBE)
     if probe is None:
         return out, None
-    return probe.capture(depth, out, query, key, value, attention_mask, scaling,
-                         kwargs.get("sentence_ids")), None
+    if depth == 0:
+        probe._sources = kwargs.get(SOURCES)
+    return probe.capture(depth, out, query, key, value, attention_mask, scaling, kwargs), None
 
 
 def key_type_masks(input_ids: torch.Tensor, attention_mask: torch.Tensor, cls_id: int, sep_id: int,
@@ -170,16 +194,19 @@ def key_type_masks(input_ids: torch.Tensor, attention_mask: torch.Tensor, cls_id
 
 @contextmanager
 def gradient_probe(model: PreTrainedModel, policies: Sequence[str] = (), renormalize: bool = False,
-                   values: bool = False) -> Iterator[GradientProbe]:
+                   values: bool = False, means: Any = None) -> Iterator[GradientProbe]:
     """Inside the block, forwards gate and capture every head (module docstring); the model is restored on exit.
 
     Use it inside ``headlab.ablate`` to score heads under a plan. ``policies``: those whose ``z' - z`` is kept
-    (``drop_*`` need ``sentence_ids`` in the forward); ``values``: keep the values for key-type gradients.
+    (``drop_*`` need ``sentence_ids`` in the forward, ``resample`` its ``head_sources``; ``mean`` needs
+    ``means``, a ``HeadMeans``); ``values``: keep the values for key-type gradients.
     """
     controller = Controller.of(model)
     AttentionInterface.register(PROBE_NAME, probe_attention)
     AttentionMaskInterface.register(PROBE_NAME, padding_mask_function)
-    probe = GradientProbe(controller, model.config.num_hidden_layers, policies, renormalize, values)
+    on_device = None if means is None else DeviceMeans(means, next(model.parameters()).device,
+                                                       next(model.parameters()).dtype)
+    probe = GradientProbe(controller, model.config.num_hidden_layers, policies, renormalize, values, on_device)
     originals = [config._attn_implementation_internal for config in controller.configs]
     trainable = [p for p in model.parameters() if p.requires_grad]
     try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +37,8 @@ from headlab.core.families import family_of
 from headlab.core.head_gradients import KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
 from headlab.core.model_parts import MODEL_INPUTS
 from headlab.core.patch.ablate import ablate
-from headlab.core.plans import ESTIMABLE, GRANULARITIES, HeadPlan, check_unit
+from headlab.core.patch.substitution import SOURCES
+from headlab.core.plans import ESTIMABLE, ESTIMATED, GRANULARITIES, HeadPlan, check_unit
 from headlab.errors import UserError, one_of
 
 LABELS = (("labels",), ("start_positions", "end_positions"))  # classification / regression, extractive QA
@@ -126,6 +128,10 @@ def score_batch(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], probe
     inputs = {k: batch[k] for k in (*MODEL_INPUTS, *labels) if k in batch}
     if any(p.startswith("drop_") for p in probe.policies):
         inputs["sentence_ids"] = _unit_ids(batch, unit)
+    if "resample" in probe.policies:
+        if SOURCES not in batch:
+            raise UserError(f"the estimate of resample needs batches with {SOURCES} (headlab.resample_sources)")
+        inputs[SOURCES] = batch[SOURCES]
     out = model(**inputs)
     loss = getattr(out, "loss", None)
     if loss is None:
@@ -174,12 +180,13 @@ class GradientRows:
 
 
 def head_gradients(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tensor]], *,
-                   policies: Iterable[str] = ESTIMABLE, renormalize: bool = False, unit: str | None = None,
-                   plan: HeadPlan | None = None, tokenizer=None) -> HeadGradients:
+                   policies: Iterable[str] = ESTIMATED, renormalize: bool = False, unit: str | None = None,
+                   plan: HeadPlan | None = None, tokenizer=None, means: Any = None) -> HeadGradients:
     """Every per-example quantity of the module docstring over ``batches``, one forward + backward per batch.
 
     ``plan``: score the heads under this plan (heads it prunes get 0). ``tokenizer``: also the gradients by
     key type ([CLS], [SEP], ``.``/``,``, other). The model runs in eval mode (no dropout) and is restored.
+    ``mean`` estimates need ``means`` (``headlab.head_means``), ``resample`` ones batches with ``head_sources``.
     """
     policies = tuple(policies)
     if unit == "segment" and not family_of(model).segment_ids:
@@ -191,8 +198,8 @@ def head_gradients(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.
     patched = nullcontext() if plan is None or plan.is_identity else ablate(model, plan, renormalize)
     try:
         model.eval()
-        with torch.enable_grad(), patched, gradient_probe(model, policies, renormalize, values=key_ids is not None) \
-                as probe:
+        with torch.enable_grad(), patched, gradient_probe(model, policies, renormalize, values=key_ids is not None,
+                                                          means=means) as probe:
             for batch in batches:
                 rows.add(score_batch(model, batch, probe, unit, key_ids), batch)
     finally:
@@ -213,15 +220,17 @@ def head_importance(model: PreTrainedModel, batches: Iterable[Mapping[str, torch
 
 def ablation_estimate(model: PreTrainedModel, batches: Iterable[Mapping[str, torch.Tensor]], policy: str, *,
                       unit: str | None = None, renormalize: bool = False, per_example: bool = False,
-                      plan: HeadPlan | None = None) -> torch.Tensor:
+                      plan: HeadPlan | None = None, means: Any = None) -> torch.Tensor:
     """First-order estimate of the loss change of ablating each head alone under ``policy``.
 
     ``[layers, heads]`` (the mean over examples), or ``[examples, layers, heads]`` with ``per_example=True``.
     ``unit``: ``segment`` takes the units from ``token_type_ids`` (not RoBERTa's: all 0); otherwise batches carry
-    ``sentence_ids`` (``headlab.unit_ids``: any unit, any family).
+    ``sentence_ids`` (``headlab.unit_ids``: any unit, any family). ``mean``: the heads' ``means``
+    (``headlab.head_means``); ``resample``: batches with ``head_sources`` (``headlab.resample_sources``).
     """
     one_of("policy", policy, ESTIMABLE)
-    grads = head_gradients(model, batches, policies=(policy,), renormalize=renormalize, unit=unit, plan=plan)
+    grads = head_gradients(model, batches, policies=(policy,), renormalize=renormalize, unit=unit, plan=plan,
+                           means=means)
     return torch.from_numpy(grads.estimates[policy] if per_example else grads.estimate(policy))
 
 

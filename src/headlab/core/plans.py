@@ -34,7 +34,8 @@ POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter", "mean", "res
 SUBSTITUTED = ("mean", "resample")  # policies whose context vector comes from elsewhere (core/substitutes)
 MEAN_OVER = ("tokens", "positions")  # what a mean head's mean is over (headlab.head_means)
 UNITS = ("sentence", "segment")
-ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter")  # policies with a first-order estimate (section 4)
+ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter", "mean", "resample")  # with a first-order estimate
+ESTIMATED = ESTIMABLE[:4]  # what mode=importance estimates unless importance.policies says (no reference set needed)
 GRANULARITIES = ("example", "token", "batch", "fisher")  # gradient importance estimators (section 4)
 
 _RANGE_TOKEN = re.compile(r"^(?:L(\d+)(?:-(\d+))?)?(?:H(\d+)(?:-(\d+))?)?$")

@@ -152,3 +152,29 @@ def prune_curve(rows: pd.DataFrame, metric: str, threshold: float, title: str, p
     axes.set_title(title)
     axes.legend()
     return _save(figure, path, formats)
+
+
+def shapley_waterfall(names: Sequence[str], values: np.ndarray, low: np.ndarray, high: np.ndarray, empty: float,
+                      full: float, score: str, title: str, path: Path, formats: Sequence[str] = ("png",),
+                      shown: int = 20) -> list[Path]:
+    """From the score with every group removed to the full model's, one bar per group's Shapley value (the largest
+    ``shown`` by size; the rest as one bar), with its confidence interval at the bar's end."""
+    order = np.argsort(-np.abs(values), kind="stable")
+    rows = [(names[i], values[i], low[i], high[i]) for i in order[:shown]]
+    if len(order) > shown:
+        rest = values[order[shown:]].sum()
+        rows.append((f"{len(order) - shown} others", rest, np.nan, np.nan))
+    figure, axes = plt.subplots(figsize=(max(5.0, 0.45 * len(rows) + 2.5), 4.0))
+    level = empty
+    for x, (_, value, lo, hi) in enumerate(rows):
+        axes.bar(x, value, bottom=level, color="tab:blue" if value >= 0 else "tab:red")
+        if np.isfinite(lo):
+            axes.errorbar(x, level + value, yerr=[[value - lo], [hi - value]], color="black", capsize=3, lw=1)
+        level += value
+    axes.axhline(empty, color="gray", lw=0.8, ls=":", label=f"every group removed: {empty:.4g}")
+    axes.axhline(full, color="black", lw=0.8, ls="--", label=f"full model: {full:.4g}")
+    axes.set_xticks(range(len(rows)), [row[0] for row in rows], rotation=60, ha="right")
+    axes.set_ylabel(score)
+    axes.set_title(title)
+    axes.legend(fontsize=8)
+    return _save(figure, path, formats)

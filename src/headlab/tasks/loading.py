@@ -77,6 +77,8 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
     if builder is None:
         raise UserError(f"data file {str(path)!r}: unknown format {path.suffix!r}; expected {', '.join(_BUILDERS)}")
     options = {"delimiter": "\t", "quoting": 3} if path.suffix == ".tsv" else {}
+    if not path.read_bytes().strip():
+        raise UserError(f"task {task.name}: data file {str(path)!r} for split {split!r} is empty")
     try:
         dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as error:  # the builders raise many kinds; the file is what matters here

@@ -58,7 +58,7 @@ def score_heads(job: EvalJob, plan: HeadPlan, policies: tuple[str, ...], key_typ
     gradients, first-order estimates of ``policies``, and with ``key_types`` the gradients by key type."""
     cfg = job.cfg
     key_ids = punctuation_ids(load_tokenizer(tokenizer_config(job.checkpoint, cfg.model))) if key_types else None
-    scorer = HeadScorer(job.model, plan, policies, cfg.mask.renormalize, None, key_ids)
+    scorer = HeadScorer(job.model, plan, policies, cfg.mask.renormalize, None, key_ids, job.substitutes)
     job.scoring_trainer.validate(scorer, datamodule=job.estimation_data, verbose=False)
     scorer.gradients.settings["unit"] = cfg.mask.unit
     return scorer.gradients
@@ -81,7 +81,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     if pruned:
         Console().print(f"note: the mask prunes {', '.join(pruned)}: their importance is 0", markup=False,
                         soft_wrap=True)
-    job = EvalJob(cfg, identity, estimation=cfg.importance, evaluation=False)
+    job = EvalJob(cfg, identity, estimation=cfg.importance, evaluation=False, estimates=tuple(cfg.importance.policies))
     gradients = score_heads(job, plan, tuple(cfg.importance.policies), cfg.importance.key_types)
     summary = {}
     if job.is_global_zero:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from headlab.core.plans import ESTIMABLE, GRANULARITIES
+from headlab.core.plans import ESTIMABLE, ESTIMATED, GRANULARITIES
 from headlab.errors import UserError, one_of
 
 
@@ -18,7 +18,7 @@ class ImportanceConfig:
     granularity: str = "example"  # the estimator the file's "importance" holds: example | token | batch | fisher
     normalize_layer: bool = True  # per-layer L2 normalisation
     normalize_global: bool = True  # then min-max to [0, 1]
-    policies: list[str] = field(default_factory=lambda: list(ESTIMABLE))  # first-order estimates of these
+    policies: list[str] = field(default_factory=lambda: list(ESTIMATED))  # first-order estimates (+ mean, resample)
     key_types: bool = True  # gradients of the attention weights to [CLS], [SEP], ./, and other keys
     sweep: Any = None  # mode=sweep_heads job directories (one, or a list) of the same checkpoint: agreement
     top_k: int = 10  # agreement: overlap of the k most important heads

@@ -17,6 +17,7 @@ import torch
 from headlab.core.head_gradients import gradient_probe
 from headlab.core.importance import GradientRows, HeadGradients, score_batch
 from headlab.core.patch.ablate import ablate
+from headlab.core.patch.substitution import SOURCES
 from headlab.core.plans import HeadPlan
 
 
@@ -26,10 +27,11 @@ class HeadScorer(pl.LightningModule):
     pass_name = "gradient scoring"  # in progress lines
 
     def __init__(self, model: torch.nn.Module, plan: HeadPlan, policies: tuple[str, ...], renormalize: bool,
-                 unit: str, key_ids: tuple | None):
+                 unit: str, key_ids: tuple | None, substitutes: Any = None):
         super().__init__()
         self.model = model.eval()
         self.plan, self.policies, self.renormalize, self.unit, self.key_ids = plan, policies, renormalize, unit, key_ids
+        self.substitutes, self.means = substitutes, None  # JobSubstitutes: mean / resample estimates
         self.gradients: HeadGradients | None = None
         self._reset()
 
@@ -37,13 +39,22 @@ class HeadScorer(pl.LightningModule):
         shape = (self.model.config.num_hidden_layers, self.model.config.num_attention_heads)
         self._rows = GradientRows(*shape, offset=1_000_000_000 * self.global_rank)  # ranks' positions apart
 
+    def on_validation_start(self) -> None:
+        if self.substitutes is not None:  # the model is on its device now
+            self.means = self.substitutes.means(self.model)
+            data = self.trainer.datamodule
+            self.split = data.eval_splits[0]
+            self.substitutes.start_pass({self.split: data.num_examples[self.split]})
+
     def on_validation_epoch_start(self) -> None:
         self._reset()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        if "resample" in self.policies:  # the draws' sources (the estimate takes their mean)
+            batch = {**batch, SOURCES: self.substitutes.sources(self.model, batch, self.split)}
         patched = nullcontext() if self.plan.is_identity else ablate(self.model, self.plan, self.renormalize)
         with torch.enable_grad(), patched, gradient_probe(self.model, self.policies, self.renormalize,
-                                                          values=self.key_ids is not None) as probe:
+                                                          values=self.key_ids is not None, means=self.means) as probe:
             self._rows.add(score_batch(self.model, batch, probe, self.unit, self.key_ids), batch)
 
     def on_validation_epoch_end(self) -> None:

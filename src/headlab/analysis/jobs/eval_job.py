@@ -54,11 +54,12 @@ class EvalJob:
     """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
 
     def __init__(self, cfg: Any, identity: JobIdentity, *, estimation: Any = None, evaluation: bool = True,
-                 plans: list[HeadPlan] = ()):
+                 plans: list[HeadPlan] = (), estimates: tuple[str, ...] = ()):
         """``evaluation``: the task's eval splits (``data``) and a Trainer for them (``trainer``); ``estimation``
         (the ``importance`` config section): its estimation split (``estimation_data``, ``estimation_task``) and a
         Trainer without inference mode for gradient scoring (``scoring_trainer``). Either or both. ``plans``: the
-        job's plans; with ``mean`` or ``resample`` heads, the reference set is loaded too (``substitutes``)."""
+        job's plans and ``estimates`` its first-order estimates: with ``mean`` or ``resample`` among them, the
+        reference set is loaded too (``substitutes``)."""
         self.cfg, self.identity = cfg, identity
         self.output_dir, self.job_hash, self.resolved = identity.output_dir, identity.hash, identity.resolved
         self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
@@ -66,9 +67,9 @@ class EvalJob:
         self.data = self._data_module(cfg.task) if evaluation else None
         self.estimation_data = None if estimation is None else self._data_module(
             estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples)
-        mean, resample = uses_substitutes(list(plans))
-        self.substitutes = JobSubstitutes(cfg, tokenizer_config(self.checkpoint, cfg.model), self.data, resample) \
-            if mean or resample else None
+        used = uses_substitutes(list(plans), estimates)
+        self.substitutes = None if not used else JobSubstitutes(
+            cfg, tokenizer_config(self.checkpoint, cfg.model), self.data or self.estimation_data, "resample" in used)
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head, cfg.seed)
         apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)

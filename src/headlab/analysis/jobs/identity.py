@@ -31,7 +31,7 @@ RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir"
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",),
-                 "syntax": ("syntax",), "study": ("study",)}
+                 "syntax": ("syntax",), "study": ("study",), "shapley": ("shapley",)}
 
 # Config keys that name files or job directories a job reads (as far as its mode reads that section): what
 # researchers write and may write again. Not ``model.name_or_path``: a model's own weights (hub cache or package) are

@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from headlab.core.plans import HeadPlan
+from headlab.core.plans import SUBSTITUTED, HeadPlan
 from headlab.core.substitutes.means import HeadMeans, head_means, load_means, save_means
 from headlab.core.substitutes.sources import derangement, resample_sources
 from headlab.errors import UserError
@@ -34,9 +34,10 @@ from headlab.training.datamodule import TaskDataModule
 SPLITS = ("train", "validation")  # mask.reference values that name a split of the task
 
 
-def uses_substitutes(plans: list[HeadPlan]) -> tuple[bool, bool]:
-    """Whether any plan has ``mean`` heads, and whether any has ``resample`` heads."""
-    return (any(plan.counts()["mean"] for plan in plans), any(plan.counts()["resample"] for plan in plans))
+def uses_substitutes(plans: list[HeadPlan], estimates: tuple[str, ...] = ()) -> set[str]:
+    """Which of ``mean`` and ``resample`` the plans' heads or the estimates use."""
+    used = {policy for plan in plans for policy in SUBSTITUTED if plan.counts()[policy]}
+    return used | (set(estimates) & set(SUBSTITUTED))
 
 
 def reference_task(task: Any, reference: str) -> tuple[Any, str]:

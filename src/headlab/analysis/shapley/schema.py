@@ -1,0 +1,36 @@
+"""The ``shapley`` section of ``conf/ablate.yaml`` (``mode=shapley``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from headlab.errors import UserError, at_least, one_of, within
+
+OVER = ("types", "layers", "heads")  # the players: head types (mask.clusters), layers, single heads
+REMOVALS = ("prune", "uniform", "mean", "resample")  # how a group outside the coalition loses its heads
+EXACT_LIMIT = 12  # at most this many groups: all 2^k coalitions (4096)
+
+
+@dataclass
+class ShapleyConfig:
+    """Shapley values of head groups: exact over up to ``EXACT_LIMIT`` groups, else by permutation sampling."""
+
+    over: str = "types"  # types (the labels of mask.clusters) | layers | heads
+    policy: str = "prune"  # removal: prune | uniform | mean | resample (mask.reference etc. for the last two)
+    score: str | None = None  # per-example score: accuracy | exact_match | f1 | loss (null: main metric, else loss)
+    target_se: float | None = None  # sampling: stop once every value's standard error is at most this
+    max_permutations: int = 200  # sampling: at most this many permutations (in antithetic pairs)
+    floor: float | None = None  # sampling: a chain stops once its score is no better than this (the rest get 0)
+    coalitions_per_batch: int = 0  # coalitions per batched forward (rows stacked); 0: all on a GPU, 1 on a CPU
+    resamples: int = 2000  # bootstrap resamples of the examples for the confidence intervals
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        one_of("shapley.over", self.over, OVER)
+        one_of("shapley.policy", self.policy, REMOVALS)
+        if self.target_se is not None and not self.target_se > 0:
+            raise UserError(f"shapley.target_se={self.target_se} must be > 0 (or null: exact values only)")
+        at_least("shapley.max_permutations", self.max_permutations, 2)
+        at_least("shapley.coalitions_per_batch", self.coalitions_per_batch, 0)
+        at_least("shapley.resamples", self.resamples, 100)
+        within("shapley.confidence", self.confidence, 0.5, 0.999)

@@ -1,0 +1,167 @@
+"""Shapley values: the exact formula and the permutation estimate against the definition by every order (float64),
+coalitions as per-row plans against separate evaluations, and ``mode=shapley`` end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import assert_one_error_line, run
+from test_evaluation import records_of, setup
+
+from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
+from headlab.analysis.shapley.coalitions import CoalitionEvaluator, coalition_plan, first_changed_layer
+from headlab.analysis.shapley.values import PermutationEstimate, exact_values
+
+
+def by_every_order(scores: np.ndarray, k: int) -> np.ndarray:
+    """``[k, examples]``: each player's marginal (score with it minus without it, removing in that order from the
+    full set) averaged over all k! orders."""
+    values = np.zeros((k, scores.shape[1]))
+    for order in itertools.permutations(range(k)):
+        kept = (1 << k) - 1
+        for player in order:
+            values[player] += scores[kept] - scores[kept & ~(1 << player)]
+            kept &= ~(1 << player)
+    return values / math.factorial(k)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 5])
+def test_exact_values_equal_the_average_over_every_removal_order(k):
+    scores = np.random.default_rng(k).normal(size=(2 ** k, 7))
+    values = exact_values(scores)
+    np.testing.assert_allclose(values, by_every_order(scores, k), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(values.sum(0), scores[-1] - scores[0], rtol=1e-12, atol=1e-12)  # efficiency
+    with pytest.raises(ValueError, match="all 2\\^k coalitions"):
+        exact_values(np.zeros((3, 7)))  # 3 is no power of 2
+
+
+def test_the_permutation_estimate_over_every_order_is_exact_and_truncation_gives_zero():
+    k, scores = 3, np.random.default_rng(0).normal(size=(8, 5))
+    estimate = PermutationEstimate(k, 5)
+    orders = [list(order) for order in itertools.permutations(range(k))]
+    pairs = [(order, order[::-1]) for order in orders if order < order[::-1]]  # the 3 antithetic pairs
+    for pair in pairs:
+        for order in pair:
+            chain, kept = [scores[7]], 7
+            for player in order:
+                kept &= ~(1 << player)
+                chain.append(scores[kept])
+            estimate.add_chain(order, np.stack(chain))
+    np.testing.assert_allclose(estimate.values(), exact_values(scores), rtol=1e-12, atol=1e-12)
+    assert estimate.permutations == 6 and len(estimate.pair_values) == 3
+    pair_means = np.stack(estimate.pair_values)  # [pairs, players]
+    np.testing.assert_allclose(estimate.standard_errors(), pair_means.std(0, ddof=1) / np.sqrt(3), rtol=1e-12)
+    truncated = PermutationEstimate(k, 5)
+    truncated.add_chain([2, 0, 1], np.stack([scores[7], scores[3]]))  # stopped after removing player 2
+    np.testing.assert_allclose(truncated.values()[2], scores[7] - scores[3])
+    assert (truncated.values()[[0, 1]] == 0).all() and np.isinf(truncated.standard_errors()).all()
+
+
+@pytest.mark.parametrize(("task", "policy", "per_forward"), [
+    ("demo_pairs", "prune", 3), ("demo_qa", "mean", 2), ("demo_pairs", "resample", 4), ("demo_pairs", "uniform", 0)])
+def test_coalitions_as_per_row_plans_equal_separate_evaluations(task, policy, per_forward, tmp_path):
+    """Coalitions of three groups (two spanning layers, one inside layer 2): rows of several coalitions share a
+    forward that starts at their lowest changed layer; every record equals a plain evaluation of the plan."""
+    from headlab.analysis.jobs.substitutes import JobSubstitutes
+
+    cfg, data, model, trainer = setup(task, tmp_path)
+    cfg.mask.reference_examples, cfg.mask.resamples, cfg.baseline_dir = 24, 2, str(tmp_path / "baselines")
+    substitutes = None
+    if policy in ("mean", "resample"):
+        substitutes = JobSubstitutes(cfg, cfg.model, data, resample=policy == "resample")
+        substitutes.weights = "tiny"
+    groups = [[(0, 1), (1, 1), (2, 1)], [(1, 0), (1, 3), (2, 0)], [(2, 2), (2, 3)]]
+    variants = [Variant(f"S{kept}", coalition_plan(groups, kept, policy, (3, 4))) for kept in range(8)]
+    assert variants[7].plan.is_identity and first_changed_layer(variants[4].plan) == 0
+    assert first_changed_layer(variants[3].plan) == 2  # only the third group removed: layers 0-1 are reused
+    separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, variants, data.eval_examples, substitutes))
+    together = records_of(trainer, data, CoalitionEvaluator(model, cfg.task, variants, data.eval_examples,
+                                                            per_forward, substitutes))
+    base = np.array([r["loss"] for r in separate[("S7", "validation")]])
+    for key, rows in separate.items():
+        losses = [r["loss"] for r in rows]
+        np.testing.assert_allclose([r["loss"] for r in together[key]], losses, rtol=2e-6, atol=1e-7)
+        assert [r["prediction"] for r in together[key]] == [r["prediction"] for r in rows]
+        if key[0] != "S7":
+            assert np.abs(np.array(losses) - base).max() > 3e-6, key  # past the tolerance: the test can fail
+
+
+def shapley_job(root, name, *overrides, check=True):
+    result = run("ablate.py", "mode=shapley", f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / name}",
+                 *overrides, cwd_tmp=root, check=check)
+    return result, (json.loads((root / name / "results.json").read_text()) if check else None)
+
+
+@pytest.mark.slow
+def test_shapley_over_types_equals_the_formula_on_separate_eval_jobs(trained):
+    """Two head types: the values from the job equal phi_i = (v(i) - v(none) + v(both) - v(other)) / 2 on the
+    per-example scores of separate mode=eval jobs, their intervals hold them, and they add up to full minus empty."""
+    root, _ = trained
+    clusters = root / "two_types.json"
+    labels = {f"L{layer}H{head}": "low" if layer < 2 else "high" for layer in range(3) for head in range(4)}
+    clusters.write_text(json.dumps({"labels": labels, "shape": [3, 4]}))
+    _, result = shapley_job(root, "shapley_types", f"mask.clusters={clusters}", "shapley.score=loss")
+    assert result["players"] == ["high", "low"] and result["method"] == "exact"
+    scores = {}
+    for name, heads in (("none", "all"), ("high", "L0-1"), ("low", "L2")):  # the heads removed
+        run("ablate.py", "mode=eval", f"ckpt_path={root / 'train'}", "mask=prune", f"mask.heads={heads}",
+            f"hydra.run.dir={root / ('eval_' + name)}", cwd_tmp=root)
+        scores[name] = pd.read_parquet(root / f"eval_{name}/records.parquet").sort_values("example")["loss"].mean()
+    full = result["splits"]["validation"]["full"]
+    values = {row["group"]: row for row in result["values"]}
+    for me, other in (("high", "low"), ("low", "high")):
+        expected = (scores[me] - scores["none"] + full - scores[other]) / 2
+        assert values[me]["value"] == pytest.approx(expected, rel=1e-9)
+        assert values[me]["ci_low"] <= values[me]["value"] <= values[me]["ci_high"]
+    assert result["splits"]["validation"]["empty"] == pytest.approx(scores["none"], rel=1e-12)
+    assert abs(result["splits"]["validation"]["efficiency_gap"]) < 1e-12
+    assert (root / "shapley_types/shapley_validation.png").is_file()
+    table = pd.read_csv(root / "shapley_types/shapley.csv")
+    assert list(table["group"]) == ["high", "low"]
+
+
+@pytest.mark.slow
+def test_sampled_shapley_resumes_its_chains_and_keeps_efficiency(trained):
+    root, _ = trained
+    overrides = ["shapley.over=heads", "shapley.target_se=1e-9", "shapley.max_permutations=4", "shapley.score=loss"]
+    _, first = shapley_job(root, "shapley_heads", *overrides)
+    assert first["method"] == "permutations" and first["splits"]["validation"]["permutations"] == 4
+    assert abs(first["splits"]["validation"]["efficiency_gap"]) < 1e-12  # untruncated chains telescope
+    assert first["coalitions_evaluated"] > 12
+    (root / "shapley_heads/results.json").unlink()  # as if killed after its last chain
+    _, again = shapley_job(root, "shapley_heads", *overrides)
+    assert again["coalitions_evaluated"] == 0  # every chain came back from progress.npz
+    assert [r["value"] for r in again["values"]] == [r["value"] for r in first["values"]]
+    _, never = shapley_job(root, "shapley_high_floor", *overrides, "shapley.floor=10")  # a loss never that high
+    assert [r["value"] for r in never["values"]] == [r["value"] for r in first["values"]]
+    _, truncated = shapley_job(root, "shapley_floor", *overrides, "shapley.floor=0")  # every loss is above 0
+    assert truncated["coalitions_evaluated"] <= 4 * 8 + 1  # each chain stops after its first pass of 8 removals
+    values = {r["group"]: r["value"] for r in truncated["values"]}
+    assert sum(v != 0 for v in values.values()) <= 4  # ... and counts its first removal only
+    assert abs(truncated["splits"]["validation"]["efficiency_gap"]) > 0
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["shapley.over=types"], "shapley.over=types needs the head types: mask.clusters=PATH"),
+    (["shapley.over=layers", "shapley.score=matthews"],
+     "shapley.score='matthews' is not a mean over examples for a classification task"),
+    (["mask=prune", "mask.heads=L0"], "mode=shapley builds its own plans"),
+    (["shapley.over=layers", "shapley.policy=drop_intra"], "shapley.policy='drop_intra' is not allowed"),
+    (["model=minilm", "ckpt_path=null", "allow_random_head=true", "shapley.over=heads"],
+     "shapley.over=heads: 72 groups are more than the 12 whose 2^k coalitions are evaluated exactly; set "
+     "shapley.target_se=SE"),
+    (["mask.clusters=OTHER"], "was computed on model other_model; this job's model is tiny_random"),
+])
+def test_bad_shapley_settings_fail_before_the_weights_load(trained, overrides, expected):
+    root, _ = trained
+    other = root / "other_clusters.json"
+    other.write_text(json.dumps({"labels": {f"L{l}H{h}": "a" for l in range(3) for h in range(4)}, "shape": [3, 4],
+                                 "model": "other_model"}))
+    overrides = [o.replace("OTHER", str(other)) for o in overrides]
+    result, _ = shapley_job(root, "bad", *overrides, check=False)
+    assert_one_error_line(result, expected)
