@@ -57,7 +57,7 @@ from headlab.cli.schema import register_configs
 from headlab.core.importance import punctuation_ids
 from headlab.core.models import load_model, load_tokenizer
 from headlab.core.patch.ablate import ablate
-from headlab.core.plans import ESTIMABLE, HeadPlan
+from headlab.core.plans import ESTIMATED, HeadPlan
 from headlab.core.pruning import prune_heads
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.modules import task_head
@@ -157,7 +157,7 @@ def importance(args) -> None:
     tokenizer = load_tokenizer(cfg.model)
 
     def scored():
-        scoring.validate(HeadScorer(model, keep, ESTIMABLE, False, None, punctuation_ids(tokenizer)),
+        scoring.validate(HeadScorer(model, keep, ESTIMATED, False, None, punctuation_ids(tokenizer)),
                          datamodule=data, verbose=False)
 
     def evaluated():
@@ -166,7 +166,7 @@ def importance(args) -> None:
 
     report(args, {"importance": scored, "evaluation": evaluated}, lambda seconds: seconds, "s",
            f"{len(data.eval_features['validation'])} features, batch {args.batch}; every estimator, "
-           f"estimates of {', '.join(ESTIMABLE)}, key types", target="<= 3", higher_is_better=False)
+           f"estimates of {', '.join(ESTIMATED)}, key types", target="<= 3", higher_is_better=False)
 
 
 def pruned(args) -> None:

@@ -1,11 +1,12 @@
 """Coalitions of head groups as plans, and their evaluation as per-row plans, many per batch.
 
 A coalition keeps some groups of heads and removes the others under one policy (``coalition_plan``).
-``CoalitionEvaluator`` scores many coalitions in one pass over the data: per batch, one unablated forward records
-every layer's input (and serves the full model), then coalitions run as per-row plans, ``per_forward`` of them in a
-forward of the batch repeated; the coalitions of a forward start at the lowest layer any of them changes, from
-that layer's recorded input (the layers below would compute the unablated states again; not on a family whose
-depths share their modules, ALBERT). Records are those of ``PlanEvaluator``: the same as ``mode=eval`` jobs give.
+``CoalitionEvaluator`` scores many coalitions in one pass over the data: coalitions run as per-row plans,
+``per_forward`` of them in a forward of the batch repeated; the coalitions of a forward start at the lowest layer any
+of them changes, from that layer's unablated input (the layers below would compute the unablated states again; not on
+a family whose depths share their modules, ALBERT). Per batch, one unablated forward records those inputs, as far up
+as a forward starts (and serves the full model when it is among the coalitions; none runs when neither is needed).
+Records are those of ``PlanEvaluator``: the same as ``mode=eval`` jobs give.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.core.families import family_of
 from headlab.core.head_names import head_name
-from headlab.core.model_parts import layer_inputs, start_at_layer
+from headlab.core.model_parts import encoder_layers, layer_inputs, start_at_layer
 from headlab.core.patch.ablate import ablate
 from headlab.core.patch.substitution import SOURCES
 from headlab.core.plans import HeadPlan, Rule
@@ -62,31 +63,59 @@ class CoalitionEvaluator(PlanEvaluator):
         ordered = sorted((v for v in self.variants if not v.plan.is_identity),
                          key=lambda v: first_changed_layer(v.plan))
         self.chunks = [ordered[i : i + self.per_forward] for i in range(0, len(ordered), self.per_forward)]
+        self.starts = [min(first_changed_layer(v.plan) for v in chunk) if self.prefix else 0 for chunk in self.chunks]
 
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.splits[dataloader_idx]
         inputs = self.model_inputs(batch)
-        with layer_inputs(self.model) as hidden:  # [batch, seq, hidden] entering each layer, unablated
-            out = self.model(**inputs)
-        for variant in self.variants:
-            if variant.plan.is_identity:
-                self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch))
+        hidden = self._unablated(inputs, batch, split)  # [batch, seq, hidden] entering the layers forwards start at
         draws = self.substitutes.draws if self.resampled else 1
         sources = self.substitutes.sources(self.model, batch, split) if self.resampled else None
         size = len(batch["input_ids"])
-        for chunk in self.chunks:
+        for chunk, start in zip(self.chunks, self.starts):
             copies = len(chunk) * draws  # rows: coalition-major, then draw, then example
             rows = {name: t.repeat(copies, *[1] * (t.dim() - 1)) for name, t in inputs.items()}
-            rows["plan_ids"] = torch.arange(len(chunk), device=self.device).repeat_interleave(draws * size)
+            plans = chunk[0].plan  # one coalition: its plan (no per-row tables)
+            if len(chunk) > 1:
+                plans = [v.plan for v in chunk]
+                rows["plan_ids"] = torch.arange(len(chunk), device=self.device).repeat_interleave(draws * size)
             if sources is not None:
                 rows[SOURCES] = sources.repeat(1, len(chunk), 1, 1, 1)
-            start = min(first_changed_layer(v.plan) for v in chunk) if self.prefix else 0
             skipped = start_at_layer(self.model, start, hidden[start].repeat(copies, 1, 1)) if start else nullcontext()
-            with ablate(self.model, [v.plan for v in chunk], self.renormalize, means=self.means), skipped:
+            with ablate(self.model, plans, self.renormalize, means=self.means), skipped:
                 out = self.model(**rows)
             block = draws * size
             for i, variant in enumerate(chunk):
                 mine = SimpleNamespace(**{name: value[i * block : (i + 1) * block] for name, value in out.items()
                                           if isinstance(value, torch.Tensor) and value.dim() > 0})
                 self._pending.setdefault((variant.name, split), []).append(self._batch_rows(mine, batch, draws))
+
+    def _unablated(self, inputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], split: str) -> list:
+        """The unablated inputs of the layers up to the highest a forward starts at (the full model's records too
+        when it is a coalition: then the whole forward runs)."""
+        full = [v for v in self.variants if v.plan.is_identity]
+        highest = max(self.starts, default=0)
+        if not full and not highest:
+            return []
+        with layer_inputs(self.model) as hidden:
+            # nothing above the highest start is needed: stop there (a hook after the one that records its input)
+            stop = None if full else encoder_layers(self.model)[1][highest].register_forward_pre_hook(_stop)
+            try:
+                out = self.model(**inputs)
+            except _Stopped:
+                pass
+            finally:
+                if stop is not None:
+                    stop.remove()
+        for variant in full:
+            self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch))
+        return hidden
+
+
+class _Stopped(Exception):
+    """Raised once the highest layer input a forward starts from is recorded."""
+
+
+def _stop(module, args) -> None:
+    raise _Stopped
