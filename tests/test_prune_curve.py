@@ -140,3 +140,43 @@ def test_a_baseline_of_zero_or_less_sets_no_threshold_and_no_fraction():
     for base, threshold in ((50.0, 45.0), (0.0, float("-inf")), (-0.2, float("-inf"))):
         curve.baseline = {"validation": {"f1": base}}
         assert curve.threshold == threshold
+
+
+def test_a_prune_curve_of_mean_heads_orders_by_their_estimate_and_its_mask_reproduces(trained, tmp_path):
+    """Heads leave under mean (``prune_curve.policy``), ranked by the full model's estimate of that policy; each
+    step's metric is mode=eval's of its mean mask, and the final mask is given with its policy."""
+    root, _ = trained
+    out = tmp_path / "mean_curve"
+    reference = ["mask.reference=train", "mask.reference_examples=30"]
+    args = (*CURVE, "prune_curve.policy=mean", "prune_curve.estimator=estimate_mean", "prune_curve.recompute=false",
+            *reference, f"ckpt_path={root / 'train'}", f"hydra.run.dir={out}")
+    printed = run("ablate.py", *args, cwd_tmp=root).stdout
+    results = json.loads((out / "results.json").read_text())
+    run("ablate.py", "mode=importance", f"ckpt_path={root / 'train'}", "importance.max_examples=30",
+        "importance.key_types=false", "importance.policies=[mean]", *reference,
+        f"hydra.run.dir={tmp_path / 'estimate'}", cwd_tmp=root)
+    estimate = np.array(json.loads((tmp_path / "estimate/importance.json").read_text())["estimators"]["estimate_mean"])
+    pruned = []
+    for step in results["steps"]:
+        assert step["new"] == bottom(estimate, pruned, 3)
+        pruned += step["new"]
+    assert results["settings"]["policy"] == "mean"
+    final = json.loads((out / "final_mask.json").read_text())
+    assert final["rules"] == [{"heads": pruned, "policy": "mean"}] and final["timing"] is None  # no weights removed
+    evaluated = tmp_path / "final_eval"
+    run("ablate.py", "mode=eval", final["eval_override"].strip("'"), *reference, f"ckpt_path={root / 'train'}",
+        f"hydra.run.dir={evaluated}", cwd_tmp=root)
+    result = json.loads((evaluated / "results.json").read_text())
+    assert set(result["plan"]["policies"].values()) == {"mean"}
+    assert result["metrics"]["validation"] == final["metrics"]["validation"]
+    assert "policy: mean" in printed
+
+
+def test_a_resample_curve_rescoring_under_its_mask_is_refused(trained):
+    from conftest import assert_one_error_line
+
+    root, _ = trained
+    result = run("ablate.py", *CURVE, "prune_curve.policy=resample", f"ckpt_path={root / 'train'}", cwd_tmp=root,
+                 check=False)
+    assert_one_error_line(result, "prune_curve.policy=resample: rescoring the heads under the mask at every step would "
+                                  "need a forward per draw; set prune_curve.recompute=false")

@@ -111,7 +111,7 @@ def test_shapley_over_types_equals_the_formula_on_separate_eval_jobs(trained):
     _, result = shapley_job(root, "shapley_types", f"mask.clusters={clusters}", "shapley.score=loss")
     assert result["players"] == ["high", "low"] and result["method"] == "exact"
     scores = {}
-    for name, heads in (("none", "all"), ("high", "L0-1"), ("low", "L2")):  # the heads removed
+    for name, heads in (("none", "all"), ("high", "L0-1"), ("low", "L2")):  # the type kept, the heads removed
         run("ablate.py", "mode=eval", f"ckpt_path={root / 'train'}", "mask=prune", f"mask.heads={heads}",
             f"hydra.run.dir={root / ('eval_' + name)}", cwd_tmp=root)
         scores[name] = pd.read_parquet(root / f"eval_{name}/records.parquet").sort_values("example")["loss"].mean()
@@ -126,6 +126,12 @@ def test_shapley_over_types_equals_the_formula_on_separate_eval_jobs(trained):
     assert (root / "shapley_types/shapley_validation.png").is_file()
     table = pd.read_csv(root / "shapley_types/shapley.csv")
     assert list(table["group"]) == ["high", "low"]
+    coalitions = pd.read_csv(root / "shapley_types/coalitions.csv").set_index("removed")["score"]
+    assert list(coalitions.index) == ["none", "high", "low", "high,low"]
+    # scores[name]: the eval job that keeps the type ``name`` (removes the other)
+    assert coalitions["high"] == pytest.approx(scores["low"], rel=1e-12) and coalitions["none"] == full
+    per_example = pd.read_parquet(root / "shapley_types/coalitions.parquet")
+    assert per_example[per_example["removed"] == "low"]["score"].mean() == pytest.approx(scores["high"], rel=1e-12)
 
 
 @pytest.mark.slow

@@ -42,6 +42,7 @@ from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import Variant
 from headlab.core.head_names import head_name, parse_head_name
 from headlab.core.importance import normalize_importance
+from headlab.core.model_files import model_shape
 from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.core.pruning import prune_heads, shared_prune_conflict
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
@@ -78,8 +79,9 @@ def random_heads(seed: int, shape: tuple[int, int], count: int, min_heads_per_la
     return lowest_heads(ranks.reshape(shape), [], count, min_heads_per_layer)
 
 
-def prune_plan(heads: list[str], shape: tuple[int, int]) -> HeadPlan:
-    return HeadPlan.from_rules([{"heads": heads, "policy": "prune"}] if heads else [], *shape)
+def prune_plan(heads: list[str], shape: tuple[int, int], policy: str = "prune") -> HeadPlan:
+    """The plan that takes ``heads`` away under ``policy``."""
+    return HeadPlan.from_rules([{"heads": heads, "policy": policy}] if heads else [], *shape)
 
 
 class PruneCurve:
@@ -87,6 +89,7 @@ class PruneCurve:
 
     def __init__(self, job: EvalJob):
         self.job, self.options = job, job.cfg.prune_curve
+        self.policy = self.options.policy
         config = job.model.config
         self.shape = (config.num_hidden_layers, config.num_attention_heads)
         self.per_step = max(1, round(self.options.step * self.shape[0] * self.shape[1]))
@@ -143,16 +146,16 @@ class PruneCurve:
         if self.steps and not self.options.recompute:
             return np.array(self.steps[0]["scores"])
         estimator, importance = self.options.estimator, self.job.cfg.importance
-        policies = ("prune",) if estimator == "estimate_prune" else ()
-        gradients = score_heads(self.job, prune_plan(pruned, self.shape), policies, key_types=False)
+        policies = () if estimator in GRANULARITIES else (estimator.removeprefix("estimate_"),)
+        gradients = score_heads(self.job, prune_plan(pruned, self.shape, self.policy), policies, key_types=False)
         if estimator in GRANULARITIES:
             return normalize_importance(gradients.importance(estimator), importance.normalize_layer,
                                         importance.normalize_global)
-        return gradients.estimate("prune")
+        return gradients.estimate(policies[0])
 
     def evaluate(self, masks: dict[str, list[str]]) -> dict[str, dict[str, dict[str, float]]]:
         """``{name: {split: metrics}}`` of each mask (pruned head names), in one pass over the eval data."""
-        variants = [Variant(name, prune_plan(heads, self.shape)) for name, heads in masks.items()]
+        variants = [Variant(name, prune_plan(heads, self.shape, self.policy)) for name, heads in masks.items()]
         records, baseline = self.job.evaluate(variants)
         task = self.job.cfg.task
         if self.baseline is None:
@@ -199,9 +202,10 @@ def most_steps(layers: int, heads: int, step: float, min_heads_per_layer: int) -
 
 
 def time_final_mask(job: EvalJob, heads: list[str], shape: tuple[int, int], rounds: int) -> dict[str, Any] | None:
-    """Forward seconds over the first eval split, physically pruned vs full model (None if nothing is pruned, or if
-    the mask cannot be pruned physically: ALBERT's depths share weights, and the mask prunes them differently)."""
-    if not heads:
+    """Forward seconds over the first eval split, physically pruned vs full model (None if nothing is pruned, if the
+    heads leave under another policy than prune, or if the mask cannot be pruned physically: ALBERT's depths share
+    weights, and the mask prunes them differently)."""
+    if not heads or job.cfg.prune_curve.policy != "prune":
         return None
     conflict = shared_prune_conflict(job.model, prune_plan(heads, shape))
     if conflict:
@@ -243,7 +247,11 @@ def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> p
 @resumable
 def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """The prune curve of ``cfg.ckpt_path`` on ``cfg.task``; ``cfg`` passed ``check_mode``."""
-    job = EvalJob(cfg, identity, estimation=cfg.importance)
+    options = cfg.prune_curve
+    estimates = () if options.estimator in GRANULARITIES else (options.estimator.removeprefix("estimate_"),)
+    shape = model_shape(cfg.model)
+    job = EvalJob(cfg, identity, estimation=cfg.importance, plans=[prune_plan(["L0H0"], shape, options.policy)],
+                  estimates=estimates)
     curve = PruneCurve(job)
     curve.run()
     random = curve.random_curves()
@@ -265,10 +273,12 @@ def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, f
     write_text_atomic(output_dir / "prune_curve.md", to_markdown(table.round(4)))
     main = table[table["split"] == curve.split]
     image = plots.prune_curve(main, curve.metric, curve.threshold,
-                              f"{cfg.model.name} on {cfg.task.name}: pruned by {cfg.prune_curve.estimator} importance",
+                              f"{cfg.model.name} on {cfg.task.name}: heads removed ({curve.policy}) by "
+                              f"{cfg.prune_curve.estimator} importance",
                               output_dir / "prune_curve", formats)[0]
-    rules = [{"heads": final["pruned"], "policy": "prune"}] if final["pruned"] else []
-    override = f"'mask.rules=[{{heads: [{','.join(final['pruned'])}], policy: prune}}]'" if rules else "mask=none"
+    rules = [{"heads": final["pruned"], "policy": curve.policy}] if final["pruned"] else []
+    override = (f"'mask.rules=[{{heads: [{','.join(final['pruned'])}], policy: {curve.policy}}}]'" if rules
+                else "mask=none")
     final_record = {"rules": rules, "step": final["step"], "heads_pruned": final["heads_pruned"],
                     "metrics": final["metrics"], "baseline": curve.baseline, "timing": timing,
                     "eval_override": override}
@@ -276,7 +286,8 @@ def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, f
     log_artifacts(job.logger, {"prune_curve": table}, {"prune_curve": image})
     summary = {"kind": "prune_curve", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
                "checkpoint": job.checkpoint_record(), "seed": cfg.seed, "settings": dict(
-                   estimator=cfg.prune_curve.estimator, per_step=curve.per_step, stopped=curve.stopped,
+                   estimator=cfg.prune_curve.estimator, policy=curve.policy, per_step=curve.per_step,
+                   stopped=curve.stopped,
                    threshold=curve.threshold, split=curve.split, metric=curve.metric),
                "baseline": curve.baseline,
                "steps": [{k: v for k, v in step.items() if k != "scores"} for step in curve.steps],

@@ -8,6 +8,8 @@ from typing import Any
 from headlab.core.plans import ESTIMABLE, ESTIMATED, GRANULARITIES
 from headlab.errors import UserError, one_of
 
+CURVE_POLICIES = ("prune", "uniform", "mean", "resample")  # how a prune curve's heads leave
+
 
 @dataclass
 class ImportanceConfig:
@@ -37,7 +39,8 @@ class ImportanceConfig:
 class PruneCurveConfig:
     """Iterative pruning by importance (Michel et al. 2019), with random orders as the baseline."""
 
-    estimator: str = "example"  # what ranks the heads: a granularity, or estimate_prune (first-order loss change)
+    estimator: str = "example"  # what ranks the heads: a granularity, or estimate_<policy> (first-order loss change)
+    policy: str = "prune"  # how a head leaves: prune (Michel et al.) | uniform | mean | resample (mask.reference ...)
     step: float = 0.1  # fraction of all heads pruned per step
     stop_below: float = 0.9  # stop after the step whose main metric falls below this fraction of the baseline
     min_heads_per_layer: int = 0  # never prune a layer below this many heads (e.g. 1)
@@ -46,7 +49,12 @@ class PruneCurveConfig:
     timing_rounds: int = 5  # final mask physically pruned vs the full model: alternating rounds, median
 
     def __post_init__(self) -> None:
-        one_of("prune_curve.estimator", self.estimator, (*GRANULARITIES, "estimate_prune"))
+        one_of("prune_curve.estimator", self.estimator, (*GRANULARITIES, *(f"estimate_{p}" for p in CURVE_POLICIES)))
+        one_of("prune_curve.policy", self.policy, CURVE_POLICIES)
+        if self.policy == "resample" and self.recompute:
+            raise UserError("prune_curve.policy=resample: rescoring the heads under the mask at every step would need "
+                            "a forward per draw; set prune_curve.recompute=false (the full model's importance orders "
+                            "every step)")
         if not 0 < self.step <= 1:
             raise UserError(f"prune_curve.step={self.step} must be a fraction of the heads in (0, 1]")
         if not 0 <= self.stop_below <= 1:

@@ -52,7 +52,8 @@ class HeadScorer(pl.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         if "resample" in self.policies:  # the draws' sources (the estimate takes their mean)
             batch = {**batch, SOURCES: self.substitutes.sources(self.model, batch, self.split)}
-        patched = nullcontext() if self.plan.is_identity else ablate(self.model, self.plan, self.renormalize)
+        patched = nullcontext() if self.plan.is_identity else ablate(self.model, self.plan, self.renormalize,
+                                                                     means=self.means)
         with torch.enable_grad(), patched, gradient_probe(self.model, self.policies, self.renormalize,
                                                           values=self.key_ids is not None, means=self.means) as probe:
             self._rows.add(score_batch(self.model, batch, probe, self.unit, self.key_ids), batch)

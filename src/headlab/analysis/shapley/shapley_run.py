@@ -13,6 +13,8 @@ coalition met again (the full model, every head removed) is not evaluated again.
 ``shapley_<split>``   the waterfall figure: from every group removed to the full model
 ``results.json``      values, intervals, full and empty scores, the efficiency check (the values' sum against full
                       minus empty), coalitions evaluated, permutations; a complete one makes a rerun skip the job
+``coalitions.csv``    per split and coalition evaluated: the groups it removes, its score (``coalitions.parquet``: the
+                      per-example scores, for paired comparisons such as Guan et al.'s Table 2, one type removed)
 ``progress.npz``      sampling: the chains evaluated so far (a killed job resumes there)
 ====================  ============================================================================================
 """
@@ -198,6 +200,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
               "values": table.to_dict("records"), "coalitions_evaluated": scores.evaluated, "seed": cfg.seed,
               "config_hash": identity.hash, "config": identity.resolved, "inputs": identity.inputs, "complete": True}
     if job.is_global_zero:
+        write_coalitions(scores, names, identity.output_dir)
         write_outputs(cfg, job, table, summary, score, identity.output_dir)
         write_json_atomic(identity.output_dir / "results.json", result)
         for split, numbers in summary.items():
@@ -207,6 +210,20 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                             markup=False, soft_wrap=True)
     job.finish()
     return result
+
+
+def write_coalitions(scores: CoalitionScores, names: list[str], folder: Path) -> None:
+    """Every coalition evaluated: its removed groups and mean score per split, and the per-example scores."""
+    rows, examples = [], []
+    for coalition, by_split in sorted(scores.known.items(), key=lambda item: (-bin(item[0]).count("1"), -item[0])):
+        removed = [name for i, name in enumerate(names) if not (coalition >> i) & 1]
+        label = "none" if not removed else ",".join(removed)
+        for split, values in by_split.items():
+            rows.append({"split": split, "removed": label, "groups_removed": len(removed), "score": values.mean()})
+            examples.append(pd.DataFrame({"split": split, "removed": label, "example": np.arange(len(values)),
+                                          "score": values}))
+    write_frame_atomic(pd.DataFrame(rows), folder / "coalitions.csv")
+    write_frame_atomic(pd.concat(examples, ignore_index=True), folder / "coalitions.parquet")
 
 
 def write_outputs(cfg: Any, job: EvalJob, table: pd.DataFrame, summary: dict, score: str, folder: Path) -> None:
