@@ -26,6 +26,8 @@ CASES = [
     ("profile_plan.py", ["--shape", "tiny", "--heads", "H0-5"], "--heads 'H0-5'"),
     ("attention_overhead.py", ["--route", "fused"], "'fused'"),
     ("flex_lengths.py", ["--lengths", "0,4"], "'0,4'"),
+    ("substitutes_speed.py", ["heads", "--permutations", "1"], "--permutations at least 2"),
+    ("substitutes_speed.py", ["shapley", "--over", "heads"], "'heads'"),
 ]
 if NO_CUDA:
     CASES += [(script, ["--device", "cuda"], "CUDA is not available")

@@ -23,8 +23,8 @@ from conftest import ROOT, assert_one_error_line, in_parallel
 from forked import run_script
 
 pytestmark = pytest.mark.slow
-STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "importance", "prune_curve",
-          "report"]
+STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "robustness", "importance",
+          "prune_curve", "report"]
 REPORT = "report-resamples=200,permutations=200"  # the tables' and sweep's report folder: study=quick's statistics
 
 
@@ -104,10 +104,10 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
             assert str(relative) in listed or re.search(alike, listed), relative  # folders of many plans: one line
     assert re.search(r"wandb/\{\d+ offline runs", listed)
     for number, stage in enumerate(STAGES, start=1):
-        assert f"[{number}/10] {stage}: " in out
+        assert f"[{number}/11] {stage}: " in out
     left = r"; (about \d+ minutes? left|less than a minute left)$"  # the study's estimate from the first stage on
-    assert re.search(r"^\[1/10\] finetune: done in .*" + left, out, re.M), out
-    assert not re.search(r"^\[9/10\] prune_curve: done in .*" + left, out, re.M)  # nothing left after it
+    assert re.search(r"^\[1/11\] finetune: done in .*" + left, out, re.M), out
+    assert not re.search(r"^\[10/11\] prune_curve: done in .*" + left, out, re.M)  # nothing left after it
     assert re.search(r"study done in \d+:\d\d:\d\d: .*study\.md", out)
     runs = len(list(folder.glob("wandb/offline-run-*")))  # W&B: one line a run, then how to upload them all
     assert "wandb:" not in out and len(re.findall(r"^W&B: run \S+ in ", out, re.M)) == runs > 20
@@ -212,7 +212,7 @@ def test_a_rerun_skips_every_stage(finished):
     folder, _ = finished
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")}
     out = study(folder).stdout
-    assert all(f"[{n}/10] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
+    assert all(f"[{n}/11] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")} == before
     summary = summary_of(folder)["summary"]  # what the first run printed at its end, printed again
     assert any(line.startswith("finding") for line in summary) and "\n".join(summary) in out
@@ -225,7 +225,7 @@ def test_a_study_folder_copied_elsewhere_is_still_done(finished):
     copy = folder.parent / "study_copy"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("wandb"))  # modification times kept
     out = study(copy).stdout
-    assert all(f"[{n}/10] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
+    assert all(f"[{n}/11] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
     shutil.rmtree(copy)
 
 
@@ -239,10 +239,10 @@ def test_a_stage_whose_files_went_runs_again(finished):
     out = study(folder).stdout
     assert "note: since the stage finished, cluster/seed0/clusters.json missing: cluster/seed0 runs again" in out
     assert "note: since the stage finished, syntax/seed0/syntax.csv missing: syntax/seed0 runs again" in out
-    assert "[4/10] syntax: skipped" not in out and "[3/10] cluster: skipped" not in out
+    assert "[4/11] syntax: skipped" not in out and "[3/11] cluster: skipped" not in out
     assert {name: (folder / name).read_bytes() for name in kept} == kept
     assert "`syntax/seed0/syntax.csv`" in (folder / "study.md").read_text()
-    assert "[1/10] finetune: skipped, done" in out and "[2/10] features: skipped, done" in out
+    assert "[1/11] finetune: skipped, done" in out and "[2/11] features: skipped, done" in out
 
 
 def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finished):
@@ -270,7 +270,7 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     for line in process.stdout:
-        if line.startswith("[3/10] cluster"):
+        if line.startswith("[3/11] cluster"):
             process.send_signal(signal.SIGKILL)
             break
     process.wait(timeout=60)
@@ -281,17 +281,17 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     out = ""
     for line in process.stdout:
         out += line
-        if line.startswith("[6/10] tables"):
+        if line.startswith("[6/11] tables"):
             process.send_signal(signal.SIGINT)
             break
     out += process.stdout.read()
     assert process.wait(timeout=120) == 130, out[-3000:]
-    assert "[1/10] finetune: skipped, done" in out and "[2/10] features: skipped, done" in out
-    assert "[3/10] cluster: head types" in out
-    assert re.search(r"note: interrupted \(Ctrl-C\) during \[6/10\] tables(, job tables/\S+)?; run the same "
-                     r"command to go on", out) and "[7/10]" not in out and not (folder / "study.md").exists()
+    assert "[1/11] finetune: skipped, done" in out and "[2/11] features: skipped, done" in out
+    assert "[3/11] cluster: head types" in out
+    assert re.search(r"note: interrupted \(Ctrl-C\) during \[6/11\] tables(, job tables/\S+)?; run the same "
+                     r"command to go on", out) and "[7/11]" not in out and not (folder / "study.md").exists()
     out = study(folder).stdout
-    assert "[5/10] compare: skipped, done" in out and "[6/10] tables: Guan" in out
+    assert "[5/11] compare: skipped, done" in out and "[6/11] tables: Guan" in out
     mine, theirs = (json.loads((f / "study.json").read_text()) for f in (folder, finished[0]))
     for key in ("baseline", "clusters", "compare", "syntax", "importance"):
         assert mine[key] == theirs[key], key
@@ -317,7 +317,7 @@ def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     for name in ("curve_old.png", "mine.png"):  # a figure of the earlier report, a file of the user's
         (report / name).write_bytes(b"png")
     out = study(folder, "study.cluster.cluster.stability_fits=2").stdout
-    ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/10] {stage}: skipped" not in out}
+    ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/11] {stage}: skipped" not in out}
     assert ran == {"cluster", "compare", "tables", "report"}, out
     assert re.search(r"note: settings changed since \S+/cluster/seed0/results.json was written \(cluster\."
                      r"stability_fits \d+ -> 2\)", out), out  # the setting, not the files it changes downstream
@@ -394,7 +394,7 @@ def test_more_seeds_add_their_models_the_seeds_comparison_and_no_meaningless_mea
     folder, _ = finished
     before = (folder / "sweep/seed0/results.json").stat().st_mtime_ns
     out = study(folder, "study.seeds=[0,1]").stdout
-    assert "[1/10] finetune: fine-tune the model on the task, 2 jobs" in out
+    assert "[1/11] finetune: fine-tune the model on the task, 2 jobs" in out
     assert (folder / "sweep/seed0/results.json").stat().st_mtime_ns == before
     assert (folder / "finetune/seed1/model/config.json").is_file() and (folder / "prune_curve/seed1").is_dir()
     seeds = json.loads((folder / "compare/seeds/results.json").read_text())
@@ -444,3 +444,34 @@ def test_a_given_checkpoint_is_analysed_without_fine_tuning(finished, tmp_path):
     assert json.loads((folder / "features/checkpoint/results.json").read_text())["checkpoint"]["path"] == str(
         job / "model")
 
+
+
+def test_the_robustness_section_equals_its_jobs_files(finished):
+    """Table 2 under prune, mean and resample from the Shapley jobs' coalitions (each type removed alone), the types'
+    Shapley values, the sweeps' Spearman correlations, and one sentence per ordering of two types."""
+    import scipy.stats
+
+    folder, _ = finished
+    section = (folder / "study.md").read_text().split("## Robustness")[1].split("\n## ")[0]
+    table = markdown_table(section, "Table 2 under each method")
+    for policy in ("prune", "mean", "resample"):
+        job = folder / f"robustness/shapley_{policy}/seed0"
+        scores = pd.read_parquet(job / "coalitions.parquet")
+        full = scores[scores["removed"] == "none"].sort_values("example")["score"].to_numpy()
+        values = {row["group"]: row["value"] for row in json.loads((job / "results.json").read_text())["values"]}
+        for row in table.itertuples(index=False):
+            row = dict(zip(table.columns, row))
+            alone = scores[scores["removed"] == row["type"]].sort_values("example")["score"].to_numpy()
+            assert row[f"removed alone, {policy}"].startswith(f"{(alone - full).mean():+.4g} [")
+            assert row[f"Shapley, {policy}"].startswith(f"{values[row['type']]:+.4g} [")
+    deltas = {p: pd.read_csv(folder / f"robustness/sweep_{p}/seed0/deltas_validation.csv", index_col=0).stack()
+              for p in ("prune", "mean", "resample")}
+    pairs = markdown_table(section, "Spearman correlation").set_index("methods")["spearman"]
+    for a, b in (("prune", "mean"), ("prune", "resample"), ("mean", "resample")):
+        expected = scipy.stats.spearmanr(deltas[a].to_numpy(), deltas[b].to_numpy()).statistic
+        assert pairs[f"{a} vs {b}"] == ("n/a" if np.isnan(expected) else f"{expected:.4f}")
+    types = len(table)
+    sentences = [line for line in section.splitlines() if line.startswith("- ")]
+    assert len(sentences) <= types * (types - 1) // 2 + 1 and sentences[-1].startswith("- the types by Shapley value")
+    assert all(("holds under prune" in s) or ("changes under" in s) for s in sentences)
+    assert summary_of(folder)["robustness"]["seed0"]["conclusions"] == [s[2:] for s in sentences]

@@ -74,6 +74,9 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0) 
         return models * plans * n_eval
     if stage == "sweep":
         return models * SWEEP_PASSES * sizes.layers * sizes.heads * n_eval
+    if stage == "robustness":  # sweeps and Shapley under prune, mean and resample (resample: 2x)
+        coalitions = 2 ** 4 - 1  # over four head types
+        return models * n_eval * 4 * (SWEEP_PASSES * sizes.layers * sizes.heads + coalitions)
     if stage == "importance":
         return models * TRAIN_PASSES * _at_most(sizes.train, cfg.importance.max_examples)
     if stage == "prune_curve":

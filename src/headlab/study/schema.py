@@ -28,6 +28,7 @@ class StudyConfig:
     syntax: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, Any] = field(default_factory=dict)
     sweep: dict[str, Any] = field(default_factory=dict)
+    robustness: dict[str, Any] = field(default_factory=dict)
     importance: dict[str, Any] = field(default_factory=dict)
     prune_curve: dict[str, Any] = field(default_factory=dict)
 

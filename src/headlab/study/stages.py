@@ -10,6 +10,8 @@
     tables/table3/seed0/<plan>/          ... of Table 3 (drop_intra / drop_inter by type), renormalize=false
     tables/table3_renormalized/seed0/    ... and renormalize=true; each table's report/ beside its plans
     sweep/seed0/                         mode=sweep_heads: every head pruned alone
+    robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/): on its examples
+    robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, shapley_resample/)
     importance/seed0/                    mode=importance, with its agreement with the sweep
     prune_curve/seed0/                   mode=prune_curve: importance-guided pruning vs random orders
     study.md, study.json                 the report
@@ -28,10 +30,11 @@ from headlab.errors import UserError
 from headlab.files import read_json
 from headlab.study.configs import analysis_config, train_config
 
-STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "importance", "prune_curve",
-          "report")
+STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "robustness", "importance",
+          "prune_curve", "report")
 NEEDS = {"finetune": (), "features": ("finetune",), "cluster": ("features",), "compare": ("cluster",),
          "syntax": ("finetune",), "tables": ("finetune", "cluster"), "sweep": ("finetune",),
+         "robustness": ("finetune", "cluster"),
          "importance": ("finetune",), "prune_curve": ("finetune",), "report": ()}
 ABOUT = {
     "finetune": "fine-tune the model on the task",
@@ -41,16 +44,18 @@ ABOUT = {
     "syntax": "the best head per dependency relation of a treebank vs offset baselines (Clark et al.)",
     "tables": "Guan et al.'s Tables 2 and 3: plans by head type, paired CIs and p-values",
     "sweep": "every head pruned alone",
+    "robustness": "Table 2, the single-head sweep and the head types' Shapley values under prune, mean and resample",
     "importance": "gradient head importance and its agreement with the sweep",
     "prune_curve": "heads pruned by importance vs random orders",
     "report": "study.md",
 }
 STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "syntax": "syntax",
-               "tables": "eval", "sweep": "sweep_heads", "importance": "importance",
+               "tables": "eval", "sweep": "sweep_heads", "robustness": "shapley", "importance": "importance",
                "prune_curve": "prune_curve"}  # ablate.py modes
 TABLES = ("table2", "table3", "table3_renormalized")
 MARKER = "stage.json"  # <study>/<stage>/stage.json: the stage's jobs (their hashes) and files when it last finished
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
+REMOVALS = ("prune", "mean", "resample")  # the robustness stage's ways to take a head away
 PRESETS = {"table2": "guan2020_table2", "table3": "guan2020_table3", "table3_renormalized": "guan2020_table3"}
 
 
@@ -112,7 +117,7 @@ def check_stages(cfg: Any, done: set[str]) -> list[str]:
 def stage_jobs(study: Study, stage: str) -> list[Job]:
     """The jobs of ``stage`` (the report stage has none: ``headlab.study.report`` writes it)."""
     return {"finetune": _finetune, "features": _features, "cluster": _cluster, "compare": _compare,
-            "syntax": _syntax, "tables": _tables, "sweep": _sweep, "importance": _importance,
+            "syntax": _syntax, "tables": _tables, "sweep": _sweep, "robustness": _robustness, "importance": _importance,
             "prune_curve": _prune_curve, "report": lambda _: []}[stage](study)
 
 
@@ -195,6 +200,23 @@ def _sweep(study: Study) -> list[Job]:
     return [Job(study.stage_dir("sweep") / name, study.analysis(
         "sweep", "sweep_heads", ckpt, **{"mask.policy": "prune", "sweep.family": "single_head"}), "sweep_heads")
         for name, ckpt in study.models]
+
+
+def _robustness(study: Study) -> list[Job]:
+    """Per model, on the stage's examples: the single-head sweep and the head types' exact Shapley values under prune,
+    mean and resample (the Shapley jobs' coalitions hold Table 2's single-type removals)."""
+    folder, jobs = study.stage_dir("robustness"), []
+    for name, ckpt in study.models:
+        for policy in REMOVALS:
+            jobs.append(Job(folder / f"sweep_{policy}" / name, study.analysis(
+                "robustness", "sweep_heads", ckpt, **{"mask.policy": policy, "sweep.family": "single_head"}),
+                "sweep_heads"))
+        clusters = str(study.stage_dir("cluster") / name / "clusters.json")
+        for policy in REMOVALS:
+            jobs.append(Job(folder / f"shapley_{policy}" / name, study.analysis(
+                "robustness", "shapley", ckpt, **{"mask.clusters": clusters, "shapley.over": "types",
+                                                  "shapley.policy": policy}), "shapley"))
+    return jobs
 
 
 def _importance(study: Study) -> list[Job]:

@@ -6,7 +6,7 @@ evaluation data; it is loaded and checked before the weights. ``JobSubstitutes``
 
 * ``means(model)``: every head's mean context vector over the reference set (``mask.mean_over``), computed once per
   weights, reference set and setting, and cached as ``<baseline_dir>/means/<key>.npz`` (the key a hash of exactly
-  those; another job of the sweep reads it);
+  those, the data files' sizes and times included; another job of the sweep reads it);
 * ``sources(model, batch, split)``: the ``head_sources`` of an evaluated batch for ``mask.resamples`` draws: draw k
   gives example e the reference example ``source(e, k)`` (seeded by ``seed``; never e itself: when the reference
   set is the evaluated split, each draw is a derangement), and an evaluated feature (a SQuAD window) the source's
@@ -80,9 +80,9 @@ class JobSubstitutes:
         owners = np.asarray(self.features["example_index"])  # [features]: each feature's example
         self.first = np.searchsorted(owners, np.arange(self.examples))  # [examples]: its first feature
         self.windows = np.bincount(owners, minlength=self.examples)  # [examples]: its features
-        self.identity = {"task": OmegaConf.to_container(task, resolve=True), "reference": mask.reference,
-                         "stamp": path_stamp(mask.reference), "examples": self.examples, "mean_over": self.mean_over,
-                         "max_length": cfg.task.get("max_length")}
+        plain = OmegaConf.to_container(task, resolve=True)  # its data files' stamps too: rewritten data is other data
+        self.identity = {"task": plain, "data_stamps": path_stamp(plain.get("data_files")), "reference": mask.reference,
+                         "stamp": path_stamp(mask.reference), "examples": self.examples, "mean_over": self.mean_over}
         if evaluated is not None and self.mean_over == "positions":
             self._check_positions(evaluated)
         self._means: HeadMeans | None = None

@@ -218,6 +218,12 @@ class Controller:
         return self.states[key]
 
 
+def in_block(model: PreTrainedModel) -> bool:
+    """Whether ``model`` runs inside ``headlab.ablate`` or ``observe_attention`` now."""
+    controller = model.__dict__.get(_CONTROLLER)
+    return controller is not None and (controller.active is not None or controller.observer is not None)
+
+
 def headlab_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """AttentionInterface function. query/key/value: ``[batch, heads, seq, head_dim]``.
 

@@ -10,14 +10,13 @@ import torch
 from transformers import PreTrainedModel
 
 from headlab.core.model_parts import MODEL_INPUTS, head_width, self_attention_output
-from headlab.core.patch.attention import Controller
+from headlab.core.patch.attention import in_block
 
 
 def head_contexts(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Every head's context vectors on ``batch`` from the unablated model: ``[layers, batch, seq, heads, head_dim]``
     in the model's dtype on its device (no gradient)."""
-    controller = model.__dict__.get("_headlab_controller")
-    if isinstance(controller, Controller) and (controller.active is not None or controller.observer is not None):
+    if in_block(model):
         raise ValueError("head_contexts needs the unablated model: call it outside headlab.ablate / observe_attention")
     layers, heads, width = model.config.num_hidden_layers, model.config.num_attention_heads, head_width(model)
     training = model.training

@@ -1,0 +1,168 @@
+"""The study report's robustness section: do its conclusions survive the choice of ablation?
+
+Guan et al. and Michel et al. take a head away by zeroing it; the circuits literature replaces it by its mean over
+a reference set or by its output on another input, and the choice can change which heads look important (Zhang and
+Nanda 2024). The robustness stage runs, on one set of examples, the single-head sweep and the head types' Shapley
+values under ``prune``, ``mean`` and ``resample``; this section reads them:
+
+* Table 2 side by side: each type removed alone (a Shapley job's coalition), the change of the score with a paired
+  bootstrap interval over the examples, and each type's Shapley value with its interval, per method;
+* the single-head sweeps: Spearman correlation of the heads' changes between methods, and the heads whose rank
+  moves most;
+* one sentence per conclusion: each ordering of two types by what removing them costs, and the types' order by
+  Shapley value, under prune, and whether it holds or flips under mean and resample.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import scipy.stats
+
+from headlab.files import read_json
+from headlab.reporting.layouts import to_markdown
+from headlab.study.report_base import StudyReport, number
+from headlab.study.stages import REMOVALS
+
+MOVERS = 5  # heads listed whose rank moves most between methods
+
+
+def robustness(report: StudyReport) -> None:
+    report.section("Robustness: do the conclusions hold under prune, mean and resample ablation?")
+    jobs = report.stage_jobs("robustness")
+    found = False
+    for name, _ in report.study.models:
+        shapley = _jobs(report, jobs, "shapley", name, "coalitions.parquet")
+        sweeps = _jobs(report, jobs, "sweep", name, "results.json")
+        if not shapley and not sweeps:
+            continue
+        found = True
+        numbers = report.numbers.setdefault("robustness", {}).setdefault(name, {})
+        if shapley:
+            types_table(report, name, shapley, numbers)
+        if len(sweeps) > 1:
+            sweep_agreement(report, name, sweeps, numbers)
+    if not found:
+        report.missing("robustness")
+
+
+def _jobs(report: StudyReport, jobs: set[str], kind: str, name: str, file: str) -> dict[str, Path]:
+    """``{policy: job folder}`` of this model's ``kind`` jobs (shapley, sweep) of the stage's last run."""
+    folders = {policy: report.path("robustness", f"{kind}_{policy}", name) for policy in REMOVALS}
+    return {policy: folder for policy, folder in folders.items()
+            if f"robustness/{kind}_{policy}/{name}" in jobs and (folder / file).is_file()}
+
+
+def types_table(report: StudyReport, name: str, shapley: dict[str, Path], numbers: dict) -> None:
+    """Each type removed alone and each type's Shapley value, per method; the conclusions they support."""
+    results = {policy: read_json(folder / "results.json", "shapley results") for policy, folder in shapley.items()}
+    first = next(iter(results.values()))
+    score, split = first["score"], next(iter(first["splits"]))
+    types = list(first["players"])
+    removed, values = {}, {}
+    for policy, folder in shapley.items():
+        scores = pd.read_parquet(folder / "coalitions.parquet")
+        scores = scores[scores["split"] == split]
+        full = scores[scores["removed"] == "none"].sort_values("example")["score"].to_numpy()
+        confidence = results[policy]["config"]["shapley"]["confidence"]
+        for type_ in types:
+            alone = scores[scores["removed"] == type_].sort_values("example")["score"].to_numpy()
+            removed[policy, type_] = _mean_interval(alone - full, confidence)
+        for row in results[policy]["values"]:
+            if row["split"] == split:
+                values[policy, row["group"]] = (row["value"], row["ci_low"], row["ci_high"])
+    rows = [{"type": type_,
+             **{f"removed alone, {policy}": _cell(removed[policy, type_]) for policy in shapley},
+             **{f"Shapley, {policy}": _cell(values[policy, type_]) for policy in shapley}} for type_ in types]
+    links = ", ".join(f"`{report.link(folder / 'shapley.csv')}`" for folder in shapley.values())
+    report.markdown += [f"{name}: Guan et al.'s Table 2 under each method (the change of the per-example {score} when "
+                        f"a type's heads are removed alone, with a {confidence:.0%} paired bootstrap interval over "
+                        f"the examples of {split}) and each type's exact Shapley value (its share of full minus every "
+                        f"type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
+    sentences = conclusions(types, removed, values, list(shapley), score)
+    report.markdown += [*(f"- {sentence}" for sentence in sentences), ""]
+    numbers |= {"score": score, "split": split,
+                "removed_alone": {f"{p}/{t}": removed[p, t][0] for p, t in removed},
+                "shapley": {f"{p}/{t}": values[p, t][0] for p, t in values}, "conclusions": sentences}
+    held = sum("holds under" in s and "flips" not in s for s in sentences)
+    report.console.append(f"robustness {name}: {held} of {len(sentences)} conclusions hold under "
+                          f"{', '.join(shapley)}")
+
+
+def conclusions(types: list[str], removed: dict, values: dict, methods: list[str], score: str) -> list[str]:
+    """One sentence per ordering that prune gives (each pair of types by what removing them costs; the types by
+    Shapley value) and whether the other methods agree."""
+    worse = (lambda a, b: a > b) if score == "loss" else (lambda a, b: a < b)  # a change that costs more
+    first, others = methods[0], methods[1:]
+    sentences = []
+    for a, b in itertools.combinations(types, 2):
+        delta = {method: (removed[method, a][0], removed[method, b][0]) for method in methods}
+        if worse(*reversed(delta[first])):
+            a, b = b, a
+            delta = {method: pair[::-1] for method, pair in delta.items()}
+        if delta[first][0] == delta[first][1]:
+            continue
+        flips = [method for method in others if not worse(*delta[method])]
+        sentences.append(f"removing {a} heads costs more {score} than removing {b} heads ({first}: "
+                         f"{delta[first][0]:+.4g} vs {delta[first][1]:+.4g}): " + _verdict(methods, flips, delta))
+    order = {method: sorted(types, key=lambda t, m=method: -values[m, t][0] * (-1 if score == "loss" else 1))
+             for method in methods}
+    changed = [method for method in others if order[method] != order[first]]
+    sentences.append(f"the types by Shapley value, most helpful first ({first}: {' > '.join(order[first])}): "
+                     + ("holds under " + ", ".join(methods) if not changed else
+                        f"holds under {', '.join(m for m in methods if m not in changed)}; changes under " +
+                        "; ".join(f"{m} ({' > '.join(order[m])})" for m in changed)))
+    return sentences
+
+
+def _verdict(methods: list[str], flips: list[str], delta: dict) -> str:
+    held = [m for m in methods if m not in flips]
+    if not flips:
+        return f"holds under {', '.join(held)}"
+    return f"holds under {', '.join(held)}; flips under " + ", ".join(
+        f"{m} ({delta[m][0]:+.4g} vs {delta[m][1]:+.4g})" for m in flips)
+
+
+def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], numbers: dict) -> None:
+    """Spearman between the methods' single-head changes, and the heads whose rank moves most."""
+    deltas = {}
+    for policy, folder in sweeps.items():
+        path = sorted(folder.glob("deltas_*.csv"))[0]
+        frame = pd.read_csv(path, index_col=0)
+        deltas[policy] = frame.stack()  # (layer, head) -> change of the main metric
+    split, metric = path.stem.removeprefix("deltas_"), frame.index.name
+    table = pd.DataFrame(deltas)
+    pairs = [{"methods": f"{a} vs {b}", "spearman": scipy.stats.spearmanr(table[a], table[b]).statistic}
+             for a, b in itertools.combinations(sweeps, 2)]
+    ranks = table.rank(ascending=True, method="average")  # 1: the head whose removal lowers the metric most
+    moved = (ranks.max(axis=1) - ranks.min(axis=1)).sort_values(ascending=False, kind="stable").head(MOVERS)
+    movers = [{"head": f"{layer}{head}", **{f"{p} change": f"{table.loc[(layer, head), p]:+.4f}" for p in sweeps},
+               **{f"{p} rank": int(ranks.loc[(layer, head), p]) for p in sweeps}} for layer, head in moved.index]
+    report.markdown += [f"{name}: each head removed alone under each method ({metric} on {split}; "
+                        + ", ".join(f"`{report.link(folder)}`" for folder in sweeps.values()) + "): Spearman "
+                        "correlation of the heads' changes between methods, and the heads whose rank (1: the most "
+                        "harmful removal) moves most:", "",
+                        to_markdown(pd.DataFrame(pairs).assign(spearman=lambda f: f["spearman"].map(number))), "",
+                        to_markdown(pd.DataFrame(movers)), ""]
+    numbers["sweep_spearman"] = {row["methods"]: float(row["spearman"]) for row in pairs}
+    numbers["moved_most"] = [row["head"] for row in movers]
+    report.console.append(f"robustness {name}: single-head sweeps, Spearman " + ", ".join(
+        f"{row['methods']} {number(row['spearman'])}" for row in pairs))
+
+
+def _mean_interval(differences: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    """The mean per-example change and its BCa bootstrap interval (resampling the examples; seed 0)."""
+    mean = float(differences.mean())
+    if len(differences) < 2 or np.all(differences == differences[0]):
+        return mean, mean, mean
+    result = scipy.stats.bootstrap((differences,), np.mean, method="BCa", confidence_level=confidence,
+                                   n_resamples=2000, random_state=np.random.default_rng(0))
+    return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def _cell(value: tuple[float, float, float]) -> str:
+    mean, low, high = value
+    return f"{mean:+.4g} [{low:+.4g}, {high:+.4g}]"
