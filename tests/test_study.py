@@ -308,8 +308,9 @@ def test_a_stage_left_out_with_other_settings_is_said_to_be_stale(finished):
 
 
 def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
-    """Fewer stability fits: new clusters, so the comparison and the tables (their clusters file) run again; the
-    fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the study)."""
+    """Fewer stability fits: new clusters, so the comparison, the tables and the robustness stage (their clusters
+    file) run again; the fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the
+    study)."""
     folder, _ = finished
     report = folder / f"tables/table2/seed0/{REPORT}"
     listed = json.loads((report / "report.json").read_text())
@@ -318,7 +319,7 @@ def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
         (report / name).write_bytes(b"png")
     out = study(folder, "study.cluster.cluster.stability_fits=2").stdout
     ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/11] {stage}: skipped" not in out}
-    assert ran == {"cluster", "compare", "tables", "report"}, out
+    assert ran == {"cluster", "compare", "tables", "robustness", "report"}, out
     assert re.search(r"note: settings changed since \S+/cluster/seed0/results.json was written \(cluster\."
                      r"stability_fits \d+ -> 2\)", out), out  # the setting, not the files it changes downstream
     assert not (report / "curve_old.png").exists() and (report / "mine.png").is_file()
