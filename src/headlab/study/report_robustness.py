@@ -83,11 +83,12 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                         f"the examples of {split}) and each type's exact Shapley value (its share of full minus every "
                         f"type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
     sentences = conclusions(types, removed, values, list(shapley), score)
-    report.markdown += [*(f"- {sentence}" for sentence in sentences), ""]
+    report.markdown += [*(f"- {sentence}" for sentence in sentences), "",
+                        "(Orderings by the point estimates; the intervals above say how sure each one is.)", ""]
     numbers |= {"score": score, "split": split,
                 "removed_alone": {f"{p}/{t}": removed[p, t][0] for p, t in removed},
                 "shapley": {f"{p}/{t}": values[p, t][0] for p, t in values}, "conclusions": sentences}
-    held = sum("holds under" in s and "flips" not in s for s in sentences)
+    held = sum("flips" not in s and "ties" not in s and "changes" not in s for s in sentences)
     report.console.append(f"robustness {name}: {held} of {len(sentences)} conclusions hold under "
                           f"{', '.join(shapley)}")
 
@@ -105,9 +106,8 @@ def conclusions(types: list[str], removed: dict, values: dict, methods: list[str
             delta = {method: pair[::-1] for method, pair in delta.items()}
         if delta[first][0] == delta[first][1]:
             continue
-        flips = [method for method in others if not worse(*delta[method])]
         sentences.append(f"removing {a} heads costs more {score} than removing {b} heads ({first}: "
-                         f"{delta[first][0]:+.4g} vs {delta[first][1]:+.4g}): " + _verdict(methods, flips, delta))
+                         f"{delta[first][0]:+.4g} vs {delta[first][1]:+.4g}): " + _verdict(methods, delta, worse))
     order = {method: sorted(types, key=lambda t, m=method: -values[m, t][0] * (-1 if score == "loss" else 1))
              for method in methods}
     changed = [method for method in others if order[method] != order[first]]
@@ -118,12 +118,17 @@ def conclusions(types: list[str], removed: dict, values: dict, methods: list[str
     return sentences
 
 
-def _verdict(methods: list[str], flips: list[str], delta: dict) -> str:
-    held = [m for m in methods if m not in flips]
-    if not flips:
-        return f"holds under {', '.join(held)}"
-    return f"holds under {', '.join(held)}; flips under " + ", ".join(
-        f"{m} ({delta[m][0]:+.4g} vs {delta[m][1]:+.4g})" for m in flips)
+def _verdict(methods: list[str], delta: dict, worse) -> str:
+    """``holds under ...``, then the methods where the two are equal (``ties``) or the order turns (``flips``)."""
+    ties = [m for m in methods if delta[m][0] == delta[m][1]]
+    flips = [m for m in methods if m not in ties and not worse(*delta[m])]
+    held = [m for m in methods if m not in ties + flips]
+    parts = [f"holds under {', '.join(held)}"]
+    for word, chosen in (("ties", ties), ("flips", flips)):
+        if chosen:
+            parts.append(f"{word} under " + ", ".join(f"{m} ({delta[m][0]:+.4g} vs {delta[m][1]:+.4g})"
+                                                       for m in chosen))
+    return "; ".join(parts)
 
 
 def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], numbers: dict) -> None:
@@ -138,7 +143,8 @@ def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], num
     pairs = [{"methods": f"{a} vs {b}", "spearman": scipy.stats.spearmanr(table[a], table[b]).statistic}
              for a, b in itertools.combinations(sweeps, 2)]
     ranks = table.rank(ascending=True, method="average")  # 1: the head whose removal lowers the metric most
-    moved = (ranks.max(axis=1) - ranks.min(axis=1)).sort_values(ascending=False, kind="stable").head(MOVERS)
+    spread = (ranks.max(axis=1) - ranks.min(axis=1))[(table != 0).any(axis=1)]  # heads no method moves: ties only
+    moved = spread[spread > 0].sort_values(ascending=False, kind="stable").head(MOVERS)
     movers = [{"head": f"{layer}{head}", **{f"{p} change": f"{table.loc[(layer, head), p]:+.4f}" for p in sweeps},
                **{f"{p} rank": int(ranks.loc[(layer, head), p]) for p in sweeps}} for layer, head in moved.index]
     report.markdown += [f"{name}: each head removed alone under each method ({metric} on {split}; "

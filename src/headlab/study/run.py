@@ -24,8 +24,8 @@ from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
 
 LOCK_FILE = ".study.lock"
-REPORT_FORMAT = 3  # raised when study.md says more (2: findings, caveats; 3: the summary kept): a finished study's
-# report is rewritten
+REPORT_FORMAT = 4  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness): a
+# finished study's report is rewritten
 
 
 def study_group(folder: Path) -> str:
