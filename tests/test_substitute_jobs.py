@@ -118,3 +118,31 @@ def test_bad_reference_settings_fail_before_the_weights_load(trained, overrides,
     result = run("ablate.py", "mode=eval", f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'bad'}",
                  *overrides, cwd_tmp=root, check=False)
     assert_one_error_line(result, expected)
+
+
+def test_the_table2_ablations_preset_takes_each_type_away_three_ways(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    from headlab.analysis.jobs.checks import job_mask
+    from headlab.cli.schema import register_configs
+    from headlab.core.masks import plan_from_mask
+
+    register_configs()
+    clusters = tmp_path / "clusters.json"
+    types = ["dense", "diagonal", "dense_vertical", "vertical"]
+    clusters.write_text(json.dumps({"labels": {f"L{l}H{h}": types[h] for l in range(3) for h in range(4)},
+                                    "shape": [3, 4]}))
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("ablate", overrides=["model=tiny_random", "experiment=guan2020_table2_ablations",
+                                           f"mask.clusters={clusters}"])
+    assert len(cfg.plans) == 13
+    for name in cfg.plans:
+        with open_dict(cfg):
+            cfg.plan = name
+        plan = plan_from_mask(job_mask(cfg), 3, 4)
+        policy, _, type_ = name.partition("_")
+        if name == "baseline":
+            assert plan.is_identity
+            continue
+        assert plan.heads_with(policy) == [(layer, types.index(type_)) for layer in range(3)], name
