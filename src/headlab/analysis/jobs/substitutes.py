@@ -9,9 +9,9 @@ evaluation data; it is loaded and checked before the weights. ``JobSubstitutes``
   those, the data files' sizes and times included; another job of the sweep reads it);
 * ``sources(model, batch, split)``: the ``head_sources`` of an evaluated batch for ``mask.resamples`` draws: draw k
   gives example e the reference example ``source(e, k)`` (seeded by ``seed``; never e itself: when the reference
-  set is the evaluated split, each draw is a derangement), and an evaluated feature (a SQuAD window) the source's
-  feature of the same window number (modulo its windows). The rows of the K draws are stacked draw-major, so a
-  forward of the batch repeated K times takes them whole.
+  set is the evaluated split, named or as its data file, each draw is a derangement), and an evaluated feature (a
+  SQuAD window) the source's feature of the same window number (modulo its windows). The rows of the K draws are
+  stacked draw-major, so a forward of the batch repeated K times takes them whole.
 """
 
 from __future__ import annotations
@@ -53,6 +53,14 @@ def reference_task(task: Any, reference: str) -> tuple[Any, str]:
     return OmegaConf.create(plain | {"eval_splits": [split]}), split
 
 
+def same_file_split(task: Any, reference: str) -> str | None:
+    """The task's evaluation split read from the file ``reference`` names, if any (resample then deranges it too)."""
+    files = task.get("data_files") or {}
+    target = Path(reference).resolve()
+    return next((split for split in task.eval_splits if split in files and Path(files[split]).resolve() == target),
+                None)
+
+
 class JobSubstitutes:
     """The reference set of a job and what mean and resample heads take from it (module docstring)."""
 
@@ -65,6 +73,7 @@ class JobSubstitutes:
             raise UserError(f"mask.reference_examples={self.examples}: resample needs at least 2 reference examples "
                             "(each example takes another's heads)")
         task, self.split = reference_task(cfg.task, mask.reference)
+        self.evaluated_split = self.split if mask.reference in SPLITS else same_file_split(cfg.task, mask.reference)
         data_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
                     if k in ("eval_batch_size", "cache_dir")}
         data = TaskDataModule(task, tokenizer_cfg, unit=mask.unit, seed=cfg.seed, train=False,
@@ -155,14 +164,15 @@ class JobSubstitutes:
 
     def _assignment(self, split: str, draw: int) -> np.ndarray:
         """``[examples of split]``: each evaluated example's source in draw ``draw``: uniform over the reference set,
-        seeded by (seed, draw, split); where the evaluated split is the reference split, example e is reference
-        example e and draws another: a derangement of the reference set (uniform beyond it)."""
+        seeded by (seed, draw, split); where the evaluated split is the reference split (by name, or a reference file
+        that is the split's data file), example e is reference example e and draws another: a derangement of the
+        reference set (uniform beyond it)."""
         key = (split, draw)
         if key not in self._assignments:
             size = self.sizes[split]
             generator = np.random.default_rng([self.seed, draw, int(config_hash(split), 16) % 2**32])
             drawn = generator.integers(0, self.examples, size)
-            if split == self.split and self.reference in SPLITS:
+            if split == self.evaluated_split:
                 inside = min(size, self.examples)
                 drawn[:inside] = derangement(self.examples, generator)[:inside]
             self._assignments[key] = drawn
