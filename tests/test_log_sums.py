@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -91,3 +95,16 @@ def test_the_written_out_log_is_as_exact_as_float32():
     spacing = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)  # one float32 ulp of the result
     assert np.all(np.abs(out - exact) <= 2.5 * spacing + 1e-7)  # within 2.5 ulp, or 1e-7 near log2 x = 0
     assert [out[x == v][0] for v in (1.0, 2.0, 0.5)] == [0.0, 1.0, -1.0]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: numba's pool would ask no more threads than torch")
+def test_the_fused_loops_leave_torchs_thread_count_as_it_was():
+    """numba's OpenMP pool shares torch's libgomp and, when it starts, set the process's OpenMP threads to every core:
+    after a features job torch ran on 2 threads where ``OMP_NUM_THREADS=1`` asked 1 (a fresh process: the pool
+    starts once)."""
+    script = ("import torch\nfrom headlab.analysis.types.log_sums import entropy_cpu, js_sums_cpu\n"
+              "js_sums_cpu(torch.rand(8, 64), torch.rand(64))\nentropy_cpu(torch.rand(2, 8, 8))\n"
+              "print(torch.get_num_threads())")
+    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["1"]

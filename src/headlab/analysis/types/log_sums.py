@@ -22,6 +22,8 @@ the end. The integer steps are written in LLVM IR because numba widens int32 ari
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numba
 import numpy as np
@@ -122,9 +124,17 @@ def _sums(rows, w, cross, own, mass):
                 _row(rows, w, cross, own, mass, n - 1 - i, lo, hi)
 
 
-def _set_threads() -> None:
-    """As many threads as torch uses (numba's own default is every core)."""
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+@contextmanager
+def _on_torchs_threads() -> Iterator[None]:
+    """numba's loops on as many threads as torch uses (numba's own default is every core), and torch's count kept:
+    numba's OpenMP pool runs on the libgomp torch loaded and, when it starts, sets the process's OpenMP threads to
+    every core (torch then ran on 2 threads where 1 was asked, and the spare one spun beside other processes)."""
+    threads = torch.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def js_sums_cpu(rows: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -133,8 +143,8 @@ def js_sums_cpu(rows: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor,
     count = rows.shape[0]
     cross = np.zeros((count, count))
     own, mass = np.zeros(count), np.zeros(count)
-    _set_threads()
-    _sums(rows.contiguous().numpy(), weight.contiguous().numpy(), cross, own, mass)
+    with _on_torchs_threads():
+        _sums(rows.contiguous().numpy(), weight.contiguous().numpy(), cross, own, mass)
     cross *= _LN2_64  # the loop sums s log2 s
     own *= _LN2_64
     return torch.from_numpy(cross), torch.from_numpy(own), torch.from_numpy(mass)
@@ -154,6 +164,6 @@ def entropy_cpu(weights: torch.Tensor) -> torch.Tensor:
     """``[..., seq]`` entropy (nats) of each row of ``weights`` ``[..., seq, seq]`` (float32, CPU): -sum p ln p."""
     rows = weights.detach().contiguous().view(-1, weights.shape[-1]).numpy()
     out = np.empty(rows.shape[0], dtype=np.float32)
-    _set_threads()
-    _entropies(rows, out)
+    with _on_torchs_threads():
+        _entropies(rows, out)
     return torch.from_numpy(out).view(weights.shape[:-1]).mul_(_LN2_64)
