@@ -165,12 +165,15 @@ def test_sampled_shapley_resumes_its_chains_and_keeps_efficiency(trained):
      "shapley.over=heads: 72 groups are more than the 12 whose 2^k coalitions are evaluated exactly; set "
      "shapley.target_se=SE"),
     (["mask.clusters=OTHER"], "was computed on model other_model; this job's model is tiny_random"),
+    (["mask.clusters=NONE_TYPE"], "the head type 'none' cannot name a Shapley player"),
 ])
 def test_bad_shapley_settings_fail_before_the_weights_load(trained, overrides, expected):
     root, _ = trained
     other = root / "other_clusters.json"
     other.write_text(json.dumps({"labels": {f"L{l}H{h}": "a" for l in range(3) for h in range(4)}, "shape": [3, 4],
                                  "model": "other_model"}))
-    overrides = [o.replace("OTHER", str(other)) for o in overrides]
+    none_type = root / "none_type.json"
+    none_type.write_text(json.dumps({"L0H0": "none", "L1H0": "dense"}))  # hand-written: some heads, a type "none"
+    overrides = [o.replace("OTHER", str(other)).replace("NONE_TYPE", str(none_type)) for o in overrides]
     result, _ = shapley_job(root, "bad", *overrides, check=False)
     assert_one_error_line(result, expected)

@@ -11,7 +11,7 @@ from headlab.errors import UserError
 
 def player_groups(over: str, shape: tuple[int, int], clusters: Any = None) -> tuple[list[str], list[list]]:
     """``(names, groups)``: each group a list of ``(layer, head)``. ``types``: the labels of the clusters file
-    (sorted), ``layers``: ``L0``, ``L1``, ...; ``heads``: ``L0H0``, ... in layer-major order."""
+    (sorted; heads it does not label belong to no group and keep their heads in every coalition), ``layers``: ``L0``, ``L1``, ...; ``heads``: ``L0H0``, ... in layer-major order."""
     layers, heads = shape
     if over == "layers":
         return [f"L{layer}" for layer in range(layers)], [[(layer, h) for h in range(heads)] for layer in range(layers)]
@@ -23,6 +23,10 @@ def player_groups(over: str, shape: tuple[int, int], clusters: Any = None) -> tu
                         "job's clusters.json)")
     labels = load_clusters(clusters, layers, heads)
     names = sorted(set(labels.values()))
+    for name in names:
+        if name == "none" or "," in name:  # coalitions.csv names the removed types comma-separated, "none" for none
+            raise UserError(f"mask.clusters: the head type {name!r} cannot name a Shapley player (coalitions.csv "
+                            "lists removed types comma-separated and writes 'none' for the full model); rename it")
     groups = [sorted(head_index(name, layers, heads) for name, label in labels.items() if label == type_)
               for type_ in names]
     return names, groups
