@@ -11,7 +11,8 @@ from headlab.errors import UserError
 
 def player_groups(over: str, shape: tuple[int, int], clusters: Any = None) -> tuple[list[str], list[list]]:
     """``(names, groups)``: each group a list of ``(layer, head)``. ``types``: the labels of the clusters file
-    (sorted; heads it does not label belong to no group and keep their heads in every coalition), ``layers``: ``L0``, ``L1``, ...; ``heads``: ``L0H0``, ... in layer-major order."""
+    (sorted; heads it does not label belong to no group and keep their heads in every coalition), ``layers``:
+    ``L0``, ``L1``, ...; ``heads``: ``L0H0``, ... in layer-major order."""
     layers, heads = shape
     if over == "layers":
         return [f"L{layer}" for layer in range(layers)], [[(layer, h) for h in range(heads)] for layer in range(layers)]
