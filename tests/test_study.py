@@ -476,3 +476,21 @@ def test_the_robustness_section_equals_its_jobs_files(finished):
     assert len(sentences) <= types * (types - 1) // 2 + 1 and sentences[-1].startswith("- the types by Shapley value")
     assert all(("holds under prune" in s) or ("changes under" in s) for s in sentences)
     assert summary_of(folder)["robustness"]["seed0"]["conclusions"] == [s[2:] for s in sentences]
+
+
+def test_robustness_counts_the_conclusions_that_hold_by_their_verdicts_not_by_words():
+    """Two types named like the verdicts' words: the count comes from the comparisons (it once counted sentences
+    without 'ties' / 'flips' / 'changes', so types so named never held)."""
+    from headlab.study.report_robustness import conclusions
+
+    methods, score = ["prune", "mean"], "accuracy"
+    values = {("prune", "ties"): (0.3, 0, 0), ("prune", "flips"): (0.1, 0, 0),
+              ("mean", "ties"): (0.2, 0, 0), ("mean", "flips"): (0.05, 0, 0)}
+    agree = {("prune", "ties"): (-0.5, 0, 0), ("prune", "flips"): (-0.1, 0, 0),
+             ("mean", "ties"): (-0.4, 0, 0), ("mean", "flips"): (-0.2, 0, 0)}
+    sentences, held = conclusions(["flips", "ties"], agree, values, methods, score)
+    assert held == 2 and sentences[0].startswith("removing ties heads costs more accuracy than removing flips")
+    assert sentences[0].endswith("holds under prune, mean")
+    turned = agree | {("mean", "ties"): (-0.1, 0, 0)}  # under mean removing flips costs more: the first one flips
+    sentences, held = conclusions(["flips", "ties"], turned, values, methods, score)
+    assert held == 1 and "flips under mean (-0.1 vs -0.2)" in sentences[0]

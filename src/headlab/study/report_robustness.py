@@ -82,23 +82,23 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                         f"a type's heads are removed alone, with a {confidence:.0%} paired bootstrap interval over "
                         f"the examples of {split}) and each type's exact Shapley value (its share of full minus every "
                         f"type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
-    sentences = conclusions(types, removed, values, list(shapley), score)
+    sentences, held = conclusions(types, removed, values, list(shapley), score)
     report.markdown += [*(f"- {sentence}" for sentence in sentences), "",
                         "(Orderings by the point estimates; the intervals above say how sure each one is.)", ""]
     numbers |= {"score": score, "split": split,
                 "removed_alone": {f"{p}/{t}": removed[p, t][0] for p, t in removed},
                 "shapley": {f"{p}/{t}": values[p, t][0] for p, t in values}, "conclusions": sentences}
-    held = sum("flips" not in s and "ties" not in s and "changes" not in s for s in sentences)
     report.console.append(f"robustness {name}: {held} of {len(sentences)} conclusions hold under "
                           f"{', '.join(shapley)}")
 
 
-def conclusions(types: list[str], removed: dict, values: dict, methods: list[str], score: str) -> list[str]:
+def conclusions(types: list[str], removed: dict, values: dict, methods: list[str],
+                score: str) -> tuple[list[str], int]:
     """One sentence per ordering that prune gives (each pair of types by what removing them costs; the types by
-    Shapley value) and whether the other methods agree."""
+    Shapley value) and whether the other methods agree; and how many of them hold under every method."""
     worse = (lambda a, b: a > b) if score == "loss" else (lambda a, b: a < b)  # a change that costs more
     first, others = methods[0], methods[1:]
-    sentences = []
+    sentences, held = [], 0
     for a, b in itertools.combinations(types, 2):
         delta = {method: (removed[method, a][0], removed[method, b][0]) for method in methods}
         if worse(*reversed(delta[first])):
@@ -106,8 +106,10 @@ def conclusions(types: list[str], removed: dict, values: dict, methods: list[str
             delta = {method: pair[::-1] for method, pair in delta.items()}
         if delta[first][0] == delta[first][1]:
             continue
+        verdict, holds = _verdict(methods, delta, worse)
         sentences.append(f"removing {a} heads costs more {score} than removing {b} heads ({first}: "
-                         f"{delta[first][0]:+.4g} vs {delta[first][1]:+.4g}): " + _verdict(methods, delta, worse))
+                         f"{delta[first][0]:+.4g} vs {delta[first][1]:+.4g}): {verdict}")
+        held += holds
     order = {method: sorted(types, key=lambda t, m=method: -values[m, t][0] * (-1 if score == "loss" else 1))
              for method in methods}
     changed = [method for method in others if order[method] != order[first]]
@@ -115,11 +117,12 @@ def conclusions(types: list[str], removed: dict, values: dict, methods: list[str
                      + ("holds under " + ", ".join(methods) if not changed else
                         f"holds under {', '.join(m for m in methods if m not in changed)}; changes under " +
                         "; ".join(f"{m} ({' > '.join(order[m])})" for m in changed)))
-    return sentences
+    return sentences, held + (not changed)
 
 
-def _verdict(methods: list[str], delta: dict, worse) -> str:
-    """``holds under ...``, then the methods where the two are equal (``ties``) or the order turns (``flips``)."""
+def _verdict(methods: list[str], delta: dict, worse) -> tuple[str, bool]:
+    """``holds under ...``, then the methods where the two are equal (``ties``) or the order turns (``flips``); and
+    whether it holds under every method."""
     ties = [m for m in methods if delta[m][0] == delta[m][1]]
     flips = [m for m in methods if m not in ties and not worse(*delta[m])]
     held = [m for m in methods if m not in ties + flips]
@@ -128,7 +131,7 @@ def _verdict(methods: list[str], delta: dict, worse) -> str:
         if chosen:
             parts.append(f"{word} under " + ", ".join(f"{m} ({delta[m][0]:+.4g} vs {delta[m][1]:+.4g})"
                                                        for m in chosen))
-    return "; ".join(parts)
+    return "; ".join(parts), not ties and not flips
 
 
 def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], numbers: dict) -> None:
