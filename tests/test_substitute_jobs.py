@@ -94,9 +94,11 @@ def test_mean_and_resample_records_equal_the_definitions(trained):
     other = job("resample_seed", "mask=resample", "mask.heads=L1", "mask.reference_examples=16", "seed=1")
     assert (np.array(other["sources"].tolist())[:, 0] != sources[:, 0]).any()
     assert set((root / "baselines/means").glob("*.npz")) == means_files  # the same reference set: its means reused
+    copy = root / "validation_copy.jsonl"  # the split's own file, or a copy: deranged the same way
+    copy.write_bytes((DATA / "validation.jsonl").read_bytes())
     by_file = job("resample_file", "mask=resample", "mask.heads=L1", "mask.reference_examples=16",
-                  "mask.resamples=2", f"mask.reference={DATA / 'validation.jsonl'}")
-    assert (np.array(by_file["sources"].tolist()) == sources).all()  # the split's own file: deranged the same way
+                  "mask.resamples=2", f"mask.reference={copy}")
+    assert (np.array(by_file["sources"].tolist()) == sources).all()
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [

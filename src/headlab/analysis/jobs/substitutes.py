@@ -9,13 +9,14 @@ evaluation data; it is loaded and checked before the weights. ``JobSubstitutes``
   those, the data files' sizes and times included; another job of the sweep reads it);
 * ``sources(model, batch, split)``: the ``head_sources`` of an evaluated batch for ``mask.resamples`` draws: draw k
   gives example e the reference example ``source(e, k)`` (seeded by ``seed``; never e itself: when the reference
-  set is the evaluated split, named or as its data file, each draw is a derangement), and an evaluated feature (a
-  SQuAD window) the source's feature of the same window number (modulo its windows). The rows of the K draws are
-  stacked draw-major, so a forward of the batch repeated K times takes them whole.
+  set is the evaluated split, named or as its data file (or a copy), each draw is a derangement), and an evaluated
+  feature (a SQuAD window) the source's feature of the same window number (modulo its windows). The rows of the K
+  draws are stacked draw-major, so a forward of the batch repeated K times takes them whole.
 """
 
 from __future__ import annotations
 
+import filecmp
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +55,13 @@ def reference_task(task: Any, reference: str) -> tuple[Any, str]:
 
 
 def same_file_split(task: Any, reference: str) -> str | None:
-    """The task's evaluation split read from the file ``reference`` names, if any (resample then deranges it too)."""
+    """The task's evaluation split whose data file is the file ``reference`` names, or a copy of it (the same
+    bytes), if any: resample deranges that split's draws too."""
     files = task.get("data_files") or {}
-    target = Path(reference).resolve()
-    return next((split for split in task.eval_splits if split in files and Path(files[split]).resolve() == target),
-                None)
+    if not Path(reference).is_file():
+        return None
+    return next((split for split in task.eval_splits if split in files and Path(files[split]).is_file()
+                 and filecmp.cmp(files[split], reference, shallow=False)), None)
 
 
 class JobSubstitutes:
@@ -165,8 +168,8 @@ class JobSubstitutes:
     def _assignment(self, split: str, draw: int) -> np.ndarray:
         """``[examples of split]``: each evaluated example's source in draw ``draw``: uniform over the reference set,
         seeded by (seed, draw, split); where the evaluated split is the reference split (by name, or a reference file
-        that is the split's data file), example e is reference example e and draws another: a derangement of the
-        reference set (uniform beyond it)."""
+        that is the split's data file or a copy of it), example e is reference example e and draws another: a
+        derangement of the reference set (uniform beyond it)."""
         key = (split, draw)
         if key not in self._assignments:
             size = self.sizes[split]
