@@ -494,3 +494,16 @@ def test_robustness_counts_the_conclusions_that_hold_by_their_verdicts_not_by_wo
     turned = agree | {("mean", "ties"): (-0.1, 0, 0)}  # under mean removing flips costs more: the first one flips
     sentences, held = conclusions(["flips", "ties"], turned, values, methods, score)
     assert held == 1 and "flips under mean (-0.1 vs -0.2)" in sentences[0]
+
+
+def test_the_robustness_stage_work_grows_with_the_types_coalitions_and_the_draws():
+    """The time estimate of the robustness stage: each of the 2^k - 1 coalitions besides the full model, and each
+    resample draw (its sources and its ablated forward), on every evaluated example."""
+    from omegaconf import OmegaConf
+
+    from headlab.study.progress import SWEEP_PASSES, Sizes, stage_work
+
+    sizes = Sizes(train=100, eval=50, layers=2, heads=3)
+    cfg = OmegaConf.create({"data": {"max_eval_examples": 10}, "mask": {"resamples": 3}})
+    per_method = 10 * (SWEEP_PASSES * 2 * 3 + 2 ** 5 - 1)  # 10 examples: 6 single-head plans, 31 coalitions
+    assert stage_work("robustness", cfg, sizes, 2, types=5) == pytest.approx(2 * (1 + 1 + 2 * 3) * per_method)

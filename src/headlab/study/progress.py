@@ -51,9 +51,9 @@ def _at_most(count: int, limit: Any) -> int:
     return count if limit is None else min(count, int(limit))
 
 
-def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0) -> float:
+def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, types: int = 4) -> float:
     """Passes of ``stage`` with its config ``cfg`` (``study.<stage>`` laid over; ``train.py``'s for the fine-tuning)
-    for ``models`` fine-tuned models; ``plans``: the tables' plans per model."""
+    for ``models`` fine-tuned models; ``plans``: the tables' plans per model; ``types``: the clusters' k."""
     n_eval = _at_most(sizes.eval, cfg.data.get("max_eval_examples"))
     if stage == "finetune":
         n_train = _at_most(sizes.train, cfg.data.get("max_train_examples"))
@@ -74,9 +74,10 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0) 
         return models * plans * n_eval
     if stage == "sweep":
         return models * SWEEP_PASSES * sizes.layers * sizes.heads * n_eval
-    if stage == "robustness":  # sweeps and Shapley under prune, mean and resample (resample: 2x)
-        coalitions = 2 ** 4 - 1  # over four head types
-        return models * n_eval * 4 * (SWEEP_PASSES * sizes.layers * sizes.heads + coalitions)
+    if stage == "robustness":  # sweeps and Shapley under prune, mean and resample (each draw: sources + ablated)
+        coalitions = 2 ** types - 1  # every coalition of the head types but the full model
+        methods = 2 + 2 * cfg.mask.resamples
+        return models * n_eval * methods * (SWEEP_PASSES * sizes.layers * sizes.heads + coalitions)
     if stage == "importance":
         return models * TRAIN_PASSES * _at_most(sizes.train, cfg.importance.max_examples)
     if stage == "prune_curve":
@@ -118,5 +119,7 @@ def study_work(study: Any) -> Callable[[str], float] | None:
     configs = {"finetune": train_config(cfg, cfg.study.seeds[0], study.group)}
     configs |= {stage: analysis_config(cfg, stage, mode, None, study.group) for stage, mode in STAGE_MODES.items()}
     plans = sum(len(table_plans(table, list(GUAN_TYPES))) for table in TABLES)
-    work = {stage: stage_work(stage, config, sizes, len(study.models), plans) for stage, config in configs.items()}
+    types = configs["cluster"].cluster.k
+    work = {stage: stage_work(stage, config, sizes, len(study.models), plans, types)
+            for stage, config in configs.items()}
     return lambda stage: work.get(stage, 0.0)

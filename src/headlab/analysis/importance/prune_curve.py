@@ -84,6 +84,12 @@ def prune_plan(heads: list[str], shape: tuple[int, int], policy: str = "prune") 
     return HeadPlan.from_rules([{"heads": heads, "policy": policy}] if heads else [], *shape)
 
 
+def estimated_policies(estimator: str) -> tuple[str, ...]:
+    """The policy whose first-order estimate ranks the heads (``estimate_mean``: ``("mean",)``); none for a
+    granularity of gradient importance."""
+    return () if estimator in GRANULARITIES else (estimator.removeprefix("estimate_"),)
+
+
 class PruneCurve:
     """The importance curve of one job, resumable from ``steps.json``."""
 
@@ -146,7 +152,7 @@ class PruneCurve:
         if self.steps and not self.options.recompute:
             return np.array(self.steps[0]["scores"])
         estimator, importance = self.options.estimator, self.job.cfg.importance
-        policies = () if estimator in GRANULARITIES else (estimator.removeprefix("estimate_"),)
+        policies = estimated_policies(estimator)
         gradients = score_heads(self.job, prune_plan(pruned, self.shape, self.policy), policies, key_types=False)
         if estimator in GRANULARITIES:
             return normalize_importance(gradients.importance(estimator), importance.normalize_layer,
@@ -248,10 +254,9 @@ def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> p
 def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """The prune curve of ``cfg.ckpt_path`` on ``cfg.task``; ``cfg`` passed ``check_mode``."""
     options = cfg.prune_curve
-    estimates = () if options.estimator in GRANULARITIES else (options.estimator.removeprefix("estimate_"),)
     shape = model_shape(cfg.model)
     job = EvalJob(cfg, identity, estimation=cfg.importance, plans=[prune_plan(["L0H0"], shape, options.policy)],
-                  estimates=estimates)
+                  estimates=estimated_policies(options.estimator))
     curve = PruneCurve(job)
     curve.run()
     random = curve.random_curves()
