@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from test_tasks import task_cfg
 
@@ -43,3 +45,64 @@ def test_tokenisation_is_cached(tokenizer, tmp_path):
 def test_regression_labels_are_float():
     batch = Collator(0, regression=True)([{"input_ids": [1, 2], "labels": 3.5}, {"input_ids": [1], "labels": 1.0}])
     assert batch["labels"].dtype == torch.float32 and batch["input_ids"].tolist() == [[1, 2], [1, 0]]
+
+
+def _direct_ids(tokenizer, raw, task) -> list[list[int]]:
+    """The input ids a plain call of ``tokenizer`` gives (no cache involved)."""
+    return tokenizer(list(raw["sentence1"]), list(raw["sentence2"]), truncation=True,
+                     max_length=task.max_length)["input_ids"]
+
+
+def test_tokenizers_of_other_families_never_share_a_cache_file(tmp_path):
+    """Every locally built tiny tokenizer has ``name_or_path=''``, and ALBERT's, DeBERTa's and XLM-R's have 202
+    tokens: keyed on those, a job got another family's tokens (DeBERTa fed ALBERT's lower-cased text)."""
+    from omegaconf import OmegaConf
+
+    from headlab.core.models import load_tokenizer
+
+    task = task_cfg("demo_pairs")
+    raw = load_task_data(task)["validation"].select(range(12))
+    shared = tmp_path / "shared"
+    for family in ("tiny_albert", "tiny_deberta", "tiny_xlm_roberta", "tiny_distilbert", "tiny_random"):
+        tokenizer = load_tokenizer(OmegaConf.load(f"conf/model/{family}.yaml"))
+        cached = tokenize_split(raw, task, tokenizer, "sentence", shared, "validation")
+        clean = tokenize_split(raw, task, tokenizer, "sentence", tmp_path / family, "validation")
+        assert list(cached["input_ids"]) == list(clean["input_ids"]) == _direct_ids(tokenizer, raw, task), family
+        assert ("token_type_ids" in cached.column_names) == ("token_type_ids" in tokenizer.model_input_names)
+
+
+def test_a_tokenizer_changed_under_the_same_path_is_tokenised_again(tmp_path):
+    """A saved tokenizer whose vocabulary file changes (same folder, same number of tokens) gets new features; and
+    the cache records its key beside each file: a file whose record differs is made again, not trusted."""
+    import json
+
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from headlab.core.models import load_tokenizer
+
+    task = task_cfg("demo_pairs")
+    raw = load_task_data(task)["validation"].select(range(12))
+    folder, cache = tmp_path / "tokenizer", tmp_path / "cache"
+    load_tokenizer(OmegaConf.load("conf/model/tiny_random.yaml")).save_pretrained(folder)
+    before = AutoTokenizer.from_pretrained(folder)
+    first = tokenize_split(raw, task, before, "sentence", cache, "validation")
+    rules = json.loads((folder / "tokenizer.json").read_text())
+    vocab = rules["model"]["vocab"]
+    word = next(token for token, index in vocab.items() if index in first[0]["input_ids"] and token.isalpha()
+                and len(token) > 1)
+    vocab[word.upper()] = vocab.pop(word)  # its id now spells a token no lower-cased text has
+    (folder / "tokenizer.json").write_text(json.dumps(rules))
+    after = AutoTokenizer.from_pretrained(folder)
+    assert after.name_or_path == before.name_or_path and len(after) == len(before)
+    second = tokenize_split(raw, task, after, "sentence", cache, "validation")
+    assert list(second["input_ids"]) == _direct_ids(after, raw, task) != list(first["input_ids"])
+
+    path = Path(second.cache_files[0]["filename"])
+    record = path.with_name(f"{path.stem}.key.json")
+    assert json.loads(record.read_text())["unit"] == "sentence"
+    record.write_text(record.read_text().replace('"sentence"', '"segment"'))
+    mtime = path.stat().st_mtime_ns
+    third = tokenize_split(raw, task, after, "sentence", cache, "validation")
+    assert path.stat().st_mtime_ns != mtime and list(third["input_ids"]) == list(second["input_ids"])
+    assert json.loads(record.read_text())["unit"] == "sentence"

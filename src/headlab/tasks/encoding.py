@@ -1,7 +1,8 @@
 """Tokenised task data and batches: every batch carries ``sentence_ids`` for the configured unit.
 
-Tokenisation runs once per (task, split, tokenizer, unit, max length): ``datasets.map`` writes its
-result to an Arrow file under ``cache_dir`` named by a hash of those, and a second run loads it.
+Tokenisation runs once per split, tokenizer (by content) and encoding settings: ``datasets.map`` writes its
+result to an Arrow file under ``cache_dir`` named by a hash of those (``headlab.tasks.feature_cache``), and a second
+run loads it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import datasets
 import torch
 
 from headlab.core.units import unit_ids
-from headlab.files import config_hash
+from headlab.tasks.feature_cache import FEATURES_VERSION, features_file, record_key, tokenizer_digest
 from headlab.tasks.squad import tokenize_squad
-
-FEATURES_VERSION = 2  # part of the cache key: bump when the feature columns change
 
 
 def _encode_texts(batch, indices, tokenizer, text_fields, label_field, max_length, unit):
@@ -34,22 +33,29 @@ def _encode_texts(batch, indices, tokenizer, text_fields, label_field, max_lengt
 
 def tokenize_split(
     dataset: datasets.Dataset, task: Any, tokenizer, unit: str, cache_dir: str | Path, split: str,
-    training: bool = True,
+    training: bool = True, digest: str | None = None,
 ) -> datasets.Dataset:
-    """Model inputs and ``sentence_ids`` of one split, cached on disk.
+    """Model inputs and ``sentence_ids`` of one split, cached on disk (``digest``: the tokenizer's
+    ``tokenizer_digest``, when the caller has it).
 
     Classification / regression: one row per example with ``labels`` and ``example_index``.
     Extractive QA (``headlab.tasks.squad``): features with ``start_positions`` / ``end_positions``;
     evaluation features also with ``example_index`` and ``context_offsets``.
     """
     qa = task.type == "extractive_qa"
-    layout = {"doc_stride": task.doc_stride, "training": training} if qa else {"text_fields": list(task.text_fields)}
-    key = config_hash([FEATURES_VERSION, task.name, split, dataset._fingerprint, tokenizer.name_or_path,
-                       len(tokenizer), unit, task.max_length, layout])
-    path = Path(cache_dir) / task.name / f"{split}-{key}.arrow"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if qa:
-        return tokenize_squad(dataset, tokenizer, task, unit, training, str(path))
+    layout = ({"doc_stride": task.doc_stride, "training": training} if qa else
+              {"text_fields": list(task.text_fields), "label_field": task.label_field})
+    key = {"version": FEATURES_VERSION, "task": task.name, "type": task.type, "split": split,
+           "data": dataset._fingerprint, "tokenizer": digest or tokenizer_digest(tokenizer), "unit": unit,
+           "max_length": task.max_length, "layout": layout}
+    path = features_file(cache_dir, task.name, split, key)
+    features = tokenize_squad(dataset, tokenizer, task, unit, training, str(path)) if qa else _encode_split(
+        dataset, task, tokenizer, unit, str(path), split)
+    record_key(path, key)
+    return features
+
+
+def _encode_split(dataset: datasets.Dataset, task: Any, tokenizer, unit: str, path: str, split: str):
     return dataset.map(
         _encode_texts,
         batched=True,
@@ -57,7 +63,7 @@ def tokenize_split(
         remove_columns=dataset.column_names,
         fn_kwargs={"tokenizer": tokenizer, "text_fields": list(task.text_fields), "label_field": task.label_field,
                    "max_length": task.max_length, "unit": unit},
-        cache_file_name=str(path),
+        cache_file_name=path,
         load_from_cache_file=True,
         desc=f"tokenizing {task.name}/{split}",
     )

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from headlab.core.models import load_tokenizer
 from headlab.errors import UserError
 from headlab.tasks.encoding import Collator, tokenize_split
+from headlab.tasks.feature_cache import tokenizer_digest
 from headlab.tasks.loading import load_task_data
 from headlab.training.epoch_order import train_loader
 
@@ -94,8 +95,9 @@ class TaskDataModule(pl.LightningDataModule):
         limit = lambda data, n: data if n is None else data.select(range(min(n, len(data))))  # noqa: E731
         self.eval_examples = {split: limit(raw[split], self.limits["eval"]) for split in self.eval_splits}
         self.num_examples = {s: len(d) for s, d in self.eval_examples.items()}
+        self.tokenizer_digest = tokenizer_digest(tokenizer)  # what the tokens depend on (the cache's key too)
         tokenize = lambda data, split, training: tokenize_split(  # noqa: E731
-            data, self.task, tokenizer, self.unit, self.cache_dir, split, training)
+            data, self.task, tokenizer, self.unit, self.cache_dir, split, training, self.tokenizer_digest)
         self.train_features = None
         if self.with_train:
             train = limit(raw[self.task.train_split], self.limits["train"])
