@@ -206,3 +206,62 @@ def test_layer_sweep_refuses_plans_outside_its_layer_or_mixing_policies(tmp_path
     for variants in ([other_layer], mixed):
         with pytest.raises(ValueError, match="change only layer 1, with one policy"):
             LayerSweepEvaluator(model, cfg.task, 1, variants, data.eval_examples)
+
+
+def _unpadded_span_losses(model, features) -> dict[int, list[float]]:
+    """Each feature run alone (no padding) in float64: (cross-entropy of its start + of its end) / 2, by question;
+    written from the definition, not with headlab's loss."""
+    import copy
+
+    model = copy.deepcopy(model).double().eval()
+    losses: dict[int, list[float]] = {}
+    for row in features:
+        inputs = {k: torch.tensor([row[k]]) for k in ("input_ids", "attention_mask", "token_type_ids") if k in row}
+        with torch.no_grad():
+            out = model(**inputs)
+        terms = [torch.logsumexp(logits[0], 0) - logits[0, row[name]]
+                 for logits, name in ((out.start_logits, "start_positions"), (out.end_logits, "end_positions"))]
+        losses.setdefault(row["example_index"], []).append(float(sum(terms)) / 2)
+    return losses
+
+
+def test_a_questions_loss_does_not_depend_on_the_questions_in_its_batch(tmp_path):
+    """Padding positions once entered the span softmax: a question's loss moved with its batch's longest window.
+    Batch sizes 1 and 7 give equal per-question losses, equal to the unpadded float64 computation, in the records
+    (evaluation), in the gradients (importance: each feature's gate gradient) and in the training loss."""
+    from headlab.core.importance import head_gradients
+    from headlab.training.modules import task_module
+
+    cfg, _, model, trainer = setup("demo_qa", tmp_path, examples=12)
+    plans = [Variant("baseline", HeadPlan.keep_all(3, 4)),
+             Variant("L0H0", HeadPlan.from_rules([{"heads": "L0H0", "policy": "prune"}], 3, 4))]
+    records, gates = {}, {}
+    for size in (1, 7):
+        data = TaskDataModule(cfg.task, cfg.model, eval_batch_size=size, max_eval_examples=12,
+                              cache_dir=tmp_path / "cache", train=False)
+        data.setup()
+        records[size] = records_of(trainer, data, PlanEvaluator(model, cfg.task, plans, data.eval_examples))
+        loader = torch.utils.data.DataLoader(data.eval_features["validation"], batch_size=size,
+                                             collate_fn=data.collator)
+        gates[size] = head_gradients(model, loader, policies=()).gate  # [features, layers, heads]
+    features = data.eval_features["validation"]
+    assert len({len(ids) for ids in features["input_ids"]}) > 1, "windows of several lengths: batches get padding"
+    reference = _unpadded_span_losses(model, features)
+    baseline = [np.mean(reference[q]) for q in sorted(reference)]
+    mine = {size: [r["loss"] for r in rows[("baseline", "validation")]] for size, rows in records.items()}
+    np.testing.assert_allclose(mine[1], baseline, rtol=1e-5)
+    np.testing.assert_allclose(mine[7], baseline, rtol=1e-5)
+    for key in records[1]:
+        np.testing.assert_allclose([r["loss"] for r in records[7][key]], [r["loss"] for r in records[1][key]],
+                                   rtol=1e-5)
+    np.testing.assert_allclose(gates[7], gates[1], rtol=1e-4, atol=1e-7)
+
+    module = task_module(cfg.model, cfg.task, cfg.mask, {"lr": 1e-5, "weight_decay": 0.0, "adam_eps": 1e-8,
+                                                         "warmup_ratio": 0.0})
+    module.model.load_state_dict(model.state_dict())
+    module.eval()
+    batch = data.collator([features[i] for i in range(7)])
+    with torch.no_grad():
+        loss = module.training_loss(batch, module(batch))
+    expected = np.mean([value for q in sorted(reference) for value in reference[q]][:7])
+    assert float(loss) == pytest.approx(expected, rel=1e-5)

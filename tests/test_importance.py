@@ -60,7 +60,9 @@ def reference_gradients(model, batch, policies=(), renormalize=False, qa=False, 
                               lambda layer, head: "keep", one["sentence_ids"], renormalize, gates, record, own)
         if qa:
             start, end = qa_logits(params, hidden)
-            loss = (F.cross_entropy(start, one["start_positions"]) + F.cross_entropy(end, one["end_positions"])) / 2
+            n = int(one["attention_mask"].sum())  # the softmax over the feature's own positions, not its padding
+            loss = (F.cross_entropy(start[:, :n], one["start_positions"])
+                    + F.cross_entropy(end[:, :n], one["end_positions"])) / 2
         else:
             loss = F.cross_entropy(classifier_logits(params, hidden), one["labels"])
         attention = [a for *_, a in record["attention"]]

@@ -17,9 +17,10 @@ fisher      mean over examples of (d loss_b / d gate)^2
 All four share one scale, so ``token >= example >= batch``. Normalisations (each optional): per layer, divide
 by the L2 norm of the layer's scores (+1e-20); globally, min-max to [0, 1]. The first-order estimate of
 ablating head (l, h) alone under a policy is the mean over examples of ``sum_t g . (z' - z)``; for ``prune``
-(``z' = 0``) it is minus the gate gradient. The loss is the model's own: HF's task heads average over the
-batch, so ``loss * batch size`` is the sum whose gradient per example is that example's own. For SQuAD-style
-tasks an example is a feature (one window of a question).
+(``z' = 0``) it is minus the gate gradient. For classification the loss is the model's own: HF's task heads average over
+the batch, so ``loss * batch size`` is the sum whose gradient per example is that example's own. For SQuAD-style
+tasks an example is a feature (one window of a question) and the loss the sum of ``headlab.core.losses.span_losses``
+(each feature's softmax over its own positions; HF's QA loss lets the batch's padding in).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from transformers import PreTrainedModel
 
 from headlab.core.families import family_of
 from headlab.core.head_gradients import KEY_TYPES, BatchGradients, gradient_probe, key_type_masks
+from headlab.core.losses import span_losses
 from headlab.core.model_parts import MODEL_INPUTS
 from headlab.core.patch.ablate import ablate
 from headlab.core.patch.substitution import SOURCES
@@ -133,14 +135,18 @@ def score_batch(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], probe
             raise UserError(f"the estimate of resample needs batches with {SOURCES} (headlab.resample_sources)")
         inputs[SOURCES] = batch[SOURCES]
     out = model(**inputs)
-    loss = getattr(out, "loss", None)
-    if loss is None:
+    if labels == LABELS[1] and hasattr(out, "start_logits"):  # QA: each feature's loss over its own positions
+        total = span_losses(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"],
+                            batch["attention_mask"]).sum()
+    elif getattr(out, "loss", None) is not None:
+        total = out.loss * batch_size_of(batch)  # the model's mean loss: the sum of the examples' losses
+    else:
         raise UserError(f"{type(model).__name__} returned no loss: head importance needs a model with a task head "
                         "(e.g. BertForSequenceClassification) and labelled batches")
     masks = None
     if key_ids is not None:
         masks = key_type_masks(batch["input_ids"], batch["attention_mask"], *key_ids)
-    return probe.gradients(loss * batch_size_of(batch), masks, batch["attention_mask"].bool())
+    return probe.gradients(total, masks, batch["attention_mask"].bool())
 
 
 def _unit_ids(batch: Mapping[str, torch.Tensor], unit: str | None) -> torch.Tensor:

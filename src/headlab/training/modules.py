@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from torchmetrics import MeanMetric, SumMetric
 from transformers import get_linear_schedule_with_warmup
 
+from headlab.core.losses import span_losses
 from headlab.core.masks import plan_from_mask
 from headlab.core.model_files import model_shape
 from headlab.core.models import load_model_reporting, note_random_weights
@@ -65,12 +66,16 @@ class TaskModule(pl.LightningModule):
             return self.model(**inputs)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self(batch).loss
+        loss = self.training_loss(batch, self(batch))
         # In the progress bar only when there is one: Lightning turns progress-bar values into numbers after every
         # step, bar or no bar, and on a GPU that is a host-device synchronisation per step (Lightning issue 21232).
         shown = self.trainer.progress_bar_callback is not None
         self.log("train/loss", loss, batch_size=len(batch["input_ids"]), prog_bar=shown)
         return loss
+
+    def training_loss(self, batch: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
+        """The mean loss of a training batch (the model's own)."""
+        return out.loss
 
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -143,13 +148,6 @@ class ClassificationModule(TaskModule):
     on_test_epoch_end = on_validation_epoch_end
 
 
-def example_losses(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
-    """``[batch]`` loss of each example, the terms of the model's mean loss (MSE or cross-entropy), in float32+."""
-    if regression:
-        return (logits[:, 0].double() - labels.double()) ** 2
-    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
-
-
 class QuestionAnsweringModule(TaskModule):
     """Extractive QA (SQuAD v1.1 / v2.0): span logits merged per question by ``headlab.tasks.squad``.
 
@@ -170,8 +168,15 @@ class QuestionAnsweringModule(TaskModule):
         spans = best_spans(out.start_logits, out.end_logits, batch["context_offsets"], self.task.n_best,
                            self.task.max_answer_length)
         self.collectors[split].add(batch["example_index"], spans)
-        self._keep(split, batch["example_index"], span_losses(out.start_logits, out.end_logits,
-                                                              batch["start_positions"], batch["end_positions"]))
+        losses = span_losses(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"],
+                             batch["attention_mask"])  # [batch]
+        self._keep(split, batch["example_index"], losses)
+
+    def training_loss(self, batch: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
+        """The mean span loss of the batch's features, each over its own positions (``headlab.core.losses``; the
+        model's own loss lets padding into the softmax)."""
+        return span_losses(out.start_logits, out.end_logits, batch["start_positions"], batch["end_positions"],
+                           batch["attention_mask"]).mean()
 
     def on_validation_epoch_end(self) -> None:
         examples = self.trainer.datamodule.eval_examples
@@ -194,12 +199,6 @@ class QuestionAnsweringModule(TaskModule):
 
     test_step = validation_step
     on_test_epoch_end = on_validation_epoch_end
-
-
-def span_losses(start_logits, end_logits, start_positions, end_positions) -> torch.Tensor:
-    """``[features]``: (cross-entropy of the start + of the end position) / 2, the terms of HF's QA loss."""
-    ce = lambda logits, target: torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")  # noqa: E731
-    return (ce(start_logits, start_positions) + ce(end_logits, end_positions)) / 2
 
 
 def question_losses(rows: list[tuple[int, float]]) -> dict[int, float]:

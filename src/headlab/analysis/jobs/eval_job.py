@@ -20,7 +20,7 @@ from filelock import FileLock
 from omegaconf import OmegaConf
 
 from headlab.analysis.jobs.identity import JobIdentity
-from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
+from headlab.analysis.jobs.plan_evaluator import RECORDS_VERSION, PlanEvaluator, Variant
 from headlab.analysis.jobs.substitutes import JobSubstitutes, uses_substitutes
 from headlab.core.models import apply_runtime_options, weights_hash
 from headlab.core.plans import HeadPlan
@@ -96,12 +96,13 @@ class EvalJob:
     # ------------------------------------------------------------------ baseline
 
     def baseline_key(self, split: str) -> str:
-        """The weights, the task (and its local files' stamps: data written again at the same path is other data),
-        the split, the data settings and the precision."""
+        """The weights, the tokenizer (by content), the task (and its local files' stamps: data written again at the
+        same path is other data), the split, the data settings, the precision and how records are computed."""
         data = {k: v for k, v in self.resolved["data"].items() if k not in ("num_workers", "cache_dir")}
         return config_hash({"weights": self.weights, "task": self.resolved["task"], "split": split, "data": data,
                             "precision": self.resolved["trainer"]["precision"],
-                            "data_files": self.identity.inputs.get("task.data_files")})
+                            "data_files": self.identity.inputs.get("task.data_files"),
+                            "tokenizer": self.data.tokenizer_digest, "records": RECORDS_VERSION})
 
     def _baseline_paths(self, split: str) -> tuple[Path, Path]:
         folder = Path(self.cfg.baseline_dir) / self.baseline_key(split)

@@ -16,13 +16,15 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from headlab.core.losses import example_losses, span_losses
 from headlab.core.patch.ablate import ablate
 from headlab.core.plans import HeadPlan
 from headlab.tasks.metrics import squad_scores
 from headlab.tasks.squad import AnswerCollector, best_spans
-from headlab.training.modules import example_losses, gather_rows, question_losses, span_losses
+from headlab.training.modules import gather_rows, question_losses
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+RECORDS_VERSION = 2  # in the cached baselines' key: raised when records change (2: QA losses without the padding)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class PlanEvaluator(pl.LightningModule):
     def on_validation_start(self) -> None:
         if self.substitutes is not None:  # the model is on its device now
             self.means = self.substitutes.means(self.model)
-            self.substitutes.start_pass({split: len(ids) for split, ids in self.ids.items()})
+            self.substitutes.start_pass(self.trainer.datamodule.eval_features)
 
     def model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = {name: batch[name] for name in MODEL_INPUTS if name in batch}
@@ -107,7 +109,7 @@ class PlanEvaluator(pl.LightningModule):
         repeated = lambda t: t.repeat(draws)  # noqa: E731
         if self.task.type == "extractive_qa":  # start_logits, end_logits: [draws * batch, seq]
             losses = span_losses(out.start_logits, out.end_logits, repeated(batch["start_positions"]),
-                                 repeated(batch["end_positions"]))
+                                 repeated(batch["end_positions"]), batch["attention_mask"].repeat(draws, 1))
             start, end = (per_draw(x).mean(0) if draws > 1 else x for x in (out.start_logits, out.end_logits))
             spans = best_spans(start, end, batch["context_offsets"], self.task.n_best, self.task.max_answer_length)
             return batch["example_index"], spans, per_draw(losses).mean(0)
