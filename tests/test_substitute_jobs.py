@@ -99,6 +99,19 @@ def test_mean_and_resample_records_equal_the_definitions(trained):
     by_file = job("resample_file", "mask=resample", "mask.heads=L1", "mask.reference_examples=16",
                   "mask.resamples=2", f"mask.reference={copy}")
     assert (np.array(by_file["sources"].tolist()) == sources).all()
+    # identity by content, whatever the reference is called: the evaluated file as the training split ...
+    as_train = job("resample_as_train", "mask=resample", "mask.heads=L1", "mask.reference_examples=16",
+                   "mask.resamples=2", "mask.reference=train", f"task.data_files={{train: {copy}, validation: {copy}}}")
+    assert (np.array(as_train["sources"].tolist()) == sources).all()
+    # ... or its examples in another order (reference row 15 - e is example e): never an example's own inputs
+    rows = copy.read_text().splitlines()[:16]
+    assert len(set(rows)) == 16
+    backwards = root / "validation_backwards.jsonl"
+    backwards.write_text("\n".join(rows[::-1]) + "\n")
+    turned = job("resample_backwards", "mask=resample", "mask.heads=L1", "mask.reference_examples=16",
+                 "mask.resamples=4", f"mask.reference={backwards}")
+    drawn = np.array(turned["sources"].tolist())  # [examples, draws]
+    assert not (drawn == (15 - np.arange(16))[:, None]).any() and len(set(drawn.ravel())) > 8
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [

@@ -44,7 +44,7 @@ class HeadScorer(pl.LightningModule):
             self.means = self.substitutes.means(self.model)
             data = self.trainer.datamodule
             self.split = data.eval_splits[0]
-            self.substitutes.start_pass({self.split: data.num_examples[self.split]})
+            self.substitutes.start_pass({self.split: data.eval_features[self.split]})
 
     def on_validation_epoch_start(self) -> None:
         self._reset()

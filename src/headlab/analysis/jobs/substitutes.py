@@ -8,15 +8,20 @@ evaluation data; it is loaded and checked before the weights. ``JobSubstitutes``
   weights, reference set and setting, and cached as ``<baseline_dir>/means/<key>.npz`` (the key a hash of exactly
   those, the data files' sizes and times included; another job of the sweep reads it);
 * ``sources(model, batch, split)``: the ``head_sources`` of an evaluated batch for ``mask.resamples`` draws: draw k
-  gives example e the reference example ``source(e, k)`` (seeded by ``seed``; never e itself: when the reference
-  set is the evaluated split, named or as its data file (or a copy), each draw is a derangement), and an evaluated
-  feature (a SQuAD window) the source's feature of the same window number (modulo its windows). The rows of the K
-  draws are stacked draw-major, so a forward of the batch repeated K times takes them whole.
+  gives example e the reference example ``source(e, k)`` (seeded by ``seed``), and an evaluated feature (a SQuAD
+  window) the source's feature of the same window number (modulo its windows). The rows of the K draws are stacked
+  draw-major, so a forward of the batch repeated K times takes them whole.
+
+An example is never its own source, and "own" is by content (its model inputs: token ids and segments), whatever the
+reference is called: a split name, the split's data file, a copy, or ``train`` whose file is the evaluated one. Where
+the reference set begins with the evaluated examples (the same inputs in the same order), each draw is a derangement
+of them (uniform beyond); any other draw that lands on an example with the same inputs is drawn again among the
+others.
 """
 
 from __future__ import annotations
 
-import filecmp
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +59,18 @@ def reference_task(task: Any, reference: str) -> tuple[Any, str]:
     return OmegaConf.create(plain | {"eval_splits": [split]}), split
 
 
-def same_file_split(task: Any, reference: str) -> str | None:
-    """The task's evaluation split whose data file is the file ``reference`` names, or a copy of it (the same
-    bytes), if any: resample deranges that split's draws too."""
-    files = task.get("data_files") or {}
-    if not Path(reference).is_file():
-        return None
-    return next((split for split in task.eval_splits if split in files and Path(files[split]).is_file()
-                 and filecmp.cmp(files[split], reference, shallow=False)), None)
+def example_contents(features: Any) -> np.ndarray:
+    """``[examples]``: a digest of each example's model inputs (the token ids and segments of all its features, in
+    order), by ``example_index``: equal digests, equal inputs."""
+    columns = [name for name in ("input_ids", "token_type_ids") if name in features.column_names]
+    values = {name: features[name] for name in columns}
+    digests: dict[int, Any] = {}
+    for row, owner in enumerate(features["example_index"]):
+        digest = digests.setdefault(owner, hashlib.blake2b(digest_size=16))
+        for name in columns:
+            digest.update(np.asarray(values[name][row], dtype=np.int64).tobytes() + b"|")
+        digest.update(b"/")
+    return np.array([digests[owner].digest() for owner in sorted(digests)], dtype="S16")
 
 
 class JobSubstitutes:
@@ -76,7 +85,6 @@ class JobSubstitutes:
             raise UserError(f"mask.reference_examples={self.examples}: resample needs at least 2 reference examples "
                             "(each example takes another's heads)")
         task, self.split = reference_task(cfg.task, mask.reference)
-        self.evaluated_split = self.split if mask.reference in SPLITS else same_file_split(cfg.task, mask.reference)
         data_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
                     if k in ("eval_batch_size", "cache_dir")}
         data = TaskDataModule(task, tokenizer_cfg, unit=mask.unit, seed=cfg.seed, train=False,
@@ -92,6 +100,7 @@ class JobSubstitutes:
         owners = np.asarray(self.features["example_index"])  # [features]: each feature's example
         self.first = np.searchsorted(owners, np.arange(self.examples))  # [examples]: its first feature
         self.windows = np.bincount(owners, minlength=self.examples)  # [examples]: its features
+        self.contents = example_contents(self.features)  # [examples]: what "the same example" means
         plain = OmegaConf.to_container(task, resolve=True)  # its data files' stamps too: rewritten data is other data
         self.identity = {"task": plain, "data_stamps": path_stamp(plain.get("data_files")), "reference": mask.reference,
                          "stamp": path_stamp(mask.reference), "examples": self.examples, "mean_over": self.mean_over}
@@ -131,9 +140,10 @@ class JobSubstitutes:
         for batch in loader:
             yield {name: value.to(device) for name, value in batch.items()}
 
-    def start_pass(self, sizes: dict[str, int]) -> None:
-        """Before a pass over the evaluated splits: their numbers of examples (``sources`` draws for each)."""
-        self.sizes, self._windows = dict(sizes), {}
+    def start_pass(self, features: dict[str, Any]) -> None:
+        """Before a pass over the evaluated splits: their tokenised features (``sources`` draws for each example)."""
+        self.evaluated = {split: example_contents(rows) for split, rows in features.items()}
+        self.sizes, self._windows = {split: len(contents) for split, contents in self.evaluated.items()}, {}
 
     def sources(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
         """``head_sources`` ``[layers, draws * batch, seq, heads, head_dim]`` of ``batch`` (module docstring); after
@@ -167,16 +177,21 @@ class JobSubstitutes:
 
     def _assignment(self, split: str, draw: int) -> np.ndarray:
         """``[examples of split]``: each evaluated example's source in draw ``draw``: uniform over the reference set,
-        seeded by (seed, draw, split); where the evaluated split is the reference split (by name, or a reference file
-        that is the split's data file or a copy of it), example e is reference example e and draws another: a
-        derangement of the reference set (uniform beyond it)."""
+        seeded by (seed, draw, split); where the reference set begins with the split's examples, a derangement of
+        those; never an example with the same inputs (module docstring)."""
         key = (split, draw)
         if key not in self._assignments:
-            size = self.sizes[split]
+            mine = self.evaluated[split]  # [examples of split]
             generator = np.random.default_rng([self.seed, draw, int(config_hash(split), 16) % 2**32])
-            drawn = generator.integers(0, self.examples, size)
-            if split == self.evaluated_split:
-                inside = min(size, self.examples)
+            drawn = generator.integers(0, self.examples, len(mine))
+            inside = min(len(mine), self.examples)
+            if (mine[:inside] == self.contents[:inside]).all():  # the same examples in the same order
                 drawn[:inside] = derangement(self.examples, generator)[:inside]
+            for example in np.flatnonzero(mine == self.contents[drawn]):  # its own inputs: drawn again
+                others = np.flatnonzero(self.contents != mine[example])
+                if not len(others):
+                    raise UserError(f"resample: every example of mask.reference={self.reference} has the inputs of "
+                                    f"evaluated example {example} of {split}; it needs another to take heads from")
+                drawn[example] = others[generator.integers(0, len(others))]
             self._assignments[key] = drawn
         return self._assignments[key]
