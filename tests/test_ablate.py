@@ -307,6 +307,19 @@ def test_sweep_heads_on_albert_runs_whole_forwards_equal_to_eval_jobs(tmp_path):
     assert not np.array_equal(losses["heads/L2"], losses["single"])
 
 
+def test_jobs_of_two_families_in_one_folder_give_the_records_of_clean_folders(tmp_path):
+    """The tokenised-data cache once keyed on the tokenizer's name and length: every tiny tokenizer is named '', and
+    ALBERT's and DeBERTa's have 202 tokens, so DeBERTa's job after ALBERT's in one folder was fed ALBERT's tokens."""
+    args = ["mask=prune", "mask.heads=L0H0", "data.max_eval_examples=24", "allow_random_head=true"]
+    for model, folder in (("tiny_albert", "shared"), ("tiny_deberta", "shared"), ("tiny_deberta", "clean")):
+        run("ablate.py", "mode=eval", f"model={model}", *args, f"hydra.run.dir={tmp_path / folder / model}",
+            cwd_tmp=tmp_path / folder)
+    shared, clean = (pd.read_parquet(tmp_path / f / "tiny_deberta/records.parquet") for f in ("shared", "clean"))
+    pd.testing.assert_frame_equal(shared, clean)
+    albert = pd.read_parquet(tmp_path / "shared/tiny_albert/records.parquet")
+    assert not np.array_equal(albert["loss"].to_numpy(), clean["loss"].to_numpy())
+
+
 def compose_ablate(*overrides, hydra=False):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("ablate", overrides=["model=tiny_random", *overrides], return_hydra_config=hydra)
