@@ -6,7 +6,7 @@ evaluation data; it is loaded and checked before the weights. ``JobSubstitutes``
 
 * ``means(model)``: every head's mean context vector over the reference set (``mask.mean_over``), computed once per
   weights, reference set and setting, and cached as ``<baseline_dir>/means/<key>.npz`` (the key a hash of exactly
-  those, the data files' sizes and times included; another job of the sweep reads it);
+  those, the data files' sizes and times and the tokenizer's content included; another job of the sweep reads it);
 * ``sources(model, batch, split)``: the ``head_sources`` of an evaluated batch for ``mask.resamples`` draws: draw k
   gives example e the reference example ``source(e, k)`` (seeded by ``seed``), and an evaluated feature (a SQuAD
   window) the source's feature of the same window number (modulo its windows). The rows of the K draws are stacked
@@ -103,7 +103,8 @@ class JobSubstitutes:
         self.contents = example_contents(self.features)  # [examples]: what "the same example" means
         plain = OmegaConf.to_container(task, resolve=True)  # its data files' stamps too: rewritten data is other data
         self.identity = {"task": plain, "data_stamps": path_stamp(plain.get("data_files")), "reference": mask.reference,
-                         "stamp": path_stamp(mask.reference), "examples": self.examples, "mean_over": self.mean_over}
+                         "stamp": path_stamp(mask.reference), "examples": self.examples, "mean_over": self.mean_over,
+                         "tokenizer": data.tokenizer_digest}
         if evaluated is not None and self.mean_over == "positions":
             self._check_positions(evaluated)
         self._means: HeadMeans | None = None
