@@ -142,10 +142,27 @@ def test_sampled_shapley_resumes_its_chains_and_keeps_efficiency(trained):
     assert first["method"] == "permutations" and first["splits"]["validation"]["permutations"] == 4
     assert abs(first["splits"]["validation"]["efficiency_gap"]) < 1e-12  # untruncated chains telescope
     assert first["coalitions_evaluated"] > 12
-    (root / "shapley_heads/results.json").unlink()  # as if killed after its last chain
+    progress = root / "shapley_heads/progress.npz"
+    with np.load(progress) as data:
+        saved = dict(data)
+    first_pair = {int(c) for name in ("chain_0_0", "chain_0_1") for c in saved[name]}
+    distinct = {int(name.split("_")[1], 16) for name in saved if name.startswith("scores_")}
+    assert first["coalitions_evaluated"] == len(distinct) - 1  # every coalition it scored but the full model
+    # as if killed after its last chain, with every saved score doubled: the values double iff all came back
+    np.savez(progress, **{n: v * 2 if n.startswith("scores_") else v for n, v in saved.items()})
+    (root / "shapley_heads/results.json").unlink()
     _, again = shapley_job(root, "shapley_heads", *overrides)
-    assert again["coalitions_evaluated"] == 0  # every chain came back from progress.npz
-    assert [r["value"] for r in again["values"]] == [r["value"] for r in first["values"]]
+    assert [r["value"] for r in again["values"]] == [2 * r["value"] for r in first["values"]]
+    assert again["coalitions_evaluated"] == first["coalitions_evaluated"]  # it once said 0: those of this run only
+    # as if killed after its first pair of chains: the second is evaluated; everything as the uninterrupted job's
+    kept = {n: v for n, v in saved.items() if not n.startswith(("order_1", "chain_1_", "scores_"))
+            or (n.startswith("scores_") and int(n.split("_")[1], 16) in first_pair)}
+    np.savez(progress, **kept | {"pairs": np.array(1)})
+    (root / "shapley_heads/results.json").unlink()
+    _, resumed = shapley_job(root, "shapley_heads", *overrides)
+    columns = ["group", "value", "ci_low", "ci_high", "se"]
+    assert [[r[c] for c in columns] for r in resumed["values"]] == [[r[c] for c in columns] for r in first["values"]]
+    assert resumed["coalitions_evaluated"] == first["coalitions_evaluated"]  # it once said those after the kill
     _, never = shapley_job(root, "shapley_high_floor", *overrides, "shapley.floor=10")  # a loss never that high
     assert [r["value"] for r in never["values"]] == [r["value"] for r in first["values"]]
     _, truncated = shapley_job(root, "shapley_floor", *overrides, "shapley.floor=0")  # every loss is above 0
@@ -153,6 +170,35 @@ def test_sampled_shapley_resumes_its_chains_and_keeps_efficiency(trained):
     values = {r["group"]: r["value"] for r in truncated["values"]}
     assert sum(v != 0 for v in values.values()) <= 4  # ... and counts its first removal only
     assert abs(truncated["splits"]["validation"]["efficiency_gap"]) > 0
+
+
+@pytest.mark.slow
+def test_shapley_on_albert_runs_without_a_cached_baseline(tmp_path):
+    """ALBERT's depths share modules: a first job (no baseline cached) computes the full model in its own pass; it
+    once asked for a layer list there and failed. Its scores equal those of a job run after mode=eval cached the
+    baseline, and its full model's equal that eval job's records."""
+    args = ["model=tiny_albert", "allow_random_head=true", "data.max_eval_examples=24"]
+    shapley = ["mode=shapley", "shapley.over=layers", "shapley.score=loss", *args]
+    fresh, cached = tmp_path / "fresh", tmp_path / "cached"
+    run("ablate.py", *shapley, f"hydra.run.dir={fresh / 'job'}", cwd_tmp=fresh)
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L0H0", *args, f"hydra.run.dir={cached / 'eval'}",
+        cwd_tmp=cached)
+    cached_baselines = list((cached / "baselines").glob("*/records.parquet"))  # the eval job's
+    assert len(cached_baselines) == 1
+    run("ablate.py", *shapley, f"hydra.run.dir={cached / 'job'}", cwd_tmp=cached)
+    first, second = (json.loads((folder / "job/results.json").read_text()) for folder in (fresh, cached))
+    assert first["players"] == ["L0", "L1", "L2"] and first["method"] == "exact"
+    np.testing.assert_allclose([r["value"] for r in first["values"]], [r["value"] for r in second["values"]],
+                               rtol=1e-9, atol=1e-12)
+    assert abs(first["splits"]["validation"]["efficiency_gap"]) < 1e-12
+    scores = {folder: pd.read_parquet(folder / "job/coalitions.parquet").sort_values(["removed", "example"])
+              for folder in (fresh, cached)}
+    pd.testing.assert_frame_equal(scores[fresh].reset_index(drop=True), scores[cached].reset_index(drop=True),
+                                  rtol=1e-6)
+    full = scores[fresh][scores[fresh]["removed"] == "none"]["score"].to_numpy()
+    baseline = pd.read_parquet(cached_baselines[0]).sort_values("example")["loss"].to_numpy()
+    assert len(full) == len(baseline) == 24
+    np.testing.assert_allclose(full, baseline, rtol=1e-6)
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -166,14 +212,18 @@ def test_sampled_shapley_resumes_its_chains_and_keeps_efficiency(trained):
      "shapley.target_se=SE"),
     (["mask.clusters=OTHER"], "was computed on model other_model; this job's model is tiny_random"),
     (["mask.clusters=NONE_TYPE"], "the head type 'none' cannot name a Shapley player"),
+    (["mask.clusters=EMPTY_TYPE"], "the head type '' cannot name a Shapley player"),  # coalitions.csv: an empty field
+    (["mask.clusters=BLANK_TYPE"], "the head type ' ' cannot name a Shapley player"),
 ])
 def test_bad_shapley_settings_fail_before_the_weights_load(trained, overrides, expected):
     root, _ = trained
     other = root / "other_clusters.json"
     other.write_text(json.dumps({"labels": {f"L{l}H{h}": "a" for l in range(3) for h in range(4)}, "shape": [3, 4],
                                  "model": "other_model"}))
-    none_type = root / "none_type.json"
-    none_type.write_text(json.dumps({"L0H0": "none", "L1H0": "dense"}))  # hand-written: some heads, a type "none"
-    overrides = [o.replace("OTHER", str(other)).replace("NONE_TYPE", str(none_type)) for o in overrides]
+    files = {"OTHER": other}
+    for placeholder, label in (("NONE_TYPE", "none"), ("EMPTY_TYPE", ""), ("BLANK_TYPE", " ")):
+        files[placeholder] = root / f"{placeholder.lower()}.json"  # hand-written: some heads, one type so named
+        files[placeholder].write_text(json.dumps({"L0H0": label, "L1H0": "dense"}))
+    overrides = [f"mask.clusters={files[o.split('=')[1]]}" if o.startswith("mask.clusters=") else o for o in overrides]
     result, _ = shapley_job(root, "bad", *overrides, check=False)
     assert_one_error_line(result, expected)

@@ -10,7 +10,10 @@ values under ``prune``, ``mean`` and ``resample``; this section reads them:
 * the single-head sweeps: Spearman correlation of the heads' changes between methods, and the heads whose rank
   moves most;
 * one sentence per conclusion: each ordering of two types by what removing them costs, and the types' order by
-  Shapley value, under prune, and whether it holds or flips under mean and resample.
+  Shapley value, under prune, and whether it holds, ties or flips under mean and resample. An ordering is stated
+  only where the intervals of Table 2 separate the two values (removed alone: the pairs; Shapley: the order);
+  under another method it holds where they are separated the same way, ties where they overlap, flips where they
+  are separated the other way. Pairs tied under prune are listed in one line, not as conclusions.
 """
 
 from __future__ import annotations
@@ -82,56 +85,78 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                         f"a type's heads are removed alone, with a {confidence:.0%} paired bootstrap interval over "
                         f"the examples of {split}) and each type's exact Shapley value (its share of full minus every "
                         f"type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
-    sentences, held = conclusions(types, removed, values, list(shapley), score)
-    report.markdown += [*(f"- {sentence}" for sentence in sentences), "",
-                        "(Orderings by the point estimates; the intervals above say how sure each one is.)", ""]
+    sentences, held, tied = conclusions(types, removed, values, list(shapley), score)
+    first = next(iter(shapley))
+    report.markdown += [*(f"- {sentence}" for sentence in sentences), ""]
+    if tied:
+        report.markdown += [f"Tied under {first} (their removed-alone intervals overlap), so no conclusion: "
+                            f"{'; '.join(tied)}.", ""]
+    report.markdown += [f"(An ordering is stated only where the two values' intervals above do not overlap under "
+                        f"{first}; under another method it holds where they are separated the same way, ties where "
+                        "they overlap and flips where they are separated the other way.)", ""]
     numbers |= {"score": score, "split": split,
                 "removed_alone": {f"{p}/{t}": removed[p, t][0] for p, t in removed},
-                "shapley": {f"{p}/{t}": values[p, t][0] for p, t in values}, "conclusions": sentences}
+                "shapley": {f"{p}/{t}": values[p, t][0] for p, t in values}, "conclusions": sentences,
+                "tied": tied}
     report.console.append(f"robustness {name}: {held} of {len(sentences)} conclusions hold under "
                           f"{', '.join(shapley)}")
 
 
 def conclusions(types: list[str], removed: dict, values: dict, methods: list[str],
-                score: str) -> tuple[list[str], int]:
-    """One sentence per ordering that prune gives (each pair of types by what removing them costs; the types by
-    Shapley value) and whether the other methods agree; and how many of them hold under every method."""
-    worse = (lambda a, b: a > b) if score == "loss" else (lambda a, b: a < b)  # a change that costs more
-    first, others = methods[0], methods[1:]
-    sentences, held = [], 0
+                score: str) -> tuple[list[str], int, list[str]]:
+    """The orderings the first method's intervals separate, one sentence each with its verdict under every method
+    (each pair of types by what removing them costs: the ``removed alone`` intervals; the types by Shapley value: the
+    Shapley intervals); how many hold under every method; and the pairs whose removed-alone intervals overlap under
+    the first method (ties: no conclusion). ``removed`` and ``values``: ``{(method, type): (value, low, high)}``."""
+    loss, first = score == "loss", methods[0]
+    sentences, held, tied = [], 0, []
     for a, b in itertools.combinations(types, 2):
-        delta = {method: (removed[method, a][0], removed[method, b][0]) for method in methods}
-        if worse(*reversed(delta[first])):
-            a, b = b, a
-            delta = {method: pair[::-1] for method, pair in delta.items()}
-        if delta[first][0] == delta[first][1]:
+        side = _side(removed[first, a], removed[first, b], larger=loss)  # 1: removing a costs more
+        if not side:
+            tied.append(f"{a} and {b}")
             continue
-        verdict, holds = _verdict(methods, delta, worse)
-        sentences.append(f"removing {a} heads costs more {score} than removing {b} heads ({first}: "
-                         f"{delta[first][0]:+.4g} vs {delta[first][1]:+.4g}): {verdict}")
+        a, b = (a, b) if side > 0 else (b, a)
+        shown = {m: f"{_cell(removed[m, a])} vs {_cell(removed[m, b])}" for m in methods}
+        verdict, holds = _verdict(methods, {m: [(_side(removed[m, a], removed[m, b], larger=loss), shown[m])]
+                                            for m in methods})
+        sentences.append(f"removing {a} heads costs more {score} than removing {b} heads ({first}: {shown[first]}): "
+                         f"{verdict}")
         held += holds
-    order = {method: sorted(types, key=lambda t, m=method: -values[m, t][0] * (-1 if score == "loss" else 1))
-             for method in methods}
-    changed = [method for method in others if order[method] != order[first]]
-    sentences.append(f"the types by Shapley value, most helpful first ({first}: {' > '.join(order[first])}): "
-                     + ("holds under " + ", ".join(methods) if not changed else
-                        f"holds under {', '.join(m for m in methods if m not in changed)}; changes under " +
-                        "; ".join(f"{m} ({' > '.join(order[m])})" for m in changed)))
-    return sentences, held + (not changed)
+    helpful = not loss  # a type that helps has a positive value, a negative one for the loss
+    ranked = sorted(types, key=lambda t: -values[first, t][0] if helpful else values[first, t][0])
+    order = [(a, b) if side > 0 else (b, a) for i, a in enumerate(ranked) for b in ranked[i + 1:]
+             if (side := _side(values[first, a], values[first, b], larger=helpful))]
+    if not order:
+        sentences.append(f"the types by Shapley value: no two are separated by their intervals under {first} (every "
+                         "pair ties), so no order is stated")
+        return sentences, held, tied
+    verdict, holds = _verdict(methods, {m: [(_side(values[m, a], values[m, b], larger=helpful), f"{a} > {b}")
+                                            for a, b in order] for m in methods})
+    sentences.append(f"the types by Shapley value, most helpful first, where their intervals separate them ({first}: "
+                     f"{', '.join(f'{a} > {b}' for a, b in order)}): {verdict}")
+    return sentences, held + holds, tied
 
 
-def _verdict(methods: list[str], delta: dict, worse) -> tuple[str, bool]:
-    """``holds under ...``, then the methods where the two are equal (``ties``) or the order turns (``flips``); and
-    whether it holds under every method."""
-    ties = [m for m in methods if delta[m][0] == delta[m][1]]
-    flips = [m for m in methods if m not in ties and not worse(*delta[m])]
-    held = [m for m in methods if m not in ties + flips]
+def _side(a: tuple[float, float, float], b: tuple[float, float, float], larger: bool) -> int:
+    """1 when the interval of ``a`` lies wholly past that of ``b`` on the stated side (above it when ``larger``,
+    below it otherwise), -1 when wholly past it on the other side, 0 when they overlap (a tie)."""
+    (_, low_a, high_a), (_, low_b, high_b) = a, b
+    side = 1 if low_a > high_b else -1 if low_b > high_a else 0
+    return side if larger else -side
+
+
+def _verdict(methods: list[str], relations: dict[str, list[tuple[int, str]]]) -> tuple[str, bool]:
+    """``holds under`` the methods that separate every relation as the first does, then ``ties under`` / ``flips
+    under`` the methods whose intervals overlap / separate it the other way, with those relations; and whether it
+    holds under every method. ``relations``: per method, ``(side, shown)`` of each relation (``_side``)."""
+    held = [m for m in methods if all(side > 0 for side, _ in relations[m])]
     parts = [f"holds under {', '.join(held)}"]
-    for word, chosen in (("ties", ties), ("flips", flips)):
+    for word, wanted in (("ties", 0), ("flips", -1)):
+        chosen = [f"{m} ({', '.join(shown for side, shown in relations[m] if side == wanted)})" for m in methods
+                  if any(side == wanted for side, _ in relations[m])]
         if chosen:
-            parts.append(f"{word} under " + ", ".join(f"{m} ({delta[m][0]:+.4g} vs {delta[m][1]:+.4g})"
-                                                       for m in chosen))
-    return "; ".join(parts), not ties and not flips
+            parts.append(f"{word} under {', '.join(chosen)}")
+    return "; ".join(parts), len(held) == len(methods)
 
 
 def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], numbers: dict) -> None:

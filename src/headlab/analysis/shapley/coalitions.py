@@ -93,21 +93,24 @@ class CoalitionEvaluator(PlanEvaluator):
 
     def _unablated(self, inputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], split: str) -> list:
         """The unablated inputs of the layers up to the highest a forward starts at (the full model's records too
-        when it is a coalition: then the whole forward runs)."""
+        when it is a coalition: then the whole forward runs). Every forward starting at layer 0 (ALBERT's always do):
+        no layer inputs are recorded, so no layer list is needed."""
         full = [v for v in self.variants if v.plan.is_identity]
         highest = max(self.starts, default=0)
-        if not full and not highest:
-            return []
-        with layer_inputs(self.model) as hidden:
-            # nothing above the highest start is needed: stop there (a hook after the one that records its input)
-            stop = None if full else encoder_layers(self.model)[1][highest].register_forward_pre_hook(_stop)
-            try:
-                out = self.model(**inputs)
-            except _Stopped:
-                pass
-            finally:
-                if stop is not None:
-                    stop.remove()
+        hidden: list = []
+        if not highest:
+            out = self.model(**inputs) if full else None
+        else:
+            with layer_inputs(self.model) as hidden:
+                # nothing above the highest start is needed: stop there (a hook after the one that records its input)
+                stop = None if full else encoder_layers(self.model)[1][highest].register_forward_pre_hook(_stop)
+                try:
+                    out = self.model(**inputs)
+                except _Stopped:
+                    pass
+                finally:
+                    if stop is not None:
+                        stop.remove()
         for variant in full:
             self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch))
         return hidden

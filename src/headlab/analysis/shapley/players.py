@@ -25,9 +25,10 @@ def player_groups(over: str, shape: tuple[int, int], clusters: Any = None) -> tu
     labels = load_clusters(clusters, layers, heads)
     names = sorted(set(labels.values()))
     for name in names:
-        if name == "none" or "," in name:  # coalitions.csv names the removed types comma-separated, "none" for none
+        if not name.strip() or name == "none" or "," in name:  # coalitions.csv: removed types comma-separated
             raise UserError(f"mask.clusters: the head type {name!r} cannot name a Shapley player (coalitions.csv "
-                            "lists removed types comma-separated and writes 'none' for the full model); rename it")
+                            "lists removed types comma-separated and writes 'none' for the full model: a name is "
+                            "not empty, not 'none', without commas); rename it")
     groups = [sorted(head_index(name, layers, heads) for name, label in labels.items() if label == type_)
               for type_ in names]
     return names, groups

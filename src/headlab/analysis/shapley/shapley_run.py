@@ -55,7 +55,12 @@ class CoalitionScores:
         self.shape = (job.model.config.num_hidden_layers, job.model.config.num_attention_heads)
         self.full = (1 << len(groups)) - 1
         self.known: dict[int, dict[str, np.ndarray]] = {}  # kept bits -> {split: [examples]}
-        self.evaluated = 0
+
+    @property
+    def evaluated(self) -> int:
+        """The coalitions scored besides the full model, those an earlier run of this job left in ``progress.npz``
+        included: a resumed job reports what the uninterrupted one does."""
+        return len(self.known) - (self.full in self.known)
 
     def __call__(self, coalitions: list[int]) -> dict[int, dict[str, np.ndarray]]:
         """The scores of ``coalitions``; those not known yet are evaluated in one pass."""
@@ -71,7 +76,6 @@ class CoalitionScores:
             self.known[self.full] = {s: example_scores(baseline[s], self.score) for s in splits}
             for c, variant in zip(missing, variants):
                 self.known[c] = {s: example_scores(records[(variant.name, s)], self.score) for s in splits}
-            self.evaluated += len(missing)
         return {c: self.known[c] for c in coalitions}
 
 
