@@ -62,6 +62,8 @@ def make_files(folder):
                                                                    "model": "tiny_random"}))
     (folder / "no_sentence2.jsonl").write_text('{"sentence1": "A cat.", "sentence2": "A dog.", "label": 0}\n'
                                               '{"sentence1": "A cow.", "label": 1}\n')
+    (folder / "three_rows.jsonl").write_text("".join(json.dumps({"sentence1": f"Row {i}.", "sentence2": "A row.",
+                                                                 "label": i % 2}) + "\n" for i in range(3)))
     for name, cut in (("job_truncated", True), ("job_no_weights", False)):  # a train.py job whose model/ is broken
         job = folder / name
         (job / "model").mkdir(parents=True)
@@ -227,6 +229,43 @@ CASES = [
     ("ablate.py", ["mode=eval", "model=tiny_deberta", "model.config.model_type=deberta", "mask=prune",
                    "mask.heads=L0H0"], "model_type 'deberta' is not a supported"),  # DeBERTa v1: other modules
     ("ablate.py", ["mode=eval", "model=tiny_deberta", "mask=prune", "mask.heads=L3H0"], "L3H0"),
+    # counts that multiply what a forward or the statistics hold at once: resample draws, bootstrap resamples
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=resample", "mask.heads=L0", "mask.resamples=100000000"],
+     "mask.resamples=100000000 is out of range; it must be in [1, 100]: a forward takes the batch once per draw"),
+    ("ablate.py", ["mode=study", "study.robustness.mask.resamples=1000"], "mask.resamples=1000 is out of range"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.resamples=10000000"],
+     "report.resamples=10000000 is out of range; it must be in [1, 100000]: at 100000 the resampling's own Monte"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.permutations=200000"],
+     "report.permutations=200000 is out of range; it must be in [1, 100000]"),
+    ("ablate.py", ["mode=syntax", "syntax.resamples=1000000"], "syntax.resamples=1000000 is out of range"),
+    ("ablate.py", ["mode=shapley", "shapley.resamples=1000000"], "shapley.resamples=1000000 is out of range"),
+    # the reference set of mean / resample heads, counted in its data file before anything is tokenised or loaded
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=mean", "mask.heads=L0", "mask.reference_examples=600"],
+     "mask.reference=validation (split validation) has 500 examples; mask.reference_examples=600 needs that many"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=resample", "mask.heads=L0", "mask.reference=train",
+                   "mask.reference_examples=5000"], "mask.reference=train (split train) has 3000 examples"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=resample", "mask.heads=L0",
+                   "mask.reference_examples=1"], "mask.reference_examples=1: resample needs at least 2 reference"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=mean", "mask.heads=L0",
+                   "mask.reference=FILES/three_rows.jsonl", "mask.reference_examples=4"],
+     "three_rows.jsonl has 3 examples; mask.reference_examples=4 needs that many"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=mean", "mask.heads=L0",
+                   "mask.reference=FILES/none.jsonl"], "none.jsonl' is neither train, validation nor an existing"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=mean", "mask.heads=L0",
+                   "mask.reference=FILES/no_sentence2.jsonl", "mask.reference_examples=2"],
+     "no_sentence2.jsonl' row 2 has no text in 'sentence2'"),
+    ("ablate.py", ["mode=eval", "task=demo_qa", "allow_random_head=true", "mask=mean", "mask.heads=L0"],
+     "mask.reference=validation (split validation) has 360 examples; mask.reference_examples=512"),
+    ("ablate.py", ["mode=sweep_heads", "allow_random_head=true", "mask.policy=mean", "mask.reference_examples=600"],
+     "has 500 examples; mask.reference_examples=600"),
+    ("ablate.py", ["mode=shapley", "allow_random_head=true", "shapley.over=layers", "shapley.policy=resample",
+                   "mask.reference_examples=600"], "has 500 examples; mask.reference_examples=600"),
+    ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.policies=[mean]",
+                   "mask.reference_examples=600"], "has 500 examples; mask.reference_examples=600"),
+    ("ablate.py", ["mode=prune_curve", "allow_random_head=true", "prune_curve.policy=mean",
+                   "mask.reference_examples=600"], "has 500 examples; mask.reference_examples=600"),
+    ("ablate.py", ["mode=study", "study.robustness.mask.reference_examples=5000"],
+     "mask.reference=train (split train) has 3000 examples; mask.reference_examples=5000"),
 ]
 
 
@@ -259,6 +298,7 @@ def test_bad_command_prints_one_error_line(case, outcomes):
     assert_one_error_line(result, expected)
     assert not (tmp_path / "run").exists()  # nothing of the failed job, not even Hydra's record in an empty folder
     assert not (tmp_path / "baselines").exists()
+    assert not (tmp_path / "cache").exists()  # found before any data was tokenised (and so before weights load)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

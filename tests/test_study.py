@@ -6,6 +6,7 @@ bad input as one error line before any stage runs."""
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import re
@@ -449,10 +450,11 @@ def test_a_given_checkpoint_is_analysed_without_fine_tuning(finished, tmp_path):
 
 def test_the_robustness_section_equals_its_jobs_files(finished):
     """Table 2 under prune, mean and resample from the Shapley jobs' coalitions (each type removed alone), the types'
-    Shapley values, the sweeps' Spearman correlations, and one sentence per ordering of two types."""
+    Shapley values, the sweeps' Spearman correlations, and one sentence per ordering that the prune intervals
+    separate (the pairs they do not in one line; the console's count of those that hold)."""
     import scipy.stats
 
-    folder, _ = finished
+    folder, out = finished
     section = (folder / "study.md").read_text().split("## Robustness")[1].split("\n## ")[0]
     table = markdown_table(section, "Table 2 under each method")
     for policy in ("prune", "mean", "resample"):
@@ -471,11 +473,35 @@ def test_the_robustness_section_equals_its_jobs_files(finished):
     for a, b in (("prune", "mean"), ("prune", "resample"), ("mean", "resample")):
         expected = scipy.stats.spearmanr(deltas[a].to_numpy(), deltas[b].to_numpy()).statistic
         assert pairs[f"{a} vs {b}"] == ("n/a" if np.isnan(expected) else f"{expected:.4f}")
-    types = len(table)
     sentences = [line for line in section.splitlines() if line.startswith("- ")]
-    assert len(sentences) <= types * (types - 1) // 2 + 1 and sentences[-1].startswith("- the types by Shapley value")
-    assert all(("holds under prune" in s) or ("changes under" in s) for s in sentences)
     assert summary_of(folder)["robustness"]["seed0"]["conclusions"] == [s[2:] for s in sentences]
+    # an ordering is stated only where the prune intervals of the table do not overlap (read back from its cells)
+    cells = {row["type"]: row for row in table.to_dict("records")}
+
+    def interval(type_: str, column: str) -> list[float]:
+        return [float(x) for x in re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", cells[type_][column]).groups()]
+
+    loss = json.loads((folder / "robustness/shapley_prune/seed0/results.json").read_text())["score"] == "loss"
+    costs, helps, tied = [], [], []
+    for a, b in itertools.combinations(cells, 2):
+        for column, found, larger in (("removed alone, prune", costs, loss), ("Shapley, prune", helps, not loss)):
+            (value_a, low_a, high_a), (value_b, low_b, high_b) = interval(a, column), interval(b, column)
+            if low_a > high_b or low_b > high_a:
+                found.append((a, b) if (value_a > value_b) == larger else (b, a))
+            elif found is costs:
+                tied.append(f"{a} and {b}")
+    stated = [re.match(r"- removing (\S+) heads costs more \S+ than removing (\S+) heads", s).groups()
+              for s in sentences[:-1]]
+    assert sorted(stated) == sorted(costs) and sentences[-1].startswith("- the types by Shapley value")
+    if helps:
+        order = re.search(r"\(prune: ([^)]*)\)", sentences[-1]).group(1).split(", ")
+        assert sorted(order) == sorted(f"{a} > {b}" for a, b in helps)
+    else:
+        assert "no two are separated by their intervals under prune" in sentences[-1]
+    assert (f"Tied under prune (their removed-alone intervals overlap), so no conclusion: {'; '.join(tied)}."
+            in section) == bool(tied)
+    held = sum(s.endswith(": holds under prune, mean, resample") for s in sentences)
+    assert f"robustness seed0: {held} of {len(sentences)} conclusions hold under prune, mean, resample" in out
 
 
 def test_robustness_counts_the_conclusions_that_hold_by_their_verdicts_not_by_words():
@@ -484,16 +510,59 @@ def test_robustness_counts_the_conclusions_that_hold_by_their_verdicts_not_by_wo
     from headlab.study.report_robustness import conclusions
 
     methods, score = ["prune", "mean"], "accuracy"
-    values = {("prune", "ties"): (0.3, 0, 0), ("prune", "flips"): (0.1, 0, 0),
-              ("mean", "ties"): (0.2, 0, 0), ("mean", "flips"): (0.05, 0, 0)}
-    agree = {("prune", "ties"): (-0.5, 0, 0), ("prune", "flips"): (-0.1, 0, 0),
-             ("mean", "ties"): (-0.4, 0, 0), ("mean", "flips"): (-0.2, 0, 0)}
-    sentences, held = conclusions(["flips", "ties"], agree, values, methods, score)
+    values = {("prune", "ties"): (0.3, 0.25, 0.35), ("prune", "flips"): (0.1, 0.05, 0.15),
+              ("mean", "ties"): (0.2, 0.15, 0.25), ("mean", "flips"): (0.05, 0.0, 0.1)}
+    agree = {("prune", "ties"): (-0.5, -0.6, -0.4), ("prune", "flips"): (-0.1, -0.15, -0.05),
+             ("mean", "ties"): (-0.4, -0.5, -0.3), ("mean", "flips"): (-0.2, -0.25, -0.15)}
+    sentences, held, _ = conclusions(["flips", "ties"], agree, values, methods, score)
     assert held == 2 and sentences[0].startswith("removing ties heads costs more accuracy than removing flips")
     assert sentences[0].endswith("holds under prune, mean")
-    turned = agree | {("mean", "ties"): (-0.1, 0, 0)}  # under mean removing flips costs more: the first one flips
-    sentences, held = conclusions(["flips", "ties"], turned, values, methods, score)
-    assert held == 1 and "flips under mean (-0.1 vs -0.2)" in sentences[0]
+    turned = agree | {("mean", "ties"): (-0.1, -0.12, -0.08)}  # under mean removing flips costs more: it flips
+    sentences, held, _ = conclusions(["flips", "ties"], turned, values, methods, score)
+    assert held == 1 and "flips under mean (-0.1 [-0.12, -0.08] vs -0.2 [-0.25, -0.15])" in sentences[0]
+
+
+def test_robustness_states_only_the_orderings_that_the_intervals_separate():
+    """Orderings from the intervals, not the point estimates (which once ranked ties alphabetically and said 'holds'
+    of every type at +0 [+0, +0]): equal values state nothing and nothing holds; overlapping intervals are ties, left
+    out under the first method and said as ties under the others; intervals separated the other way flip."""
+    from headlab.study.report_robustness import conclusions
+
+    methods, types = ["prune", "mean", "resample"], ["a", "b", "c"]
+    zero = {(m, t): (0.0, 0.0, 0.0) for m in methods for t in types}
+    sentences, held, tied = conclusions(types, zero, zero, methods, "f1")
+    assert held == 0 and tied == ["a and b", "a and c", "b and c"]
+    assert sentences == ["the types by Shapley value: no two are separated by their intervals under prune (every pair "
+                         "ties), so no order is stated"]
+    # removed alone: a and b overlap; both cost more than c under prune (a, b: below c's interval)
+    prune = {"a": (-0.5, -0.6, -0.4), "b": (-0.45, -0.55, -0.35), "c": (0.0, -0.05, 0.05)}
+    removed = {("prune", t): v for t, v in prune.items()} | {("mean", t): v for t, v in prune.items()} | {
+        ("mean", "c"): (-0.9, -1.0, -0.8),  # below both: both flip
+        ("resample", "a"): (-0.5, -0.6, -0.4), ("resample", "b"): (-0.2, -0.3, -0.1),
+        ("resample", "c"): (-0.15, -0.25, -0.05)}  # a still below c; b and c overlap: a tie
+    # Shapley: a and b overlap, both above c under prune; mean puts c above both, resample overlaps both
+    shapley = {"a": (0.3, 0.25, 0.35), "b": (0.28, 0.2, 0.33), "c": (0.0, -0.02, 0.02)}
+    values = {(m, t): v for m in methods for t, v in shapley.items()} | {
+        ("mean", "c"): (0.5, 0.45, 0.55), ("resample", "c"): (0.29, 0.27, 0.31)}
+    sentences, held, tied = conclusions(types, removed, values, methods, "f1")
+    assert tied == ["a and b"] and held == 0
+    assert sentences == [
+        "removing a heads costs more f1 than removing c heads (prune: -0.5 [-0.6, -0.4] vs +0 [-0.05, +0.05]): holds "
+        "under prune, resample; flips under mean (-0.5 [-0.6, -0.4] vs -0.9 [-1, -0.8])",
+        "removing b heads costs more f1 than removing c heads (prune: -0.45 [-0.55, -0.35] vs +0 [-0.05, +0.05]): "
+        "holds under prune; ties under resample (-0.2 [-0.3, -0.1] vs -0.15 [-0.25, -0.05]); flips under mean (-0.45 "
+        "[-0.55, -0.35] vs -0.9 [-1, -0.8])",
+        "the types by Shapley value, most helpful first, where their intervals separate them (prune: a > c, b > c): "
+        "holds under prune; ties under resample (a > c, b > c); flips under mean (a > c, b > c)"]
+    same = {(m, t): v for m in methods for t, v in prune.items()}
+    sentences, held, _ = conclusions(types, same, {(m, t): v for m in methods for t, v in shapley.items()}, methods,
+                                     "f1")
+    assert held == len(sentences) == 3 and all(s.endswith(": holds under prune, mean, resample") for s in sentences)
+    # the loss: a larger change costs more and a helpful type has a lower value; the same intervals read the other way
+    sentences, held, _ = conclusions(types, same, {(m, t): v for m in methods for t, v in shapley.items()}, methods,
+                                     "loss")
+    assert held == 3 and sentences[0].startswith("removing c heads costs more loss than removing a heads")
+    assert "(prune: c > b, c > a)" in sentences[-1]  # most helpful first: c, then b (+0.28), then a (+0.3)
 
 
 def test_the_robustness_stage_work_grows_with_the_types_coalitions_and_the_draws():

@@ -120,10 +120,10 @@ def test_mean_and_resample_records_equal_the_definitions(trained):
     (["mask=resample", "mask.heads=L0", "mask.reference_examples=1"],
      "mask.reference_examples=1: resample needs at least 2 reference examples"),
     (["mask=mean", "mask.heads=L0", "mask.reference=missing.jsonl"],
-     "data file 'missing.jsonl' for split 'reference' does not exist"),
+     "mask.reference='missing.jsonl' is neither train, validation nor an existing data file"),
     (["mask=mean", "mask.heads=L0", "mask.mean_over=words"], "mask.mean_over='words' is not allowed"),
     (["mask=resample", "mask.heads=L0", "mask.resamples=0"], "mask.resamples=0 is out of range"),
-    (["mask=mean", "mask.heads=L0", "mask.reference=EMPTY"], "for split 'reference' is empty"),
+    (["mask=mean", "mask.heads=L0", "mask.reference=EMPTY"], "empty.jsonl' is an empty file; give a data file"),
     (["mask=mean", "mask.heads=L0", "mask.mean_over=positions", "mask.reference=SHORT", "mask.reference_examples=1"],
      "mask.mean_over=positions: split validation has inputs of"),
 ])

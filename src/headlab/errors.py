@@ -27,10 +27,11 @@ def at_least(key: str, value: object, lowest: float, allow_none: bool = False) -
         raise UserError(f"{key}={value!r} is out of range; it must be >= {lowest}{nothing}")
 
 
-def within(key: str, value: float, low: float, high: float) -> None:
-    """``UserError`` unless ``low <= value <= high``."""
+def within(key: str, value: float, low: float, high: float, why: str = "") -> None:
+    """``UserError`` unless ``low <= value <= high``; ``why``: the reason for the upper bound, said above it."""
     if not low <= value <= high:
-        raise UserError(f"{key}={value!r} is out of range; it must be in [{low}, {high}]")
+        reason = f": {why}" if why and value > high else ""
+        raise UserError(f"{key}={value!r} is out of range; it must be in [{low}, {high}]{reason}")
 
 
 SEED_RANGE = (0, 2**32 - 1)  # what Lightning's seed_everything and numpy's generators take

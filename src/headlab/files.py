@@ -205,6 +205,20 @@ def input_stamps(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any
     return stamps
 
 
+# Settings that cannot change what a job computes (how it shows progress or logs, where and with how many worker
+# processes it reads its data): left out of every job's hash, as the logger is, so changing them reruns nothing.
+RESULT_NEUTRAL = ("trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
+                  "trainer.profiler", "data.num_workers", "data.cache_dir")
+
+
+def without_keys(config: dict[str, Any], keys: tuple[str, ...] = RESULT_NEUTRAL) -> dict[str, Any]:
+    """A plain config without the dotted ``keys`` (``trainer.enable_progress_bar``)."""
+    tops = {key.split(".", 1)[0] for key in keys}
+    inner = {top: tuple(key.split(".", 1)[1] for key in keys if key.startswith(f"{top}.")) for top in tops}
+    return {name: without_keys(value, inner[name]) if name in inner and isinstance(value, dict) else value
+            for name, value in config.items() if name not in keys}
+
+
 def relative_paths(value: Any, root: str | None) -> Any:
     """``value`` (a plain config) with every absolute path inside the folder ``root`` written as
     ``<root>/RELATIVE``: a job's hash then stays the same when that folder moves (a study folder moved or copied)."""

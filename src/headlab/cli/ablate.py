@@ -1,27 +1,36 @@
 """``ablate.py``: check the config (no weights read), then run the ``mode=`` stage (``headlab.analysis``, or the
-whole study: ``headlab.study``)."""
+whole study: ``headlab.study``); Ctrl-C or SIGTERM ends it with status 130 or 143 and a note of where."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from headlab.analysis.modes import ANALYSIS_MODES, check_mode, run_mode
+from headlab.cli.errors import say
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, point_latest, progress_bars_follow
 from headlab.cli.schema import check_config
+from headlab.study.interrupts import stopping_on_signals
 
 MODES = ("study", *ANALYSIS_MODES)  # what --help lists, in this order
+RERUN = "run the same command to go on from there (finished jobs are skipped, a job resumes from what it saved)"
 
 
 def run_ablate(cfg: Any) -> Any:
+    with stopping_on_signals(say, lambda: f"ablate.py mode={cfg.mode}, job {job_dir()}", RERUN):
+        return _run_ablate(cfg)
+
+
+def _run_ablate(cfg: Any) -> Any:
     check_config(cfg)
     if cfg.mode == "study":
         from headlab.study.run import check_study, run_study
 
         stages = check_study(cfg, job_dir())
-        from headlab.study.stages import preview_configs
+        from headlab.study.stages import check_reference, preview_configs
 
         for stage_cfg in preview_configs(cfg, stages):  # every stage's settings typed and in range, before any runs
             check_config(stage_cfg)
+        check_reference(cfg, stages)
         import lightning.pytorch  # noqa: F401  (log_lightning_once quiets it)
 
         log_lightning_once()

@@ -6,6 +6,8 @@ task function, so errors of the job itself exit before Hydra reports them. A ``U
 chain, and the errors libraries raise for bad input (Hydra composition and overrides, OmegaConf
 types and missing values, Lightning's invalid arguments, a missing file) become one line; anything
 else is re-raised with its traceback. A user who sets ``HYDRA_FULL_ERROR=1`` gets tracebacks always.
+Ctrl-C or SIGTERM outside a job (while Hydra composes, between a multirun's jobs) ends the command as inside
+one (``headlab.study.interrupts``): status 130 or 143 and a ``note:``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf.errors import OmegaConfBaseException
 
 from headlab.errors import UserError
+from headlab.study.interrupts import stopping_on_signals
 
 EXIT_USER_ERROR = 2
 _USER_FULL_ERROR = "HEADLAB_USER_HYDRA_FULL_ERROR"  # the user's own setting, kept for DDP child processes
@@ -33,11 +36,18 @@ def run_entry(main: Callable[[], Any]) -> None:
     """Call ``main`` (an ``@hydra.main`` function); bad input exits with one ``error:`` line and status 2."""
     os.environ.setdefault(_USER_FULL_ERROR, os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing; we decide what the user sees
+    script = os.path.basename(sys.argv[0])
     try:
-        main()
+        with stopping_on_signals(say, lambda: f"{script}, outside its jobs", "run the same command again"):
+            main()
     except Exception as error:
         exit_if_user_error(error)
         raise
+
+
+def say(text: str) -> None:
+    """A ``note:`` line on the terminal, at once."""
+    print(text, flush=True)
 
 
 def exits_on_user_error(task: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -38,6 +38,9 @@ from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "features", "cluster",
                 "compare", "syntax", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
+MAX_DRAWS = 100  # mask.resamples
+DRAWS_WHY = (f"a forward takes the batch once per draw (with every layer's source heads at once), and {MAX_DRAWS} "
+             "draws already average out which source an example takes to a tenth of one draw's spread (1/sqrt(draws))")
 ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.patch.ablate.ROUTES
 # --------------------------------------------------------------------------- groups
 
@@ -158,7 +161,7 @@ class MaskConfig:
             one_of("mask.policy", self.policy, POLICIES)
         one_of("mask.mean_over", self.mean_over, MEAN_OVER)
         at_least("mask.reference_examples", self.reference_examples, 1)
-        at_least("mask.resamples", self.resamples, 1)
+        within("mask.resamples", self.resamples, 1, MAX_DRAWS, DRAWS_WHY)
 
 
 @dataclass

@@ -1,15 +1,18 @@
-"""``train.py``: check the config (no weights read), then fine-tune (``headlab.training.finetune``)."""
+"""``train.py``: check the config (no weights read), then fine-tune (``headlab.training.finetune``); Ctrl-C or
+SIGTERM ends it with status 130 or 143 and a note of where."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from headlab.cli.errors import say
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, model_and_task_overrides, progress_bars_follow
 from headlab.cli.schema import check_config
 from headlab.core.masks import check_mask, plan_from_mask, refuse_substituted
 from headlab.core.model_files import check_fits_positions, check_weights_folder, looks_local, model_shape
 from headlab.errors import UserError
+from headlab.study.interrupts import stopping_on_signals
 from headlab.tasks.hub_data import cached_rows
 from headlab.tasks.local_files import count_rows
 from headlab.training.batches import check_val_check_interval, world_size
@@ -52,11 +55,15 @@ def check_epoch_fits_interval(cfg: Any) -> None:
                                  processes)
 
 
+RERUN = "run the same command to go on from there (it resumes from checkpoints/last.ckpt, if one was saved)"
+
+
 def run_train(cfg: Any) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` on ``cfg.task`` under ``cfg.mask`` in this job's directory."""
-    check_train_config(cfg)
-    from headlab.training.finetune import run_finetuning  # Lightning loads only for a valid config
+    with stopping_on_signals(say, lambda: f"train.py, job {job_dir()}", RERUN):
+        check_train_config(cfg)
+        from headlab.training.finetune import run_finetuning  # Lightning loads only for a valid config
 
-    log_lightning_once()
-    progress_bars_follow(cfg.trainer)
-    return run_finetuning(cfg, job_dir(), model_and_task_overrides())
+        log_lightning_once()
+        progress_bars_follow(cfg.trainer)
+        return run_finetuning(cfg, job_dir(), model_and_task_overrides())

@@ -19,13 +19,13 @@ from rich.console import Console
 
 from headlab.errors import UserError
 from headlab.files import config_hash, folder_lock, read_json, short_name, write_json_atomic
-from headlab.study.interrupts import stopping_on_ctrl_c
+from headlab.study.interrupts import stopping_on_signals
 from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
 
 LOCK_FILE = ".study.lock"
-REPORT_FORMAT = 4  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness): a
-# finished study's report is rewritten
+REPORT_FORMAT = 5  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
+# orderings only where intervals separate them): a finished study's report is rewritten
 
 
 def study_group(folder: Path) -> str:
@@ -141,7 +141,7 @@ class StudyRun:
         self.tracked = False  # a W&B run of this study ran in this process
         self.wandb = study.cfg.logger is not None and "WandbLogger" in str(study.cfg.logger.get("_target_"))
         self.quiet_tracking()
-        self.position = "the start"  # the stage (and job) running: said when Ctrl-C stops the study
+        self.position = "the start"  # the stage (and job) running: said when a signal stops it
         self.console = Console(soft_wrap=True, highlight=False)
         logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(SayOnce())  # "GPU available: ..."
 
@@ -152,7 +152,7 @@ class StudyRun:
         return str(timedelta(seconds=round(time.monotonic() - (self.start if since is None else since))))
 
     def run(self) -> dict[str, Any]:
-        with stopping_on_ctrl_c(self.say, lambda: self.position) as self.interrupts:
+        with stopping_on_signals(self.say, lambda: self.position) as self.interrupts:
             for number, stage in enumerate(self.stages, start=1):
                 where = self.position = f"[{number}/{len(self.stages)}] {stage}"
                 if stage == "report":

@@ -234,6 +234,16 @@ def _prune_curve(study: Study) -> list[Job]:
                 "prune_curve") for name, ckpt in study.models]
 
 
+def check_reference(study_cfg: Any, stages: list[str]) -> None:
+    """The robustness stage's reference set (its mean and resample jobs) against its data files, before any stage
+    runs (``headlab.analysis.jobs.checks``)."""
+    if "robustness" in stages:
+        from headlab.analysis.jobs.checks import check_reference_size
+
+        cfg = analysis_config(study_cfg, "robustness", STAGE_MODES["robustness"], None, "preview")
+        check_reference_size(cfg, {"mean", "resample"} & set(REMOVALS))
+
+
 def preview_configs(study_cfg: Any, stages: list[str]) -> list[Any]:
     """A config per stage with its ``study.<stage>`` settings laid over, for the checks that need no inputs (the
     configs the stages run read the files of the stages before them)."""

@@ -79,3 +79,13 @@ def count_rows(path: str | Path) -> int | None:
     if path.suffix not in CHECKED:
         return None
     return len(_rows(path)[1])
+
+
+def count_questions(path: str | Path) -> int | None:
+    """The questions of a SQuAD JSON file (``loading.read_squad_json``'s rows, before a training split drops those
+    whose answer is not at its start); None for a file that is not SQuAD JSON (its loading says why)."""
+    try:
+        articles = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+        return sum(len(paragraph["qas"]) for article in articles for paragraph in article["paragraphs"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return None

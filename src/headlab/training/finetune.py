@@ -25,7 +25,7 @@ from rich.console import Console
 
 from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
-from headlab.files import input_stamps, relative_paths, write_json_atomic
+from headlab.files import input_stamps, relative_paths, without_keys, write_json_atomic
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_why_again
 from headlab.training.batches import check_val_check_interval
@@ -38,7 +38,7 @@ from headlab.training.modules import task_module
 from headlab.training.progress import NamedPassBar, ProgressLog
 from headlab.training.tracking import build_logger, tracked_job
 
-# Keys that do not change what a job computes: left out of its config hash.
+# Keys that do not change what a job computes: left out of its config hash (and headlab.files.RESULT_NEUTRAL).
 RUNTIME_KEYS = ("ckpt_path", "keep_training_state", "logger", "experiment", "group", "attention_route", "paths_root")
 # Local files the job reads: data regenerated at the same path makes a finished run train again (their size and
 # modification time count in the hash; see headlab.analysis.jobs.identity for ablate.py's).
@@ -165,9 +165,10 @@ def finetune_identity(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], dict[st
 
 
 def computed_part(resolved: dict[str, Any]) -> dict[str, Any]:
-    """What of a resolved fine-tuning config is hashed: no runtime keys, paths in a study's folder relative to it
-    (a study's folder may move)."""
-    return relative_paths({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}, resolved.get("paths_root"))
+    """What of a resolved fine-tuning config is hashed: no runtime keys or ``RESULT_NEUTRAL`` settings, paths in a
+    study's folder relative to it (a study's folder may move)."""
+    return relative_paths(without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}),
+                          resolved.get("paths_root"))
 
 
 def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> dict[str, Any]:

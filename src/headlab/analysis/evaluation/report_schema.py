@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from headlab.errors import UserError, one_of
-from headlab.reporting.settings import CI_KINDS, CI_METHODS, CORRECTIONS, FIGURE_FORMATS
+from headlab.errors import UserError, one_of, within
+from headlab.reporting.settings import CI_KINDS, CI_METHODS, CORRECTIONS, FIGURE_FORMATS, MAX_RESAMPLES, RESAMPLES_WHY
 
 HEAD_SOURCES = ("features", "clusters", "importance", "sweeps", "syntax", "label")
 
@@ -29,8 +29,7 @@ class ReportConfig:
 
     def __post_init__(self) -> None:
         for key in ("resamples", "permutations"):
-            if getattr(self, key) < 1:
-                raise UserError(f"report.{key}={getattr(self, key)} must be at least 1")
+            within(f"report.{key}", getattr(self, key), 1, MAX_RESAMPLES, RESAMPLES_WHY)
         if not 0 < self.confidence < 1:
             raise UserError(f"report.confidence={self.confidence} must be between 0 and 1 (e.g. 0.95)")
         one_of("report.ci_method", self.ci_method, CI_METHODS)

@@ -11,10 +11,14 @@ from typing import Any
 from omegaconf import OmegaConf, open_dict
 
 from headlab.core.masks import check_mask, plan_from_mask
+from headlab.core.plans import SUBSTITUTED
 from headlab.errors import UserError, one_of
 from headlab.files import check_writable
+from headlab.tasks.hub_data import cached_rows
+from headlab.tasks.local_files import check_text_file, count_questions, count_rows
 
 log = logging.getLogger(__name__)
+REFERENCE_SPLITS = ("train", "validation")  # mask.reference values that name a split of the task (substitutes.SPLITS)
 
 
 def job_mask(cfg: Any) -> Any:
@@ -54,7 +58,52 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
         raise UserError(f"model {cfg.model.name} has random weights (random_init=true) and ckpt_path=null: no trained "
                         f"head for task {cfg.task.name}; fine-tune first (train.py) and pass ckpt_path, or set "
                         "allow_random_head=true")
+    check_reference_size(cfg, substitutes_used(cfg, plan))
     return plan
+
+
+def substitutes_used(cfg: Any, plan: Any) -> set[str]:
+    """Which of ``mean`` and ``resample`` the job of ``cfg.mode`` takes from a reference set: its plan's heads, the
+    sweep's policy, the Shapley removal, the estimates, the prune curve's policy and estimator."""
+    policies = set() if plan is None else {policy for policy, count in plan.counts().items() if count}
+    policies |= {"sweep_heads": {cfg.mask.policy}, "shapley": {cfg.shapley.policy},
+                 "importance": set(cfg.importance.policies),
+                 "prune_curve": {cfg.prune_curve.policy, cfg.prune_curve.estimator.removeprefix("estimate_")},
+                 }.get(cfg.mode, set())
+    return policies & set(SUBSTITUTED)
+
+
+def check_reference_size(cfg: Any, used: set[str]) -> None:
+    """For a job with ``used`` (``mean`` / ``resample``) heads, before anything loads: a reference file exists (with
+    the task's columns), and the reference set has ``mask.reference_examples`` examples, counted in its data file
+    or the cached hub split (``JobSubstitutes`` counts again once it is loaded: a QA training split may drop some)."""
+    if not used:
+        return
+    mask, task = cfg.mask, cfg.task
+    if "resample" in used and mask.reference_examples < 2:
+        raise UserError(f"mask.reference_examples={mask.reference_examples}: resample needs at least 2 reference "
+                        "examples (each example takes another's heads)")
+    if mask.reference in REFERENCE_SPLITS:
+        split = task.train_split if mask.reference == "train" else task.eval_splits[0]
+        where, files = f"{mask.reference} (split {split})", task.get("data_files")
+        path = Path(files[split]) if files and split in files else None
+    else:
+        where, path = mask.reference, Path(mask.reference)
+        if not path.is_file():
+            raise UserError(f"mask.reference={mask.reference!r} is neither train, validation nor an existing data "
+                            f"file (in the format of task {task.name}'s files)")
+        if not path.read_bytes().strip():
+            raise UserError(f"mask.reference={mask.reference!r} is an empty file; give a data file with rows in the "
+                            f"format of task {task.name}'s files")
+        if task.type != "extractive_qa":
+            check_text_file(path, task.name, list(task.text_fields), task.label_field)
+    if path is None:
+        found = cached_rows(task.dataset, task.get("subset"), split) if task.get("dataset") else None
+    else:
+        found = count_questions(path) if task.type == "extractive_qa" else count_rows(path)
+    if found is not None and found < mask.reference_examples:
+        raise UserError(f"mask.reference={where} has {found} examples; mask.reference_examples="
+                        f"{mask.reference_examples} needs that many (lower it, or use a larger reference set)")
 
 
 def check_preset_clusters(cfg: Any) -> None:

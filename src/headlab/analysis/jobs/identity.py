@@ -22,11 +22,11 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
-from headlab.files import input_stamps, job_hash, relative_paths
+from headlab.files import input_stamps, job_hash, relative_paths, without_keys
 from headlab.reporting.results import already_done, library_versions, note_why_again
 from headlab.training.tracking import build_logger, tracked_job
 
-# Keys that do not change what a job computes: left out of its config hash.
+# Keys that do not change what a job computes: left out of its config hash (and headlab.files.RESULT_NEUTRAL).
 RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route", "paths_root")
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
@@ -44,9 +44,9 @@ Result = dict[str, Any]
 
 
 def computed_config(resolved: dict[str, Any]) -> dict[str, Any]:
-    """The part of a resolved config that changes what its mode computes."""
+    """The part of a resolved config that changes what its mode computes (no ``RESULT_NEUTRAL`` setting)."""
     unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
-    return {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread}
+    return without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread})
 
 
 def hashed_part(resolved: dict[str, Any]) -> dict[str, Any]:

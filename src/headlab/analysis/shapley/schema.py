@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headlab.errors import UserError, at_least, one_of, within
+from headlab.reporting.settings import MAX_RESAMPLES, RESAMPLES_WHY
 
 OVER = ("types", "layers", "heads")  # the players: head types (mask.clusters), layers, single heads
 REMOVALS = ("prune", "uniform", "mean", "resample")  # how a group outside the coalition loses its heads
@@ -32,5 +33,5 @@ class ShapleyConfig:
             raise UserError(f"shapley.target_se={self.target_se} must be > 0 (or null: exact values only)")
         at_least("shapley.max_permutations", self.max_permutations, 2)
         at_least("shapley.coalitions_per_batch", self.coalitions_per_batch, 0)
-        at_least("shapley.resamples", self.resamples, 100)
+        within("shapley.resamples", self.resamples, 100, MAX_RESAMPLES, RESAMPLES_WHY)
         within("shapley.confidence", self.confidence, 0.5, 0.999)

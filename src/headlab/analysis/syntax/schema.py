@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headlab.analysis.syntax.treebank import LEFT_OUT_RELATIONS
-from headlab.errors import UserError, one_of
+from headlab.errors import UserError, one_of, within
+from headlab.reporting.settings import MAX_RESAMPLES, RESAMPLES_WHY
 
 PROBES = ("attn", "attn_emb")  # headlab.analysis.syntax.probe.KINDS (no torch import here)
 PARSERS = ("conllu", "spacy")
@@ -43,9 +44,10 @@ class SyntaxConfig:
     probe_lr: float = 0.002  # Adam, one sentence a step (Clark et al.)
 
     def __post_init__(self) -> None:
-        for key in ("min_count", "batch_size", "resamples"):
+        for key in ("min_count", "batch_size"):
             if getattr(self, key) < 1:
                 raise UserError(f"syntax.{key}={getattr(self, key)} must be at least 1")
+        within("syntax.resamples", self.resamples, 1, MAX_RESAMPLES, RESAMPLES_WHY)
         if self.max_sentences is not None and self.max_sentences < 1:
             raise UserError(f"syntax.max_sentences={self.max_sentences} must be at least 1 (or null: all)")
         if self.max_length is not None and self.max_length < 3:
