@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from forked import run_script
+from forked import HANG_GUARD, run_script
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -122,7 +122,7 @@ def run(script, *overrides, cwd_tmp, check=True, cwd=ROOT, fresh=False):
                *overrides]
     if script == "ablate.py" and not any(o.startswith("baseline_dir=") for o in overrides):
         command.append(f"baseline_dir={cwd_tmp / 'baselines'}")
-    result = run_script(command, cwd=cwd, timeout=600, fresh=fresh)
+    result = run_script(command, cwd=cwd, timeout=HANG_GUARD, fresh=fresh)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

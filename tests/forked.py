@@ -29,6 +29,9 @@ from concurrent.futures import Future
 from pathlib import Path
 
 PRELOAD = ("torch", "lightning.pytorch", "transformers")
+# Every subprocess limit of the suite: a guard against a hang, never a time limit. A run that is merely slow (a slow
+# or shared machine: 2-3x the usual times) must never reach it, so a correct change is never failed by the clock.
+HANG_GUARD = 3600
 # read when a run starts, not when the preloaded modules are imported: may differ between runs of one server
 PER_RUN = ("WANDB_", "PYTHONUNBUFFERED", "HYDRA_FULL_ERROR", "HF_DATASETS_OFFLINE", "PYTEST_", "COLUMNS", "LINES")
 
@@ -99,7 +102,7 @@ def _server_for(env: dict[str, str]) -> Server:
 
 
 def run_script(command: list, *, cwd: str | Path | None = None, env: dict[str, str] | None = None,
-               timeout: float | None = 600, capture_output: bool = True, text: bool = True, check: bool = False,
+               timeout: float | None = HANG_GUARD, capture_output: bool = True, text: bool = True, check: bool = False,
                fresh: bool = False) -> subprocess.CompletedProcess:
     """``subprocess.run`` with the same arguments, for ``command = [sys.executable, SCRIPT, *ARGS]`` forked from a
     preloaded server (anything else, ``fresh``, or no captured output: ``subprocess.run`` itself)."""

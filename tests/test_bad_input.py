@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, assert_one_error_line, in_parallel
-from forked import run_script
+from forked import HANG_GUARD, run_script
 
 TINY = {"train.py": ["model=tiny_random", "logger=none", "task=demo_pairs"],
         "ablate.py": ["model=tiny_random", "logger=none", "task=demo_pairs"]}
@@ -281,7 +281,7 @@ def run(script, overrides, files, tmp_path, run_dir=None):
     if script == "ablate.py" and not any(o.startswith(("mode=", "experiment=")) for o in overrides):
         overrides = ["mode=demo", *overrides]  # the cases without a mode check the single plan of mode=demo
     command = [sys.executable, str(ROOT / script), *TINY[script], *overrides, *cache, run_dir]
-    return run_script(command, cwd=ROOT, env=env, timeout=300, fresh=True)  # a new user's process, as typed
+    return run_script(command, cwd=ROOT, env=env, timeout=HANG_GUARD, fresh=True)  # a new user's process, as typed
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +312,7 @@ def test_bugs_keep_their_traceback_and_full_error_shows_all(files, tmp_path):
     """HYDRA_FULL_ERROR=1 asks for the traceback of bad input too."""
     env_result = run_script(
         [sys.executable, str(ROOT / "ablate.py"), "model=tiny_random", "mask.unit=word", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=300, fresh=True)
+        cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=HANG_GUARD, fresh=True)
     assert env_result.returncode == 1 and "Traceback" in env_result.stderr and "UserError" in env_result.stderr
 
 

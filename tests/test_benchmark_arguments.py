@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, assert_one_error_line, in_parallel
-from forked import run_script
+from forked import HANG_GUARD, run_script
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -37,7 +37,7 @@ if NO_CUDA:
 def run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:
     script, *words = script.split()
     command = [sys.executable, str(ROOT / "benchmarks" / script), *words, *arguments]
-    return run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
 
 
 @pytest.fixture(scope="module")

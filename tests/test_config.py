@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from conftest import ROOT, compose_train
+from forked import HANG_GUARD
 from forked import run_script as run_forked
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -91,7 +92,7 @@ def test_non_bert_model_fails_on_its_config(tmp_path):
 
 def run_script(script, *overrides):
     return run_forked([sys.executable, str(ROOT / script), *overrides], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_GUARD)
 
 
 def test_unknown_mask_lists_the_choices():

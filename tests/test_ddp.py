@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT
-from forked import run_script
+from forked import HANG_GUARD, run_script
 from test_training import QUICK
 
 from headlab.training.datamodule import ExactlyOnceSampler
@@ -54,7 +54,7 @@ def evaluate(devices, task, out, *overrides):
     # Batch size 1: no padding, so each example's logits do not depend on which rows share its batch.
     command = [sys.executable, str(ROOT / "tests/scripts/ddp_eval.py"), str(devices), task, str(out),
                "data.eval_batch_size=1", "data.max_eval_examples=41", *overrides]
-    result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -88,7 +88,7 @@ def test_train_py_fine_tunes_on_two_cpu_processes(tmp_path):
     command = [sys.executable, str(ROOT / "train.py"), *QUICK, "task=demo_pairs", f"data.cache_dir={tmp_path / 'c'}",
                f"hydra.run.dir={run}", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
                "trainer.precision=32-true", "data.max_eval_examples=41"]
-    result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((run / "results.json").read_text())
     assert record["num_evaluated"] == {"validation": 41} and record["global_step"] == 4
@@ -106,7 +106,7 @@ def test_ablate_py_on_two_cpu_processes_equals_one(tmp_path, task, mode):
                    "allow_random_head=true", "trainer.enable_progress_bar=false", "data.eval_batch_size=1",
                    "data.max_eval_examples=23", f"data.cache_dir={tmp_path / 'cache'}", *mode,
                    f"baseline_dir={tmp_path / name / 'baselines'}", f"hydra.run.dir={tmp_path / name}", *ddp]
-        result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
         assert result.returncode == 0, result.stderr[-3000:]
         return tmp_path / name
 
@@ -136,7 +136,7 @@ def test_importance_on_two_cpu_processes_equals_one(tmp_path):
                    "task.max_length=64", "task.doc_stride=16", "logger=none", "allow_random_head=true",
                    "trainer.enable_progress_bar=false", "data.eval_batch_size=4", "importance.max_examples=23",
                    f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / name}", *ddp]
-        result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        result = run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads((tmp_path / name / "importance.json").read_text())
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, in_parallel
-from forked import run_script
+from forked import HANG_GUARD, run_script
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CHEAP_TASKS, CHEAP_MODELS = {"demo_qa", "demo_pairs"}, {"minilm", "tiny_random"}
@@ -75,7 +75,7 @@ def is_cheap(words: list[str]) -> bool:
 def run(words: list[str], cwd: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
     return run_script([sys.executable, str(ROOT / words[0]), *words[1:], *extra], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_GUARD)
 
 
 def test_the_documents_have_commands():

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT
-from forked import run_script
+from forked import HANG_GUARD, run_script
 from test_study import STAGES, command, environment, summary_of
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ def test_the_study_runs_on_every_family(model, tmp_path):
     SentencePiece words, shared depths, disentangled attention, sliding windows; every feature finite."""
     folder = tmp_path / "study"
     words = [f"model={model}" if word == "model=tiny_random" else word for word in command(folder, "logger=none")]
-    result = run_script(words, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
+    result = run_script(words, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr[-3000:]
     for number, stage in enumerate(STAGES, start=1):
         assert f"[{number}/11] {stage}: " in result.stdout + result.stderr

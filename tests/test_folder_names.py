@@ -7,7 +7,7 @@ import json
 import re
 
 from conftest import run
-from forked import run_script
+from forked import HANG_GUARD, run_script
 
 from headlab.cli.hydra_glue import checkpoint_tag, job_dir_name
 from headlab.files import short_name
@@ -46,14 +46,14 @@ def test_help_starts_with_every_mode_one_line_each():
     from headlab.cli.ablate import MODES
 
     out = run_script([sys.executable, str(ROOT / "ablate.py"), "--help"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120).stdout
+                         text=True, timeout=HANG_GUARD).stdout
     head = out.split("== Configuration groups ==")[0]
     listed = [line.split()[0] for line in head.split("== Modes (mode=...) ==")[1].strip().splitlines()[:len(MODES)]]
     assert sorted(listed) == sorted(MODES) and out.index("== Modes") < out.index("== Config ==")
     groups = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert "schema/" not in groups and "\ntask: cola, demo_pairs, demo_qa" in groups and "\nstudy: " in groups
     trained = run_script([sys.executable, str(ROOT / "train.py"), "--help"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120).stdout
+                             text=True, timeout=HANG_GUARD).stdout
     groups = trained.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert trained.startswith("train.py: fine-tune") and "\nmodel: " in groups
     assert not any(f"\n{group}" in groups for group in ("schema/", "study:", "experiment:"))
@@ -94,7 +94,7 @@ def test_a_failed_command_leaves_no_folder_and_a_finished_one_no_lock_file(tmp_p
     def ablate(*overrides):
         return run_script([sys.executable, str(ROOT / "ablate.py"), "mode=eval", "model=tiny_random", "logger=none",
                                "mask=prune", "mask.heads=L9", *overrides], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=HANG_GUARD)
 
     assert ablate().returncode == 2 and list(tmp_path.iterdir()) == []
     kept = tmp_path / "earlier"

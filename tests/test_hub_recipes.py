@@ -17,7 +17,7 @@ import hub_standin
 import pytest
 import yaml
 from conftest import ROOT, in_parallel
-from forked import run_script
+from forked import HANG_GUARD, run_script
 from test_docs_commands import COMMANDS
 from test_docs_recipes import filled
 
@@ -99,7 +99,7 @@ def run(folder, home, script: str, *words: str, small: bool = True) -> subproces
     if script == "ablate.py":
         extra.append(f"baseline_dir={folder / 'baselines'}")
     return run_script([sys.executable, str(ROOT / script), *flags, *words, *extra], cwd=folder,
-                          env=environment(home), capture_output=True, text=True, timeout=900)
+                          env=environment(home), capture_output=True, text=True, timeout=HANG_GUARD)
 
 
 def prepared_jobs(folder, home) -> dict[str, str]:
@@ -170,7 +170,7 @@ for name in {sorted(HUB_MODELS)!r}:
 print(json.dumps(counts))
 """
     result = run_script([sys.executable, "-c", script], cwd=tmp_path, env=environment(standin),
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr[-3000:]
     counts = json.loads(result.stdout.strip().splitlines()[-1])
     assert counts["mnli"] == {"train": 48, "validation_matched": 24, "validation_mismatched": 24}

@@ -17,7 +17,7 @@ import time
 import pandas as pd
 import pytest
 from conftest import COMMON, ROOT
-from forked import run_script
+from forked import HANG_GUARD, run_script
 from safetensors.torch import load_file
 
 from headlab.study.interrupts import Interrupted, Terminated, stopping_on_signals
@@ -67,7 +67,7 @@ def signalled(command: list[str], ready, signum: int, logs) -> subprocess.Comple
             time.sleep(0.01)
         assert process.poll() is None, "the command ended before it was interrupted"
         process.send_signal(signum)
-        process.wait(timeout=300)  # a guard against a hang, not a timing
+        process.wait(timeout=HANG_GUARD)
     return subprocess.CompletedProcess(command, process.returncode, (logs / "stdout").read_text(),
                                        (logs / "stderr").read_text())
 
@@ -91,14 +91,14 @@ def test_an_evaluation_stopped_by_a_signal_reruns_to_the_uninterrupted_results(t
                 f"data.cache_dir={tmp_path / 'cache'}", f"baseline_dir={tmp_path / job / 'baselines'}",
                 f"hydra.run.dir={tmp_path / job / 'job'}"]
 
-    whole = run_script(command("whole"), cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600)
+    whole = run_script(command("whole"), cwd=ROOT, env=environment(), capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr[-3000:]
     locks = tmp_path / "stopped/baselines"
     result = signalled(command("stopped"), lambda: locks.is_dir() and any(locks.glob("*.lock")), signum,
                        tmp_path / "logs")
     assert_one_note(result, signum, re.escape(f"ablate.py mode=eval, job {tmp_path / 'stopped/job'}"))
     assert not (tmp_path / "stopped/job/results.json").exists() and not any(locks.glob("*.lock"))
-    again = run_script(command("stopped"), cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600)
+    again = run_script(command("stopped"), cwd=ROOT, env=environment(), capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     mine, theirs = (json.loads((tmp_path / job / "job/results.json").read_text()) for job in ("stopped", "whole"))
     assert mine["metrics"] == theirs["metrics"] and mine["baseline"] == theirs["baseline"]
@@ -115,14 +115,14 @@ def test_a_fine_tuning_stopped_by_sigterm_resumes_to_the_same_weights(tmp_path):
                "optim.lr=1e-3", "logger=none", "trainer.enable_progress_bar=false",
                f"data.cache_dir={tmp_path / 'cache'}"]
     whole = run_script([*command, f"hydra.run.dir={tmp_path / 'whole'}"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
+                       timeout=HANG_GUARD)
     assert whole.returncode == 0, whole.stderr[-3000:]
     stopped = tmp_path / "stopped"
     result = signalled([*command, f"hydra.run.dir={stopped}"], (stopped / "checkpoints/last.ckpt").exists,
                        signal.SIGTERM, tmp_path / "logs")
     assert_one_note(result, signal.SIGTERM, re.escape(f"train.py, job {stopped}"))
     assert not (stopped / "results.json").exists()
-    again = run_script([*command, f"hydra.run.dir={stopped}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    again = run_script([*command, f"hydra.run.dir={stopped}"], cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((stopped / "results.json").read_text())["resumed_from"] == str(stopped / "checkpoints/last.ckpt")
     mine, theirs = (load_file(folder / "model/model.safetensors") for folder in (stopped, tmp_path / "whole"))
@@ -138,6 +138,6 @@ def test_a_study_stopped_by_sigterm_says_its_stage_and_resumes(tmp_path):
                f"baseline_dir={tmp_path / 'baselines'}", f"hydra.run.dir={folder}"]
     result = signalled(command, (folder / "features").is_dir, signal.SIGTERM, tmp_path / "logs")
     assert_one_note(result, signal.SIGTERM, r"\[2/2\] features(, job features/\S+)?")
-    again = run_script(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
+    again = run_script(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=HANG_GUARD)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[1/2] finetune: skipped, done" in again.stdout and "[2/2] features: done" in again.stdout

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT, assert_one_error_line, in_parallel
-from forked import run_script
+from forked import HANG_GUARD, run_script
 
 pytestmark = pytest.mark.slow
 STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "robustness", "importance",
@@ -47,7 +47,7 @@ def environment() -> dict[str, str]:
 
 def study(folder: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
     result = run_script(command(folder, *overrides), cwd=ROOT, env=environment(),
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=HANG_GUARD)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -254,7 +254,7 @@ def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finish
     mine = {path: path.read_bytes() for path in (table / REPORT).iterdir()}
     by_hand = run_script([sys.executable, str(ROOT / "ablate.py"), "mode=report", f"sweep_dir={table}",
                               "report.confidence=0.5", "report.correction=none", "logger=none"], cwd=ROOT,
-                             env=environment(), capture_output=True, text=True, timeout=600)
+                             env=environment(), capture_output=True, text=True, timeout=HANG_GUARD)
     assert by_hand.returncode == 0, by_hand.stderr[-2000:]
     assert (table / "report-confidence=0.5,correction=none/plans_validation.md").is_file()
     assert {path: path.read_bytes() for path in (table / REPORT).iterdir()} == mine
@@ -274,7 +274,7 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
         if line.startswith("[3/11] cluster"):
             process.send_signal(signal.SIGKILL)
             break
-    process.wait(timeout=60)
+    process.wait(timeout=HANG_GUARD)
     assert not (folder / "study.md").exists() and (folder / "features/stage.json").is_file()
     # Resumed, then Ctrl-C during the tables (once swallowed in a weakref callback: the study ran on to exit 0)
     process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
@@ -286,7 +286,7 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
             process.send_signal(signal.SIGINT)
             break
     out += process.stdout.read()
-    assert process.wait(timeout=120) == 130, out[-3000:]
+    assert process.wait(timeout=HANG_GUARD) == 130, out[-3000:]
     assert "[1/11] finetune: skipped, done" in out and "[2/11] features: skipped, done" in out
     assert "[3/11] cluster: head types" in out
     assert re.search(r"note: interrupted \(Ctrl-C\) during \[6/11\] tables(, job tables/\S+)?; run the same "
@@ -333,7 +333,7 @@ def test_a_study_with_other_settings_gets_its_own_folder_and_latest_follows(tmp_
         argv = [a for a in command(tmp_path / "study", "study.stages=[finetune]", *overrides)
                 if not a.startswith("hydra.run.dir=")]
         result = run_script(argv, cwd=tmp_path, env=environment(), capture_output=True, text=True,
-                                timeout=600)
+                                timeout=HANG_GUARD)
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 

@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 import pytest
 from conftest import COMMON, ROOT, assert_one_error_line, run
-from forked import run_script
+from forked import HANG_GUARD, run_script
 
 from headlab.analysis.syntax.parsed_text import span_sentence
 from headlab.analysis.syntax.treebank import Sentence, read_conllu
@@ -114,7 +114,7 @@ def no_spacy(*overrides):
     code = ("import runpy, sys; sys.modules['spacy'] = None; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
     command = [sys.executable, "-c", code, str(ROOT / "ablate.py"), *COMMON, *overrides]
-    return run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run_script(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
 
 
 @pytest.mark.parametrize(("overrides", "said"), [

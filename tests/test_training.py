@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, assert_one_error_line, compose_train
-from forked import run_script
+from forked import HANG_GUARD, run_script
 from safetensors.torch import load_file
 
 from headlab.cli.schema import register_configs
@@ -32,7 +32,7 @@ def train(tmp_path, *overrides, run_dir=None, check=True):
     result = run_script(
         [sys.executable, str(ROOT / "train.py"), *QUICK, f"data.cache_dir={tmp_path / 'cache'}",
          f"hydra.run.dir={run_dir}", *overrides],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
     )
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -205,7 +205,7 @@ def test_a_named_multirun_runs_one_tracked_run_per_job_in_its_own_directory(tmp_
     result = run_script(  # the default sweep directory, under the working directory
         [sys.executable, str(ROOT / "train.py"), "-m", *QUICK, "task=demo_pairs", "logger=wandb", "seed=0,1",
          "experiment=seeds", "trainer.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "WANDB_MODE": "offline"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD, env={**os.environ, "WANDB_MODE": "offline"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout + result.stderr  # W&B: one line a job, not its banner and summary
@@ -616,7 +616,7 @@ def test_the_last_line_is_an_ablate_command_ready_to_paste(tmp_path):
                              "trainer.enable_progress_bar=false", "data.max_eval_examples=8",
                              f"data.cache_dir={tmp_path / 'cache'}", f"baseline_dir={tmp_path / 'baselines'}",
                              f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+                            timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "eval/results.json").read_text())["checkpoint"]["ckpt_path"] == str(run_dir)
 
@@ -640,7 +640,7 @@ def test_own_tsv_data_under_its_own_name_and_the_printed_command_carries_it(tmp_
     result = run_script([sys.executable, str(ROOT / words[1]), *words[2:], "logger=none",
                              f"data.cache_dir={tmp_path / 'cache'}", f"baseline_dir={tmp_path / 'baselines'}",
                              f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+                            timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "eval/results.json").read_text())
     assert evaluated["task"] == "reviews" and evaluated["num_examples"]["validation"] == 20
@@ -690,7 +690,7 @@ def test_weights_fine_tuned_under_a_plan_are_refused_by_every_analysis(tmp_path)
              ("mode=study", f"study.checkpoint={job}", "study=quick")]
     outs = in_parallel(lambda case: run_script(
         [sys.executable, str(ROOT / "ablate.py"), *common, *case, f"hydra.run.dir={tmp_path / case[0][5:]}"], cwd=ROOT,
-        capture_output=True, text=True, timeout=600), cases)
+        capture_output=True, text=True, timeout=HANG_GUARD), cases)
     for case, out in zip(cases, outs):
         key = case[1].split("=")[0]
         assert_one_error_line(out, f"{key}={case[1].split('=', 1)[1]!r} was fine-tuned under a plan (prune ")
