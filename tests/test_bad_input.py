@@ -113,6 +113,7 @@ CASES = [
     ("train.py", ["task.data_files.train=/no/such.jsonl"], "/no/such.jsonl"),
     ("train.py", ["task=demo_qa", "task.version=v3"], "v3"),
     ("train.py", ["task=mrpc"], "nyu-mll/glue"),  # hub data set, not cached, hub offline
+    ("train.py", ["task=squad"], "or task=squad_articles (bundled offline)"),  # its bundled counterpart named
     # mask: groups, values, the selector grammar, files
     ("ablate.py", ["mask=zero"], "mask/zero"),
     ("ablate.py", ["mask=prune"], "mask.heads"),

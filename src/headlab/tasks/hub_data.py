@@ -41,10 +41,16 @@ def cached_folders(dataset: str, subset: str | None) -> list[Path]:
     return [path for path in root.glob(f"{subset or '*'}/*/*") if path.is_dir()]
 
 
+# Hub data sets with a bundled offline counterpart (a split of real text that ships with headlab).
+BUNDLED = {"rajpurkar/squad": "squad_articles", "rajpurkar/squad_v2": "squad_v2_articles"}
+
+
 def not_found(task_name: str, dataset: str, why: str) -> UserError:
+    bundled = f", or task={BUNDLED[dataset]} (bundled offline)" if dataset in BUNDLED else ""
     return UserError(
         f"task {task_name}: dataset {dataset!r} is neither in the Hugging Face cache nor reachable on the hub ({why}); "
-        "run once online to cache it, or give local files with task.data_files='{train: PATH, validation: PATH}'")
+        f"run once online to cache it, or give local files with task.data_files='{{train: PATH, validation: PATH}}'"
+        f"{bundled}")
 
 
 def check_hub_dataset(task_name: str, dataset: str, subset: str | None) -> None:
