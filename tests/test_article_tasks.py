@@ -68,7 +68,7 @@ def test_qnli_pairs_hold_the_answer_or_the_hardest_distractor(split):
     shared words among those without the answer's text (label 1); the shipped file is what the generator writes."""
     squad = read("squad_v1_articles", split)
     rows = [json.loads(line) for line in (DATA / f"qnli_articles/{split}.jsonl").read_text().splitlines()]
-    assert rows == list(pairs(squad))
+    assert rows == pairs(squad)
     questions = {q["id"]: (q, p["context"]) for a in squad["data"] for p in a["paragraphs"] for q in p["qas"]}
     stop = set("""a an the of in on at to for from by with as and or but is are was were be been it its this that
     these those what which who whom whose when where why how did do does not no""".split())
@@ -88,3 +88,6 @@ def test_qnli_pairs_hold_the_answer_or_the_hardest_distractor(split):
         assert negative["sentence"] == next(s for s in candidates if shared(question["question"], s) == best)
         assert negative["id"] == f"{question['id']}/1" and positive["question"] == negative["question"]
     assert len(rows) // 2 > 0.9 * len(questions)  # few questions left out (answers across sentences, no distractor)
+    first = {questions[row["id"].removesuffix("/0").removesuffix("/1")][0]["id"] for row in rows[:400]}
+    titles = {a["title"] for a in squad["data"] for p in a["paragraphs"] for q in p["qas"] if q["id"] in first}
+    assert len(titles) == len(squad["data"])  # the first rows sample every article (not the first article's)

@@ -15,15 +15,17 @@ parts):
   tokens, ``STOP_WORDS`` left out; the first such sentence on a tie): the hardest distractor by overlap; a question
   whose paragraph has no such sentence is left out.
 
-So the classes are balanced (chance: 50% accuracy) and every question appears once with each label. Columns as
-GLUE's: ``question``, ``sentence``, ``label``, ``idx``; and ``id``, the SQuAD question's id with ``/0`` or ``/1``.
+So the classes are balanced (chance: 50% accuracy) and every question appears once with each label, its two rows
+adjacent. The questions are in a seeded random order (``ORDER_SEED``), not by article, so that the first N rows (a
+study's ``data.max_eval_examples``) sample every article. Columns as GLUE's: ``question``, ``sentence``, ``label``,
+``idx``; and ``id``, the SQuAD question's id with ``/0`` or ``/1``.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 from headlab.core.units import split_sentences
@@ -31,6 +33,7 @@ from headlab.tasks.demo_tasks import DATA_DIR, write_if_changed
 
 SOURCE, FOLDER = "squad_v1_articles", "qnli_articles"
 ENTAILMENT, NOT_ENTAILMENT = 0, 1  # GLUE QNLI's labels
+ORDER_SEED = 0
 STOP_WORDS = frozenset("""a an the of in on at to for from by with as and or but is are was were be been it its this
 that these those what which who whom whose when where why how did do does not no""".split())
 _WORD = re.compile(r"\w+")
@@ -56,20 +59,21 @@ def question_pairs(context: str, question: str, answer: str, answer_start: int) 
     return sentences[holding[0]], sentences[hardest]
 
 
-def pairs(squad: dict) -> Iterator[dict]:
-    """The rows of one split (module docstring), in the order of the questions."""
-    idx = 0
+def pairs(squad: dict) -> list[dict]:
+    """The rows of one split (module docstring): each question's two rows, the questions in a seeded order."""
+    questions = []
     for article in squad["data"]:
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
                 answer = qa["answers"][0]
                 found = question_pairs(paragraph["context"], qa["question"], answer["text"], answer["answer_start"])
-                if found is None:
-                    continue
-                for label, sentence in zip((ENTAILMENT, NOT_ENTAILMENT), found):
-                    yield {"question": qa["question"], "sentence": sentence, "label": label, "idx": idx,
-                           "id": f"{qa['id']}/{label}"}
-                    idx += 1
+                if found is not None:
+                    questions.append([{"question": qa["question"], "sentence": sentence, "label": label,
+                                       "id": f"{qa['id']}/{label}"}
+                                      for label, sentence in zip((ENTAILMENT, NOT_ENTAILMENT), found)])
+    random.Random(ORDER_SEED).shuffle(questions)
+    rows = [row for question in questions for row in question]
+    return [row | {"idx": idx} for idx, row in enumerate(rows)]
 
 
 def write_qnli_articles(root: Path = DATA_DIR) -> list[Path]:
