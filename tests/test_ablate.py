@@ -4,6 +4,7 @@ the cached baseline, per-example records, resumable sweeps, presets and launcher
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -372,11 +373,18 @@ def test_parallel_jobs_compute_the_baseline_once(trained, tmp_path):
 
 
 def test_each_job_is_one_offline_wandb_run_in_the_sweeps_group(trained, tmp_path):
+    """A single job is one offline W&B run, and prints one line of it (W&B's own banner and summary were some 20,
+    burying the result line): where the run is and the command that uploads it."""
     root, _ = trained
-    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L1H0", "logger=wandb", "group=my_sweep",
-        f"ckpt_path={root / 'train'}", f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=root)
+    result = run("ablate.py", "mode=eval", "mask=prune", "mask.heads=L1H0", "logger=wandb", "group=my_sweep",
+                 f"ckpt_path={root / 'train'}", f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=root)
     runs = list((tmp_path / "job/wandb").glob("offline-run-*"))
     assert len(runs) == 1
+    printed = [line for line in (result.stdout + result.stderr).splitlines() if "wandb" in line.lower()]
+    where = f"{tmp_path / 'job'}/wandb/offline-run-*-{runs[0].name.rsplit('-', 1)[1]}"
+    assert len(printed) == 1 and re.fullmatch(rf"W&B: run \S+ in {re.escape(where)} \(offline; upload: wandb sync "
+                                              rf"{re.escape(where)}\)", printed[0]), printed
+    assert list(runs[0].parent.glob(where.rsplit("/", 1)[1])) == runs  # the folder the line names
     log = next(runs[0].glob("*.wandb")).read_bytes()  # the offline run's protobuf records hold strings verbatim
     assert b"my_sweep" in log and b"validation/accuracy_delta" in log and b"L1H0" in log
 

@@ -248,3 +248,29 @@ def test_a_features_file_with_a_malformed_shape_is_unreadable_not_a_traceback(tm
     np.savez(tmp_path / "features.npz", shape=shape, distance=np.zeros(1))
     with pytest.raises(UserError, match="is not readable"):
         check_features_file(tmp_path / "features.npz", {"shape": [3, 4]})
+
+
+def test_a_model_whose_heads_are_alike_gets_numbered_clusters_and_says_why(tmp_path):
+    """Four centroids of one profile (a tiny DeBERTa's printed short 0.228, long 0.738, special 0.034 four times) were
+    named dense_vertical / vertical / dense / diagonal: the job keeps cluster0..3, says the heads did not separate
+    into types, and records what the profile rule would have said and the separation."""
+    from test_clusters import alike
+
+    from headlab.analysis.types.clusters import fit_clusters
+    from headlab.analysis.types.features import AttentionFeatures
+
+    per_sequence = alike(np.random.default_rng(0))  # [sequences, 12 heads, 21]
+    features = AttentionFeatures(3, 4, len(per_sequence), ("distance",), per_sequence.mean(0).reshape(3, 4, 21),
+                                 per_sequence.reshape(len(per_sequence), 3, 4, 21))
+    np.savez(tmp_path / "features.npz", **features.to_arrays())
+    (tmp_path / "results.json").write_text(json.dumps({"complete": True, "kind": "features", "model": "tiny_deberta",
+                                                       "task": "demo_qa", "shape": [3, 4], "families": ["distance"]}))
+    result = run("ablate.py", "mode=cluster", f"cluster.features={tmp_path}", f"hydra.run.dir={tmp_path / 'cluster'}",
+                 cwd_tmp=tmp_path)
+    clusters = json.loads((tmp_path / "cluster/clusters.json").read_text())
+    rule = fit_clusters(per_sequence.mean(0), k=4).names  # the profile rule alone: Guan et al.'s four names
+    assert sorted(rule) == sorted(TYPES.strip("[]").split(","))
+    assert (clusters["named"], clusters["names"]) == (False, ["cluster0", "cluster1", "cluster2", "cluster3"])
+    assert clusters["profile_names"] == rule  # what the rule said, on record
+    assert set(clusters["labels"].values()) == set(clusters["names"]) and clusters["separation"] < 1
+    assert "the heads did not separate into types" in result.stdout and "separation" in result.stdout

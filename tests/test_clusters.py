@@ -181,3 +181,62 @@ def test_compared_runs_colour_the_clusters_they_share_alike_whatever_their_numbe
     assert len(unmatched) == 1 and colours["k=5"][unmatched.pop()] not in colours["named"].values()
     assert head_plots.matched_colours({"a": ["dense", "vertical"], "b": ["vertical", "vertical"]}) == {
         "a": {"dense": "tab:blue", "vertical": "tab:cyan"}, "b": {"vertical": "tab:cyan"}}
+
+
+def alike(rng, heads=12, sequences=200):
+    """Heads of one profile (a tiny DeBERTa's: short 0.228, long 0.738, special 0.034), each group of three leaning by
+    2e-4 of attention toward one type's bins (so that the naming rule matches), under each sequence's own variation
+    (shared by the heads, as sequence lengths are) and a little of each head's: [sequences, heads, 21]."""
+    base = np.concatenate([np.full(3, 0.228 / 3), np.full(14, 0.738 / 14), np.full(4, 0.034 / 4)])
+    lean = {"dense": [(slice(3, 17), 2e-4)], "diagonal": [(slice(0, 3), 2e-4)], "vertical": [(slice(17, 21), 2e-4)],
+            "dense_vertical": [(slice(17, 21), 1e-4), (slice(3, 17), 1e-4)]}
+    rows = []
+    for kind in np.repeat(TYPE_NAMES, heads // 4):
+        row = base.copy()
+        for part, amount in lean[kind]:
+            row[part] += amount / len(row[part])
+        rows.append(row / row.sum())
+    shared = rng.normal(0, 0.003, size=(sequences, 1, 21))
+    per_sequence = np.clip(np.array(rows) + shared + rng.normal(0, 0.0001, size=(sequences, heads, 21)), 0, None)
+    return per_sequence / per_sequence.sum(-1, keepdims=True)
+
+
+def separation_by_hand(features: np.ndarray, reference: np.ndarray, fitted: np.ndarray, k: int = 4) -> float:
+    """The smallest |c_i - c_j| / (t * sqrt(s_i^2 + s_j^2)) over pairs, from the labels of fits on halves of the heads
+    (whose centroids are the full features' means over each fit's labels), in loops."""
+    import scipy.stats
+
+    centroids = [features[reference == c].mean(0) for c in range(k)]
+    spread = [np.mean([np.sum((features[labels == c].mean(0) - centroids[c]) ** 2) for labels in fitted])
+              for c in range(k)]
+    t = scipy.stats.t.ppf(0.975, len(fitted))
+    return min(np.linalg.norm(centroids[i] - centroids[j]) / (t * np.sqrt(spread[i] + spread[j]))
+               for i, j in itertools.combinations(range(k), 2))
+
+
+@pytest.mark.parametrize("split", ["sequences", "heads"])
+def test_heads_alike_keep_numbered_clusters_and_distinct_types_keep_their_names(split):
+    """A tiny DeBERTa's four centroids printed one profile and were still named dense_vertical / vertical / dense /
+    diagonal: names need centroids further apart than their spread across the stability fits (``distinct``)."""
+    from headlab.analysis.types.clusters import distinct, profiles, refits, separation
+
+    same = alike(np.random.default_rng(0))
+    full = fit_clusters(same.mean(0), k=4)
+    assert full.named and sorted(full.names) == sorted(TYPE_NAMES)  # the profile rule alone names them
+    assert np.ptp(profiles(full.centroids), axis=0).max() < 1e-3  # one profile to 3 decimals
+    labels, centroids = refits(same, full.labels, k=4, seed=0, fits=10, split=split)
+    if split == "heads":  # each fit's centroids are the full features' means over its labels: checkable by hand
+        assert separation(full.centroids, centroids) == pytest.approx(
+            separation_by_hand(same.mean(0), full.labels, labels), rel=1e-9)
+    kept = distinct(full, centroids)
+    assert (kept.named, kept.names, kept.profile_names) == (False, ["cluster0", "cluster1", "cluster2", "cluster3"],
+                                                          full.names)  # what the rule said, on record
+    assert kept.separation < 1 and np.array_equal(kept.labels, full.labels)
+
+    per_sequence, kinds = planted(np.random.default_rng(5))
+    clustering = fit_clusters(per_sequence.mean(0), k=4)
+    _, centroids = refits(per_sequence, clustering.labels, k=4, seed=0, fits=10, split=split)
+    named = distinct(clustering, centroids)
+    assert named.named and named.label_names() == kinds and named.separation > 1
+    by_hand = distinct(fit_clusters(same.mean(0), k=4, names=list(TYPE_NAMES)), refits(same, full.labels)[1])
+    assert by_hand.named and by_hand.names == list(TYPE_NAMES)  # names given by hand stay

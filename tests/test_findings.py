@@ -25,9 +25,9 @@ from headlab.study.findings.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_TEST
 RESAMPLING = Resampling(resamples=2000, permutations=200)
 
 
-def files_of(folder: Path, models=("seed0",), metric="f1", scale=100.0) -> StudyFiles:
+def files_of(folder: Path, models=("seed0",), metric="f1", scale=100.0, **fields) -> StudyFiles:
     return StudyFiles(folder, list(models), metric, "validation", scale, RESAMPLING,
-                      {"tables": (RESAMPLING, "holm"), "sweep": (RESAMPLING, "holm")})
+                      {"tables": (RESAMPLING, "holm"), "sweep": (RESAMPLING, "holm")}, **fields)
 
 
 def job(folder: Path, name: str, result: dict | None = None) -> Path:
@@ -49,9 +49,10 @@ def records(path: Path, f1: np.ndarray) -> None:
                   "loss": 1 - f1}).to_parquet(path / "records.parquet")
 
 
-def table2(folder: Path, vertical: np.ndarray, diagonal: np.ndarray, model: str = "seed0") -> None:
-    for plan, f1 in (("baseline", np.ones_like(vertical)), ("prune_vertical", vertical),
-                     ("prune_diagonal", diagonal)):
+def table2(folder: Path, vertical: np.ndarray, diagonal: np.ndarray, model: str = "seed0",
+           baseline: np.ndarray | None = None) -> None:
+    for plan, f1 in (("baseline", np.ones_like(vertical) if baseline is None else baseline),
+                     ("prune_vertical", vertical), ("prune_diagonal", diagonal)):
         records(job(folder, f"tables/table2/{model}/{plan}", {"metrics": {"validation": {"f1": 100 * f1.mean()}}}),
                 f1)
 
@@ -278,3 +279,24 @@ def test_caveats_are_raised_exactly_when_their_condition_holds(tmp_path):
     profiles["dense_vertical"]["long"] = 0.12  # long-range attention barely above diagonal's: a poor dense_vertical
     (clusters / "clusters.json").write_text(json.dumps({"named": True, "profiles": profiles}))
     assert "dense_vertical by 0.020" in type_names(files)[0]
+
+
+def test_clusters_that_did_not_separate_into_types_get_a_caveat_and_no_table_claim(tmp_path):
+    """Numbered clusters of the profile rule's four types but too close together, or of profiles that do not match:
+    a Head types caveat per model saying why; the Table 2 claims are not tested on them."""
+    files = files_of(tmp_path)
+    clusters = job(tmp_path, "cluster/seed0")
+    numbered = {"named": False, "named_by_hand": False, "names": ["cluster0", "cluster1", "cluster2", "cluster3"]}
+    (clusters / "clusters.json").write_text(json.dumps({**numbered, "separation": 0.164, "profile_names": [
+        "vertical", "dense", "diagonal", "dense_vertical"]}))
+    line, = type_names(files)
+    assert line.startswith("**Head types.** seed0's heads did not separate into Guan et al.'s types")
+    assert "separation 0.16, named above 1" in line and "`cluster/seed0/clusters.json`" in line
+    assert "cluster0..cluster3" in line and "not tested" in line
+    (clusters / "clusters.json").write_text(json.dumps({**numbered, "separation": 3.2, "profile_names": None}))
+    assert "profiles do not match dense / diagonal / dense_vertical / vertical" in type_names(files)[0]
+    (clusters / "clusters.json").write_text(json.dumps({**numbered, "named": True, "named_by_hand": True}))
+    assert not type_names(files)  # names given by hand are the researcher's
+    job(tmp_path, "tables/table2/seed0/prune_cluster0")  # the tables stage ran the numbered clusters' plans
+    finding = plan_finding(files, *plan_claims(files)[0])
+    assert finding.verdict == NOT_TESTED and "not Guan et al.'s four types" in finding.reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 from conftest import run
 from forked import HANG_GUARD, run_script
@@ -16,17 +17,68 @@ from headlab.files import short_name
 def test_long_names_become_a_readable_start_and_a_hash():
     overrides = ",".join(f"data.option_{i}=value_{i}" for i in range(40))  # ~900 bytes
     name = job_dir_name(overrides)
-    assert len(name.encode()) <= 120 and name.startswith("data.option_0=value_0,data.option_1=value_1,")
-    assert name.split("+")[0].endswith(tuple(f"value_{i}" for i in range(40)))  # cut between overrides
+    assert len(name.encode()) <= 120 and name.startswith("data.option_0-value_0+data.option_1-value_1+")
+    assert re.fullmatch(r"(data\.option_\d+-value_\d+\+)+[0-9a-f]{10}", name)  # cut between overrides, then the hash
     assert job_dir_name(overrides + "1") != name  # the hash covers all of it
-    assert job_dir_name("mask.heads=L0,mask=prune") == "mask.heads=L0,mask=prune"  # short names stay as they are
-    assert job_dir_name("") == "defaults" and job_dir_name("ckpt=/a/b") == "ckpt=~a~b"
+    assert job_dir_name("mask.heads=L0,mask=prune") == "mask.heads-L0+mask-prune"  # short names stay readable
+    assert job_dir_name("") == "defaults" and job_dir_name("ckpt=/a/b") == "ckpt-_a_b"
     swept = job_dir_name(f"experiment=guan2020_table2,mask.clusters=/runs/{'x' * 150}/clusters.json,plan=prune_dense")
-    assert swept.startswith("experiment=guan2020_table2,plan=prune_dense+") and len(swept.encode()) <= 120
-    assert job_dir_name("mask.heads=[L0,L1],mask=prune") == "mask.heads=[L0,L1],mask=prune"  # a list is one part
+    assert swept.startswith("experiment-guan2020_table2+plan-prune_dense+") and len(swept.encode()) <= 120
+    listed = job_dir_name("mask.heads=[L0,L1],mask=prune")  # a list is one part; brackets out, a hash in
+    assert re.fullmatch(r"mask\.heads-L0\+L1\+mask-prune-[0-9a-f]{8}", listed)
+    assert listed != job_dir_name("mask.heads=[L0],L1,mask=prune") and listed == job_dir_name(
+        "mask.heads=[L0,L1],mask=prune")  # deterministic, and no two command lines share a folder
     assert len(short_name("é" * 300).encode()) <= 120  # cut on a character, not inside one
     tag = checkpoint_tag("/runs/" + "x" * 300)
     assert len(tag.encode()) <= 60 + 9 and tag != checkpoint_tag("/runs/" + "x" * 299)
+
+
+def pastes(path: str) -> bool:
+    """``path`` pasted unquoted into a shell word and an override reads back as itself (Hydra's override parser)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    words = shlex.split(f"mask.clusters={path}/clusters.json")
+    try:
+        override, = OverridesParser.create().parse_overrides(words)
+    except (OverrideParseException, ValueError):
+        return False
+    return override.value() == f"{path}/clusters.json"
+
+
+# override_dirname as Hydra hands it to the folder names: what users type, lists, paths, quotes, prefixes
+TYPED = ["study=quick", "study.finetune.trainer.max_epochs=1,study=quick", "mask.heads=L0,mask=prune",
+         "mask.heads=[L0,L1],mask=prune", "ckpt_path=/runs/seed=1,optim.lr=1e-4/model",
+         "demo.texts=['A pair.','Another one, with a comma.']", "++study.finetune.optim.lr=1e-4,~study.seeds",
+         "compare.names={a: 1},x=${y}", "experiment=guan2020_table2,mask.clusters=/runs/a b/c.json,plan=prune_dense",
+         "data.option=" + "v" * 300]
+
+
+def test_every_folder_headlab_prints_pastes_into_an_override_as_printed():
+    """Job, study, train, checkpoint-tag and report folders hold none of Hydra's syntax (``=``, ``,``, brackets,
+    quotes, ``~``, spaces): ``mask.clusters=.../finetuned-study=quick-a123da94/...`` failed with ``mismatched input
+    '='``. The same command line finds the same folder."""
+    from headlab.cli.hydra_glue import ablate_run_dir
+    from headlab.reporting.report import report_folder
+    from headlab.reporting.statistics import Resampling
+
+    folders = []
+    for overrides in TYPED:
+        for mode, sweep_dir, study_checkpoint, ckpt in (("eval", None, None, "/runs/lr=1e-4,seed=0"),
+                                                          ("cluster", None, None, None),
+                                                          ("report", "/runs/x=1,y=[2]", None, None),
+                                                          ("study", None, None, None),
+                                                          ("study", None, "/runs/seed=1,a=b", None)):
+            folders.append(ablate_run_dir(mode, "demo_qa", "minilm", ckpt, None, study_checkpoint, sweep_dir,
+                                          overrides))
+        folders.append(f"outputs/train/demo_qa/minilm/{job_dir_name(overrides)}")  # train.py's run and sweep dirs
+        assert folders[-2] == ablate_run_dir("study", "demo_qa", "minilm", None, None, "/runs/seed=1,a=b", None,
+                                             overrides)  # deterministic
+    folders.append(str(report_folder("/runs/x", Resampling(resamples=400, permutations=400, confidence=0.9), "bh",
+                                     ("png", "pdf"))))
+    bad = [folder for folder in folders if not pastes(folder)]
+    assert not bad, bad
+    assert pastes("/runs/plain") and not pastes("/runs/finetuned-study=quick-a123da94")  # the check itself
 
 
 def test_a_job_with_a_very_long_command_line_runs(tmp_path):
@@ -36,6 +88,8 @@ def test_a_job_with_a_very_long_command_line_runs(tmp_path):
     written = next((tmp_path / "outputs").rglob("demo.json"))
     assert all(len(part.encode()) <= 255 for part in written.parts)
     assert len(json.loads(written.read_text())) > 0 and "records written to" in result.stdout
+    printed = re.search(r"records written to (\S+)", result.stdout)[1]
+    assert printed == str(written) and pastes(str(written.parent))  # quotes, commas and brackets left out
 
 
 def test_help_starts_with_every_mode_one_line_each():
@@ -74,14 +128,14 @@ def test_each_report_and_study_gets_its_own_folder():
     def study(overrides):
         return ablate_run_dir("study", "demo_qa", "minilm", None, None, None, None, overrides).split("/")[-1]
 
-    assert re.fullmatch(r"finetuned-finetune\.trainer\.max_epochs=1-[0-9a-f]{8}",
+    assert re.fullmatch(r"finetuned-finetune\.trainer\.max_epochs-1-[0-9a-f]{8}",
                         study("study.finetune.trainer.max_epochs=1"))
     assert study("study.finetune.trainer.max_epochs=1") != study("study.finetune.trainer.max_epochs=2")
-    assert re.fullmatch(r"finetuned-finetune\.optim\.lr=1e-4,study=quick-[0-9a-f]{8}",
+    assert re.fullmatch(r"finetuned-finetune\.optim\.lr-1e-4\+study-quick-[0-9a-f]{8}",
                         study("++study.finetune.optim.lr=1e-4,study=quick"))  # as the command line reaches Hydra
     long = study("study.finetune.optim.lr=5e-5,study.syntax.syntax.conllu=/data/" + "x" * 300 + ".conllu")
-    assert re.fullmatch(r"finetuned-finetune\.optim\.lr=5e-5-[0-9a-f]{8}", long)  # cut after a whole override
-    assert study("study=paper").startswith("finetuned-study=paper-")
+    assert re.fullmatch(r"finetuned-finetune\.optim\.lr-5e-5-[0-9a-f]{8}", long)  # cut after a whole override
+    assert study("study=paper").startswith("finetuned-study-paper-")
 
 
 def test_a_failed_command_leaves_no_folder_and_a_finished_one_no_lock_file(tmp_path):

@@ -39,7 +39,7 @@ SMALL_STUDY = ["study.finetune.trainer.max_steps=2", "study.finetune.trainer.num
                "study.features.features.max_sequences=8", "study.features.features.js_max_sequences=2",
                "study.cluster.cluster.stability_fits=2", "study.cluster.cluster.perplexity=3",
                "study.syntax.syntax.max_sentences=40", "study.syntax.syntax.min_count=3",
-               "study.syntax.syntax.resamples=50", "study.tables.data.max_eval_examples=8",
+               "study.syntax.syntax.resamples=2000", "study.tables.data.max_eval_examples=8",  # the least a study takes
                "study.sweep.data.max_eval_examples=8", "study.importance.importance.max_examples=8",
                "study.prune_curve.importance.max_examples=8", "study.prune_curve.data.max_eval_examples=8",
                "study.prune_curve.prune_curve.random_seeds=[0]", "study.prune_curve.prune_curve.timing_rounds=1",

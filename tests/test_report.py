@@ -21,7 +21,7 @@ COLUMNS = ["job", "experiment", "model", "task", "checkpoint", "seed", "plan", "
            "renormalize", "split", "metric", "value", "baseline", "delta", "ci_low", "ci_high", "p_value",
            "p_adjusted", "n"]
 FAST = ["report.resamples=400", "report.permutations=400"]
-REPORT = "report-resamples=400,permutations=400"  # the report folder of these settings
+REPORT = "report-resamples-400+permutations-400"  # the report folder of these settings
 
 
 def holm(p):
@@ -108,7 +108,7 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
     assert "value (delta [90% CI]); * / ** Benjamini-Hochberg-adjusted p < 0.05 / 0.01" in again.stdout
     assert "failed or was killed" in again.stdout and "never ran" in again.stdout
     assert "mask.heads=L1H0" in again.stdout  # the job that never ran, by its overrides
-    other = sweep / "report-resamples=400,permutations=400,confidence=0.9,correction=bh"  # its settings' own folder
+    other = sweep / "report-resamples-400+permutations-400+confidence-0.9+correction-bh"  # its settings' own folder
     problems = pd.read_csv(other / "problems.csv")
     assert len(problems) == 2
     table = pd.read_parquet(other / "table.parquet")
@@ -170,7 +170,7 @@ def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(traine
             f"hydra.run.dir={tmp_path / 'seeds' / name}", cwd_tmp=root)
     run("ablate.py", "mode=report", f"sweep_dir={tmp_path / 'seeds'}", "report.formats=[png,pdf]", *FAST,
         f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
-    report = tmp_path / "seeds/report-resamples=400,permutations=400,formats=png+pdf"
+    report = tmp_path / "seeds/report-resamples-400+permutations-400+formats-png+pdf"
     table = pd.read_parquet(report / "table.parquet")
     assert table["checkpoint"].nunique() == 2
     seeds = pd.read_csv(report / "seeds.csv")
@@ -221,7 +221,7 @@ def test_a_sweep_reports_its_own_jobs_and_a_folder_of_two_configurations_is_refu
     run("ablate.py", *common, "mask.heads=L0,L2", "data.max_eval_examples=30", cwd_tmp=root)
     table = pd.read_parquet(sweep / REPORT / "table.parquet")  # the second sweep's report: its two jobs only
     assert sorted(table["rules"].unique()) == ["prune L0", "prune L2"] and (table["n"] == 30).all()
-    assert len(table) == 2 * 3 and table["job"].str.contains("max_eval_examples=30").all()
+    assert len(table) == 2 * 3 and table["job"].str.contains("max_eval_examples-30").all()
     refused = run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
                   cwd_tmp=root, check=False)
     assert_one_error_line(refused, "data.max_eval_examples=30 vs 40")
@@ -235,7 +235,7 @@ def test_two_presets_swept_into_one_folder_keep_their_jobs_apart(trained, tmp_pa
     jobs = sorted(p.parent for p in sweep.glob("sweep_heads/*/results.json"))
     assert [json.loads((job / "results.json").read_text())["config"]["mask"]["policy"] for job in jobs] == [
         "prune", "uniform"]
-    assert [job.name.split(",")[1] for job in jobs] == ["experiment=single_head", "experiment=single_head_uniform"]
+    assert [job.name.split("+")[1] for job in jobs] == ["experiment-single_head", "experiment-single_head_uniform"]
     run("ablate.py", "mode=report", f"sweep_dir={sweep}", *FAST, f"hydra.run.dir={tmp_path / 'r'}", cwd_tmp=root)
     table = pd.read_parquet(sweep / REPORT / "table.parquet")
     assert sorted(table.groupby("policy")["plan"].nunique().items()) == [("prune", 3), ("uniform", 3)]

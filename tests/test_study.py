@@ -26,7 +26,7 @@ from forked import HANG_GUARD, run_script
 pytestmark = pytest.mark.slow
 STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "robustness", "importance",
           "prune_curve", "report"]
-REPORT = "report-resamples=200,permutations=200"  # the tables' and sweep's report folder: study=quick's statistics
+REPORT = "report-resamples-2000+permutations-2000"  # the tables' and sweep's report folder: study=quick's statistics
 
 
 def command(folder: Path, *overrides: str) -> list[str]:
@@ -186,14 +186,20 @@ def test_study_md_numbers_equal_the_stage_files(finished):
 
 
 def test_the_findings_and_caveats_come_first_and_read_the_stage_files(finished):
-    """Findings and caveats open study.md, close the terminal's summary and sit in study.json; the tiny model's
-    clusters are not Guan et al.'s types, so their claims are 'not tested' with that reason; Michel et al.'s count is
-    the sweep report's heads with a significant loss; the prune curve shows the last step that kept the threshold."""
+    """Findings and caveats open study.md, close the terminal's summary and sit in study.json; study=quick is a smoke
+    run: study.md says so at its top and every claim reads 'not tested (quick run)', its numbers kept; the tiny
+    model's clusters are not Guan et al.'s types, which the reason adds; Michel et al.'s count is the sweep report's
+    heads with a significant loss; the prune curve shows the last step that kept the threshold."""
     folder, out = finished
     text, summary = (folder / "study.md").read_text(), summary_of(folder)
     assert text.index("## Findings") < text.index("## Caveats") < text.index("## Baseline")
     assert "How a claim gets its verdict" in text and "findings (verdict: claim" in out and "caveat: One seed" in out
+    assert text.index("**A smoke run (study.smoke=true") < text.index("## Findings")
+    assert "Its verdicts are not findings" in text and "note: A smoke run (study.smoke=true" in out
     findings = summary["findings"]
+    assert all(f["verdict"] == "not tested" and f["summary"].startswith("not tested (quick run") and
+               all(e["verdict"] == "not tested" for e in f["evidence"]) for f in findings.values())
+    assert re.search(r"^  not tested \(quick run\): Most single heads can be removed", out, re.M)
     assert findings["guan_table2_diagonal_vs_vertical_prune"]["verdict"] == "not tested"
     assert "not Guan et al.'s four types" in findings["guan_table2_diagonal_vs_vertical_prune"]["summary"]
     table = pd.read_csv(folder / f"sweep/seed0/{REPORT}/table.csv")
@@ -256,7 +262,7 @@ def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finish
                               "report.confidence=0.5", "report.correction=none", "logger=none"], cwd=ROOT,
                              env=environment(), capture_output=True, text=True, timeout=HANG_GUARD)
     assert by_hand.returncode == 0, by_hand.stderr[-2000:]
-    assert (table / "report-confidence=0.5,correction=none/plans_validation.md").is_file()
+    assert (table / "report-confidence-0.5+correction-none/plans_validation.md").is_file()
     assert {path: path.read_bytes() for path in (table / REPORT).iterdir()} == mine
     (table / REPORT / "plans_validation.md").write_text("| plan |\n|---|\n| hand-made |\n")
     out = study(folder).stdout
@@ -340,11 +346,11 @@ def test_a_study_with_other_settings_gets_its_own_folder_and_latest_follows(tmp_
     studies = tmp_path / "outputs/study/demo_qa/tiny_random"
     fine_tune()
     quick, = [p for p in studies.iterdir() if p.name != "latest"]
-    assert re.fullmatch(r"finetuned-study=quick-[0-9a-f]{8}", quick.name)
+    assert re.fullmatch(r"finetuned-study-quick-[0-9a-f]{8}", quick.name)
     first = (quick / "finetune/seed0/results.json").read_text()
     out = fine_tune("study.finetune.trainer.max_epochs=1")
     other, = [p for p in studies.iterdir() if p.name not in ("latest", quick.name)]
-    assert re.fullmatch(r"finetuned-finetune.trainer.max_epochs=1,study=quick-[0-9a-f]{8}", other.name)
+    assert re.fullmatch(r"finetuned-finetune.trainer.max_epochs-1\+study-quick-[0-9a-f]{8}", other.name)
     assert (quick / "finetune/seed0/results.json").read_text() == first and "settings changed" not in out
     assert json.loads((other / "finetune/seed0/results.json").read_text())["config"]["trainer"]["max_epochs"] == 1
     assert os.readlink(studies / "latest") == other.name
@@ -370,6 +376,7 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
         (["mask=prune", "mask.heads=L0"], "mode=study analyses the whole model"),
         (["+study.features.features.bogus=1"], "study.features: Key 'bogus' not in"),
         (["study.finetune.optim.lr=0"], "optim.lr=0.0"),
+        (["study.tables.report.resamples=200"], "study.tables.report.resamples=200 is below 2000: a verdict reads"),
         (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"], "mode=study runs its stages in one process"),
     ]
     folders = [tmp_path / f"case{i}" / "study" for i in range(len(cases))]

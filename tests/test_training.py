@@ -217,7 +217,7 @@ def test_a_named_multirun_runs_one_tracked_run_per_job_in_its_own_directory(tmp_
     run_ids = set()
     for seed, job in jobs.items():
         record = results(job)
-        assert f"seed={seed}" in job.name.split(",")  # the job's overrides name its directory
+        assert f"seed-{seed}" in job.name.split("+")  # the job's overrides name its directory
         assert (record["config"]["experiment"], record["config"]["group"]) == ("seeds", "seeds")
         offline_runs = list((job / "wandb").glob("offline-run-*"))
         assert len(offline_runs) == 1

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -159,6 +160,28 @@ def cut_at_comma(text: str, limit: int) -> str:
         return text
     head = data[:limit].decode(errors="ignore")
     return head[: head.rindex(",")] if "," in head else head
+
+
+# Folder names headlab makes from overrides or paths paste back unquoted into a Hydra override and a shell: Hydra reads
+# ``=`` ``,`` brackets, quotes, ``~`` and spaces as syntax (``mismatched input '='``), so these become other characters.
+PLAIN = {ord("="): "-", ord(","): "+", ord("/"): "_", **dict.fromkeys(map(ord, "[]{}()'\""))}
+ODD = re.compile(r"[^A-Za-z0-9_.+-]")  # what else is left out of a name: Hydra's or the shell's syntax
+
+
+def plain_text(text: str) -> str:
+    """``text`` in letters, digits and ``_ . + -``: ``=`` -> ``-``, ``,`` -> ``+``, ``/`` -> ``_``, brackets and quotes
+    dropped, any other character -> ``_`` (``mask.heads=[L0,L1],plan=x`` -> ``mask.heads-L0+L1+plan-x``)."""
+    return ODD.sub("_", text.translate(PLAIN))
+
+
+def plain_name(text: str, limit: int = NAME_LIMIT) -> str:
+    """``text`` (``key=value,...`` overrides) as a file or folder name of at most ``limit`` bytes that pastes back
+    as it is: ``plain_text`` of ``short_name``'s cut, with ``-`` and a hash of ``text`` when it held a character
+    besides letters, digits and ``_ . + - = , /`` (a list, a quote), which keeps apart the command lines that
+    ``plain_text`` alone would give one name (``x=[a,b]`` and ``x='a,b'``)."""
+    odd = ODD.search(text.translate({ord("="): None, ord(","): None, ord("/"): None})) is not None
+    name = plain_text(short_name(text, limit - 9 if odd else limit))
+    return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" if odd else name
 
 
 def config_hash(config: Any) -> str:

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.files import cut_at_comma, package_dir, short_name
+from headlab.files import cut_at_comma, package_dir, plain_name, plain_text, short_name
 
 
 def register_resolvers() -> None:
@@ -63,13 +63,14 @@ def config_groups(*unused: str) -> str:
 
 
 def job_dir_name(overrides: str) -> str:
-    """The overrides as one directory name (paths in values keep their slashes out: ``/`` -> ``~``); a long list is
-    cut to its first overrides and a hash of all (``short_name``): no name past the filesystem's 255 bytes, whatever
-    the command line (the full config is in the job's ``.hydra/``). Overrides whose values are paths come last, so
-    a cut keeps what a sweep varies (``plan=prune_dense`` of a sweep given ``mask.clusters=/a/long/path``)."""
+    """The overrides as one directory name that pastes back into an override as printed (``plain_name``:
+    ``mask.heads=L0,mask=prune`` -> ``mask.heads-L0+mask-prune``, paths' ``/`` -> ``_``); a long list is cut to its
+    first overrides and a hash of all (``short_name``): no name past the filesystem's 255 bytes, whatever the command
+    line (the full config is in the job's ``.hydra/``). Overrides whose values are paths come last, so a cut keeps
+    what a sweep varies (``plan=prune_dense`` of a sweep given ``mask.clusters=/a/long/path``)."""
     parts = re.split(r",(?=[+~]?[\w.@-]+=)", overrides) if overrides else []  # commas inside [..] or {..} stay
     ordered = sorted(parts, key=lambda part: "/" in part.partition("=")[2])
-    return short_name(",".join(ordered).replace("/", "~") or "defaults")
+    return plain_name(",".join(ordered) or "defaults")
 
 
 def checkpoint_tag(ckpt_path: str | None) -> str:
@@ -79,7 +80,7 @@ def checkpoint_tag(ckpt_path: str | None) -> str:
         return "pretrained"
     path = Path(ckpt_path).expanduser().absolute()
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
-    return f"{short_name(path.name.removesuffix('.ckpt') or 'root', 60)}-{digest}"
+    return f"{short_name(plain_text(path.name.removesuffix('.ckpt')) or 'root', 60)}-{digest}"
 
 
 FROM_JOBS = ("cluster", "compare", "report")  # modes that read other jobs' files: no model, task or checkpoint
@@ -113,15 +114,15 @@ LATEST = "latest"  # outputs/study/TASK/MODEL/latest: a link to the study starte
 
 def study_folder_name(study_checkpoint: str | None, overrides: str) -> str:
     """``finetuned`` (or the tag of ``study.checkpoint``), followed, when settings are overridden, by a readable
-    start of them and a hash of all: ``finetuned-finetune.trainer.max_epochs=1-3a9f01bc``. A study with other
-    settings keeps out of the folder of the earlier one; the seeds and stages to run (``study.seeds``,
-    ``study.stages``) are not settings of the study (``exclude_keys`` in ``conf/ablate.yaml``): more seeds or
-    another stage join the same folder."""
+    start of them (``plain_text``: it pastes back into an override) and a hash of all:
+    ``finetuned-finetune.trainer.max_epochs-1-3a9f01bc``. A study with other settings keeps out of the folder of the
+    earlier one; the seeds and stages to run (``study.seeds``, ``study.stages``) are not settings of the study
+    (``exclude_keys`` in ``conf/ablate.yaml``): more seeds or another stage join the same folder."""
     base = "finetuned" if study_checkpoint is None else checkpoint_tag(study_checkpoint)
     if not overrides:
         return base
     digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
-    readable = cut_at_comma(re.sub(r"(^|,)[+~]*(study\.)?", r"\1", overrides).replace("/", "~"), 80)  # ++study.x
+    readable = plain_text(cut_at_comma(re.sub(r"(^|,)[+~]*(study\.)?", r"\1", overrides), 80))  # ++study.x
     return f"{base}-{readable}-{digest}"
 
 

@@ -20,7 +20,7 @@ class WandbLoggerConfig:
     id: str | None = None  # null: the job's config hash
     tags: list[str] = field(default_factory=list)
     save_dir: str = "."
-    settings: dict[str, Any] | None = None  # wandb.Settings fields for wandb.init ({silent: true}: no console lines)
+    settings: dict[str, Any] | None = None  # wandb.Settings fields for wandb.init ({silent: false}: W&B's own lines)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A sweep's report on disk: the tidy table, the seeds' table layouts, plots, seeds, and what is missing.
 
 ``write_report(sweep_dir, settings)`` writes into ``sweep_dir/report/`` (``report_folder``: with settings other than
-the defaults, ``report-<the settings that differ>/``, e.g. ``report-confidence=0.5,correction=none/``, so that a
+the defaults, ``report-<the settings that differ>/``, e.g. ``report-confidence-0.5+correction-none/``, so that a
 report with other statistics never overwrites another's, a study's tables included):
 
 ==========================================  =====================================================
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from headlab.files import short_name, write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.files import plain_text, short_name, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import layouts, plots
 from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, across_seeds
 from headlab.reporting.sweep_table import load_sweep
@@ -63,8 +63,8 @@ DEFAULT_CORRECTION, DEFAULT_FORMATS = "holm", ("png",)
 
 def report_folder(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING,
                   correction: str = DEFAULT_CORRECTION, formats: tuple[str, ...] = DEFAULT_FORMATS) -> Path:
-    """``sweep_dir/report`` for the default settings, else ``sweep_dir/report-<key=value,...>`` of the settings
-    (as ``report.*`` keys) that differ from them: one folder per settings."""
+    """``sweep_dir/report`` for the default settings, else ``sweep_dir/report-<key-value+...>`` of the settings
+    (as ``report.*`` keys) that differ from them: one folder per settings, a name that pastes into an override."""
     ours = {"resamples": resampling.resamples, "permutations": resampling.permutations,
             "confidence": resampling.confidence, "ci_method": resampling.method, "seed": resampling.seed,
             "ci": resampling.intervals, "correction": correction, "formats": "+".join(formats)}
@@ -73,7 +73,7 @@ def report_folder(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMP
                 "seed": DEFAULT_RESAMPLING.seed, "ci": DEFAULT_RESAMPLING.intervals,
                 "correction": DEFAULT_CORRECTION, "formats": "+".join(DEFAULT_FORMATS)}
     differ = ",".join(f"{key}={value}" for key, value in ours.items() if value != defaults[key])
-    return Path(sweep_dir) / (f"report-{differ}" if differ else "report")
+    return Path(sweep_dir) / (f"report-{plain_text(differ)}" if differ else "report")
 
 
 def write_report(sweep_dir: str | Path, resampling: Resampling = DEFAULT_RESAMPLING,

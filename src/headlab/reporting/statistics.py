@@ -6,13 +6,16 @@ run, the delta = metric(ablated) - metric(baseline), with
 - a paired bootstrap CI: resample the examples (the same resample for both sides), recompute the
   metric on each; ``percentile``, ``basic`` or ``bca`` (default) as ``scipy.stats.bootstrap``, whose
   index stream is reproduced exactly (``numpy.random.default_rng(seed).integers(0, n, (batch, n))``
-  per batch), so the intervals equal scipy's for the same seed and batch (tested);
+  per batch), so the intervals equal scipy's for the same seed and batch (tested), but that a resample
+  tying with the observed delta up to rounding counts as a tie (``ties``): a delta's CI is then the same
+  alone and beside other plans;
 - a paired permutation p-value: swap each example's ablated and baseline records with probability
   1/2 (all 2^n swaps when that is at most ``permutations``), two-sided, counted as
   ``scipy.stats.permutation_test(permutation_type="samples")`` does (tested against it).
 
 The runs of a sweep share resamples: one matrix product per batch serves every run
 (``headlab.reporting.metric_sums``), which is what makes a 72-plan report cheap (BENCHMARKS.md).
+``value_interval``: one run's metric with its own bootstrap CI, drawn the same way (a study's baseline).
 Corrections across plans: Holm or Benjamini-Hochberg (as ``statsmodels.stats.multitest``, in numpy).
 """
 
@@ -57,6 +60,7 @@ class Resampling:
 
 
 DEFAULT_RESAMPLING = Resampling()
+TIES = 1e-9  # a resampled value within this share of the scores' size of the observed one ties with it (``ties``)
 
 
 @dataclass(frozen=True)
@@ -167,12 +171,29 @@ def bootstrap_distribution(deltas: _Deltas, config: Resampling) -> np.ndarray:
     return np.concatenate(out).T
 
 
-def confidence_intervals(deltas: _Deltas, observed: np.ndarray, config: Resampling) -> np.ndarray:
-    """``[runs, 2]`` (low, high) of each run's delta, as ``scipy.stats.bootstrap`` computes them."""
+def ties(observed: np.ndarray, theta: np.ndarray, magnitude: np.ndarray | None = None) -> np.ndarray:
+    """``[runs, 1]``: how far a resampled value may lie from the observed one and still tie with it. A resample that
+    draws each changed example once equals the observed delta, but its sums, taken over other weights (or beside
+    other runs in one matrix product), can differ in the last bits; BCa's bias correction counts the resamples below
+    the observed value, so those bits moved a row's CI with the plans beside it (+0.56 alone, +0.00 in its table).
+    ``TIES`` of the scores' ``magnitude`` (the values compared; else the largest delta): rounding, far below any
+    difference of scores that matters."""
+    scale = np.fmax(np.abs(observed), np.fmax.reduce(np.abs(theta), axis=1, initial=0.0))  # NaN: undefined
+    if magnitude is not None:
+        scale = np.fmax(scale, magnitude)
+    return (TIES * scale)[:, None]
+
+
+def confidence_intervals(deltas: _Deltas, observed: np.ndarray, config: Resampling,
+                         magnitude: np.ndarray | None = None) -> np.ndarray:
+    """``[runs, 2]`` (low, high) of each run's delta, as ``scipy.stats.bootstrap`` computes them (but for ties within
+    the rounding of sums of ``magnitude``, ``ties``)."""
     theta = bootstrap_distribution(deltas, config)  # [runs, resamples]
     alpha = (1 - config.confidence) / 2
     if config.method == "bca":
-        below = ((theta < observed[:, None]).sum(1) + (theta <= observed[:, None]).sum(1)) / (2 * theta.shape[1])
+        gamma = ties(observed, theta, magnitude)
+        below = ((theta < observed[:, None] - gamma).sum(1) + (theta <= observed[:, None] + gamma).sum(1)) \
+            / (2 * theta.shape[1])
         z0 = ndtri(below)
         jack = deltas.jackknife().T  # [runs, n]
         u = (deltas.n - 1) * (jack.mean(1, keepdims=True) - jack)
@@ -184,8 +205,8 @@ def confidence_intervals(deltas: _Deltas, observed: np.ndarray, config: Resampli
         for run, level in enumerate(levels):
             if np.isfinite(level).all():
                 out[run] = np.quantile(theta[run], level)
-        degenerate = (theta == theta[:, :1]).all(1)  # no variation: the interval is the point
-        out[degenerate] = theta[degenerate, :1]
+        degenerate = (np.abs(theta - theta[:, :1]) <= gamma).all(1)  # no variation: the interval is the point
+        out[degenerate] = observed[degenerate, None]
         return out
     out = np.quantile(theta, [alpha, 1 - alpha], axis=1).T
     if config.method == "basic":
@@ -261,10 +282,57 @@ def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config
     deltas = _Deltas(metric_for(metric, everything), runs, baseline)
     ablated, base, observed = deltas.observed()
     undefined = ~np.isfinite(observed)  # the metric is undefined on a side (Pearson's r of constant predictions)
-    ci = np.where(undefined[:, None], np.nan, confidence_intervals(deltas, observed, config))
+    magnitude = np.fmax(np.abs(ablated), np.abs(base))
+    ci = np.where(undefined[:, None], np.nan, confidence_intervals(deltas, observed, config, magnitude))
     p = np.where(undefined, np.nan, permutation_p_values(deltas, observed, config))
     return [PairedResult(metric, float(a), float(base), float(d), float(lo), float(hi), float(q), n)
             for a, d, (lo, hi), q in zip(ablated, observed, ci, p)]
+
+
+class _Values:
+    """One run's ``metric`` (no baseline) on resamples and jackknife samples: what ``confidence_intervals`` reads."""
+
+    def __init__(self, metric: SumMetric | RankMetric, records: Columns):
+        self.metric = metric
+        self.features = metric.features(records) if isinstance(metric, SumMetric) else np.stack(metric.columns(records))
+        self.n = len(self.features) if isinstance(metric, SumMetric) else self.features.shape[1]
+
+    def _finish(self, sums: np.ndarray, count: np.ndarray) -> np.ndarray:
+        return self.metric.finish(sums, count)[:, None]
+
+    def observed(self) -> np.ndarray:
+        if isinstance(self.metric, RankMetric):
+            return np.array([self.metric.statistic(*self.features)], dtype=np.float64)
+        return self._finish(self.features.sum(0)[None], np.array([float(self.n)]))[0]
+
+    def resampled(self, index: np.ndarray) -> np.ndarray:
+        if isinstance(self.metric, RankMetric):
+            return self.metric.statistic(*self.features[:, index])[:, None]
+        batch = len(index)
+        rows = (np.arange(batch)[:, None] * self.n + index).ravel()
+        weights = np.bincount(rows, minlength=batch * self.n).reshape(batch, self.n).astype(np.float64)
+        return self._finish(weights @ self.features, np.full(batch, float(self.n)))
+
+    def jackknife(self) -> np.ndarray:
+        if isinstance(self.metric, RankMetric):
+            keep = ~np.eye(self.n, dtype=bool)
+            return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
+        return self._finish(self.features.sum(0) - self.features, np.full(self.n, float(self.n - 1)))
+
+
+def value_interval(metric: str, records: Columns, config: Resampling = DEFAULT_RESAMPLING
+                   ) -> tuple[float, float, float]:
+    """``(value, low, high)``: ``metric`` on ``records`` with its bootstrap CI over the examples, drawn as the paired
+    deltas' (the same resamples for the same seed, ``config.method``): a baseline's own interval."""
+    n = len(records[next(iter(records.keys()))]) if len(records) else 0
+    if n < 2:
+        raise UserError(f"a bootstrap needs at least 2 examples; the records have {n}")
+    values = _Values(metric_for(metric, pd.DataFrame(dict(records))), records)
+    observed = values.observed()
+    if not np.isfinite(observed).all():
+        return float(observed[0]), float("nan"), float("nan")
+    low, high = confidence_intervals(values, observed, config)[0]
+    return float(observed[0]), float(low), float(high)
 
 
 def paired_ci(ablated: Columns, baseline: Columns, metric: str = "accuracy", *, resamples: int = 10_000,

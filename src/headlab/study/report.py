@@ -24,6 +24,9 @@ from headlab.study.report_types import baseline, comparison, head_types, tables
 from headlab.study.stages import Study
 
 COLLAPSE = 5  # files of this many sibling folders (a table's plans, a sweep's heads) are listed as one line
+SMOKE = ("A smoke run (study.smoke=true, as study=quick sets): it checks that the stages chain, not the science. Its "
+         "verdicts are not findings: every claim reads not tested (quick run). Run the study without study=quick "
+         "for findings.")
 
 
 def files(report: StudyReport) -> None:
@@ -75,7 +78,8 @@ def findings(report: StudyReport) -> None:
     report.markdown += ["", RULE]
     report.numbers["findings"] = findings_json(found)
     report.closing += ["findings (verdict: claim, source; numbers in study.md):",
-                       *(f"  {finding.counted()}: {finding.claim.text} ({finding.claim.source})" for finding in found)]
+                       *(f"  {finding.counted().replace('`', '')}: {finding.claim.text} ({finding.claim.source})"
+                         for finding in found)]
     caveats = study_caveats(files, study_command(report.study))
     report.section("Caveats")
     report.markdown += [line for caveat in caveats for line in (caveat, "")] or ["None found by the checks."]
@@ -105,6 +109,9 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
     report.markdown += [f"# headlab study: {cfg.model.name} on {cfg.task.name}", "",
                         f"Fine-tuned model(s): {names}. Every number is read from the stage file named beside it; "
                         f"paths are relative to `{study.folder}`."]
+    if cfg.study.get("smoke", False):
+        report.markdown += ["", f"**{SMOKE}**"]
+        report.console.append(f"note: {SMOKE}")
     if stale:
         warning = (f"Not this command's settings: the files of {', '.join(stale)} were computed with other settings "
                    "(or inputs) and were left out of this run; run those stages again to update them.")

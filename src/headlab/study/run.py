@@ -20,12 +20,14 @@ from rich.console import Console
 from headlab.errors import UserError
 from headlab.files import config_hash, folder_lock, read_json, short_name, write_json_atomic
 from headlab.study.interrupts import stopping_on_signals
+from headlab.study.schema import check_statistics
 from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
 
 LOCK_FILE = ".study.lock"
-REPORT_FORMAT = 5  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
-# orderings only where intervals separate them): a finished study's report is rewritten
+REPORT_FORMAT = 6  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
+# orderings only where intervals separate them; 6: no verdict at a floor or ceiling or in a smoke run, the findings
+# read the tables' intervals): a finished study's report is rewritten
 
 
 def study_group(folder: Path) -> str:
@@ -45,6 +47,7 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
     check_seeds(cfg)
     check_whole_model_one_process(cfg)
     stages = check_stages(cfg, done_stages(Path(folder)))
+    check_statistics(cfg)
     from headlab.core.model_files import model_shape  # torch and transformers load only once the config is sane
 
     model_shape(cfg.model)  # a hub model that cannot be reached fails here, before any stage
@@ -300,7 +303,8 @@ class StudyRun:
         for stage in STAGES[:-1]:
             marker = self.marker(stage)
             markers[stage] = None if marker is None else [marker.get("key"), marker.get("files")]
-        return {"stages": config_hash(markers), "format": REPORT_FORMAT}
+        return {"stages": config_hash(markers), "format": REPORT_FORMAT,
+                "smoke": bool(self.study.cfg.study.get("smoke", False))}
 
     def is_done(self, stage: str, key: dict[str, Any], check_files: bool = True) -> bool:
         """The stage's marker holds ``key``, each of its jobs' results are complete for its hash, and (unless

@@ -6,7 +6,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from headlab.study.stages import STAGES
+from headlab.errors import UserError
+from headlab.reporting.settings import MIN_RESAMPLES, MIN_RESAMPLES_WHY
+from headlab.study.stages import STAGE_MODES, STAGES
 
 
 @dataclass
@@ -19,6 +21,7 @@ class StudyConfig:
     """
 
     checkpoint: str | None = None  # a train.py job directory (or .ckpt) of this model and task: no fine-tuning
+    smoke: bool = False  # a run that checks the chain, not the science (study=quick): no claim gets a verdict
     seeds: list[int] = field(default_factory=lambda: [0])  # a fine-tuned model per seed
     stages: list[str] = field(default_factory=lambda: list(STAGES))  # run these (in the study's order)
     finetune: dict[str, Any] = field(default_factory=dict)
@@ -42,3 +45,24 @@ def open_stage_settings(arguments: list[str]) -> list[str]:
     any field of that stage's config (``study.syntax.syntax.conllu=FILE``), most of which ``conf/study/`` does not
     list, and Hydra refuses a key it does not list unless it is forced in (its error asked for ``+``)."""
     return [f"++{argument}" if _STAGE_SETTING.match(argument) else argument for argument in arguments]
+
+
+# The settings of the resampled intervals and p-values the verdicts read (docs/study.md, "How a claim gets its verdict")
+VERDICT_STATISTICS = {"tables": ("report.resamples", "report.permutations"),
+                      "sweep": ("report.resamples", "report.permutations"), "syntax": ("syntax.resamples",)}
+
+
+def check_statistics(study_cfg: Any) -> None:
+    """A ``UserError`` when a stage whose intervals or p-values the verdicts read has fewer than ``MIN_RESAMPLES``
+    resamples or permutations (its ``study.<stage>`` settings laid over the study's), before any stage runs."""
+    from omegaconf import OmegaConf
+
+    from headlab.study.configs import analysis_config
+
+    for stage, keys in VERDICT_STATISTICS.items():
+        cfg = analysis_config(study_cfg, stage, STAGE_MODES[stage], None, "preview")
+        for key in keys:
+            value = OmegaConf.select(cfg, key)
+            if value is not None and value < MIN_RESAMPLES:
+                raise UserError(f"study.{stage}.{key}={value} is below {MIN_RESAMPLES}: {MIN_RESAMPLES_WHY}; give "
+                                f"study.{stage}.{key}={MIN_RESAMPLES} or more")

@@ -284,10 +284,10 @@ def _print_summary(result: TrainResult, output_dir: Path, logger: Any, model_and
 
 
 def pasteable(key: str, value: Any) -> str:
-    """``key=value`` as one shell word that Hydra reads back as this very string (a job folder named by its
-    overrides holds ``=`` and ``,``, which Hydra would take for a sweep unless the value is quoted)."""
+    """``key=value`` as one shell word that Hydra reads back as this very string (a folder of the user's own may hold
+    ``=``, ``,`` or ``~``, which Hydra would take for a sweep or refuse unless the value is quoted)."""
     text = str(value)
-    if re.fullmatch(r"[\w./~+-]+", text):
+    if re.fullmatch(r"[A-Za-z0-9_./+-]+", text):
         return f"{key}={text}"
     return shlex.quote(f'{key}="' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
 

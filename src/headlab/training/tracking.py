@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,6 +10,7 @@ from typing import Any
 
 import hydra
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
 
@@ -16,8 +18,9 @@ def build_logger(logger_cfg: Any, run_id: str, run_name: str) -> Logger | None:
     """The configured Lightning logger, or None for ``logger=none``.
 
     W&B runs get a stable ``id`` (``run_id``, a hash of the job's config) when the config leaves
-    it null, so rerunning a job continues its W&B run instead of starting a second one. In a multirun, or with
-    ``settings.silent`` (a study's jobs), W&B prints nothing and the job one line: the run and its folder.
+    it null, so rerunning a job continues its W&B run instead of starting a second one. W&B prints nothing (its
+    banner and summary are some 20 lines a job) and the job one line, ``wandb_line``; ``logger.settings.silent=false``
+    gives W&B's own lines back.
     """
     if logger_cfg is None or logger_cfg.get("_target_") is None:
         return None
@@ -26,24 +29,33 @@ def build_logger(logger_cfg: Any, run_id: str, run_name: str) -> Logger | None:
         fill["id"] = run_id
     if "name" in logger_cfg and logger_cfg.name is None:
         fill["name"] = run_name
-    quiet = "WandbLogger" in str(logger_cfg.get("_target_")) and (
-        in_multirun() or bool((logger_cfg.get("settings") or {}).get("silent")))
+    settings = logger_cfg.get("settings") or {}
+    quiet = "WandbLogger" in str(logger_cfg.get("_target_")) and settings.get("silent", True) is not False
     if quiet:  # W&B's own banner and summary are some 20 lines a job: one line of ours instead
-        fill["settings"] = {**(logger_cfg.get("settings") or {}), "silent": True}
+        fill["settings"] = {**settings, "silent": True}
     logger = hydra.utils.instantiate(logger_cfg, _convert_="all", **fill)  # plain dicts (W&B's settings)
     init = getattr(logger, "_wandb_init", None)  # Lightning passes anonymous=None to wandb.init, which W&B 0.31
     if isinstance(init, dict) and init.get("anonymous") is None:  # warns about ("has no effect") in every job
         init.pop("anonymous", None)
-    if quiet:
-        run = fill.get("id", logger_cfg.get("id"))
-        where = f"{logger_cfg.save_dir}/wandb/{'offline-' if logger_cfg.get('offline') else ''}run-*-{run}"
-        Console(soft_wrap=True).print(f"W&B: run {fill.get('name', logger_cfg.get('name'))} in {where}",
+    if quiet and rank_zero_only.rank == 0:  # one line, not one a DDP process
+        Console(soft_wrap=True).print(wandb_line(logger_cfg, fill.get("name", logger_cfg.get("name")),
+                                                 fill.get("id", logger_cfg.get("id")),
+                                                 alone=not in_multirun() and "silent" not in settings),
                                       markup=False, highlight=False)
     return logger
 
 
+def wandb_line(logger_cfg: Any, name: str, run_id: str, alone: bool) -> str:
+    """``W&B: run NAME in FOLDER``: the job's one line of W&B. A job run ``alone`` (not one of a multirun or a study,
+    whose jobs print a line each and whose study ends with the command that uploads all its runs) adds the command
+    that uploads its offline run."""
+    offline = bool(logger_cfg.get("offline")) or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
+    where = f"{logger_cfg.save_dir}/wandb/{'offline-' if offline else ''}run-*-{run_id}"
+    return f"W&B: run {name} in {where}" + (f" (offline; upload: wandb sync {where})" if offline and alone else "")
+
+
 def in_multirun() -> bool:
-    """The running job is one of a Hydra multirun (W&B is quiet there: one line a job)."""
+    """The running job is one of a Hydra multirun (its W&B line leaves out the upload command)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

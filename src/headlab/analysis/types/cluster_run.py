@@ -6,7 +6,8 @@ stability, embeds the heads and writes into the job directory:
 =========================  ==============================================================================
 ``clusters.json``          the clusters file of DESIGN.md section 5 (``labels``: head -> type, read by
                            ``cluster:NAME`` selectors and the Guan Table 2/3 presets), with the centroids,
-                           counts per layer, stability and the settings
+                           counts per layer, stability, the separation of the centroids (named only above 1,
+                           ``clusters.distinct``), the names the profiles gave and the settings
 ``heads.parquet`` / .csv   the features job's per-head table with ``cluster`` and the embeddings' coordinates
 ``types_per_layer.csv``    heads of each type per layer (Guan Fig. 3)
 ``embeddings.png``         t-SNE and MDS of the distance features, by cluster and by layer (Guan Fig. 2, Clark
@@ -30,7 +31,7 @@ from sklearn.manifold import MDS, TSNE
 
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.types.checks import UNREADABLE, check_features_file, features_job, unreadable_features
-from headlab.analysis.types.clusters import Clustering, fit_clusters, profiles, stability
+from headlab.analysis.types.clusters import Clustering, agreement, distinct, fit_clusters, profiles, refits
 from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.types.features_run import features_table
 from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
@@ -66,6 +67,19 @@ def profile_table(clustering: Clustering) -> str:
         "\n".join(rows)
 
 
+def naming(clustering: Clustering) -> str:
+    """How the clusters got their names, or why they have none."""
+    if clustering.by_hand:
+        return "named by hand"
+    if clustering.named:
+        return "named by their profiles, distinct beyond the noise of the fits"
+    if clustering.profile_names:
+        return ("not named: the centroids match Guan et al.'s profiles but lie closer together than their spread "
+                "across the stability fits; the heads did not separate into types")
+    return ("not named: k != 4 or the centroid profiles do not match Guan et al.'s dense / diagonal / dense_vertical "
+            "/ vertical (cluster.names=[...] names them)")
+
+
 def stability_note(share: float, threshold: float | None) -> str | None:
     """One ``note:`` line when fewer heads than ``threshold`` keep their type in every fit on half the data."""
     if threshold is None or share >= threshold:
@@ -86,19 +100,18 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     names = None if options.names is None else list(options.names)
     clustering = fit_clusters(points, options.k, options.method, cfg.seed, names)
     per_sequence = features.distance_sequences.reshape(features.num_sequences, -1, len(DISTANCE_BINS))
-    share, _ = stability(per_sequence, options.k, options.method, cfg.seed, options.stability_fits,
-                         options.stability_split)
+    fitted, centroids = refits(per_sequence, clustering.labels, options.k, options.method, cfg.seed,
+                               options.stability_fits, options.stability_split)
+    share, clustering = agreement(fitted), distinct(clustering, centroids)
     summary = identity.complete(write_clusters(cfg, features, clustering, share, path, source, identity.output_dir,
                                                logger))
     write_json_atomic(identity.output_dir / "results.json", summary)
     counts = ", ".join(f"{name} {count}" for name, count in summary["counts"].items())
-    naming = ("named by hand" if names else "named by their profiles" if clustering.named else
-              "not named: k != 4 or the centroid profiles do not match Guan et al.'s dense / diagonal / "
-              "dense_vertical / vertical (cluster.names=[...] names them)")
     silhouette = "" if clustering.silhouette is None else f", silhouette {clustering.silhouette:.3f}"
-    Console().print(f"{len(points)} heads in {options.k} clusters ({naming}): {counts}; stability "
-                    f"{share:.2%}{silhouette} -> {identity.output_dir / 'clusters.json'}\n{profile_table(clustering)}",
-                    markup=False, soft_wrap=True)
+    Console().print(f"{len(points)} heads in {options.k} clusters ({naming(clustering)}): {counts}; stability "
+                    f"{share:.2%}{silhouette}, separation {clustering.separation:.2f} -> "
+                    f"{identity.output_dir / 'clusters.json'}\n{profile_table(clustering)}", markup=False,
+                    soft_wrap=True)
     note = stability_note(share, options.min_stability)
     if note:
         Console().print(note, markup=False, soft_wrap=True)
@@ -128,10 +141,12 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
     write_frame_atomic(table, output_dir / "heads.csv")
     write_frame_atomic(per_layer, output_dir / "types_per_layer.csv")
     counts = {name: int((table["cluster"] == name).sum()) for name in order}
+    separation = None if np.isnan(clustering.separation) else clustering.separation  # NaN: a fit left a cluster empty
     write_json_atomic(output_dir / "clusters.json", {
         "model": source["model"], "task": source["task"], "checkpoint": source.get("checkpoint"),
         "labels": dict(zip(table["name"], names)), "names": clustering.names, "named": clustering.named,
-        "named_by_hand": options.names is not None,
+        "named_by_hand": options.names is not None, "profile_names": clustering.profile_names,
+        "separation": separation,
         "profiles": {n: dict(zip(("short", "long", "special"), p.tolist()))
                      for n, p in zip(clustering.names, profiles(clustering.centroids))},
         "method": options.method, "k": options.k, "seed": cfg.seed, "counts": counts,
@@ -157,8 +172,8 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
     return {"kind": "cluster", "group": cfg.group, "model": source["model"], "task": source["task"],
             "features": str(path.parent.absolute()), "k": options.k, "method": options.method,
             "named": clustering.named, "counts": counts, "stability": share, "silhouette": clustering.silhouette,
-            "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
-                      *(p.name for p in images.values())]}
+            "separation": separation, "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
+                                                 *(p.name for p in images.values())]}
 
 
 def summarize_sweep(sweep_dir: str | Path) -> pd.DataFrame | None:
@@ -174,7 +189,7 @@ def summarize_sweep(sweep_dir: str | Path) -> pd.DataFrame | None:
         rows.append({"job": str(path.parent.relative_to(sweep_dir)), "features": summary["features"],
                      "method": summary["method"], "k": summary["k"], "seed": summary["config"]["seed"],
                      "stability": summary["stability"], "silhouette": summary.get("silhouette"),
-                     "named": summary["named"],
+                     "separation": summary.get("separation"), "named": summary["named"],
                      "counts": " / ".join(f"{name} {count}" for name, count in summary["counts"].items())})
     if not rows:
         return None
@@ -187,6 +202,7 @@ def summarize_sweep(sweep_dir: str | Path) -> pd.DataFrame | None:
     text = shown.to_markdown(index=False, floatfmt=".4f")
     write_text_atomic(sweep_dir / "cluster_selection.md", text + "\n")
     Console().print(f"cluster jobs of {sweep_dir} (stability: share of heads labelled the same in every fit on "
-                    f"half the data; silhouette: -1..1, higher is better separated):\n{text}\n"
+                    f"half the data; silhouette: -1..1, higher is better separated; separation: the closest two "
+                    f"centroids over their noise, named above 1):\n{text}\n"
                     f"-> {sweep_dir / 'cluster_selection.csv'}", markup=False, soft_wrap=True)
     return table

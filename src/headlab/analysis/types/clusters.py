@@ -9,6 +9,12 @@
   different clusters and ``dense_vertical`` has more special-token attention than ``dense`` and less
   short-range attention than ``diagonal``; otherwise (and when k != 4) the clusters are ``cluster0..k-1``
   (name them by hand with ``names=``).
+- ``distinct``: the profile names stay only when the clusters are distinct beyond the noise of the fits: every two
+  centroids lie further apart than ``t * sqrt(s_i^2 + s_j^2)``, ``s_i`` the root mean square distance of the
+  stability fits' centroid i (a fit's features averaged over the heads of its aligned label i) from the full
+  fit's: the standard error of centroid i by half-sampling (McCarthy 1969); ``t`` Student's 97.5% quantile with
+  ``fits`` degrees of freedom. Each centroid's own spread counts, not that of the difference: conservative on
+  purpose, so that four centroids of one profile (a model whose heads are alike) are not named.
 - ``silhouette``: the heads' mean silhouette coefficient (Rousseeuw 1987; scikit-learn, Euclidean), for choosing k
   next to the stability (Guan et al.: "stable clustering results with 3 or 5 clusters", four read best).
 - ``stability``: Guan et al.'s Table 1 (after Von Luxburg 2010): ``fits`` fits on random halves of the
@@ -19,10 +25,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+from scipy.stats import t as student_t
 from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_score
 from sklearn.mixture import GaussianMixture
@@ -42,8 +49,11 @@ class Clustering:
     labels: np.ndarray
     centroids: np.ndarray
     names: list[str]
-    named: bool  # the profiles matched Guan et al.'s four types
+    named: bool  # the profiles matched Guan et al.'s four types (and, after ``distinct``, the clusters are distinct)
     silhouette: float | None  # mean silhouette coefficient; None when the heads fall into one cluster
+    separation: float | None = None  # ``separation`` of the centroids (above 1: distinct); None until measured
+    profile_names: list[str] | None = None  # the names the profiles gave (``name_clusters``), kept or not
+    by_hand: bool = False  # named by ``names=``
 
     def label_names(self) -> list[str]:
         return [self.names[label] for label in self.labels]
@@ -69,10 +79,16 @@ def fit_clusters(features: np.ndarray, k: int = 4, method: str = "kmeans", seed:
                         f"cluster0..cluster{k - 1}")
     model = _model(k, method, seed).fit(features)
     labels, centroids = _first_appearance(model.predict(features), _centroids(model))
-    names = list(names) if names is not None else name_clusters(centroids)
+    profile_names, by_hand = name_clusters(centroids), names is not None
+    names = list(names) if by_hand else profile_names
     used = len(set(labels.tolist()))
     silhouette = float(silhouette_score(features, labels)) if 2 <= used < len(features) else None
-    return Clustering(labels, centroids, names or [f"cluster{i}" for i in range(k)], names is not None, silhouette)
+    return Clustering(labels, centroids, names or numbered(k), names is not None, silhouette,
+                      profile_names=profile_names, by_hand=by_hand)
+
+
+def numbered(k: int) -> list[str]:
+    return [f"cluster{i}" for i in range(k)]
 
 
 def _first_appearance(labels: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,16 +151,30 @@ def align(labels: np.ndarray, reference: np.ndarray, k: int) -> np.ndarray:
 
 def stability(per_sequence: np.ndarray, k: int = 4, method: str = "kmeans", seed: int = 0, fits: int = 10,
               split: str = "sequences") -> tuple[float, np.ndarray]:
-    """(share of heads labelled the same in every fit, ``[fits, heads]`` aligned labels).
+    """(share of heads labelled the same in every fit, ``[fits, heads]`` aligned labels) of ``refits`` aligned to
+    the full fit."""
+    fitted, _ = refits(per_sequence, fit_clusters(per_sequence.mean(0), k, method, seed).labels, k, method, seed,
+                       fits, split)
+    return agreement(fitted), fitted
+
+
+def agreement(fitted: np.ndarray) -> float:
+    """The share of heads labelled the same in every fit of ``fitted`` ``[fits, heads]``."""
+    return float((fitted == fitted[0]).all(0).mean())
+
+
+def refits(per_sequence: np.ndarray, reference: np.ndarray, k: int = 4, method: str = "kmeans", seed: int = 0,
+           fits: int = 10, split: str = "sequences") -> tuple[np.ndarray, np.ndarray]:
+    """``fits`` fits on random halves: (``[fits, heads]`` labels aligned to ``reference``, ``[fits, k, 21]`` each
+    fit's centroids, its features' mean over the heads of each aligned label, NaN for a label without heads).
 
     ``per_sequence``: ``[sequences, heads, 21]`` features of each sequence; ``split``: ``sequences`` (fit on the
     features of a random half of the sequences) or ``heads`` (fit on a random half of the heads, predict all).
     """
-    sequences, heads, _ = per_sequence.shape
+    sequences, heads, bins = per_sequence.shape
     full = per_sequence.mean(0)
-    reference = fit_clusters(full, k, method, seed).labels
     rng = np.random.default_rng(seed)
-    fitted = []
+    fitted, centroids = [], []
     for fit in range(fits):
         if split == "sequences":
             if sequences < 2:
@@ -152,8 +182,29 @@ def stability(per_sequence: np.ndarray, k: int = 4, method: str = "kmeans", seed
             features = per_sequence[rng.choice(sequences, size=sequences // 2, replace=False)].mean(0)
             labels = _model(k, method, seed + fit + 1).fit(features).predict(features)
         else:
-            half = rng.choice(heads, size=max(k, heads // 2), replace=False)
+            features, half = full, rng.choice(heads, size=max(k, heads // 2), replace=False)
             labels = _model(k, method, seed + fit + 1).fit(full[half]).predict(full)
         fitted.append(align(labels, reference, k))
-    fitted = np.array(fitted)
-    return float((fitted == fitted[0]).all(0).mean()), fitted
+        centroids.append([features[fitted[-1] == c].mean(0) if (fitted[-1] == c).any() else np.full(bins, np.nan)
+                          for c in range(k)])
+    return np.array(fitted), np.array(centroids)
+
+
+def separation(centroids: np.ndarray, fitted: np.ndarray) -> float:
+    """The closest two of ``centroids`` ``[k, 21]`` relative to their noise (module docstring, ``distinct``): the
+    smallest ``|c_i - c_j| / (t * sqrt(s_i^2 + s_j^2))`` over pairs, ``fitted`` ``[fits, k, 21]`` the fits'
+    centroids; above 1, every two centroids are told apart. NaN when a fit left a cluster empty."""
+    spread = np.mean(((fitted - centroids) ** 2).sum(-1), axis=0)  # [k]: s_i^2
+    distance = np.linalg.norm(centroids[:, None] - centroids[None], axis=-1)
+    ratio = distance / np.sqrt(spread[:, None] + spread[None]) / student_t.ppf(0.975, len(fitted))
+    pairs = np.triu_indices(len(centroids), 1)
+    return float(np.nan) if np.isnan(ratio[pairs]).any() else float(ratio[pairs].min())
+
+
+def distinct(clustering: Clustering, fitted: np.ndarray) -> Clustering:
+    """``clustering`` with its ``separation`` from the fits' centroids ``fitted`` (``refits``); names from the profiles
+    stay only when it is above 1 (else ``cluster0..k-1``). Names given by hand stay."""
+    measured = replace(clustering, separation=separation(clustering.centroids, fitted))
+    if measured.named and not measured.by_hand and not measured.separation > 1:
+        return replace(measured, names=numbered(len(measured.centroids)), named=False)
+    return measured

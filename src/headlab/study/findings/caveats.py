@@ -1,5 +1,6 @@
-"""What limits the run's numbers, computed from its files: a baseline at the metric's ceiling, small samples, one
-seed, head types that earn their names narrowly, per-comparison CIs beside adjusted p-values."""
+"""What limits the run's numbers, computed from its files: a baseline at chance (its floor) or at the metric's
+ceiling, small samples, one seed, head types that earn their names narrowly, per-comparison CIs beside adjusted
+p-values."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import pandas as pd
 from headlab.analysis.types.clusters import name_margins
 from headlab.files import read_json
 from headlab.study.findings.inputs import StudyFiles
+from headlab.study.findings.limits import BOUNDED, Limit, baseline_limits
 
 CEILING = 5.0  # points of a 0-100 score: a baseline this close to the maximum leaves little room to drop
 SMALL = 30  # a CI from fewer examples (words, for a relation) is marked
 NARROW = 0.05  # a type whose centroid earns its name by less (a share of attention) fits Guan et al.'s poorly
-BOUNDED = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman")  # metrics whose maximum is the scale
 
 
 def baseline_value(files: StudyFiles, model: str) -> float | None:
@@ -25,11 +26,36 @@ def baseline_value(files: StudyFiles, model: str) -> float | None:
     return None
 
 
-def ceiling(files: StudyFiles) -> list[str]:
+def floor(files: StudyFiles, limits: dict[str, Limit] | None = None) -> list[str]:
+    """A model whose baseline's CI reaches chance (``headlab.study.findings.limits``); one whose chance is unknown."""
+    lines = []
+    for model, limit in (baseline_limits(files) if limits is None else limits).items():
+        if limit.kind == "floor":
+            lines.append(f"**Floor.** {model}'s unablated {limit.numbers()} reaches chance, "
+                         f"{limit.chance:.{limit.digits}f} ({limit.chance_is}): the model has not learned the task "
+                         "beyond what a model that learned nothing scores, so no plan can cost it anything, and every "
+                         f"ablation claim of {model} is not tested (more fine-tuning, more training data or a stronger "
+                         "model lifts it off the floor).")
+        elif limit.chance is None and files.metric.endswith(BOUNDED):
+            lines.append(f"**Floor.** Chance of {files.metric} on {model}'s examples could not be computed (the gold "
+                         "answers of its questions could not be read): its floor was not checked.")
+    return lines
+
+
+def ceiling(files: StudyFiles, limits: dict[str, Limit] | None = None) -> list[str]:
+    """A model whose baseline's CI reaches the maximum (its ablation claims are not tested), or whose baseline is
+    within ``CEILING`` points of it (drops are compressed)."""
     if not files.metric.endswith(BOUNDED):
         return []
+    limits = baseline_limits(files) if limits is None else limits
     lines = []
     for model in files.models:
+        limit = limits.get(model)
+        if limit is not None and limit.kind == "ceiling":
+            lines.append(f"**Ceiling.** {model}'s unablated {limit.numbers()} reaches its maximum {limit.maximum:g}: "
+                         "drops are compressed and gains cannot show, so every ablation claim of "
+                         f"{model} is not tested (harder or more evaluation data lowers it from the ceiling).")
+            continue
         value = baseline_value(files, model)
         if value is not None and value >= files.scale - files.points(CEILING):
             lines.append(f"**Ceiling.** {model}'s unablated {files.metric} is {value:.4g}, within {CEILING:g} points "
@@ -69,10 +95,14 @@ def seeds(files: StudyFiles, command: str) -> list[str]:
 
 
 def type_names(files: StudyFiles) -> list[str]:
+    """Clusters without Guan et al.'s names (``unseparated``), and named types that earn their names narrowly."""
     lines = []
     for model, job in files.model_jobs("cluster", ["pretrained", *files.models]):
         clusters = read_json(job / "clusters.json", "clusters")
-        if not clusters.get("named") or clusters.get("named_by_hand"):
+        if clusters.get("named_by_hand"):
+            continue
+        if not clusters.get("named"):
+            lines.append(unseparated(files, model, job, clusters))
             continue
         narrow = {name: margin for name, margin in name_margins(clusters["profiles"]).items() if margin < NARROW}
         if narrow:
@@ -83,6 +113,22 @@ def type_names(files: StudyFiles) -> list[str]:
     return lines
 
 
+def unseparated(files: StudyFiles, model: str, job, clusters: dict) -> str:
+    """The heads of ``model`` did not separate into Guan et al.'s four types: why, and what is not tested."""
+    k = len(clusters["names"])
+    if clusters.get("profile_names"):
+        separation = clusters.get("separation")
+        shown = "n/a: a fit left a cluster empty" if separation is None else f"{separation:.2f}, named above 1"
+        why = (f"its {k} centroids match the types' profiles but lie closer together than their spread across the "
+               f"stability fits on halves of the data (separation {shown})")
+    else:
+        why = f"k = {k}" if k != 4 else "its centroids' profiles do not match dense / diagonal / dense_vertical / " \
+            "vertical"
+    return (f"**Head types.** {model}'s heads did not separate into Guan et al.'s types ({why}: "
+            f"`{files.link(job / 'clusters.json')}`): its clusters are numbered cluster0..cluster{k - 1}, and the "
+            "claims about named types (Tables 2 and 3) are not tested on them.")
+
+
 def intervals(files: StudyFiles) -> list[str]:
     resampling, correction = files.reports.get("tables", (files.resampling, "holm"))
     if resampling.intervals == "simultaneous" or correction == "none":
@@ -91,10 +137,13 @@ def intervals(files: StudyFiles) -> list[str]:
     return [f"**Intervals and p-values.** The tables' CIs are per comparison ({resampling.confidence:g} each) while "
             f"their stars are {adjusted}-adjusted across the plans of a table: a CI that excludes 0 need not come "
             "with a star. `study.tables.report.ci=simultaneous` makes the intervals Bonferroni-adjusted too, so that "
-            "the two agree. The findings' CIs are per claim."]
+            "the two agree. A finding against the unablated model reads its table row (the same CI and p-value); one "
+            "between two plans has its own, per claim."]
 
 
 def study_caveats(files: StudyFiles, command: str) -> list[str]:
     """Every caveat that applies to this run, one paragraph each."""
-    return [*ceiling(files), *samples(files), *seeds(files, command), *type_names(files), *intervals(files)]
+    limits = baseline_limits(files)
+    return [*floor(files, limits), *ceiling(files, limits), *samples(files), *seeds(files, command),
+            *type_names(files), *intervals(files)]
 

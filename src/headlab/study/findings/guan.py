@@ -1,19 +1,24 @@
 """Guan et al. 2020's claims, read from the cluster, tables and compare stages.
 
-Table 2 and 3 claims compare two plans on the same examples: the paired difference of the main metric (a paired
-bootstrap CI, the tables' report settings; ``headlab.reporting.statistics``). Stability gets a Wilson interval over
-the heads (statsmodels); the change of types by layer, Newcombe's interval for a difference of two proportions.
+Table 2 and 3 claims compare two plans on the same examples: the paired difference of the main metric with its
+paired bootstrap CI and permutation p-value (``headlab.reporting.statistics``). A plan against the unablated model is
+a row of the table: the finding reads that row's CI and p-value, computed once by the tables' report; two plans are
+compared with the same settings (the tables' resamples, seed and method). Stability gets a Wilson interval over the
+heads (statsmodels); the change of types by layer, Newcombe's interval for a difference of two proportions.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import pandas as pd
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
 from headlab.files import read_json
-from headlab.reporting.statistics import paired_tests
+from headlab.reporting.statistics import family_level, paired_tests
 from headlab.study.findings.inputs import StudyFiles
-from headlab.study.findings.verdicts import Claim, Evidence, Finding, interval, not_tested, verdict
+from headlab.study.findings.verdicts import Claim, Evidence, Finding, checked_verdict, interval, not_tested, verdict
 
 GUAN = "Guan et al. 2020"
 STABILITY = Claim("guan_stability", "Heads fall into stable distance types: over 95% of heads keep their type in "
@@ -31,46 +36,99 @@ def plan_claims(files: StudyFiles) -> list[tuple[Claim, str, str, str, float]]:
         verb = "Pruning" if policy == "prune" else "Substituting uniform attention for"
         claims.append((Claim(f"guan_table2_diagonal_vs_vertical_{policy}",
                              f"{verb} diagonal heads costs more than {verb.lower()} vertical heads",
-                             f"{table2} (rows {rows})"), "table2", f"{policy}_vertical", f"{policy}_diagonal", 0.0))
+                             f"{table2} (rows {rows})", ablation=True),
+                       "table2", f"{policy}_vertical", f"{policy}_diagonal", 0.0))
     claims += [
         (Claim("guan_table2_dense_vs_vertical_prune", "Pruning dense heads costs more than pruning vertical heads",
-               f"{table2} (rows 2 vs 5)"), "table2", "prune_vertical", "prune_dense", 0.0),
+               f"{table2} (rows 2 vs 5)", ablation=True), "table2", "prune_vertical", "prune_dense", 0.0),
         (Claim("guan_table2_vertical_prune_cheap", "Pruning the vertical heads costs less than 1.5 points",
-               f"{table2} (row 5)"), "table2", "prune_vertical", "baseline", -files.points(1.5)),
+               f"{table2} (row 5)", ablation=True), "table2", "prune_vertical", "baseline", -files.points(1.5)),
         (Claim("guan_table2_dense_uniform_cheap", "Substituting uniform attention for the dense heads costs less "
-               "than 10 points (their attention values are trivial)", f"{table2} (row 8)"),
+               "than 10 points (their attention values are trivial)", f"{table2} (row 8)", ablation=True),
          "table2", "uniform_dense", "baseline", -files.points(10)),
         (Claim("guan_table2_dense_vertical_uniform", "Substituting uniform attention for the dense&vertical heads "
-               "costs more than for the dense heads", f"{table2} (rows 10 vs 8)"),
+               "costs more than for the dense heads", f"{table2} (rows 10 vs 8)", ablation=True),
          "table2", "uniform_dense", "uniform_dense_vertical", 0.0)]
     for table, note in (("table3", ""), ("table3_renormalized", ", renormalize=true")):
         claims += [
             (Claim(f"guan_{table}_diagonal_intra", f"Diagonal heads work within sentences: removing their "
                    f"intra-sentence attention costs more than removing their inter-sentence attention{note}",
-                   f"{table3} (rows 12 vs 13)"), table, "drop_inter_diagonal", "drop_intra_diagonal", 0.0),
+                   f"{table3} (rows 12 vs 13)", ablation=True),
+             table, "drop_inter_diagonal", "drop_intra_diagonal", 0.0),
             (Claim(f"guan_{table}_dense_vertical_inter", f"Dense&vertical heads carry information across sentences: "
                    f"removing their inter-sentence attention costs more than removing their intra-sentence "
-                   f"attention{note}", f"{table3} (rows 14 vs 15)"),
+                   f"attention{note}", f"{table3} (rows 14 vs 15)", ablation=True),
              table, "drop_intra_dense_vertical", "drop_inter_dense_vertical", 0.0)]
     return claims
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """One paired difference ``metric(kept) - metric(removed)``: its CI at ``level``, its permutation p-value."""
+
+    delta: float
+    low: float
+    high: float
+    p: float
+    n: int
+    level: float  # the CI's confidence
+    file: str  # where it was read or computed from, relative to the study
+    adjusted: float = math.nan  # the table's adjusted p-value (a row of a table only)
+    note: str = ""  # the table's note on a missing statistic
+
+
+def table_row(files: StudyFiles, table: str, model: str, plan: str) -> Comparison:
+    """``plan - baseline`` as the row of ``plan`` in the table's report (``table.csv``); NaN, with a note, without."""
+    report = files.report("tables", table, model)
+    found = pd.DataFrame()
+    if report is not None:
+        frame = pd.read_csv(report / "table.csv", float_precision="round_trip")
+        rows = frame[(frame["metric"] == files.metric) & (frame["split"] == files.split)]
+        found = rows[rows["plan"] == plan]
+    if not len(found):
+        nan = math.nan
+        return Comparison(nan, nan, nan, nan, 0, files.resampling.confidence, f"tables/{table}/{model}",
+                          note=f"the tables' report of {model} has no row of {plan}: run the tables stage again")
+    row = found.iloc[0]
+    resampling = files.reports.get("tables", (files.resampling, ""))[0]
+    level = family_level(resampling, int((rows["heads"] > 0).sum())).confidence  # simultaneous CIs: the family's
+    note = row.get("note", "")
+    return Comparison(float(row["delta"]), float(row["ci_low"]), float(row["ci_high"]), float(row["p_value"]),
+                      int(row["n"]), level, files.link(report / "table.csv"), float(row["p_adjusted"]),
+                      note if isinstance(note, str) else "")
+
+
+def comparison(files: StudyFiles, table: str, model: str, kept: str, removed: str) -> Comparison | None:
+    """``kept - removed`` of ``model``: the table's row when ``removed`` is the unablated model, else computed from
+    the two plans' records with the tables' settings; None when a plan's job is missing."""
+    first, second = files.job("tables", table, model, kept), files.job("tables", table, model, removed)
+    if first is None or second is None:
+        return None
+    if removed == "baseline":
+        return table_row(files, table, model, kept)
+    result = paired_tests(files.metric, [files.records(first)], files.records(second), files.resampling,
+                          names=[kept])[0]
+    return Comparison(result.delta, result.ci_low, result.ci_high, result.p_value, result.n,
+                      files.resampling.confidence, f"{files.link(first.parent)}/{{{kept},{removed}}}/records.parquet")
+
+
 def plan_finding(files: StudyFiles, claim: Claim, table: str, kept: str, removed: str, boundary: float) -> Finding:
-    """The paired difference ``metric(kept) - metric(removed)`` per fine-tuned model against ``boundary``."""
+    """The paired difference ``metric(kept) - metric(removed)`` per fine-tuned model against ``boundary``; inconclusive
+    when its CI and permutation p disagree about a difference from 0 (``checked_verdict``)."""
     evidence = []
+    digits = 2 if files.scale == 100 else 4
     for model in files.models:
-        first, second = files.job("tables", table, model, kept), files.job("tables", table, model, removed)
-        if first is None or second is None:
+        found = comparison(files, table, model, kept, removed)
+        if found is None:
             continue
-        result = paired_tests(files.metric, [files.records(first)], files.records(second), files.resampling,
-                              names=[kept])[0]
-        digits = 2 if files.scale == 100 else 4
-        numbers = (f"{files.metric} {kept} - {removed}: {interval(result.delta, result.ci_low, result.ci_high, digits)}"
-                   f" ({result.n} examples; boundary {boundary:+.{digits}f})")
-        where = f"{files.link(first.parent)}/{{{kept},{removed}}}/records.parquet"
-        evidence.append(Evidence(model, verdict(result.ci_low, result.ci_high, boundary), numbers, where,
-                                 {"value": result.delta, "low": result.ci_low, "high": result.ci_high,
-                                  "boundary": boundary, "examples": result.n}))
+        p = f"p {found.p:.3g}" + ("" if math.isnan(found.adjusted) else f", adjusted {found.adjusted:.3g}")
+        numbers = (f"{files.metric} {kept} - {removed}: {interval(found.delta, found.low, found.high, digits)} "
+                   f"({100 * found.level:.4g}% CI; {p}; {found.n} examples; boundary {boundary:+.{digits}f})")
+        outcome, why = checked_verdict(found.low, found.high, boundary, found.p, found.level)
+        evidence.append(Evidence(model, outcome, numbers, found.file,
+                                 {"value": found.delta, "low": found.low, "high": found.high, "p_value": found.p,
+                                  "confidence": found.level, "boundary": boundary, "examples": found.n},
+                                 note=why or found.note))
     if evidence:
         return Finding(claim, tuple(evidence))
     if any(job.startswith(f"tables/{table}/") for job in files.jobs("tables")):

@@ -33,9 +33,9 @@ RELATIONS = Claim("clark_relations", "Single heads track specific dependency rel
 OVERALL = Claim("clark_overall", "No single head does syntax well overall: the best head on all words beats the "
                 "best offset by less than 10 points", f"{CLARK}, Section 4 / Table 1")
 REDUNDANT = Claim("michel_single_heads", "Most single heads can be removed without a significant loss",
-                  f"{MICHEL}, Section 3 (Table 1)")
+                  f"{MICHEL}, Section 3 (Table 1)", ablation=True)
 PRUNING = Claim("michel_importance_pruning", "Pruning by importance keeps the score longer than pruning in random "
-                "orders", f"{MICHEL}, Section 5 (Figure 4)")
+                "orders", f"{MICHEL}, Section 5 (Figure 4)", ablation=True)
 OVERLAP = Claim("pande_local_syntactic", "Local and syntactic roles overlap: more heads hold both than if the roles "
                 "were independent", f"{PANDE}, question 1")
 LAYERS = Claim("pande_syntactic_layers", "Syntactic heads are in most layers", f"{PANDE}, question 2")

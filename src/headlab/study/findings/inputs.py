@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +27,19 @@ class StudyFiles:
     resampling: Resampling  # the tables' report settings: CIs of the findings use the same
     reports: dict[str, tuple[Resampling, str]] = field(default_factory=dict)  # stage -> its reports' settings
     alpha: float = 0.05
+    smoke: bool = False  # a smoke run (study=quick): no claim gets a verdict
+    version: str = "v1"  # SQuAD's (v2: unanswerable questions)
+    answers: Callable[[], Mapping[str, Sequence[str]]] | None = None  # SQuAD: question id -> its gold answers
     _jobs: dict[str, set[str]] = field(default_factory=dict)
+    _answers: Mapping[str, Sequence[str]] | None = None
+
+    def gold_answers(self, ids: list[str]) -> list[Sequence[str]] | None:
+        """The gold answers of the questions ``ids`` (``answers``, read once); None when they cannot be read."""
+        if self._answers is None and self.answers is not None:
+            self._answers = self.answers()
+        if self._answers is None or any(i not in self._answers for i in ids):
+            return None
+        return [self._answers[i] for i in ids]
 
     def jobs(self, stage: str) -> set[str]:
         """The job folders (relative to the study) of ``stage``'s last finished run."""
