@@ -149,7 +149,7 @@ def test_multirun_sweep_resumes_where_it_stopped(trained):
             f"hydra.sweep.dir={root / 'sweep'}"]
     run("ablate.py", *args, cwd_tmp=root)
     jobs = sorted((root / "sweep/eval").iterdir())
-    assert [j.name for j in jobs] == [f"data.max_eval_examples=40,mask.heads={h},mask=prune" for h in ("L0H0", "L1",
+    assert [j.name for j in jobs] == [f"data.max_eval_examples-40+mask.heads-{h}+mask-prune" for h in ("L0H0", "L1",
                                                                                                       "L2H3")]
     before = {j.name: results(j) for j in jobs}
     (jobs[1] / "results.json").unlink()  # as if the sweep had been killed during this job

@@ -121,6 +121,9 @@ def run_recipe(folder, replace: dict[str, str], where: str, words: list[str]) ->
     line = [filled(word, replace, folder) for word in words[1:]]
     if "syntax.parser=spacy" in line and not any(w.startswith("syntax.spacy_model=") for w in line):
         line.append(f"syntax.spacy_model={folder / 'parser'}")
+    if "mode=cluster" in line and not any(w.startswith(("cluster.k=", "cluster.names=")) for w in line):
+        # a tiny random model's heads do not separate into types (clusterN): named by hand, as a user would
+        line.append("cluster.names=[dense,diagonal,dense_vertical,vertical]")
     result = run(folder, words[0], *line)
     assert result.returncode == 0, f"{where}: {words[0]} {' '.join(line)}\n{result.stderr.strip()[-1500:]}"
 
