@@ -106,6 +106,8 @@ CASES = [
     ("ablate.py", ["mode=study", "study.stages=[]"], "study.stages=[] names no stage"),
     ("train.py", ["model=nope"], "model/nope"),
     ("train.py", ["model.random_init=false", "model.name_or_path=/no/such/model"], "/no/such/model"),
+    ("ablate.py", ["model=tiny_random", "model.name_or_path=FILES", "mode=eval"],  # a folder a random model ignored
+     "is not read by a random model (model.random_init=true)"),
     ("ablate.py", ["model=bert_base_uncased"], "google-bert/bert-base-uncased"),  # not cached, hub offline
     # task
     ("train.py", ["task=nope"], "task/nope"),

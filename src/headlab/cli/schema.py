@@ -58,6 +58,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.random_init and not self.name_or_path:
             raise UserError(f"model {self.name}: give model.name_or_path (hub name or folder), or random_init=true")
+        if self.random_init and self.name_or_path:  # the folder's weights and tokenizer would be silently unread
+            raise UserError(f"model {self.name}: model.name_or_path={self.name_or_path!r} is not read by a random "
+                            "model (model.random_init=true); add model.random_init=false to load it, or leave it out")
 
 
 @dataclass
