@@ -18,7 +18,7 @@ from headlab.tasks.hub_data import cached_rows
 from headlab.tasks.local_files import check_text_file, count_questions, count_rows
 
 log = logging.getLogger(__name__)
-REFERENCE_SPLITS = ("train", "validation")  # mask.reference values that name a split of the task (substitutes.SPLITS)
+REFERENCE_SPLITS = ("train", "validation")  # mask.reference values that name a split of the task
 
 
 def job_mask(cfg: Any) -> Any:

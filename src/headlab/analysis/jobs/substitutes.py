@@ -30,14 +30,13 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from headlab.analysis.jobs.checks import REFERENCE_SPLITS
 from headlab.core.plans import SUBSTITUTED, HeadPlan
 from headlab.core.substitutes.means import HeadMeans, head_means, load_means, save_means
 from headlab.core.substitutes.sources import derangement, resample_sources
 from headlab.errors import UserError
 from headlab.files import config_hash, path_stamp
 from headlab.training.datamodule import TaskDataModule
-
-SPLITS = ("train", "validation")  # mask.reference values that name a split of the task
 
 
 def uses_substitutes(plans: list[HeadPlan], estimates: tuple[str, ...] = ()) -> set[str]:
@@ -92,7 +91,8 @@ class JobSubstitutes:
         data.setup()
         found = data.num_examples[self.split]
         if found < self.examples:
-            where = mask.reference if mask.reference not in SPLITS else f"{mask.reference} (split {self.split})"
+            named = mask.reference in REFERENCE_SPLITS
+            where = f"{mask.reference} (split {self.split})" if named else mask.reference
             raise UserError(f"mask.reference={where} has {found} examples; mask.reference_examples="
                             f"{self.examples} needs that many (lower it, or use a larger reference set)")
         self.features, self.collator, self.batch_size = data.eval_features[self.split], data.collator, \
