@@ -5,6 +5,7 @@
         [--policy prune] [--rounds 3]
     python benchmarks/eval_speed.py importance [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
     python benchmarks/eval_speed.py pruned [--shape minilm|bert-base] [--task demo_qa] [--examples 200] [--rounds 5]
+    python benchmarks/eval_speed.py by_length [--task qnli_articles] [--examples 1000] [--batch 64] [--rounds 5]
 
 ``throughput``: what ``mode=eval`` runs once the baseline is cached (``Trainer.validate`` of a
 ``PlanEvaluator`` under a keep plan: forward, predictions, per-example losses and records, gathered)
@@ -22,6 +23,9 @@ importance seconds / evaluation seconds.
 ``pruned``: the forward pass over the same batches of the model with half of its heads (a random half, seed 0)
 removed by ``headlab.prune_heads`` against the full model (what ``mode=prune_curve`` times for its final mask),
 and the same half pruned by the ``prune`` plan (masked, not removed). The ratio is pruned seconds / full seconds.
+``by_length``: ``mode=eval``'s pass (``throughput``'s headlab side) over batches of rows of similar lengths (the
+default, ``TaskDataModule(by_length=True)``) against the same rows batched in file order. The ratio is by-length
+seconds / file-order seconds; the padded tokens of each side are printed.
 
 ``--shape minilm`` is the embedded MiniLM; ``bert-base`` a random BERT-base-sized model with the
 tiny tokenizer (speed does not depend on the weights). ``--device cuda --precision bf16-mixed`` runs both
@@ -188,6 +192,25 @@ def pruned(args) -> None:
            f"{half.counts()['prune']} of {shape[0] * shape[1]} heads removed", target="< 1", higher_is_better=False)
 
 
+def by_length(args) -> None:
+    cfg, data, model, trainer = setup(args)
+    keep = Variant("baseline", HeadPlan.keep_all(model.config.num_hidden_layers, model.config.num_attention_heads))
+
+    def evaluated(grouped: bool):
+        data.by_length = grouped
+        trainer.validate(PlanEvaluator(model, cfg.task, [keep], data.eval_examples), datamodule=data, verbose=False)
+
+    padded = {}
+    for grouped in (True, False):
+        data.by_length = grouped
+        padded[grouped] = sum(batch["input_ids"].numel() for batch in data.eval_dataloader("validation"))
+    tokens = sum(len(ids) for ids in data.eval_features["validation"]["input_ids"])
+    report(args, {"by_length": lambda: evaluated(True), "file_order": lambda: evaluated(False)},
+           lambda seconds: seconds, "s", f"{len(data.eval_features['validation'])} rows ({tokens} tokens), batch "
+           f"{args.batch}; padded tokens by length {padded[True]}, in file order {padded[False]}",
+           target="< 1", higher_is_better=False)
+
+
 def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
     names = list(sides)
     results: dict[str, list[float]] = {name: [] for name in names}
@@ -209,9 +232,9 @@ def report(args, sides: dict, value, unit: str, what: str, target: str, higher_i
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["throughput", "sweep", "importance", "pruned"])
+    parser.add_argument("what", choices=["throughput", "sweep", "importance", "pruned", "by_length"])
     parser.add_argument("--shape", default="minilm", choices=["minilm", "bert-base"])
-    parser.add_argument("--task", default="demo_qa", choices=["demo_qa", "demo_pairs"])
+    parser.add_argument("--task", default="demo_qa", choices=["demo_qa", "demo_pairs", "qnli_articles"])
     parser.add_argument("--examples", type=int, default=None, help="eval examples (default 200 / 32)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--policy", default="prune", choices=["prune", "uniform", "drop_intra", "drop_inter"])
@@ -228,7 +251,8 @@ def main() -> None:
     args.rounds = args.rounds or (3 if args.what == "sweep" else 5)
     if args.examples < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--examples, --batch and --rounds must be positive")
-    {"throughput": throughput, "sweep": sweep, "importance": importance, "pruned": pruned}[args.what](args)
+    {"throughput": throughput, "sweep": sweep, "importance": importance, "pruned": pruned,
+     "by_length": by_length}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,38 @@ def test_the_squad_articles_load_as_tasks():
             assert OmegaConf.select(cfg, "task.dataset") is None
 
 
+@pytest.mark.parametrize(("task", "name", "questions"), [("squad", "dev-v1.1.json", 10570),
+                                                         ("squad_v2", "dev-v2.0.json", 11873)])
+def test_offline_squad_validation_is_the_bundled_development_set(task, name, questions, tmp_path, monkeypatch):
+    """Offline with nothing cached, task=squad's validation split is the whole development set in its own order (the
+    two bundled parts joined again); its train split is refused in one line naming the bundled task."""
+    from hydra import compose, initialize_config_dir
+
+    from headlab.cli.schema import register_configs
+    from headlab.errors import UserError
+    from headlab.tasks.loading import read_squad_json
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("ablate", overrides=["model=tiny_random", f"task={task}"])
+    validation = load_task_data(cfg.task, ["validation"])["validation"]
+    assert len(validation) == questions
+    with pytest.raises(UserError, match=f"only the validation split .* task={task}_articles"):
+        load_task_data(cfg.task, ["train", "validation"])
+    if not (SOURCE / name).is_file():
+        pytest.skip(f"{SOURCE / name} (the source) is not beside this checkout")
+    source = json.loads((SOURCE / name).read_text())
+    rows = [(q["id"], a["title"], p["context"], q["question"], [x["text"] for x in q["answers"]],
+             [x["answer_start"] for x in q["answers"]]) for a in source["data"] for p in a["paragraphs"]
+            for q in p["qas"]]
+    assert [(r["id"], r["title"], r["context"], r["question"], r["answers"]["text"], r["answers"]["answer_start"])
+            for r in validation] == rows
+    assert read_squad_json(SOURCE / name).to_list() == validation.to_list()
+
+
 def _sentences(context: str) -> list[str]:
     """The sentences of ``context`` as ``unit=sentence`` cuts them (the documented rule, written out again)."""
     from headlab.core.units import split_sentences

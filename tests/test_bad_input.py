@@ -115,7 +115,7 @@ CASES = [
     ("train.py", ["task.data_files.train=/no/such.jsonl"], "/no/such.jsonl"),
     ("train.py", ["task=demo_qa", "task.version=v3"], "v3"),
     ("train.py", ["task=mrpc"], "nyu-mll/glue"),  # hub data set, not cached, hub offline
-    ("train.py", ["task=squad"], "or task=squad_articles (bundled offline)"),  # its bundled counterpart named
+    ("train.py", ["task=squad"], "not train; run once online to cache the data set, or use task=squad_articles"),
     # mask: groups, values, the selector grammar, files
     ("ablate.py", ["mask=zero"], "mask/zero"),
     ("ablate.py", ["mask=prune"], "mask.heads"),

@@ -31,6 +31,25 @@ def test_shards_cover_every_row_once_and_keep_groups_whole(world_size):
         ExactlyOnceSampler(groups, 2, 2)
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_by_length_each_process_reads_its_own_groups_longest_first(world_size):
+    """With row lengths, a process gets the rows it gets without them, whole groups in their own row order, the
+    groups ordered by their longest row (ties: the first row first)."""
+    groups = [0, 0, 0, 1, 2, 2, 3, 4, 4, 4, 4, 5, 6, 6, 7]
+    lengths = [9, 9, 4, 3, 7, 12, 3, 5, 5, 5, 2, 11, 3, 1, 7]
+    for rank in range(world_size):
+        plain = list(ExactlyOnceSampler(groups, world_size, rank))
+        by_length = list(ExactlyOnceSampler(groups, world_size, rank, lengths=lengths))
+        assert sorted(by_length) == plain
+        blocks = {}
+        for i in plain:
+            blocks.setdefault(groups[i], []).append(i)
+        expected = sorted(blocks.values(), key=lambda rows: (-max(lengths[i] for i in rows), rows[0]))
+        assert by_length == [i for rows in expected for i in rows]
+    everything = list(ExactlyOnceSampler(groups, 1, 0, lengths=lengths))
+    assert everything == [4, 5, 11, 0, 1, 2, 14, 7, 8, 9, 10, 3, 6, 12, 13]  # written out by hand
+
+
 def test_a_finished_job_releases_its_gloo_process_group(tmp_path):
     """Lightning destroys NCCL groups at exit only; a gloo group left to interpreter shutdown can abort the rank."""
     import torch.distributed as dist

@@ -18,7 +18,7 @@ from conftest import ROOT, in_parallel
 from forked import HANG_GUARD, run_script
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CHEAP_TASKS, CHEAP_MODELS = {"demo_qa", "demo_pairs"}, {"minilm", "tiny_random"}
+CHEAP_TASKS, CHEAP_MODELS = {"demo_qa", "demo_pairs", "qnli_articles"}, {"minilm", "tiny_random"}
 SHORTER = {"train.py": ["trainer.max_steps=2", "trainer.val_check_interval=1.0", "trainer.num_sanity_val_steps=0",
                         "data.max_train_examples=32", "data.max_eval_examples=16", "logger=csv"],
            "ablate.py": []}
@@ -67,7 +67,7 @@ def is_cheap(words: list[str]) -> bool:
     choices = dict(word.split("=", 1) for word in words[1:] if "=" in word and "." not in word.split("=")[0])
     if words[0] == "ablate.py":
         return choices.get("mode") == "demo" and "mask.clusters" not in " ".join(words)
-    return (choices.get("task", "demo_qa") in CHEAP_TASKS and choices.get("model", "minilm") in CHEAP_MODELS
+    return (choices.get("task", "qnli_articles") in CHEAP_TASKS and choices.get("model", "minilm") in CHEAP_MODELS
             and choices.get("trainer", "cpu") == "cpu" and "-m" not in words and "ckpt_path" not in choices
             and "compile" not in choices and not any("precision" in word for word in words))
 

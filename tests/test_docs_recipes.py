@@ -51,10 +51,21 @@ def recipes() -> list[tuple[str, list[str]]]:
     return sorted(chosen, key=lambda recipe: not any(w.startswith("hydra.run.dir=runs/") for w in recipe[1]))
 
 
-def placeholders(folder) -> dict[str, str]:
-    """Placeholder or example path -> the real folder it stands for."""
-    job, clusters, sweep = folder / "jobs/train", folder / "jobs/cluster", folder / "jobs/sweep"
-    return {"outputs/study/demo_qa/minilm/finetuned/finetune/seed0": str(job),
+TASKS = ("qnli_articles", "demo_qa")  # the default task first: the jobs a recipe's placeholders stand for, per task
+
+
+def recipe_task(words: list[str]) -> str:
+    """The task a recipe runs (``task=NAME``, else the default); its placeholders stand for that task's jobs."""
+    named = [word.split("=", 1)[1] for word in words if word.startswith("task=")]
+    return named[-1] if named and named[-1] in TASKS else TASKS[0]
+
+
+def placeholders(folder, task: str) -> dict[str, str]:
+    """Placeholder or example path -> the real folder it stands for (the jobs of ``task``)."""
+    jobs = folder / "jobs" / task
+    job, clusters, sweep = jobs / "train", jobs / "cluster", jobs / "sweep"
+    return {"outputs/study/qnli_articles/minilm/finetuned/finetune/seed0": str(job),
+            "outputs/train/qnli_articles/minilm/defaults": str(job),
             "outputs/train/demo_qa/minilm/defaults": str(job), "outputs/train/demo_qa/minilm/...": str(job),
             "outputs/ablate/sweep_heads/...": str(sweep),
             "outputs/ablate/multirun/guan2020_table2/demo_qa/minilm/train-1a2b3c4d": "@MULTIRUN@",
@@ -103,22 +114,26 @@ def prepare_folder(folder) -> dict[str, str]:
         (folder / f"own/{split}.tsv").write_text("review\tstars\n" + "".join(
             f"review {i} was {'fine' if i % 2 else 'poor'}\t{i % 2}\n" for i in range(24)))
     train_parser(folder / "parser")  # syntax.parser=spacy: a pipeline trained here stands for en_core_web_sm / trf
-    jobs = folder / "jobs"
-    setup = [("train.py", ["task=demo_qa", f"hydra.run.dir={jobs / 'train'}"]),  # the jobs the placeholders name
-             ("ablate.py", ["mode=features", f"ckpt_path={jobs / 'train'}", f"hydra.run.dir={jobs / 'f'}"]),
-             ("ablate.py", ["mode=cluster", f"cluster.features={jobs / 'f'}", f"hydra.run.dir={jobs / 'cluster'}",
-                            "cluster.names=[dense,diagonal,dense_vertical,vertical]"]),
-             ("ablate.py", ["mode=sweep_heads", f"ckpt_path={jobs / 'train'}", "mask.policy=prune",
-                            f"hydra.run.dir={jobs / 'sweep'}"])]
-    for script, words in setup:
-        result = run(folder, script, *words)
-        assert result.returncode == 0, result.stderr[-2000:]
-    return placeholders(folder)
+    for task in TASKS:  # the jobs the placeholders name, for each task a recipe may run
+        jobs = folder / "jobs" / task
+        setup = [("train.py", [f"task={task}", f"hydra.run.dir={jobs / 'train'}"]),
+                 ("ablate.py", ["mode=features", f"task={task}", f"ckpt_path={jobs / 'train'}",
+                                f"hydra.run.dir={jobs / 'f'}"]),
+                 ("ablate.py", ["mode=cluster", f"task={task}", f"cluster.features={jobs / 'f'}",
+                                f"hydra.run.dir={jobs / 'cluster'}",
+                                "cluster.names=[dense,diagonal,dense_vertical,vertical]"]),
+                 ("ablate.py", ["mode=sweep_heads", f"task={task}", f"ckpt_path={jobs / 'train'}",
+                                "mask.policy=prune", f"hydra.run.dir={jobs / 'sweep'}"])]
+        for script, words in setup:
+            result = run(folder, script, *words)
+            assert result.returncode == 0, result.stderr[-2000:]
+    return {task: placeholders(folder, task) for task in TASKS}
 
 
-def run_recipe(folder, replace: dict[str, str], where: str, words: list[str]) -> None:
-    """One recipe as written, its placeholders filled; an assertion error with its command and error if it fails."""
-    line = [filled(word, replace, folder) for word in words[1:]]
+def run_recipe(folder, replace: dict[str, dict[str, str]], where: str, words: list[str]) -> None:
+    """One recipe as written, its placeholders filled with its task's jobs; an assertion error with its command and
+    error if it fails."""
+    line = [filled(word, replace[recipe_task(words)], folder) for word in words[1:]]
     if "syntax.parser=spacy" in line and not any(w.startswith("syntax.spacy_model=") for w in line):
         line.append(f"syntax.spacy_model={folder / 'parser'}")
     if "mode=cluster" in line and not any(w.startswith(("cluster.k=", "cluster.names=")) for w in line):

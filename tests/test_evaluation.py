@@ -24,9 +24,10 @@ from headlab.training.modules import task_head
 register_configs()
 
 
-def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24, model: str = "tiny_random"):
+def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24, model: str = "tiny_random",
+          max_length: int = 64):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("ablate", overrides=[f"model={model}", f"task={task}", "task.max_length=64",
+        cfg = compose("ablate", overrides=[f"model={model}", f"task={task}", f"task.max_length={max_length}",
                                            *(["task.doc_stride=16"] if task == "demo_qa" else [])])
     data = TaskDataModule(cfg.task, cfg.model, unit=unit, eval_batch_size=7, max_eval_examples=examples,
                           cache_dir=tmp_path / "cache", train=False)
@@ -45,6 +46,32 @@ def setup(task: str, tmp_path, unit: str = "sentence", examples: int = 24, model
 def records_of(trainer, data, evaluator):
     trainer.validate(evaluator, datamodule=data, verbose=False)
     return evaluator.records
+
+
+@pytest.mark.parametrize("task", ["demo_pairs", "demo_qa"])
+def test_batches_by_length_give_every_example_its_file_order_records(task, tmp_path):
+    """Evaluation batches rows of similar lengths (a question's windows together): every example's loss and
+    prediction under each plan are those of the batches in file order, and the batches pad fewer tokens."""
+    cfg, data, model, trainer = setup(task, tmp_path, examples=40, max_length=256)  # long enough to vary
+    variants = [Variant("baseline", HeadPlan.keep_all(3, 4)),
+                Variant("drop_inter", HeadPlan.from_rules([{"heads": "L1", "policy": "drop_inter"}], 3, 4)),
+                Variant("uniform", HeadPlan.from_rules([{"heads": "H0-1", "policy": "uniform"}], 3, 4))]
+    padded = {}
+    records = {}
+    for by_length in (False, True):
+        data.by_length = by_length
+        loader = data.eval_dataloader("validation")
+        order = [int(i) for batch in loader for i in batch["example_index"]]
+        padded[by_length] = sum(batch["input_ids"].numel() for batch in loader)
+        records[by_length] = records_of(trainer, data, PlanEvaluator(model, cfg.task, variants, data.eval_examples))
+    assert sorted(order) == sorted(np.asarray(data.eval_features["validation"]["example_index"]).tolist())
+    assert order != sorted(order), "the rows must come in another order, or the comparison proves nothing"
+    assert padded[True] < 0.9 * padded[False]
+    for key, rows in records[False].items():
+        mine = records[True][key]
+        assert [r["example"] for r in mine] == [r["example"] for r in rows] == list(range(40))
+        np.testing.assert_allclose([r["loss"] for r in mine], [r["loss"] for r in rows], rtol=1e-5, atol=1e-6)
+        assert [r["prediction"] for r in mine] == [r["prediction"] for r in rows]
 
 
 @pytest.mark.parametrize("task", ["demo_pairs", "demo_qa"])

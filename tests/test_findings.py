@@ -174,6 +174,27 @@ def test_fine_tuning_compares_the_later_half_of_the_layers_with_the_earlier(tmp_
     assert evidence.verdict == expected and "layers 4-6" in evidence.numbers
 
 
+def test_a_change_of_type_between_numbered_clusters_is_not_tested(tmp_path):
+    """cluster0 of the pre-trained model's fit is not cluster0 (or dense) of the fine-tuned one's: mode=compare
+    leaves the change empty, and the claim is not tested, rather than every head 'changed'."""
+    from headlab.analysis.types.compare_run import comparison_tables
+
+    heads = [f"L{layer}H{head}" for layer in range(4) for head in range(3)]
+    pre = {h: f"cluster{i % 4}" for i, h in enumerate(heads)}
+    tuned = {h: ["dense", "diagonal", "vertical", "dense_vertical"][i % 4] for i, h in enumerate(heads)}
+    runs = [{"name": "pre-trained", "labels": pre, "named": False, "counts_per_layer": {}, "shape": [4, 3]},
+            {"name": "fine-tuned", "labels": tuned, "named": True, "counts_per_layer": {}, "shape": [4, 3]}]
+    table = comparison_tables(runs)["heads"]
+    assert table["changed/fine-tuned"].isna().all()
+    runs[0] |= {"labels": {h: tuned[h] if i % 3 else "dense" for i, h in enumerate(heads)}, "named": True}
+    changed = comparison_tables(runs)["heads"]["changed/fine-tuned"]
+    assert changed.tolist() == [bool(i % 3) is False and tuned[h] != "dense" for i, h in enumerate(heads)]
+    path = job(tmp_path, "compare/seed0")
+    table.to_csv(path / "heads.csv", index=False)
+    found = fine_tuning_finding(files_of(tmp_path))
+    assert found.verdict == NOT_TESTED and "numbered clusters of two fits are not the same types" in found.reason
+
+
 def syntax_csv(folder: Path, rows: list[tuple[str, float, float, float, float]]) -> None:
     path = job(folder, "syntax/pretrained")
     pd.DataFrame([{"relation": relation, "count": 100, "head": "L1H1", "direction": "dep->head", "accuracy": 0.5,

@@ -107,7 +107,7 @@ def prepared_jobs(folder, home) -> dict[str, str]:
     (``mask.clusters=clusters.json``), and ``runs/{features,cluster,importance,sweep_prune}_{squad,mrpc}`` of
     bert-base (the report of features.md); returns the placeholders' replacements."""
     large = ["model=bert_large_wwm_squad", "task=squad", "ckpt_path=null"]
-    first, then = [["train.py", "task=demo_qa", f"hydra.run.dir={folder / 'jobs/train'}"]], []  # JOB: MiniLM
+    first, then = [["train.py", f"hydra.run.dir={folder / 'jobs/train'}"]], []  # JOB: MiniLM, the default task
     for name, task in (("large", "squad"), ("squad", "squad"), ("mrpc", "mrpc")):
         model = large if name == "large" else ["model=bert_base_uncased", f"task={task}"]
         runs = folder / ("jobs" if name == "large" else "runs")
@@ -219,13 +219,13 @@ def test_the_cache_lookup_before_imports_finds_what_datasets_finds(standin, monk
     for name, repo in HUB_TASKS.items():
         subset = yaml.safe_load((ROOT / f"conf/task/{name}.yaml").read_text()).get("subset")
         assert len(cached_folders(repo, subset)) == 1, name
-        check_hub_dataset(name, repo, subset)
+        check_hub_dataset(name, repo, subset, ["train", "validation"])
         assert cached_rows(repo, subset, "train") == 48, name  # what val_check_interval is checked against
     with pytest.raises(UserError, match=r"'nyu-mll/glue' is neither in .*/nyu-mll___glue/ax holds no copy"):
-        check_hub_dataset("ax", "nyu-mll/glue", "ax")
+        check_hub_dataset("ax", "nyu-mll/glue", "ax", ["validation"])
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # datasets' own switch wins: online, the download may work
-    check_hub_dataset("ax", "nyu-mll/glue", "ax")
+    check_hub_dataset("ax", "nyu-mll/glue", "ax", ["validation"])
     monkeypatch.setenv("HF_DATASETS_CACHE", str(standin / "elsewhere"))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(UserError, match="elsewhere/nyu-mll___glue/mrpc"):
-        check_hub_dataset("mrpc", "nyu-mll/glue", "mrpc")
+        check_hub_dataset("mrpc", "nyu-mll/glue", "mrpc", ["train"])

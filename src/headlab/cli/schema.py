@@ -96,7 +96,7 @@ class TaskConfig:
         elif not self.dataset:
             raise UserError(f"task {self.name}: give task.dataset (a hub dataset) or task.data_files (local files)")
         else:
-            check_hub_dataset(self.name, self.dataset, self.subset)
+            check_hub_dataset(self.name, self.dataset, self.subset, list(self.eval_splits))
 
 
 @dataclass

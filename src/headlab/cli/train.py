@@ -13,7 +13,7 @@ from headlab.core.masks import check_mask, plan_from_mask, refuse_substituted
 from headlab.core.model_files import check_fits_positions, check_weights_folder, looks_local, model_shape
 from headlab.errors import UserError
 from headlab.study.interrupts import stopping_on_signals
-from headlab.tasks.hub_data import cached_rows
+from headlab.tasks.hub_data import cached_rows, check_hub_dataset
 from headlab.tasks.local_files import count_rows
 from headlab.training.batches import check_val_check_interval, world_size
 from headlab.training.checkpoints import check_lightning_checkpoint
@@ -30,6 +30,8 @@ def check_train_config(cfg: Any) -> None:
         raise UserError(f"ckpt_path={cfg.ckpt_path!r}: no such checkpoint file{kept} (or use ckpt_path=last / null)")
     refuse_substituted(plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name), "train.py")
     check_fits_positions(cfg.model, cfg.task.max_length)
+    if not cfg.task.get("data_files"):  # offline, a hub data set may have its validation split only
+        check_hub_dataset(cfg.task.name, cfg.task.dataset, cfg.task.get("subset"), [cfg.task.train_split])
     if not cfg.model.get("random_init") and looks_local(cfg.model.name_or_path):
         check_weights_folder(cfg.model.name_or_path, f"model.name_or_path={cfg.model.name_or_path!r}")
     if cfg.ckpt_path not in (None, "last"):

@@ -1,10 +1,11 @@
 """How much of a study is left: each stage's work, counted in example passes, times the seconds a pass took in the
 stages this run has finished.
 
-A pass is one example through the model, forward. The weights of the other kinds of work were measured on the
-MiniLM study of ``demo_qa`` (BENCHMARKS.md, the study's stage times): a training example costs about 3 passes
-(forward, backward, optimiser step); the single-head sweep about 0.4 a plan and example (it shares each batch between
-plans); a clustering job and a syntax sentence (short) about 100 and 1. The estimate is an "about": the prune curve
+A pass is one example through the model, forward, in an evaluation batch (rows of similar lengths). The weights of
+the other kinds of work were measured on the MiniLM study of ``qnli_articles`` (BENCHMARKS.md, the study's stage
+times): a training example costs about 5.5 passes (forward, backward, optimiser step, in a shuffled batch padded to
+its longest row); the single-head sweep about 0.6 a plan and example (it shares each batch between plans); a
+clustering job and a syntax sentence (short) about 100 and 1. The estimate is an "about": the prune curve
 stops when the metric falls, and the rate of the stages done carries over to the others.
 """
 
@@ -18,8 +19,8 @@ from typing import Any
 
 from headlab.files import read_json
 
-TRAIN_PASSES = 3.0  # a training example: forward, backward, step
-SWEEP_PASSES = 0.4  # a head's plan on an example in the single-head sweep
+TRAIN_PASSES = 5.5  # a training example: forward, backward, step
+SWEEP_PASSES = 0.6  # a head's plan on an example in the single-head sweep
 CLUSTER_PASSES = 100.0  # a clustering job (k-means fits, stability, plots)
 JS_PASSES = 4.0  # a sequence's Jensen-Shannon divergences between every pair of heads
 SYNTAX_SENTENCES = 500  # a treebank read whole (syntax.max_sentences=null): about the bundled UD EWT slice

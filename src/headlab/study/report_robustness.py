@@ -98,8 +98,13 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                 "removed_alone": {f"{p}/{t}": removed[p, t][0] for p, t in removed},
                 "shapley": {f"{p}/{t}": values[p, t][0] for p, t in values}, "conclusions": sentences,
                 "tied": tied}
-    report.console.append(f"robustness {name}: {held} of {len(sentences)} conclusions hold under "
-                          f"{', '.join(shapley)}")
+    stated = sum(not sentence.endswith(NO_ORDER) for sentence in sentences)
+    report.console.append(f"robustness {name}: {held} of {stated} conclusions hold under {', '.join(shapley)}"
+                          if stated else f"robustness {name}: no conclusion: every pair of types ties under {first} "
+                          "(their intervals overlap)")
+
+
+NO_ORDER = "so no order is stated"  # ends the sentence of a ranking whose every pair ties (not a conclusion)
 
 
 def conclusions(types: list[str], removed: dict, values: dict, methods: list[str],
@@ -128,7 +133,7 @@ def conclusions(types: list[str], removed: dict, values: dict, methods: list[str
              if (side := _side(values[first, a], values[first, b], larger=helpful))]
     if not order:
         sentences.append(f"the types by Shapley value: no two are separated by their intervals under {first} (every "
-                         "pair ties), so no order is stated")
+                         f"pair ties), {NO_ORDER}")
         return sentences, held, tied
     verdict, holds = _verdict(methods, {m: [(_side(values[m, a], values[m, b], larger=helpful), f"{a} > {b}")
                                             for a, b in order] for m in methods})

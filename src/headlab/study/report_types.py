@@ -37,7 +37,8 @@ def baseline(report: StudyReport) -> None:
     for name, _ in report.study.models:
         path = report.path("finetune", name, "results.json")
         if path.is_file():
-            metrics = read_json(path, "results")["metrics"]
+            results = read_json(path, "results")
+            metrics, counts = results["metrics"], results.get("num_evaluated") or {}
             source = report.link(path)
         else:  # study.checkpoint: the unablated evaluation of Table 2
             table = stage_report_folder(report.study, "tables", report.path("tables", "table2", name)) / "table.csv"
@@ -46,10 +47,11 @@ def baseline(report: StudyReport) -> None:
             frame = pd.read_csv(table)
             first = frame[frame["job"] == frame["job"].iloc[0]]
             metrics = {split: dict(zip(part["metric"], part["baseline"])) for split, part in first.groupby("split")}
+            counts = {split: int(part["n"].iloc[0]) for split, part in first.groupby("split")}
             source = report.link(table) + " (baseline)"
-        for split, values in metrics.items():
-            rows.append({"model": name, "split": split, **{k: f"{v:.4f}" for k, v in values.items()},
-                         "source": source})
+        for split, values in metrics.items():  # the fine-tuning's own evaluation: its examples, not the tables'
+            rows.append({"model": name, "split": split, "examples": counts.get(split, ""),
+                         **{k: f"{v:.4f}" for k, v in values.items()}, "source": source})
             report.numbers.setdefault("baseline", {}).setdefault(name, {})[split] = values
             report.console.append(f"baseline {name} {split}: {main_metric(report.study)} "
                                   f"{values.get(main_metric(report.study), float('nan')):.4f}")
@@ -161,7 +163,9 @@ def comparison(report: StudyReport) -> None:
     for name, path in report.sources("compare", "results.json", names + ["seeds"] * (len(names) > 1)):
         result = read_json(path, "compare results")
         pairs = "; ".join(f"{pair} {value:.4f}" for pair, value in result["ari"].items())
-        changed = "; ".join(f"{run}: {count} heads" for run, count in result["changed"].items())
+        changed = "; ".join(f"{run}: {count} heads" if count is not None else
+                            f"{run}: not compared (numbered clusters are not the same types)"
+                            for run, count in result["changed"].items())
         report.markdown += [f"Adjusted Rand index: {pairs}. Heads whose type changed: {changed} "
                             f"(`{report.link(path)}`).", ""]
         report.numbers.setdefault("compare", {})[name] = {"ari": result["ari"], "changed": result["changed"]}

@@ -41,21 +41,37 @@ def cached_folders(dataset: str, subset: str | None) -> list[Path]:
     return [path for path in root.glob(f"{subset or '*'}/*/*") if path.is_dir()]
 
 
-# Hub data sets with a bundled offline counterpart (a split of real text that ships with headlab).
-BUNDLED = {"rajpurkar/squad": "squad_articles", "rajpurkar/squad_v2": "squad_v2_articles"}
+# Hub data sets whose development set ships with headlab, split by article: (the bundled folder, its task)
+BUNDLED = {"rajpurkar/squad": ("squad_v1_articles", "squad_articles"),
+           "rajpurkar/squad_v2": ("squad_v2_articles", "squad_v2_articles")}
+BUNDLED_SPLITS = ("validation",)  # offline and not cached, a bundled data set has its development set only
+
+
+def bundled_offline(dataset: str, subset: str | None) -> bool:
+    """Offline, ``dataset`` is not cached and its development set ships with headlab: its validation split is read
+    from the bundled files (``headlab.tasks.squad_articles.development_set``)."""
+    return dataset in BUNDLED and hub_offline() and not cached_folders(dataset, subset)
 
 
 def not_found(task_name: str, dataset: str, why: str) -> UserError:
-    bundled = f", or task={BUNDLED[dataset]} (bundled offline)" if dataset in BUNDLED else ""
+    bundled = f", or task={BUNDLED[dataset][1]} (bundled offline)" if dataset in BUNDLED else ""
     return UserError(
         f"task {task_name}: dataset {dataset!r} is neither in the Hugging Face cache nor reachable on the hub ({why}); "
         f"run once online to cache it, or give local files with task.data_files='{{train: PATH, validation: PATH}}'"
         f"{bundled}")
 
 
-def check_hub_dataset(task_name: str, dataset: str, subset: str | None) -> None:
-    """Offline, a data set (config) that is not in the cache is an error now; online the download may still work."""
-    if hub_offline() and not cached_folders(dataset, subset):
+def check_hub_dataset(task_name: str, dataset: str, subset: str | None, splits: list[str]) -> None:
+    """Offline, a data set (config) that is not in the cache is an error now (online the download may still work),
+    unless every split of ``splits`` ships with headlab."""
+    if bundled_offline(dataset, subset):
+        missing = [split for split in splits if split not in BUNDLED_SPLITS]
+        if missing:
+            raise UserError(
+                f"task {task_name}: offline, only the {', '.join(BUNDLED_SPLITS)} split of {dataset!r} (its "
+                f"development set) ships with headlab, not {', '.join(missing)}; run once online to cache the data "
+                f"set, or use task={BUNDLED[dataset][1]} (the development set split by article, bundled offline)")
+    elif hub_offline() and not cached_folders(dataset, subset):
         where = datasets_cache() / "___".join([*dataset.split("/")[:-1], snake_case(dataset.split("/")[-1])])
         raise not_found(task_name, dataset, f"offline, and {where}/{subset or '*'} holds no copy")
 

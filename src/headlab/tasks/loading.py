@@ -18,7 +18,7 @@ from typing import Any
 import datasets
 
 from headlab.errors import UserError
-from headlab.tasks.hub_data import not_found
+from headlab.tasks.hub_data import BUNDLED, bundled_offline, check_hub_dataset, not_found
 from headlab.tasks.local_files import missing_columns, no_text
 from headlab.tasks.registry import TASK_TYPES
 
@@ -40,6 +40,7 @@ def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.Datas
     if task.get("data_files"):
         data = datasets.DatasetDict({split: _load_local(task, split) for split in splits})
     elif task.get("dataset"):
+        check_hub_dataset(task.name, task.dataset, task.get("subset"), splits)
         loaded = _load_hub_dataset(task)
         missing = [s for s in splits if s not in loaded]
         if missing:
@@ -58,6 +59,13 @@ def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.Datas
 
 
 def _load_hub_dataset(task: Any) -> datasets.DatasetDict:
+    if bundled_offline(task.dataset, task.get("subset")):
+        from headlab.tasks.squad_articles import DATA_DIR, development_set
+
+        folder = DATA_DIR / BUNDLED[task.dataset][0]
+        log.info("offline: task %s's validation split is the bundled development set (%s, both parts)", task.name,
+                 folder)
+        return datasets.DatasetDict({"validation": squad_dataset(development_set(folder), folder)})
     try:
         return datasets.load_dataset(task.dataset, task.get("subset"))
     except (ConnectionError, FileNotFoundError) as error:  # offline, unreachable, or no such dataset
@@ -95,9 +103,24 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
 
 def read_squad_json(path: str | Path) -> datasets.Dataset:
     """A SQuAD v1.1 / v2.0 JSON file as the hub's flat columns (id, title, context, question, answers)."""
-    path = Path(path)
     try:
-        articles = json.loads(path.read_text())["data"]
+        squad = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise _not_squad(path, error) from None
+    return squad_dataset(squad, path)
+
+
+def _not_squad(path: str | Path, error: Exception) -> UserError:
+    return UserError(
+        f"data file {str(path)!r} is not SQuAD JSON ({type(error).__name__}: {error}); expected "
+        '{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": '
+        '[{"text", "answer_start"}]}]}]}]}')
+
+
+def squad_dataset(squad: Any, path: str | Path) -> datasets.Dataset:
+    """SQuAD JSON (read from ``path``) as the hub's flat columns."""
+    try:
+        articles = squad["data"]
         rows = [
             {
                 "id": str(qa["id"]),
@@ -113,12 +136,8 @@ def read_squad_json(path: str | Path) -> datasets.Dataset:
             for paragraph in article["paragraphs"]
             for qa in paragraph["qas"]
         ]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise UserError(
-            f"data file {str(path)!r} is not SQuAD JSON ({type(error).__name__}: {error}); expected "
-            '{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": '
-            '[{"text", "answer_start"}]}]}]}]}'
-        ) from None
+    except (KeyError, TypeError) as error:
+        raise _not_squad(path, error) from None
     features = datasets.Features(
         {
             "id": datasets.Value("string"),

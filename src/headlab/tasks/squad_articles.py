@@ -6,8 +6,10 @@ writes ``src/headlab/tasks/data/squad_v1_articles/`` and ``squad_v2_articles/``:
 fifth article of the development set (the 1st, 6th, 11th, ...), ``train.json`` the others, each article whole and
 unchanged (its paragraphs, questions, ids and answers), so no paragraph and no article is in both parts: a model
 fine-tuned on ``train`` is scored on Wikipedia articles it never read. ``task=squad_articles`` (v1.1) and
-``task=squad_v2_articles`` read them offline. The sources' SHA-256 are checked against ``SOURCES``: the files are
-the official development sets as rebuilt from the SQuAD explorer pages (CC BY-SA 4.0; the folders' README says how).
+``task=squad_v2_articles`` read them offline, and offline ``task=squad`` / ``task=squad_v2`` read their validation
+split (the development set) as the two parts joined again in the source's order (``development_set``). The sources'
+SHA-256 are checked against ``SOURCES``: the files are the official development sets as rebuilt from the SQuAD
+explorer pages (CC BY-SA 4.0; the folders' README says how).
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ def split_articles(squad: dict) -> dict[str, dict]:
     parts = {"train": [a for i, a in enumerate(articles) if i % EVERY],
              "validation": [a for i, a in enumerate(articles) if not i % EVERY]}
     return {split: {"version": squad.get("version", ""), "data": chosen} for split, chosen in parts.items()}
+
+
+def development_set(folder: Path) -> dict:
+    """The development set ``folder`` (``squad_v1_articles`` ...) was split from: its articles in the source's order
+    (``split_articles`` undone)."""
+    parts = {split: json.loads((folder / f"{split}.json").read_text()) for split in ("train", "validation")}
+    held, kept = (iter(parts[split]["data"]) for split in ("validation", "train"))
+    total = sum(len(part["data"]) for part in parts.values())
+    articles = [next(kept) if i % EVERY else next(held) for i in range(total)]
+    return {"version": parts["validation"]["version"], "data": articles}
 
 
 def counts(squad: dict) -> tuple[int, int, int]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pyarrow.compute as pc
 from torch.utils.data import DataLoader, DistributedSampler
 
 from headlab.core.models import load_tokenizer
@@ -26,16 +27,24 @@ class ExactlyOnceSampler(DistributedSampler):
     features of one SQuAD question, which must be merged on one process). Processes may get
     different numbers of rows. Subclassing ``DistributedSampler`` keeps Lightning from
     replacing it.
+
+    ``lengths`` (tokens per row): the process's groups longest first (each group's rows adjacent and in order, ties
+    in row order), so that a batch pads its rows to about their own length: collated batches pad to their longest
+    row, and rows in file order pad the median pair of a GLUE-style split to twice its length. Every consumer keys
+    its outputs by ``example_index``, so the order changes no result.
     """
 
-    def __init__(self, groups: Sequence[int], num_replicas: int, rank: int):
+    def __init__(self, groups: Sequence[int], num_replicas: int, rank: int, lengths: Sequence[int] | None = None):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
         self.num_replicas, self.rank = num_replicas, rank
         starts = [i for i in range(len(groups)) if i == 0 or groups[i] != groups[i - 1]]  # first row of each group
         bounds = [*starts, len(groups)]
         first, last = (len(starts) * r // num_replicas for r in (rank, rank + 1))
-        self.indices = list(range(bounds[first], bounds[last]))
+        blocks = [range(bounds[g], bounds[g + 1]) for g in range(first, last)]  # this process's groups' rows
+        if lengths is not None:
+            blocks.sort(key=lambda rows: -max(lengths[i] for i in rows))  # stable: ties keep the row order
+        self.indices = [i for rows in blocks for i in rows]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
@@ -69,6 +78,7 @@ class TaskDataModule(pl.LightningDataModule):
         max_eval_examples: int | None = None,
         seed: int = 0,
         train: bool = True,
+        by_length: bool = True,
     ):
         super().__init__()
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
@@ -80,6 +90,7 @@ class TaskDataModule(pl.LightningDataModule):
         self.limits = {"train": max_train_examples, "eval": max_eval_examples}
         self.eval_splits = list(task.eval_splits)
         self.with_train = train  # False: evaluation only (the training split is neither read nor tokenised)
+        self.by_length = by_length  # evaluation batches of rows of similar lengths (ExactlyOnceSampler)
 
     def prepare_data(self) -> None:
         self.setup()
@@ -118,7 +129,10 @@ class TaskDataModule(pl.LightningDataModule):
     def eval_dataloader(self, split: str) -> DataLoader:
         features = self.eval_features[split]
         groups = features["example_index"] if "example_index" in features.column_names else range(len(features))
-        sampler = ExactlyOnceSampler(list(groups), *self._world())
+        lengths = None
+        if self.by_length:  # [rows]: tokens per row
+            lengths = pc.list_value_length(features.with_format("arrow")["input_ids"]).to_numpy()
+        sampler = ExactlyOnceSampler(list(groups), *self._world(), lengths=lengths)
         return DataLoader(features, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=self.collator,
                           num_workers=self.num_workers)
 

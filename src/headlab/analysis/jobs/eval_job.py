@@ -66,7 +66,8 @@ class EvalJob:
         # load, check and tokenise the data before the weights
         self.data = self._data_module(cfg.task) if evaluation else None
         self.estimation_data = None if estimation is None else self._data_module(
-            estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples)
+            estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples,
+            by_length=False)  # in file order, as HF's run_bertology: the batch granularity depends on the batches
         used = uses_substitutes(list(plans), estimates)
         self.substitutes = None if not used else JobSubstitutes(
             cfg, tokenizer_config(self.checkpoint, cfg.model), self.data or self.estimation_data, "resample" in used)

@@ -9,7 +9,8 @@ from a model of the same shape (layers x heads). The job directory gets:
 ``stability.csv`` / .md    each run's clustering stability and silhouette (Guan Table 1 layout: a column per run)
 ``types_per_layer.csv``    heads of each type per layer and run; ``types_per_layer.png`` side by side (Fig. 4),
                            each cluster in the colour of the first run's cluster it shares the most heads with
-``heads.parquet`` / .csv   per head: each run's label, whether it differs from the first run's, the shift of
+``heads.parquet`` / .csv   per head: each run's label, whether it differs from the first run's (empty unless both
+                           runs' clusters are named: numbered clusters of two fits are not the same types), the shift of
                            its distance features from the first run (L2 norm of the 21-dim difference), and
                            when every run's clusters are named: the type most runs give it (ties: the earliest
                            run's) and the share of runs that agree (e.g. over fine-tuning seeds)
@@ -62,10 +63,12 @@ def comparison_tables(runs: list[dict[str, Any]], syntax: list[Path] | None = No
     for run in runs:
         table[f"type/{run['name']}"] = labels[run["name"]]
     for run in runs[1:]:
-        table[f"changed/{run['name']}"] = np.array(labels[run["name"]]) != np.array(labels[first])
+        changed = np.array(labels[run["name"]]) != np.array(labels[first])
+        table[f"changed/{run['name']}"] = pd.array(changed if named(runs[0]) and named(run) else [pd.NA] * len(heads),
+                                                   dtype="boolean")
         shift = None if reference is None else _distance(run, heads)
         table[f"shift/{run['name']}"] = np.nan if shift is None else np.linalg.norm(shift - reference, axis=1)
-    if all(run.get("named") or run.get("named_by_hand") for run in runs):  # the same names mean the same types
+    if all(named(run) for run in runs):  # the same names mean the same types
         types = [Counter(row) for row in zip(*labels.values())]  # per head: runs per type, in run order
         table["modal_type"] = [count.most_common(1)[0][0] for count in types]
         table["agreement"] = [count.most_common(1)[0][1] / len(runs) for count in types]
@@ -74,6 +77,12 @@ def comparison_tables(runs: list[dict[str, Any]], syntax: list[Path] | None = No
     table = table[["layer", "head", "name", *table.columns[3:]]]
     return {"ari": ari, "transitions": transitions, "stability": stability, "types_per_layer": per_layer,
             "roles": roles, "heads": table}
+
+
+def named(run: dict[str, Any]) -> bool:
+    """The run's clusters carry type names (Guan et al.'s, or given by hand): the same name is the same type in
+    another named run, while ``cluster0`` of one fit is not ``cluster0`` of another."""
+    return bool(run.get("named") or run.get("named_by_hand"))
 
 
 def _distance(run: dict[str, Any], heads: list[str]) -> np.ndarray | None:
@@ -111,7 +120,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         "kind": "compare", "group": cfg.group,
         "runs": [{"name": r["name"], "path": r["path"], "model": r["model"], "task": r["task"]} for r in runs],
         "ari": {f"{a} vs {b}": float(ari.loc[a, b]) for i, a in enumerate(ari.index) for b in ari.index[i + 1:]},
-        "changed": {r["name"]: int(tables["heads"][f"changed/{r['name']}"].sum()) for r in runs[1:]},
+        "changed": {r["name"]: int(tables["heads"][f"changed/{r['name']}"].sum()) if named(runs[0]) and named(r)
+                    else None for r in runs[1:]},  # None: numbered clusters, types not comparable
         "same_type_in_every_run": agreed,
         "roles": tables["roles"].set_index("role")[[r["name"] for r in runs]].to_dict("index"),
         "syntax": None if syntax is None else [str(path.absolute()) for path in syntax],

@@ -154,11 +154,15 @@ def stability_finding(files: StudyFiles) -> Finding:
 
 def fine_tuning_finding(files: StudyFiles) -> Finding:
     """The share of heads whose type changed in the later half of the layers minus the earlier half (the middle
-    layer of an odd count left out), Newcombe's interval, above 0."""
-    evidence = []
+    layer of an odd count left out), Newcombe's interval, above 0. Only between named types: numbered clusters of two
+    fits are not the same types, so a change of label is not a change of type."""
+    evidence, unnamed = [], []
     for model, job in files.model_jobs("compare", files.models):
         heads = pd.read_csv(job / "heads.csv")
         changed = next(column for column in heads.columns if column.startswith("changed/"))
+        if heads[changed].isna().any():  # a run's clusters are numbered: cluster0 of one fit is not of another
+            unnamed.append(model)
+            continue
         layers = int(heads["layer"].max()) + 1
         half = layers // 2
         if not half:
@@ -177,6 +181,10 @@ def fine_tuning_finding(files: StudyFiles) -> Finding:
                                                                  "high": float(high), "boundary": 0.0}))
     if evidence:
         return Finding(FINE_TUNING, tuple(evidence))
+    if unnamed:
+        return not_tested(FINE_TUNING, "the pre-trained or the fine-tuned model's heads did not separate into named "
+                          f"types (compare/{', '.join(unnamed)}), and numbered clusters of two fits are not the same "
+                          "types")
     return not_tested(FINE_TUNING, "the compare stage did not run" if not files.jobs("compare") else
                       "the model has a single layer")
 
