@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ROOT, run
+from conftest import ROOT, assert_one_error_line, run
 from hydra import compose, initialize_config_dir
 
 from headlab.cli.schema import register_configs
@@ -199,6 +199,33 @@ def test_input_stamps_follow_what_a_config_names(tmp_path):
     assert input_stamps(config, INPUT_KEYS) == stamps
     (tmp_path / "weights/model.safetensors").write_text("other weights")
     assert input_stamps(config, INPUT_KEYS)["mask.clusters"] != stamps["mask.clusters"]
+    # a train.py job: its results.json and the weights in its model/ (written over by hand: not the job's any more)
+    (tmp_path / "job/model").mkdir()
+    (tmp_path / "job/model/model.safetensors").write_text("weights")
+    trained = input_stamps(config, INPUT_KEYS)["ckpt_path"]
+    assert trained == {"results.json": file_stamp(tmp_path / "job/results.json"),
+                       "model": {"model.safetensors": file_stamp(tmp_path / "job/model/model.safetensors")}}
+    (tmp_path / "job/model/model.safetensors").write_text("weights edited by hand")
+    assert input_stamps(config, INPUT_KEYS)["ckpt_path"] != trained
+
+
+def test_a_job_is_not_written_into_another_jobs_folder(trained, tmp_path):
+    """An eval job pointed at the fine-tuned model's own folder would write over its results.json (and so make it no
+    checkpoint any more); a fine-tuning pointed at an eval job's folder likewise: one error line, nothing written."""
+    root, _ = trained
+    job = tmp_path / "train"
+    shutil.copytree(root / "train", job)
+    before = (job / "results.json").read_bytes()
+    result = run("ablate.py", "mode=eval", f"ckpt_path={job}", "mask=prune", "mask.heads=L0",
+                 f"hydra.run.dir={job}", cwd_tmp=tmp_path, check=False)
+    assert_one_error_line(result, f"{job} holds the results of a train.py job; this ablate.py job (eval) would write")
+    assert (job / "results.json").read_bytes() == before
+    run("ablate.py", "mode=eval", f"ckpt_path={job}", "mask=prune", "mask.heads=L0", f"hydra.run.dir={tmp_path / 'e'}",
+        cwd_tmp=tmp_path)
+    evaluated = (tmp_path / "e/results.json").read_bytes()
+    result = run("train.py", "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'e'}", cwd_tmp=tmp_path, check=False)
+    assert_one_error_line(result, "holds the results of a mode=eval job; this train.py job (train) would write over")
+    assert (tmp_path / "e/results.json").read_bytes() == evaluated
 
 
 def test_a_checkpoint_written_again_at_the_same_path_runs_its_jobs_again(tmp_path, tiny_cfg):

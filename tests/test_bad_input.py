@@ -35,6 +35,7 @@ def make_files(folder):
     (folder / "importance_3x3.json").write_text(json.dumps({"importance": [[0.1] * 3] * 3}))  # the model is 3 x 4
     (folder / "clusters_l7.json").write_text(json.dumps({"labels": {"L7H0": "dense"}}))  # no layer 7
     (folder / "clusters_ok.json").write_text(json.dumps({"labels": {"L0H0": "dense", "L1H1": "vertical"}}))
+    (folder / "clusters_unnamed.json").write_text(json.dumps({"labels": {"L0H0": "dense", "L1H1": ""}}))
     (folder / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
     (folder / "empty_dir").mkdir()
     (folder / "blank.txt").write_text("\n  \n\n")
@@ -73,6 +74,21 @@ def make_files(folder):
         if cut:
             header = json.dumps({"w": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 4000]}}).encode()
             (job / "model/model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 99)
+    from safetensors.torch import save_file
+
+    for name, shape in (("job_electra/model", (3, 4)), ("weights_2x2", (2, 2))):  # save_pretrained folders
+        (folder / name).mkdir(parents=True)
+        (folder / name / "config.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": shape[0],
+                                                               "num_attention_heads": shape[1], "hidden_size": 8}))
+        save_file({"w": torch.zeros(1)}, folder / name / "model.safetensors")
+    (folder / "job_electra/results.json").write_text(json.dumps({"kind": "train", "complete": True,
+                                                                 "model": "tiny_electra", "task": "demo_pairs"}))
+    (folder / "job_no_config/model").mkdir(parents=True)  # weights without their config.json, a best.ckpt beside
+    (folder / "job_no_config/checkpoints").mkdir()
+    (folder / "job_no_config/checkpoints/best.ckpt").write_bytes(b"")
+    (folder / "job_no_config/results.json").write_text((folder / "job_electra/results.json").read_text().replace(
+        "tiny_electra", "tiny_random"))
+    save_file({"w": torch.zeros(1)}, folder / "job_no_config/model/model.safetensors")
     torch.save({"hyper_parameters": {"model": {"name": "tiny_random"}, "task": {"name": "demo_qa"}},
                 "state_dict": {}}, folder / "qa.ckpt")
     (folder / "cut.ckpt").write_bytes((folder / "qa.ckpt").read_bytes()[:200])
@@ -116,6 +132,8 @@ CASES = [
     ("train.py", ["task=demo_qa", "task.version=v3"], "v3"),
     ("train.py", ["task=mrpc"], "nyu-mll/glue"),  # hub data set, not cached, hub offline
     ("train.py", ["task=squad"], "not train; run once online to cache the data set, or use task=squad_articles"),
+    ("train.py", ["task.train_split=validation"], "task.train_split=validation is also in task.eval_splits"),
+    ("ablate.py", ["mode=study", "task=squad", "study=quick"], "only the validation split of 'rajpurkar/squad'"),
     # mask: groups, values, the selector grammar, files
     ("ablate.py", ["mask=zero"], "mask/zero"),
     ("ablate.py", ["mask=prune"], "mask.heads"),
@@ -133,6 +151,8 @@ CASES = [
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/missing.json"], "missing.json"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/clusters_l7.json"], "'L7H0'"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:diagonal", "mask.clusters=FILES/clusters_ok.json"], "'diagonal'"),
+    ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/clusters_unnamed.json"],
+     "cluster label of L1H1 in"),  # an empty type name
     # ablate.py mode=eval / sweep_heads: checkpoints, plans, presets (checked before weights load)
     ("ablate.py", ["mode=eval", "ckpt_path=/no/such.ckpt"], "/no/such.ckpt"),
     ("ablate.py", ["mode=eval", "ckpt_path=FILES/not_json.json"], "not a .ckpt"),
@@ -194,6 +214,12 @@ CASES = [
     # broken files where a job's weights, checkpoints or results should be
     ("ablate.py", ["mode=eval", "ckpt_path=FILES/job_truncated"], "model.safetensors' is truncated ("),
     ("ablate.py", ["mode=eval", "ckpt_path=FILES/job_no_weights"], "has no weights file"),
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/job_electra/model"],  # a job's model/: the job's record counts
+     "was trained with model=tiny_electra (this config: model=tiny_random)"),
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/weights_2x2"], "holds a model of 2 layers x 2 heads, but "
+     "model=tiny_random has 3 x 4"),
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/job_no_config"], "its model/ has no config.json (not saved whole); "
+     "pass its checkpoints/best.ckpt instead"),
     ("train.py", ["model.random_init=false", "model.name_or_path=FILES/job_truncated/model"], "is truncated"),
     ("train.py", ["ckpt_path=FILES/qa.ckpt"], "was trained with task=demo_qa (this config: task=demo_pairs)"),
     ("train.py", ["ckpt_path=FILES/cut.ckpt"], "cut.ckpt' is not a readable Lightning checkpoint"),

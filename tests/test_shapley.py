@@ -212,8 +212,8 @@ def test_shapley_on_albert_runs_without_a_cached_baseline(tmp_path):
      "shapley.target_se=SE"),
     (["mask.clusters=OTHER"], "was computed on model other_model; this job's model is tiny_random"),
     (["mask.clusters=NONE_TYPE"], "the head type 'none' cannot name a Shapley player"),
-    (["mask.clusters=EMPTY_TYPE"], "the head type '' cannot name a Shapley player"),  # coalitions.csv: an empty field
-    (["mask.clusters=BLANK_TYPE"], "the head type ' ' cannot name a Shapley player"),
+    (["mask.clusters=EMPTY_TYPE"], "must be a non-empty string (a type name), got ''"),  # refused for every mode
+    (["mask.clusters=BLANK_TYPE"], "must be a non-empty string (a type name), got ' '"),
 ])
 def test_bad_shapley_settings_fail_before_the_weights_load(trained, overrides, expected):
     root, _ = trained

@@ -30,6 +30,10 @@ def check_train_config(cfg: Any) -> None:
         raise UserError(f"ckpt_path={cfg.ckpt_path!r}: no such checkpoint file{kept} (or use ckpt_path=last / null)")
     refuse_substituted(plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name), "train.py")
     check_fits_positions(cfg.model, cfg.task.max_length)
+    if cfg.task.train_split in cfg.task.eval_splits:
+        raise UserError(f"task.train_split={cfg.task.train_split} is also in task.eval_splits="
+                        f"{list(cfg.task.eval_splits)}: the model would be scored on the examples it trained on; "
+                        "evaluate on a split of other examples")
     if not cfg.task.get("data_files"):  # offline, a hub data set may have its validation split only
         check_hub_dataset(cfg.task.name, cfg.task.dataset, cfg.task.get("subset"), [cfg.task.train_split])
     if not cfg.model.get("random_init") and looks_local(cfg.model.name_or_path):

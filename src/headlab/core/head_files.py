@@ -37,8 +37,9 @@ def load_clusters(source: str | Path | Mapping[str, Any], num_layers: int | None
         if canonical in spelled:
             raise UserError(f"clusters {_describe(source)} labels head {canonical} twice ({spelled[canonical]!r} and "
                             f"{head!r}); keep one")
-        if not isinstance(label, str):
-            raise UserError(f"cluster label of {head} in {_describe(source)} must be a string, got {label!r}")
+        if not isinstance(label, str) or not label.strip():  # "" would name no type: cluster: selects nothing by it
+            raise UserError(f"cluster label of {head} in {_describe(source)} must be a non-empty string (a type "
+                            f"name), got {label!r}")
         spelled[canonical], named[canonical] = head, label
     shape = data.get("shape") if "labels" in data else None
     if shape is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from headlab.errors import UserError
 from headlab.files import write_json_atomic
 
 
@@ -87,6 +88,20 @@ def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
 def _shown(value: Any, limit: int = 40) -> str:
     text = "(none)" if value is _ABSENT else json.dumps(value, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def refuse_another_job(results_path: Path, kind: str, script: str) -> None:
+    """A ``UserError`` where ``results_path`` holds the results of another kind of job (a ``train.py`` job's, another
+    mode's): running there would write over them (a fine-tuned model's folder made unusable as a checkpoint)."""
+    try:
+        previous = json.loads(Path(results_path).read_text())
+    except (OSError, ValueError):  # missing, partial or corrupt: nothing to lose
+        return
+    other = previous.get("kind") if isinstance(previous, dict) else None
+    if isinstance(other, str) and other != kind:
+        job = "a train.py job" if other == "train" else f"a mode={other} job"
+        raise UserError(f"{Path(results_path).parent} holds the results of {job}; this {script} job ({kind}) would "
+                        "write over them: give it a folder of its own (hydra.run.dir=...)")
 
 
 def already_done(results_path: Path, job_hash: str) -> dict[str, Any] | None:

@@ -42,12 +42,19 @@ def done_stages(folder: Path) -> set[str]:
     return {stage for stage in STAGES if (folder / stage / MARKER).is_file()}
 
 
+TRAIN_SPLIT_STAGES = {"finetune", "robustness", "importance", "prune_curve"}  # read the task's training split
+
+
 def check_study(cfg: Any, folder: str | Path) -> list[str]:
     """Everything about ``study`` that needs no weights; returns the stages to run, in order."""
     check_seeds(cfg)
     check_whole_model_one_process(cfg)
     stages = check_stages(cfg, done_stages(Path(folder)))
     check_statistics(cfg)
+    if set(stages) & TRAIN_SPLIT_STAGES and not cfg.task.get("data_files"):  # offline, a hub task may lack it
+        from headlab.tasks.hub_data import check_hub_dataset
+
+        check_hub_dataset(cfg.task.name, cfg.task.dataset, cfg.task.get("subset"), [cfg.task.train_split])
     from headlab.core.model_files import model_shape  # torch and transformers load only once the config is sane
 
     model_shape(cfg.model)  # a hub model that cannot be reached fails here, before any stage

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from headlab.core.model_files import check_weights_folder
+from headlab.core.model_files import check_weights_folder, config_json, model_shape
 from headlab.errors import UserError
 from headlab.files import read_json
 
@@ -63,17 +63,38 @@ def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> C
         refuse_plan_trained(ckpt_path, changed_heads_of_plan(record.get("plan")))
         weights = path / FINAL_WEIGHTS
         if not (weights / "config.json").is_file():
-            raise UserError(f"ckpt_path={ckpt_path!r}: the job has no final weights in {FINAL_WEIGHTS}/ (trained "
-                            "before headlab saved them); pass its checkpoints/last.ckpt instead")
+            what = (f"its {FINAL_WEIGHTS}/ has no config.json (not saved whole)" if weights.is_dir() else
+                    f"the job has no final weights in {FINAL_WEIGHTS}/ (trained before headlab saved them)")
+            saved = [name for name in ("last.ckpt", "best.ckpt") if (path / "checkpoints" / name).is_file()]
+            fix = f"pass its checkpoints/{saved[0]} instead" if saved else "train it again"
+            raise UserError(f"ckpt_path={ckpt_path!r}: {what}; {fix}")
         check_weights_folder(weights, f"ckpt_path={ckpt_path!r}")
         return Checkpoint("job", str(weights))
     if (path / "config.json").is_file():
         check_weights_folder(path, f"ckpt_path={ckpt_path!r}")
+        job = path.parent / "results.json"  # a train.py job's model/: what the job records is checked as for the job
+        if path.name == FINAL_WEIGHTS and job.is_file():
+            record = read_json(job, "results")
+            if isinstance(record, dict) and record.get("kind") == "train":
+                _check_trained_for(ckpt_path, record.get("model"), record.get("task"), model_cfg, task_cfg)
+        check_same_shape(path, model_cfg, ckpt_path)
         saved = read_json(path / "config.json", "model config")
         refuse_plan_trained(ckpt_path, changed_heads_of_plan(saved.get(PLAN_KEY) if isinstance(saved, dict) else None))
         return Checkpoint("pretrained", str(path))
     raise UserError(f"ckpt_path={ckpt_path!r} is a directory with neither results.json (a train.py job) nor "
                     f"config.json (save_pretrained); give {KINDS}")
+
+
+def check_same_shape(folder: Path, model_cfg: Any, ckpt_path: str) -> None:
+    """A ``UserError`` when the weights in ``folder`` are of another shape (layers x heads) than ``model_cfg``'s:
+    the plan and every head name would be of the wrong model."""
+    saved = config_json(OmegaConf.create({"name_or_path": str(folder)}))
+    shape = saved["num_hidden_layers"], saved["num_attention_heads"]
+    expected = model_shape(model_cfg)
+    if shape != expected:
+        raise UserError(f"ckpt_path={ckpt_path!r} holds a model of {shape[0]} layers x {shape[1]} heads, but "
+                        f"model={model_cfg.get('name')} has {expected[0]} x {expected[1]}: give the model config the "
+                        "weights were saved from")
 
 
 def check_lightning_checkpoint(path: Path, model_cfg: Any, task_cfg: Any) -> dict[str, Any]:

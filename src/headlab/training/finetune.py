@@ -27,7 +27,7 @@ from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
 from headlab.files import input_stamps, relative_paths, without_keys, write_json_atomic
 from headlab.files import job_hash as hash_of_job
-from headlab.reporting.results import TrainResult, already_done, note_why_again
+from headlab.reporting.results import TrainResult, already_done, note_why_again, refuse_another_job
 from headlab.training.batches import check_val_check_interval
 from headlab.training.checkpoints import FINAL_WEIGHTS, PLAN_KEY, check_lightning_checkpoint
 from headlab.training.datamodule import TaskDataModule
@@ -172,6 +172,7 @@ def computed_part(resolved: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> dict[str, Any]:
+    refuse_another_job(output_dir / "results.json", "train", "train.py")
     resolved, computed, inputs, job_hash = finetune_identity(cfg)
     checkpoint_dir = output_dir / "checkpoints"
     done = already_done(output_dir / "results.json", job_hash)

@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
 from headlab.files import input_stamps, job_hash, relative_paths, without_keys
-from headlab.reporting.results import already_done, library_versions, note_why_again
+from headlab.reporting.results import already_done, library_versions, note_why_again, refuse_another_job
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash (and headlab.files.RESULT_NEUTRAL).
@@ -90,6 +90,7 @@ def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str |
     @functools.wraps(run)
     def start(cfg: Any, output_dir: str | Path) -> Result:
         output_dir = Path(output_dir)
+        refuse_another_job(output_dir / "results.json", cfg.mode, "ablate.py")
         resolved, inputs, this_hash = hashed_config(cfg)
         done = already_done(output_dir / "results.json", this_hash)
         if done is not None:
