@@ -51,6 +51,7 @@ import lightning.pytorch as pl
 import torch
 from common import SHAPES, Parser, check_device, clock, machine
 from hydra import compose, initialize_config_dir
+from torch.utils.data import DataLoader
 
 from headlab.analysis.evaluation.sweep_heads import LayerSweepEvaluator
 from headlab.analysis.evaluation.sweep_plans import family_plans
@@ -63,7 +64,8 @@ from headlab.core.models import load_model, load_tokenizer
 from headlab.core.patch.ablate import ablate
 from headlab.core.plans import ESTIMATED, HeadPlan
 from headlab.core.pruning import prune_heads
-from headlab.training.datamodule import TaskDataModule
+from headlab.tasks.batches import collated
+from headlab.training.datamodule import ExactlyOnceSampler, TaskDataModule
 from headlab.training.modules import task_head
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,20 +117,35 @@ def on_device(batch: dict, device: torch.device) -> dict:
 def throughput(args) -> None:
     cfg, data, model, trainer = setup(args)
     keep = Variant("baseline", HeadPlan.keep_all(model.config.num_hidden_layers, model.config.num_attention_heads))
-    batches = list(data.eval_dataloader("validation"))
-    rows = sum(len(b["input_ids"]) for b in batches)
+    rows = len(data.eval_features["validation"])
 
     def plain():
         model.to(args.device)  # as the Trainer side does: Lightning moves the model back to the CPU after a run
+        loader = DataLoader(data.padded_rows("validation"), batch_size=args.batch, sampler=ExactlyOnceSampler(
+            order["groups"], 1, 0, lengths=order["lengths"]), collate_fn=collated,
+            pin_memory=args.device.type == "cuda")
         with torch.no_grad(), autocast(args):
-            for batch in batches:
+            for batch in loader:  # the same batches as headlab's, collated inside the timed run
                 out = model(**on_device(batch, args.device))
                 [value.cpu() for value in out.values() if isinstance(value, torch.Tensor)]
 
+    features = data.eval_features["validation"]
+    order = {"groups": list(features["example_index"]), "lengths": [len(ids) for ids in features["input_ids"]]}
     sides = {"headlab": lambda: trainer.validate(PlanEvaluator(model, cfg.task, [keep], data.eval_examples),
                                                  datamodule=data, verbose=False), "plain": plain}
     report(args, sides, lambda seconds: rows / seconds, "examples/s", f"{rows} rows, batch {args.batch}",
            target=">= 0.95", higher_is_better=True)
+
+
+def collate(args) -> None:
+    _, data, _, _ = setup(args)
+    features, collator = data.eval_features["validation"], data.collator
+    batches = [list(b) for b in DataLoader(range(len(features)), batch_size=args.batch)]  # [rows] per batch
+    padded = data.padded_rows("validation")
+    report(args, {"padded_rows": lambda: [padded.__getitems__(b) for b in batches],
+                  "collator": lambda: [collator(features.__getitems__(b)) for b in batches]},
+           lambda seconds: seconds, "s", f"{len(features)} rows, batch {args.batch}: the DataLoader's work per batch",
+           target="< 1", higher_is_better=False)
 
 
 def sweep(args) -> None:
@@ -212,7 +229,9 @@ def by_length(args) -> None:
 
 
 def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
-    names = list(sides)
+    if args.only is not None and args.only not in sides:
+        raise SystemExit(f"error: --only {args.only!r} is not a side of {args.what}; choose from {', '.join(sides)}")
+    names = [args.only] if args.only else list(sides)
     results: dict[str, list[float]] = {name: [] for name in names}
     ratios = []
     for round_ in range(args.rounds):
@@ -222,18 +241,19 @@ def report(args, sides: dict, value, unit: str, what: str, target: str, higher_i
             sides[name]()
             this[name] = value(clock(args.device) - start)
             results[name].append(this[name])
-        ratios.append(this[names[0]] / this[names[1]])
+        ratios.append(this[names[0]] / this[names[-1]])
         print(f"round {round_}: " + ", ".join(f"{n} {this[n]:.2f} {unit}" for n in names)
-              + f", ratio {ratios[-1]:.3f}", flush=True)
+              + ("" if args.only else f", ratio {ratios[-1]:.3f}"), flush=True)
     print(f"\n{machine(args.device)}, {args.precision}; {args.shape} on {args.task}: {what}; {args.rounds} rounds")
     print("median " + ", ".join(f"{n} {statistics.median(results[n]):.2f} {unit}" for n in names)
-          + f"; median ratio {names[0]} / {names[1]} {statistics.median(ratios):.3f} (target {target})")
+          + ("" if args.only else f"; median ratio {names[0]} / {names[1]} {statistics.median(ratios):.3f} "
+                                  f"(target {target})"))
 
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["throughput", "sweep", "importance", "pruned", "by_length"])
-    parser.add_argument("--shape", default="minilm", choices=["minilm", "bert-base"])
+    parser.add_argument("what", choices=["throughput", "sweep", "importance", "pruned", "by_length", "collate"])
+    parser.add_argument("--shape", default="minilm", choices=["minilm", "bert-base", "tiny", "dispatch"])
     parser.add_argument("--task", default="demo_qa", choices=["demo_qa", "demo_pairs", "qnli_articles"])
     parser.add_argument("--examples", type=int, default=None, help="eval examples (default 200 / 32)")
     parser.add_argument("--batch", type=int, default=32)
@@ -243,6 +263,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--rows", type=int, default=None, help="demo_pairs: validation rows repeated to this many")
+    parser.add_argument("--only", default=None, help="time this side alone, e.g. sweep_heads (no ratio)")
     args = parser.parse_args()
     args.device = check_device(parser, args.device)
     if args.rows is not None and (args.task != "demo_pairs" or args.rows < 1):
@@ -252,7 +273,7 @@ def main() -> None:
     if args.examples < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--examples, --batch and --rounds must be positive")
     {"throughput": throughput, "sweep": sweep, "importance": importance, "pruned": pruned,
-     "by_length": by_length}[args.what](args)
+     "by_length": by_length, "collate": collate}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The GPU rows of BENCHMARKS.md, in groups that each fit one call on the lent GPU machine (< 10 minutes):
 #
-#     bash benchmarks/gpu_rows.sh attention|train|eval|fused|tests [OUT_DIR]
+#     bash benchmarks/gpu_rows.sh one_call|attention|train|eval|fused|tests [OUT_DIR]
 #
+# one_call: what the GPU evaluation issue measures, in one call of the lent machine (~6 minutes, each section under
+#        its own time limit so that a slow one loses only itself): eval_speed.py throughput (mode=eval's pass vs a
+#        plain loop over its own DataLoader, BERT-base, bf16-mixed, 9,815 rows), attention_overhead.py on BERT-base and
+#        BERT-large shapes, the CUDA tests, sweep_heads alone over 9,815 rows, attention_overhead.py on RoBERTa,
+#        DeBERTa-v2 and ModernBERT (BERT-base shapes); needs pytest's wheels (below);
 # attention: attention_overhead.py on BERT-base and BERT-large shapes, bf16 (~4 min);
 # train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
 # eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min);
@@ -17,8 +22,8 @@
 set -euo pipefail
 group=${1:-}
 case "$group" in
-    attention|train|eval|fused|tests) ;;
-    *) echo "error: group must be one of attention, train, eval, fused, tests; got '$group'" >&2; exit 2 ;;
+    one_call|attention|train|eval|fused|tests) ;;
+    *) echo "error: group must be one of one_call, attention, train, eval, fused, tests; got '$group'" >&2; exit 2 ;;
 esac
 out=${2:-${OUT:-gpu-logs}}
 mkdir -p "$out"
@@ -34,7 +39,31 @@ run() {  # NAME ARGS...: one benchmark, its output to NAME.log (also shown)
     python3 "$@" 2>&1 | tee "$out/$name.log" | tail -n 16
 }
 
+section() {  # LOG LIMIT ARGS...: one benchmark under a time limit, its output appended to LOG.log
+    local log=$1 limit=$2; shift 2
+    echo "== $log (limit ${limit}s): python3 $*" | tee -a "$out/$log.log"
+    timeout "$limit" python3 "$@" >> "$out/$log.log" 2>&1
+    echo "exit status $?" >> "$out/$log.log"
+    tail -n 14 "$out/$log.log"
+}
+
 case "$group" in
+    one_call)
+        section eval 150 eval_speed.py throughput --device cuda --precision bf16-mixed --shape bert-base \
+            --task demo_pairs --rows 9815 --batch 128 --rounds 5
+        for shape in bert-base bert-large; do
+            section attention 75 attention_overhead.py --device cuda --dtype bfloat16 --shape "$shape" --rounds 9 \
+                --repeat 3
+        done
+        (cd .. && timeout 150 python3 -m pytest -o addopts= -q -ra -p no:cacheprovider \
+            tests/test_attention_contract.py -k cuda > "$out/tests.log" 2>&1; echo "exit status $?" >> "$out/tests.log")
+        tail -n 20 "$out/tests.log"
+        section sweep 150 eval_speed.py sweep --only sweep_heads --device cuda --precision bf16-mixed \
+            --shape bert-base --task demo_pairs --rows 9815 --batch 128 --rounds 1
+        for family in roberta deberta-v2 modernbert; do
+            section attention 45 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base \
+                --family "$family" --rounds 9 --repeat 3
+        done ;;
     attention)
         for shape in bert-base bert-large; do
             run "attention-$shape" attention_overhead.py --device cuda --dtype bfloat16 --shape "$shape" \

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from test_tasks import task_cfg
 
 from headlab.core.units import unit_ids
+from headlab.tasks.batches import PaddedRows
 from headlab.tasks.encoding import Collator, tokenize_split
 from headlab.tasks.loading import load_task_data
 
@@ -106,3 +108,31 @@ def test_a_tokenizer_changed_under_the_same_path_is_tokenised_again(tmp_path):
     third = tokenize_split(raw, task, after, "sentence", cache, "validation")
     assert path.stat().st_mtime_ns != mtime and list(third["input_ids"]) == list(second["input_ids"])
     assert json.loads(record.read_text())["unit"] == "sentence"
+
+
+@pytest.mark.parametrize("task_name,regression", [("demo_pairs", False), ("demo_qa", False), ("demo_pairs", True)])
+def test_padded_rows_pad_each_column_as_the_definition_does(tokenizer, tmp_path, task_name, regression):
+    """``PaddedRows`` batches against padding written here row by row: per-token columns to the longest row with
+    their pad values, pairs ``[batch, seq, 2]``, per-row columns as ``torch.tensor`` makes them; any row order,
+    repeated rows, one row, and a split seen through an index mapping (``select``)."""
+    task = task_cfg(task_name)
+    raw = load_task_data(task)["validation"].select(range(24))
+    features = tokenize_split(raw, task, tokenizer, "sentence", tmp_path, "validation", False)
+    pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "token_type_ids": 0, "sentence_ids": -1,
+            "context_offsets": [-1, -1]}
+    for data in (features, features.select([5, 3, 9, 1, 20, 2])):
+        padded = PaddedRows(data, tokenizer.pad_token_id, regression)
+        for rows in ([0], [4, 1, 3], [2, 2, 0, 5], list(range(len(data)))[::-1]):
+            batch = padded.__getitems__(rows)
+            longest = max(len(data[i]["input_ids"]) for i in rows)
+            assert set(batch) == set(data.column_names)
+            for name in data.column_names:
+                values = [data[i][name] for i in rows]
+                if name in pads:
+                    expected = torch.tensor([list(v) + [pads[name]] * (longest - len(v)) for v in values])
+                elif name == "labels":
+                    expected = torch.tensor(values, dtype=torch.float32 if regression else torch.long)
+                else:
+                    expected = torch.tensor(values)
+                assert batch[name].dtype == expected.dtype and torch.equal(batch[name], expected), name
+    assert "context_offsets" in features.column_names or task_name != "demo_qa"

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from headlab.core.models import load_tokenizer
 from headlab.errors import UserError
+from headlab.tasks.batches import PaddedRows, collated, column_values
 from headlab.tasks.encoding import Collator, tokenize_split
 from headlab.tasks.feature_cache import tokenizer_digest
 from headlab.tasks.loading import load_task_data
@@ -116,25 +117,40 @@ class TaskDataModule(pl.LightningDataModule):
             self.train_features = tokenize(train, self.task.train_split, True)
         self.eval_features = {split: tokenize(data, split, False) for split, data in self.eval_examples.items()}
         self.collator = Collator(tokenizer.pad_token_id, regression=self.task.type == "regression")
+        self._padded: dict[str | None, PaddedRows] = {}
+
+    def padded_rows(self, split: str | None) -> PaddedRows:
+        """An eval split's tokenised rows (None: the training split's) as padded batches (``PaddedRows``: the
+        collator's batches, made in one gather per column), built once."""
+        if split not in self._padded:
+            features = self.train_features if split is None else self.eval_features[split]
+            self._padded[split] = PaddedRows(features, self.collator.pad_token_id, self.collator.regression)
+        return self._padded[split]
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
+    def _pinned(self) -> bool:
+        """Batches in pinned memory when the trainer runs on a GPU: Lightning's copies then do not block."""
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
+
     def train_dataloader(self) -> DataLoader:
         """Shuffled per epoch from ``(seed, epoch)``, this process's share (``epoch_order``: resumable mid-epoch)."""
-        return train_loader(self.train_features, self.batch_size, self._world(), self.seed, collate_fn=self.collator,
-                            num_workers=self.num_workers)
+        return train_loader(self.padded_rows(None), self.batch_size, self._world(), self.seed,
+                            collate_fn=collated, num_workers=self.num_workers, pin_memory=self._pinned())
 
     def eval_dataloader(self, split: str) -> DataLoader:
         features = self.eval_features[split]
-        groups = features["example_index"] if "example_index" in features.column_names else range(len(features))
+        groups = column_values(features, "example_index") if "example_index" in features.column_names else \
+            range(len(features))
         lengths = None
         if self.by_length:  # [rows]: tokens per row
             lengths = pc.list_value_length(features.with_format("arrow")["input_ids"]).to_numpy()
         sampler = ExactlyOnceSampler(list(groups), *self._world(), lengths=lengths)
-        return DataLoader(features, batch_size=self.eval_batch_size, sampler=sampler, collate_fn=self.collator,
-                          num_workers=self.num_workers)
+        return DataLoader(self.padded_rows(split), batch_size=self.eval_batch_size, sampler=sampler,
+                          collate_fn=collated, num_workers=self.num_workers, pin_memory=self._pinned())
 
     def val_dataloader(self) -> list[DataLoader]:
         return [self.eval_dataloader(split) for split in self.eval_splits]

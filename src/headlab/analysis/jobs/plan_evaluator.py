@@ -19,6 +19,7 @@ import torch
 from headlab.core.losses import example_losses, span_losses
 from headlab.core.patch.ablate import ablate
 from headlab.core.plans import HeadPlan
+from headlab.tasks.batches import column_values
 from headlab.tasks.metrics import squad_scores
 from headlab.tasks.squad import AnswerCollector, best_spans
 from headlab.training.modules import gather_rows, question_losses
@@ -58,8 +59,11 @@ class PlanEvaluator(pl.LightningModule):
         self.splits = list(task.eval_splits)
         self.ids = {split: example_ids(examples[split]) for split in self.splits}
         if task.type == "extractive_qa":  # contexts and gold answer texts, read once
-            self.contexts = {split: list(examples[split]["context"]) for split in self.splits}
-            self.golds = {split: [a["text"] for a in examples[split]["answers"]] for split in self.splits}
+            self.contexts = {split: column_values(examples[split], "context") for split in self.splits}
+            self.golds = {split: [a["text"] for a in column_values(examples[split], "answers")]
+                          for split in self.splits}
+        self.task_type = task.type  # read per batch (an OmegaConf attribute costs ~70 us)
+        self.task_spans = (task.n_best, task.max_answer_length) if task.type == "extractive_qa" else None
         self.uses_units = any(v.uses_units for v in self.variants)
         self.substitutes = substitutes  # JobSubstitutes: what mean / resample heads take (None: no such head)
         self.resampled = any(v.plan.counts()["resample"] for v in self.variants)
@@ -85,7 +89,7 @@ class PlanEvaluator(pl.LightningModule):
         sources = self.substitutes.sources(self.model, batch, split) if self.resampled else None  # one forward
         for variant in self.variants:
             draws = 1
-            if variant.plan.counts()["resample"]:  # the batch once per draw, each with its draw's sources
+            if self.resampled and variant.plan.counts()["resample"]:  # the batch once per draw, with its sources
                 draws = self.substitutes.draws
                 outer = {name: t.repeat(draws, *[1] * (t.dim() - 1)) for name, t in inputs.items()}
                 outer["head_sources"] = sources
@@ -107,17 +111,18 @@ class PlanEvaluator(pl.LightningModule):
         """
         size = len(batch["input_ids"])
         per_draw = lambda t: t.reshape(draws, size, *t.shape[1:])  # noqa: E731  [draws, batch, ...]
-        repeated = lambda t: t.repeat(draws)  # noqa: E731
-        if self.task.type == "extractive_qa":  # start_logits, end_logits: [draws * batch, seq]
+        repeated = lambda t: t.repeat(draws) if draws > 1 else t  # noqa: E731
+        mean_of_draws = lambda t: per_draw(t).mean(0) if draws > 1 else t  # noqa: E731
+        if self.task_type == "extractive_qa":  # start_logits, end_logits: [draws * batch, seq]
             losses = span_losses(out.start_logits, out.end_logits, repeated(batch["start_positions"]),
                                  repeated(batch["end_positions"]), batch["attention_mask"].repeat(draws, 1))
-            start, end = (per_draw(x).mean(0) if draws > 1 else x for x in (out.start_logits, out.end_logits))
-            spans = best_spans(start, end, batch["context_offsets"], self.task.n_best, self.task.max_answer_length)
-            return batch["example_index"], spans, per_draw(losses).mean(0)
-        regression = self.task.type == "regression"
+            start, end = mean_of_draws(out.start_logits), mean_of_draws(out.end_logits)
+            spans = best_spans(start, end, batch["context_offsets"], *self.task_spans)
+            return batch["example_index"], spans, mean_of_draws(losses)
+        regression = self.task_type == "regression"
         logits = out.logits  # [draws * batch, labels]
         labels = batch["labels"]
-        losses = per_draw(example_losses(logits, repeated(labels), regression)).mean(0)
+        losses = mean_of_draws(example_losses(logits, repeated(labels), regression))
         if draws == 1:
             prediction = logits[:, 0].double() if regression else logits.argmax(dim=-1)
         elif regression:
@@ -166,5 +171,5 @@ def example_ids(rows: Any) -> list[str]:
     """Each example's id: the data's ``id`` or ``idx`` column, else its row number in the split."""
     for column in ("id", "idx"):
         if column in rows.column_names:
-            return [str(value) for value in rows[column]]
+            return [str(value) for value in column_values(rows, column)]
     return [str(i) for i in range(len(rows))]

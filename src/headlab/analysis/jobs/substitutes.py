@@ -36,6 +36,7 @@ from headlab.core.substitutes.means import HeadMeans, head_means, load_means, sa
 from headlab.core.substitutes.sources import derangement, resample_sources
 from headlab.errors import UserError
 from headlab.files import config_hash, path_stamp
+from headlab.tasks.batches import collated
 from headlab.training.datamodule import TaskDataModule
 
 
@@ -95,7 +96,7 @@ class JobSubstitutes:
             where = f"{mask.reference} (split {self.split})" if named else mask.reference
             raise UserError(f"mask.reference={where} has {found} examples; mask.reference_examples="
                             f"{self.examples} needs that many (lower it, or use a larger reference set)")
-        self.features, self.collator, self.batch_size = data.eval_features[self.split], data.collator, \
+        self.features, self.rows, self.batch_size = data.eval_features[self.split], data.padded_rows(self.split), \
             data.eval_batch_size
         owners = np.asarray(self.features["example_index"])  # [features]: each feature's example
         self.first = np.searchsorted(owners, np.arange(self.examples))  # [examples]: its first feature
@@ -137,7 +138,7 @@ class JobSubstitutes:
 
     def _batches(self, model: torch.nn.Module):
         device = next(model.parameters()).device
-        loader = DataLoader(self.features, batch_size=self.batch_size, collate_fn=self.collator)
+        loader = DataLoader(self.rows, batch_size=self.batch_size, collate_fn=collated)
         for batch in loader:
             yield {name: value.to(device) for name, value in batch.items()}
 
@@ -156,7 +157,7 @@ class JobSubstitutes:
             owners = self._assignment(split, draw)[examples]
             rows += [int(self.first[o] + w % self.windows[o]) for o, w in zip(owners, windows)]
         device = batch["input_ids"].device
-        chosen = self.collator([self.features[row] for row in rows])
+        chosen = self.rows.__getitems__(rows)
         inputs = {name: chosen[name].to(device) for name in ("input_ids", "attention_mask", "token_type_ids")
                   if name in chosen}
         return resample_sources(model, inputs, batch["input_ids"].shape[1], self._means)

@@ -58,7 +58,14 @@ from headlab.core.families import family_of
 from headlab.core.model_parts import depth_of, self_attention_modules
 from headlab.core.patch import disentangled, flex_route
 from headlab.core.patch.layer_states import LayerState, RowsState
-from headlab.core.patch.sdpa_masks import padding_mask_function, unit_inputs, unit_mask, validity, with_bias
+from headlab.core.patch.sdpa_masks import (
+    additive,
+    padding_mask_function,
+    unit_inputs,
+    unit_mask,
+    validity,
+    with_bias,
+)
 from headlab.core.patch.substitution import DeviceMeans, substitute
 from headlab.core.plans import HeadPlan
 
@@ -67,6 +74,7 @@ PROBE_NAME = "headlab_probe"  # gradient_probe's attention function (``head_grad
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
 _RESET = "_headlab_resets_calls"  # on a base model whose attention modules serve several depths
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
+_MASKS_KEPT = 4  # (mask, unit ids) pairs whose masks the controller keeps (forward_cache)
 
 
 class Controller:
@@ -80,7 +88,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: tuple | None = None  # (tensors, values, {name: mask}) of the latest forward
+        self.masks: list | None = None  # [(tensors, values, {name: mask})] of the latest inputs, newest first
         self.route = "sdpa"  # what serves layers with drop_* heads: "sdpa" or "flex" (set_attention_route)
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
         self.implementations: list | None = None  # the configs' implementations from before the current block
@@ -160,28 +168,54 @@ class Controller:
         return copy
 
     def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
-        """A dict that lives for one forward: masks built by the first layer that needs them, reused by the rest.
+        """A dict of masks built from these inputs by the first layer that needs them, reused by the rest.
 
-        Every layer gets the same mask and unit-id tensor objects, so identity tells the forward apart (no data
-        is read). Under ``torch.compile`` nothing is kept: each layer builds its own and the compiler fuses.
+        Keyed by the identity of the mask and unit-id tensors (and their in-place edit counters), never by value:
+        every layer of a forward gets the same objects. The latest few pairs are kept, so layers that alternate
+        between masks (ModernBERT's local and global layers) find theirs. Under ``torch.compile`` nothing is kept:
+        each layer builds its own and the compiler fuses.
         """
         if torch.compiler.is_compiling():
             return {}
         tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
         values = (query.device, *(_version(t) for t in tensors))  # in-place edits
-        cached = self.masks
-        if cached is None or any(a is not b for a, b in zip(cached[0], tensors)) or cached[1] != values:
-            self.masks = cached = (tensors, values, {})
-        return cached[2]
+        kept = self.masks or []
+        for entry in kept:
+            if all(a is b for a, b in zip(entry[0], tensors)) and entry[1] == values:
+                return entry[2]
+        entry = (tensors, values, {})  # holds the tensors: their ids stay theirs while kept
+        self.masks = [entry, *kept[: _MASKS_KEPT - 1]]
+        return entry[2]
 
     def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """``unit_mask`` of ``policy`` for this forward."""
+        """``unit_mask`` of ``policy`` for this forward, additive in the query's dtype (``additive``), and
+        ``has_key`` as 1.0 / 0.0 in that dtype (a factor: one op zeroes the queries without an allowed key)."""
         cache = self.forward_cache(attention_mask, sentence_ids, query)
         if "unit inputs" not in cache:
             cache["unit inputs"] = unit_inputs(attention_mask, sentence_ids, query)
-        if (policy, renormalize) not in cache:
-            cache[policy, renormalize] = unit_mask(policy, renormalize, *cache["unit inputs"])
-        return cache[policy, renormalize]
+        key = (policy, renormalize, query.dtype)
+        if key not in cache:
+            mask, has_key = unit_mask(policy, renormalize, *cache["unit inputs"])
+            cache[key] = additive(mask, query.dtype), None if has_key is None else has_key.to(query.dtype)
+        return cache[key]
+
+    def padding_bias(self, attention_mask, sentence_ids, query):
+        """A boolean padding mask as this forward's additive bias (``additive``); any other mask as it is."""
+        if attention_mask is None or attention_mask.dtype != torch.bool:
+            return attention_mask
+        cache = self.forward_cache(attention_mask, sentence_ids, query)
+        key = ("padding", query.dtype)
+        if key not in cache:
+            cache[key] = additive(attention_mask, query.dtype)
+        return cache[key]
+
+    def zeros(self, like: torch.Tensor, attention_mask, sentence_ids) -> torch.Tensor:
+        """Zeros shaped as ``like`` (the doubled keys' second values), made once per forward and shape."""
+        cache = self.forward_cache(attention_mask, sentence_ids, like)
+        key = ("zeros", like.shape, like.dtype)
+        if key not in cache:
+            cache[key] = torch.zeros_like(like)
+        return cache[key]
 
     def check_plan_ids(self, plan_ids: Any, batch: int) -> None:
         """``plan_ids`` ``[batch]`` index the per-row plans (once per forward; under ``torch.compile``, never):
@@ -267,31 +301,39 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
 
 def _planned(layer: LayerState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
     """The context vectors ``[batch, seq, heads, head_dim]`` of a layer under one plan."""
+    sentence_ids = kwargs.get("sentence_ids")
+    padding = attention_mask  # what the keep / prune / uniform heads' SDPA call takes
+    if layer.uniform is None:  # (uniform heads read which keys are valid from the mask as it came)
+        padding = controller.padding_bias(attention_mask, sentence_ids, query)
     if not layer.drops and layer.skipped is None:  # one SDPA call serves every head
-        out = _shared(layer.prune, layer.uniform, query, key, value, attention_mask, dropout, scaling)
+        out = _shared(layer.prune, layer.uniform, query, key, value, padding, dropout, scaling)
         return out.transpose(1, 2).contiguous()
     if layer.pad is not None:  # pruned heads at the ends: the other heads' context, padded with zero heads
         q, k, v = (x[:, layer.shared] for x in (query, key, value))
-        mask = _mask_heads(attention_mask, layer.shared)
+        mask = _mask_heads(padding, layer.shared)
         context = _shared(None, layer.uniform, q, k, v, mask, dropout, scaling)  # [batch, heads', seq, dim]
         return F.pad(context.transpose(1, 2), (0, 0, *layer.pad))  # [batch, seq, heads, head_dim], contiguous
     if layer.drops and controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
-        return _fused(layer, controller, query, key, value, attention_mask, scaling, kwargs.get("sentence_ids"))
-    out = torch.empty_like(query)  # [batch, heads, seq, head_dim]; every head is written by one group
+        return _fused(layer, controller, query, key, value, attention_mask, scaling, sentence_ids)
+    contexts = []  # (heads, context [batch, seq, heads', head_dim] or 0.0 for skipped heads)
     if layer.skipped is not None:  # pruned heads without attention: their context is 0
-        _write(out, layer.skipped, 0.0)
-    groups = [("shared", layer.shared)] if layer.shared is not None else []
-    for policy, heads in [*groups, *layer.drops]:
+        contexts.append((layer.skipped, 0.0))
+    if layer.shared is not None:
+        q, k, v = (_heads(x, layer.shared) for x in (query, key, value))
+        mask = _mask_heads(padding, layer.shared)
+        contexts.append((layer.shared, _shared(layer.prune, layer.uniform, q, k, v, mask, dropout, scaling)))
+    for policy, heads in layer.drops:  # a per-head bias (DeBERTa): the group's unit masks from its own rows
         q, k, v = (_heads(x, heads) for x in (query, key, value))
-        if policy == "shared":
-            context = _shared(layer.prune, layer.uniform, q, k, v, _mask_heads(attention_mask, heads), dropout,
-                              scaling)
-        else:  # a per-head bias (DeBERTa): the group's unit masks from its own rows
-            group_mask = _mask_heads(attention_mask, heads)
-            mask = controller.drop_mask(policy, layer.renormalize, group_mask, kwargs.get("sentence_ids"), query)
-            context = _restricted(q, k, v, *mask, dropout, scaling)
+        mask = controller.drop_mask(policy, layer.renormalize, _mask_heads(attention_mask, heads), sentence_ids, query)
+        zeros = None if layer.renormalize else controller.zeros(v, attention_mask, sentence_ids)
+        contexts.append((heads, _restricted(q, k, v, *mask, dropout, scaling, zeros)))
+    contexts = [(heads, c if isinstance(c, float) else c.transpose(1, 2)) for heads, c in contexts]
+    if layer.tiled:  # slices that cover the heads in order: one copy
+        return torch.cat([c for _, c in sorted(contexts, key=lambda pair: pair[0].start)], dim=2)
+    out = query.new_empty(query.shape[0], query.shape[2], *query.shape[1::2])  # [batch, seq, heads, head_dim]
+    for heads, context in contexts:  # every head is written by one group
         _write(out, heads, context)
-    return out.transpose(1, 2).contiguous()  # [batch, seq, heads, head_dim]
+    return out
 
 
 def _reset_calls(base_model: torch.nn.Module, args) -> None:
@@ -302,13 +344,13 @@ def _reset_calls(base_model: torch.nn.Module, args) -> None:
 
 
 def _write(out: torch.Tensor, heads: slice | torch.Tensor, context: torch.Tensor | float) -> None:
-    """``out[:, heads] = context`` (a tensor ``[batch, len(heads), seq, head_dim]`` or a number)."""
+    """``out[:, :, heads] = context`` (a tensor ``[batch, seq, len(heads), head_dim]`` or a number)."""
     if isinstance(heads, slice):
-        out[:, heads] = context
+        out[:, :, heads] = context
     elif isinstance(context, float):
-        out.index_fill_(1, heads, context)
+        out.index_fill_(2, heads, context)
     else:
-        out.index_copy_(1, heads, context)
+        out.index_copy_(2, heads, context)
 
 
 def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
@@ -375,12 +417,14 @@ def _version(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None or tensor.is_inference() else tensor._version
 
 
-def _restricted(q, k, v, mask, has_key, dropout: float, scaling) -> torch.Tensor:
-    """Attention limited to the allowed keys (module docstring); a query with no allowed key outputs 0."""
+def _restricted(q, k, v, mask, has_key, dropout: float, scaling, zeros=None) -> torch.Tensor:
+    """Attention limited to the allowed keys (module docstring); a query with no allowed key outputs 0.
+    ``zeros``: zeros shaped as ``v`` (the doubled keys' second values), when the caller keeps some."""
     if has_key is not None:  # renormalize
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        return out.masked_fill(~has_key, 0.0)
-    keys, values = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)
+        return out * has_key  # [batch, 1, seq, 1]: 0.0 where the query has no allowed key
+    keys = torch.cat([k, k], dim=2)
+    values = torch.cat([v, torch.zeros_like(v) if zeros is None else zeros], dim=2)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
 

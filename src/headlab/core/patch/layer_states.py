@@ -24,6 +24,8 @@ class LayerState:
     ``drops``: ``(policy, heads)`` of the ``drop_*`` groups.
     ``pad``: ``(before, after)`` when the layer has no ``drop_*`` head and its skipped heads lie at either end of
     ``shared``: the context of ``shared`` padded with that many zero heads is the layer's (one op, no scatter).
+    ``tiled``: the layer has ``drop_*`` heads, no skipped heads, and its groups are slices that cover the heads: the
+    layer's output is their contexts concatenated (one op, no writes).
     ``substituted``: ``(policy, [1, 1, heads, 1] marks)`` of the ``mean`` / ``resample`` heads, in the layout of the
     layer's output ``[batch, seq, heads, head_dim]``; they are pruned in everything above.
     """
@@ -36,6 +38,7 @@ class LayerState:
     fused: FusedHeads | None  # every head's policy for the fused route (None: no drop_* head)
     skipped: slice | torch.Tensor | None
     pad: tuple[int, int] | None = None
+    tiled: bool = False
     substituted: tuple[tuple[str, torch.Tensor], ...] = ()
 
     @classmethod
@@ -60,8 +63,11 @@ class LayerState:
         drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
         fused = FusedHeads.build(groups, plan.num_heads, device) if drops else None
         pad = (shared[0], plan.num_heads - 1 - shared[-1]) if skip and shared and not drops else None
-        return cls(_as_index(shared, device) if shared else None, marks("prune"), marks("uniform"), drops, renormalize,
-                   fused, _as_index(pruned, device) if skip else None, pad, substituted)
+        shared_heads = _as_index(shared, device) if shared else None
+        calls = [heads for _, heads in drops] + ([shared_heads] if shared else [])
+        tiled = bool(drops) and not skip and all(isinstance(c, slice) for c in calls)  # they cover every head
+        return cls(shared_heads, marks("prune"), marks("uniform"), drops, renormalize, fused,
+                   _as_index(pruned, device) if skip else None, pad, tiled, substituted)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,18 @@ def with_bias(keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return keep if bias is None else bias.masked_fill(~keep, float("-inf"))
 
 
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean SDPA mask as an additive bias in ``dtype`` (0 where True, -inf where False), SDPA's own conversion,
+    made once per forward instead of in every call; its rows start at multiples of 16 elements in memory (a view of
+    wider storage), so the memory-efficient CUDA kernel takes it without padding a copy in every call. A float mask
+    is returned as it is."""
+    if mask.dtype != torch.bool:
+        return mask
+    *outer, keys = mask.shape
+    storage = torch.zeros(*outer, -(-keys // 16) * 16, dtype=dtype, device=mask.device)
+    return storage[..., :keys].masked_fill_(~mask, float("-inf"))
+
+
 def same_unit(sentence_ids, query) -> torch.Tensor:
     """``[batch, 1, seq, seq]``: True where query and key tokens belong to the same unit."""
     sentence_ids = checked_unit_ids(sentence_ids, query)
