@@ -1,7 +1,7 @@
 """Forward-pass cost of headlab's patched attention vs stock SDPA, the plan entered per forward.
 
     python benchmarks/attention_overhead.py [--shape tiny|dispatch|minilm|bert-base|bert-large] [--device cpu|cuda]
-        [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15] [--route sdpa|flex|both]
+        [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15]
         [--threads N] [--family bert|roberta|electra|distilbert|albert|deberta-v2|modernbert]
 
 Random weights in the named shape (speed does not depend on them), of the family's model (``--family``: its own
@@ -11,11 +11,6 @@ layer's head 0) under prune / uniform / drop_intra, and half the heads of every 
 policy. Each forward enters ``headlab.ablate`` as the Lightning module does per batch. Every round
 times the stock model and each plan once, in alternating order; the script prints the median time
 per forward and the median of the per-round ratios to stock SDPA, with the target.
-
-``--route``: what serves the layers with ``drop_*`` heads (``headlab.set_attention_route``): headlab's SDPA route,
-the fused FlexAttention route, or both (the ``drop_*`` rows twice, the fused ones marked ``[flex]``, in the same
-rounds). Fused rows are first checked against the SDPA route's outputs (exit status 1 if they differ by more than
-the dtype's tolerance); their warm-up compiles the kernel.
 """
 
 from __future__ import annotations
@@ -37,8 +32,6 @@ from common import (
 
 import headlab
 
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}  # fused vs SDPA route, per dtype
-
 
 def plans(layers: int, heads: int, gpu: bool) -> dict[str, tuple[list, bool, float]]:
     """Plan name -> (rules, renormalize, target ratio to stock SDPA); BENCHMARKS.md gives the targets."""
@@ -53,31 +46,6 @@ def plans(layers: int, heads: int, gpu: bool) -> dict[str, tuple[list, bool, flo
     for policy in ("drop_intra", "drop_inter"):
         table[f"half {policy} renorm"] = ([{"heads": half, "policy": policy}], True, renorm)
     return table
-
-
-def with_routes(table: dict, route: str) -> dict[str, tuple[list, bool, float, str]]:
-    """Each row with the route that serves it: rows without ``drop_*`` heads on SDPA (the route does not touch
-    them); ``drop_*`` rows on ``route``, or on both (the fused copy marked ``[flex]``)."""
-    routed = {}
-    for name, (rules, renormalize, target) in table.items():
-        dropping = any(rule["policy"].startswith("drop_") for rule in rules)
-        if not dropping or route in ("sdpa", "both"):
-            routed[name] = (rules, renormalize, target, "sdpa")
-        if dropping and route in ("flex", "both"):
-            routed[f"{name} [flex]" if route == "both" else name] = (rules, renormalize, target, "flex")
-    return routed
-
-
-def check_fused_rows(table: dict, runs: dict, patched, valid: torch.Tensor, dtype: torch.dtype) -> None:
-    """Each fused row's hidden states (valid rows) against the SDPA route's; exit status 1 beyond the tolerance."""
-    for name, (rules, renormalize, _, route) in table.items():
-        if route == "flex":
-            expected = patched(rules, renormalize, "sdpa")()[valid].double()
-            error = ((runs[name]()[valid].double() - expected).abs().max() / expected.abs().max().clamp(min=1)).item()
-            print(f"{name}: fused vs SDPA route, max difference {error:.1e} of the largest value")
-            if not error <= TOLERANCE[dtype]:
-                raise SystemExit(f"{name}: the fused route differs from the SDPA route by {error:.1e} "
-                                 f"(tolerance {TOLERANCE[dtype]})")
 
 
 def make_batch(batch: int, seq: int, vocab: int, padded: bool, device: torch.device):
@@ -99,8 +67,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeat", type=int, default=1, help="forwards per timed sample (GPU: steadier timings)")
     parser.add_argument("--no-padding", action="store_true", help="full-length rows")
-    parser.add_argument("--route", default="sdpa", choices=["sdpa", "flex", "both"],
-                        help="what serves layers with drop_* heads (both: each drop_* row on either route)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--family", default="bert", choices=FAMILY_TYPES, help="the model's family (its model_type)")
     args = parser.parse_args()
@@ -115,25 +81,23 @@ def main() -> None:
     model = random_encoder(args.family, args.shape, device, DTYPES[args.dtype])
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     inputs, sentence_ids = make_batch(batch, seq, model.config.vocab_size, not args.no_padding, device)
-    table = with_routes(plans(layers, heads, device.type == "cuda"), args.route)
+    table = plans(layers, heads, device.type == "cuda")
 
     def stock():
         model(**inputs)
 
-    def patched(rules, renormalize, route):
+    def patched(rules, renormalize):
         plan = headlab.HeadPlan.from_rules(rules, layers, heads)
 
         def run():
-            headlab.set_attention_route(model, route)  # microseconds, like entering the plan
             with headlab.ablate(model, plan, renormalize=renormalize):
                 return model(**inputs, sentence_ids=sentence_ids).last_hidden_state
 
         return run
 
     baseline = f"stock {model.config._attn_implementation}"  # sdpa; DeBERTa's own: eager
-    runs = {baseline: stock, **{name: patched(*row[:2], row[3]) for name, row in table.items()}}
+    runs = {baseline: stock, **{name: patched(*row[:2]) for name, row in table.items()}}
     with torch.inference_mode():  # the warm-up calls build each plan's state once
-        check_fused_rows(table, runs, patched, inputs["attention_mask"].bool(), DTYPES[args.dtype])
         times = alternating_rounds(runs, args.rounds, args.repeat, device)
 
     print(f"{args.family} {args.shape} ({layers} x {heads} heads) forward, {args.dtype}, batch {batch} x {seq} tokens, "

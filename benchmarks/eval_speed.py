@@ -6,11 +6,13 @@
     python benchmarks/eval_speed.py importance [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
     python benchmarks/eval_speed.py pruned [--shape minilm|bert-base] [--task demo_qa] [--examples 200] [--rounds 5]
     python benchmarks/eval_speed.py by_length [--task qnli_articles] [--examples 1000] [--batch 64] [--rounds 5]
+    python benchmarks/eval_speed.py collate [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
 
 ``throughput``: what ``mode=eval`` runs once the baseline is cached (``Trainer.validate`` of a
 ``PlanEvaluator`` under a keep plan: forward, predictions, per-example losses and records, gathered)
-against the loop one writes by hand: the same model over the same batches, forward and the logits
-to the CPU. Examples/s of each side, order alternating per round; the ratio is headlab / plain.
+against the loop one writes by hand: the same model over the same batches from its own DataLoader (collated inside
+the timed run, pinned on a GPU), forward and the logits to the CPU. Examples/s of each side, order alternating per
+round; the ratio is headlab / plain. ``--profile``: then one headlab pass under cProfile (where its host time goes).
 
 ``sweep``: every single-head ablation of the model under ``--policy`` (L x H plans) as one
 ``mode=sweep_heads`` job runs them (one ``LayerSweepEvaluator`` pass per layer) against L x H
@@ -26,12 +28,17 @@ and the same half pruned by the ``prune`` plan (masked, not removed). The ratio 
 ``by_length``: ``mode=eval``'s pass (``throughput``'s headlab side) over batches of rows of similar lengths (the
 default, ``TaskDataModule(by_length=True)``) against the same rows batched in file order. The ratio is by-length
 seconds / file-order seconds; the padded tokens of each side are printed.
+``collate``: the DataLoader's work per batch, ``PaddedRows`` (one gather per column) against the ``Collator`` over the
+rows the HF dataset returns (what the loaders did before); the ratio is padded-rows seconds / collator seconds.
+``--only SIDE`` times one side alone (no ratio), e.g. ``sweep --only sweep_heads``.
 
-``--shape minilm`` is the embedded MiniLM; ``bert-base`` a random BERT-base-sized model with the
-tiny tokenizer (speed does not depend on the weights). ``--device cuda --precision bf16-mixed`` runs both
-sides on the GPU (Lightning's precision for the Trainer sides, autocast for the plain loops; clocks read
-after the device is done). ``--rows N`` (``demo_pairs``): the validation split repeated to N rows, e.g. the
-9,815 rows of MNLI-matched's validation set; ``--examples`` then defaults to all of them.
+``--shape minilm`` is the embedded MiniLM; ``bert-base`` (``tiny``, ``dispatch``) a random model of that shape with the
+tiny tokenizer (speed does not depend on the weights); ``--shape tiny --batch 32`` is the CPU's launch-bound proxy of
+a GPU pass (a forward of ~12 ms a batch, what BERT-base takes at batch 128 on an H200).
+``--device cuda --precision bf16-mixed`` runs both sides on the GPU (Lightning's precision for the Trainer sides,
+autocast for the plain loops; clocks read after the device is done). ``--rows N`` (``demo_pairs``): the validation
+split repeated to N rows, e.g. the 9,815 rows of MNLI-matched's validation set; ``--examples`` then defaults to all of
+them.
 
 GPU rows (../shared/gpu/README.md), e.g. the GPU issue's sweep row:
     python benchmarks/eval_speed.py sweep --device cuda --precision bf16-mixed --shape bert-base \
@@ -42,7 +49,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import cProfile
 import json
+import pstats
 import statistics
 import tempfile
 from pathlib import Path
@@ -69,6 +78,9 @@ from headlab.training.datamodule import ExactlyOnceSampler, TaskDataModule
 from headlab.training.modules import task_head
 
 ROOT = Path(__file__).resolve().parents[1]
+SIDES = {"throughput": ("headlab", "plain"), "sweep": ("sweep_heads", "separate"), "importance": ("importance",
+         "evaluation"), "pruned": ("pruned", "full", "masked"), "by_length": ("by_length", "file_order"),
+         "collate": ("padded_rows", "collator")}  # what each comparison times (--only: one of them)
 
 
 def setup(args):
@@ -135,6 +147,10 @@ def throughput(args) -> None:
                                                  datamodule=data, verbose=False), "plain": plain}
     report(args, sides, lambda seconds: rows / seconds, "examples/s", f"{rows} rows, batch {args.batch}",
            target=">= 0.95", higher_is_better=True)
+    if args.profile:  # where the headlab side's host time goes: one more pass under cProfile
+        profile = cProfile.Profile()
+        profile.runcall(sides["headlab"])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
 
 def collate(args) -> None:
@@ -229,8 +245,6 @@ def by_length(args) -> None:
 
 
 def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
-    if args.only is not None and args.only not in sides:
-        raise SystemExit(f"error: --only {args.only!r} is not a side of {args.what}; choose from {', '.join(sides)}")
     names = [args.only] if args.only else list(sides)
     results: dict[str, list[float]] = {name: [] for name in names}
     ratios = []
@@ -263,9 +277,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--rows", type=int, default=None, help="demo_pairs: validation rows repeated to this many")
+    parser.add_argument("--profile", action="store_true", help="throughput: then one headlab pass under cProfile")
     parser.add_argument("--only", default=None, help="time this side alone, e.g. sweep_heads (no ratio)")
     args = parser.parse_args()
     args.device = check_device(parser, args.device)
+    if args.only is not None and args.only not in SIDES[args.what]:
+        parser.error(f"--only {args.only!r} is not a side of {args.what}; choose from {', '.join(SIDES[args.what])}")
     if args.rows is not None and (args.task != "demo_pairs" or args.rows < 1):
         parser.error(f"--rows {args.rows} needs --task demo_pairs and a positive count")
     args.examples = args.examples or args.rows or (32 if args.what == "sweep" else 200)

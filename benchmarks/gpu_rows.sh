@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU rows of BENCHMARKS.md, in groups that each fit one call on the lent GPU machine (< 10 minutes):
 #
-#     bash benchmarks/gpu_rows.sh one_call|attention|train|eval|fused|tests [OUT_DIR]
+#     bash benchmarks/gpu_rows.sh one_call|attention|train|eval|tests [OUT_DIR]
 #
 # one_call: what the GPU evaluation issue measures, in one call of the lent machine (~6 minutes, each section under
 #        its own time limit so that a slow one loses only itself): eval_speed.py throughput (mode=eval's pass vs a
@@ -11,19 +11,15 @@
 # attention: attention_overhead.py on BERT-base and BERT-large shapes, bf16 (~4 min);
 # train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
 # eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min);
-# fused: attention_overhead.py --route both: every drop_* row on the SDPA and on the fused FlexAttention route, BERT-base
-#        and BERT-large, bf16 (checks the fused outputs against the SDPA route's, compiles first; ~5 min), then
-#        flex_lengths.py: its compilations when batches come in many lengths;
-# tests: the CUDA-only attention tests (no host sync under every policy and on the fused route, exact against the
-#        float64 reference, the fused route's gradients); needs
+# tests: the CUDA-only attention tests (no host sync under every policy, exact against the float64 reference); needs
 #        pytest, which the machine's image may lack: `pip download -d .whl pytest pluggy iniconfig` here first.
 # Each benchmark's output goes to OUT_DIR/NAME.log (default: $OUT, what the device tool brings back, else gpu-logs/).
 # Run it after the set-up line of ../shared/gpu/README.md (wheels on PYTHONPATH).
 set -euo pipefail
 group=${1:-}
 case "$group" in
-    one_call|attention|train|eval|fused|tests) ;;
-    *) echo "error: group must be one of one_call, attention, train, eval, fused, tests; got '$group'" >&2; exit 2 ;;
+    one_call|attention|train|eval|tests) ;;
+    *) echo "error: group must be one of one_call, attention, train, eval, tests; got '$group'" >&2; exit 2 ;;
 esac
 out=${2:-${OUT:-gpu-logs}}
 mkdir -p "$out"
@@ -79,18 +75,12 @@ case "$group" in
             --task demo_pairs --rows 9815 --batch 128 --rounds 1
         run eval-throughput eval_speed.py throughput --device cuda --precision bf16-mixed --shape bert-base \
             --task demo_pairs --rows 9815 --batch 128 --rounds 3 ;;
-    fused)
-        for shape in bert-base bert-large; do
-            run "fused-$shape" attention_overhead.py --device cuda --dtype bfloat16 --shape "$shape" --route both \
-                --rounds 9 --repeat 3
-        done
-        run fused-lengths flex_lengths.py --device cuda --dtype bfloat16 --shape bert-base ;;
     tests)
         python3 -c "import pytest" 2>/dev/null || {
             echo "error: pytest is not installed here; put its wheels in .whl (pip download -d .whl pytest pluggy iniconfig)" >&2
             exit 2
         }
         cd ..
-        python3 -m pytest -q -p no:cacheprovider tests/test_attention_contract.py tests/test_flex_route.py -k cuda 2>&1 \
+        python3 -m pytest -o addopts= -q -ra -p no:cacheprovider tests/test_attention_contract.py -k cuda 2>&1 \
             | tee "$out/tests.log" | tail -n 30 ;;
 esac

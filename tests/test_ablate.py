@@ -88,19 +88,6 @@ def test_rerun_skips_a_done_job_and_reruns_a_corrupt_one(trained):
     assert "already done" not in rerun.stdout and results(root / "u")["metrics"] == first["metrics"]
 
 
-def test_flex_route_gives_the_sdpa_route_per_example_losses(trained):
-    """mode=eval under drop_* with attention_route=flex (the fused FlexAttention route): per example, the SDPA
-    route's loss and prediction (a drop_intra / drop_inter mix-up moves losses by ~4e-4 here)."""
-    root, _ = trained
-    plan = ["mode=eval", "mask=drop_intra", "mask.heads=L0-1", f"ckpt_path={root / 'train'}"]
-    for route in ("sdpa", "flex"):
-        run("ablate.py", *plan, f"attention_route={route}", f"hydra.run.dir={root / route}", cwd_tmp=root)
-    sdpa, flex = (pd.read_parquet(root / route / "records.parquet") for route in ("sdpa", "flex"))
-    assert list(flex["prediction"]) == list(sdpa["prediction"])
-    np.testing.assert_allclose(flex["loss"], sdpa["loss"], rtol=0, atol=1e-6)
-    assert results(root / "flex")["config_hash"] == results(root / "sdpa")["config_hash"]
-
-
 @pytest.mark.slow
 def test_compiled_evaluation_gives_eager_per_example_losses(trained):
     """compile=true in mode=eval: the baseline (no plan), then a mixed plan through one compiled model give, per

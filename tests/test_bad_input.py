@@ -112,7 +112,8 @@ CASES = [
     ("ablate.py", ["mode=compare", "compare.names=[seed 0 (F1 99.0),seed 1]"],
      "list items with '=', ',', spaces or brackets need quotes inside the argument: \"compare.names=['item one',"),
     ("ablate.py", ["mode=nope"], "mode='nope'"),
-    ("train.py", ["attention_route=fast"], "attention_route='fast' is not allowed; choose one of: sdpa, flex"),
+    ("train.py", ["attention_route=flex"], "attention_route: the fused FlexAttention route was retired"),
+    ("ablate.py", ["attention_route=sdpa"], "attention_route: the fused FlexAttention route was retired"),
     # model
     # seeds: what seed_everything takes, checked before anything is written (finetune/seed-1/ was left behind)
     ("train.py", ["seed=-1"], "seed=-1 is not a seed: give an integer from 0 to 4294967295"),
@@ -364,18 +365,15 @@ def test_error_reporting_leaves_bugs_alone():
     assert user_error_message(missing) == "In 'train': Could not find 'mask/x'; available: a, b"
 
 
-def test_compile_and_flex_route_need_a_recent_torch():
+def test_compile_needs_a_recent_torch():
     from headlab.errors import UserError
     from headlab.requirements import require_torch
 
     for fine in ("2.5.0", "2.13.0+cu130"):
         require_torch("compile=true", fine)
-        require_torch("attention_route=flex", fine)
     with pytest.raises(UserError, match=r"compile=true needs torch >= 2.4; this is torch 2.3.1: upgrade torch, or "
                                         r"run with compile=false"):
         require_torch("compile=true", "2.3.1")
-    with pytest.raises(UserError, match=r"attention_route=flex needs torch >= 2.5; this is torch 2.4.1"):
-        require_torch("attention_route=flex", "2.4.1")
 
 
 @pytest.mark.parametrize("read_only", ["baseline_dir", "hydra.run.dir"])

@@ -21,17 +21,16 @@ CASES = [
     ("train_throughput.py", ["--shape", "gpt2"], "'gpt2'"),
     ("eval_speed.py", ["sweep", "--rows", "100"], "--rows 100 needs --task demo_pairs"),
     ("eval_speed.py", ["sweep", "--precision", "bf17"], "'bf17'"),
+    ("eval_speed.py", ["sweep", "--only", "plain"], "--only 'plain' is not a side of sweep; choose from sweep_heads"),
     ("features_speed.py", ["speed", "--sequences", "0"], "--sequences 0"),
     ("features_speed.py", ["js", "--columns", "0"], "--columns 0"),
     ("profile_plan.py", ["--shape", "tiny", "--heads", "H0-5"], "--heads 'H0-5'"),
-    ("attention_overhead.py", ["--route", "fused"], "'fused'"),
-    ("flex_lengths.py", ["--lengths", "0,4"], "'0,4'"),
     ("substitutes_speed.py", ["heads", "--permutations", "1"], "--permutations at least 2"),
     ("substitutes_speed.py", ["shapley", "--over", "heads"], "'heads'"),
 ]
 if NO_CUDA:
     CASES += [(script, ["--device", "cuda"], "CUDA is not available")
-              for script in ("attention_overhead.py", "train_throughput.py", "eval_speed.py sweep", "flex_lengths.py")]
+              for script in ("attention_overhead.py", "train_throughput.py", "eval_speed.py sweep")]
 
 
 def run(script: str, arguments: list[str]) -> subprocess.CompletedProcess:

@@ -21,8 +21,8 @@ from test_syntax_spacy import train_parser
 
 pytestmark = pytest.mark.slow
 
-NEEDS_MORE = ("trainer=gpu", "trainer=ddp", "model=bert", "model=roberta", "compile=true", "attention_route=flex",
-              "precision", "hydra/launcher", "task=squad", "task=mrpc", "task=mnli", "study.",
+NEEDS_MORE = ("trainer=gpu", "trainer=ddp", "model=bert", "model=roberta", "compile=true", "precision",
+              "hydra/launcher", "task=squad", "task=mrpc", "task=mnli", "study.",
               "_squad")  # report.heads of SQuAD and MRPC jobs
 # the tiny random BERT in MiniLM's shape (6 layers x 12 heads), so the documents' head selectors exist
 TINY = ["model=tiny_random", "model.config.num_hidden_layers=6", "model.config.num_attention_heads=12",

@@ -64,7 +64,7 @@ def needs_hub_or_gpu(words: list[str]) -> bool:
     choices = dict(word.split("=", 1) for word in words[1:] if "=" in word)
     hub_data = choices.get("task") in HUB_TASKS and "task.data_files" not in choices  # own files: test_docs_recipes
     return (choices.get("model") in HUB_MODELS or hub_data
-            or choices.get("trainer") in ("gpu", "ddp") or choices.get("attention_route") == "flex"
+            or choices.get("trainer") in ("gpu", "ddp")
             or any("runs/features_squad" in word for word in words))  # features.md's report of SQuAD and MRPC jobs
 
 

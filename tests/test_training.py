@@ -303,18 +303,6 @@ def test_a_run_that_ends_before_its_first_validation_is_validated_once_and_has_n
     assert "could not find the monitored key" not in out.stderr  # Lightning's ModelCheckpoint warning
 
 
-def test_flex_route_reaches_the_model_and_leaves_the_job_hash(tmp_path):
-    """attention_route=flex is a runtime choice: the same job (hash) as the SDPA route. Its outputs equal the SDPA
-    route's (tests/test_flex_route.py, and per example in tests/test_ablate.py: this tiny model's validation
-    metrics hardly move under any plan)."""
-    plan = ["task=demo_pairs", "mask=drop_intra", "mask.heads=L0-1H0-1", "trainer.max_steps=2"]
-    train(tmp_path, *plan, run_dir=tmp_path / "sdpa")
-    run = train(tmp_path, *plan, "attention_route=flex", run_dir=tmp_path / "flex")
-    assert "attention_route=flex: layers with drop_* heads run as one FlexAttention call" in run.stdout + run.stderr
-    sdpa, flex = results(tmp_path / "sdpa"), results(tmp_path / "flex")
-    assert flex["config"]["attention_route"] == "flex" and flex["config_hash"] == sdpa["config_hash"]
-
-
 @pytest.mark.parametrize("bar", [False, True])
 def test_the_training_loss_reaches_the_progress_bar_only_when_there_is_one(tmp_path, bar):
     """Lightning makes a number of every progress-bar value after each step: on a GPU a host-device

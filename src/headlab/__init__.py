@@ -22,7 +22,6 @@ _EXPORTS = {
     "select_heads": "headlab.core.plans",
     "ablate": "headlab.core.patch.ablate",
     "register_attention": "headlab.core.patch.attention",
-    "set_attention_route": "headlab.core.patch.ablate",
     "split_sentences": "headlab.core.units",
     "unit_ids": "headlab.core.units",
     "UserError": "headlab.errors",
@@ -42,7 +41,7 @@ _EXPORTS = {
     "resample_sources": "headlab.core.substitutes.sources",
 }
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS)
-    "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention", "set_attention_route",
+    "POLICIES", "UNITS", "HeadPlan", "head_name", "select_heads", "ablate", "register_attention",
     "split_sentences", "unit_ids", "UserError", "head_importance", "ablation_estimate", "key_type_gradients",
     "head_gradients", "prune_heads", "load_sweep", "paired_ci", "observe_attention", "attention_features",
     "AttentionFeatures", "head_table", "HeadMeans", "head_means", "resample_sources",
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
     from headlab.core.head_names import head_name
     from headlab.core.importance import ablation_estimate, head_gradients, head_importance, key_type_gradients
     from headlab.core.observe import observe_attention
-    from headlab.core.patch.ablate import ablate, set_attention_route
+    from headlab.core.patch.ablate import ablate
     from headlab.core.patch.attention import register_attention
     from headlab.core.plans import POLICIES, UNITS, HeadPlan, select_heads
     from headlab.core.pruning import prune_heads

@@ -11,7 +11,6 @@ from headlab.errors import UserError
 # option -> (oldest torch, what to run with instead)
 MIN_TORCH = {
     "compile=true": ((2, 4), "compile=false"),  # SDPA with boolean masks under torch.compile, Module.compile
-    "attention_route=flex": ((2, 5), "attention_route=sdpa"),  # FlexAttention with block masks, CUDA backward
 }
 
 

@@ -30,6 +30,10 @@ EXIT_USER_ERROR = 2
 _USER_FULL_ERROR = "HEADLAB_USER_HYDRA_FULL_ERROR"  # the user's own setting, kept for DDP child processes
 # train.py's experiment=NAME is only a name, but a name of ablate.py's presets (conf/experiment/) loads that preset
 _PRESET_IN_TRAIN = re.compile(r"In 'experiment/([^']+)'.* not in 'TrainConfig'", re.S)
+# options that were retired: what to do instead
+RETIRED = {"attention_route": "the fused FlexAttention route was retired (on an H200 its drop_* forwards took 2.5-5.6x "
+                              "stock attention's time, the SDPA route's 1.2x: BENCHMARKS.md); drop the option"}
+_RETIRED = re.compile(r"Could not override '(" + "|".join(RETIRED) + r")'")
 
 
 def run_entry(main: Callable[[], Any]) -> None:
@@ -103,6 +107,9 @@ def user_error_message(error: BaseException) -> str | None:
     for exc in chain:
         if isinstance(exc, UserError):
             return _one_line(str(exc))
+    retired = _RETIRED.search(str(error))
+    if retired:
+        return f"{retired[1]}: {RETIRED[retired[1]]}"
     preset = _PRESET_IN_TRAIN.search(str(error))
     if preset:
         return (f"experiment={preset[1]} is an ablate.py preset (conf/experiment/); train.py's experiment only "

@@ -41,7 +41,6 @@ SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 MAX_DRAWS = 100  # mask.resamples
 DRAWS_WHY = (f"a forward takes the batch once per draw (with every layer's source heads at once), and {MAX_DRAWS} "
              "draws already average out which source an example takes to a tenth of one draw's spread (1/sqrt(draws))")
-ATTENTION_ROUTES = ("sdpa", "flex")  # headlab.core.patch.ablate.ROUTES
 # --------------------------------------------------------------------------- groups
 
 
@@ -221,7 +220,6 @@ class RunConfig:
     data: DataConfig = MISSING
     seed: int = 0
     compile: bool = False  # torch.compile the model (fine-tuning and evaluation)
-    attention_route: str = "sdpa"  # what serves layers with drop_* heads: sdpa | flex (one FlexAttention call)
     paths_root: str | None = None  # set by the study on its jobs: paths inside it are hashed relative to it
 
 
@@ -313,8 +311,5 @@ def check_config(cfg: Any) -> None:
         check_seed(f"study.seeds[{index}]", seed)
     if OmegaConf.get_type(cfg) is AblateConfig:
         one_of("mode", cfg.mode, ABLATE_MODES)
-    one_of("attention_route", cfg.attention_route, ATTENTION_ROUTES)
-    if cfg.attention_route == "flex":
-        require_torch("attention_route=flex")
     if cfg.get("compile"):
         require_torch("compile=true")

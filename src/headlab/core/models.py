@@ -27,7 +27,6 @@ from transformers.utils import logging as hf_logging
 
 from headlab.core.families import family_for
 from headlab.core.model_files import check_name_or_path, check_weights_folder, hub_error
-from headlab.core.patch.ablate import set_attention_route
 from headlab.core.tiny_tokenizers import tiny_config_fields, tiny_tokenizer
 from headlab.errors import UserError
 
@@ -63,15 +62,10 @@ def model_config(cfg: Any) -> PretrainedConfig:
 
 
 def apply_runtime_options(model, cfg: Any) -> None:
-    """The top-level ``attention_route`` and ``compile`` options of train.py and ablate.py, in place.
+    """The top-level ``compile`` option of train.py and ablate.py, in place.
 
     ``compile`` uses ``Module.compile()``: state-dict keys and checkpoints stay those of the plain model.
     """
-    route = cfg.get("attention_route", "sdpa")
-    set_attention_route(model, route)
-    if route == "flex":
-        log.info("attention_route=flex: layers with drop_* heads run as one FlexAttention call when nothing needs "
-                 "dropout (compiled on the first batches; README, GPUs)")
     if cfg.get("compile"):
         model.compile()
         log.info("compile=true: torch.compile compiles the model on its first batches (and once more per plan)")

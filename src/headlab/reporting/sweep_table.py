@@ -31,7 +31,7 @@ STAT_COLUMNS = ["ci_low", "ci_high", "p_value", "p_adjusted"]
 # Config keys (dotted prefixes) that may differ between the jobs of one table: the plan, what names the job, the
 # sections of other modes, and how a job ran (which does not change its numbers).
 FREE_KEYS = ("mask.", "plan.", "plans.", "sweep.", "mode.", "model.", "task.", "ckpt_path.", "group.", "logger.",
-             "baseline_dir.", "report.", "sweep_dir.", "demo.", "attention_route.", "compile.", "importance.",
+             "baseline_dir.", "report.", "sweep_dir.", "demo.", "compile.", "importance.",
              "prune_curve.", "features.", "cluster.", "compare.", "allow_random_head.", "data.num_workers.",
              "data.cache_dir.", "trainer.devices.", "trainer.num_nodes.", "trainer.accelerator.", "trainer.strategy.",
              "trainer.enable_progress_bar.")

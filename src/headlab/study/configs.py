@@ -66,7 +66,6 @@ def train_config(study_cfg: Any, seed: int, group: str) -> Any:
         cfg.mask = OmegaConf.merge(cfg.mask, CLEAR_MASK)
         cfg.seed = seed
         cfg.compile = study_cfg.compile
-        cfg.attention_route = study_cfg.attention_route
         cfg.ckpt_path = None
         cfg.experiment = group
         stage_logger(cfg, group, "finetune")

@@ -27,7 +27,7 @@ from headlab.reporting.results import already_done, library_versions, note_why_a
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash (and headlab.files.RESULT_NEUTRAL).
-RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "attention_route", "paths_root")
+RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir", "paths_root")
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",),

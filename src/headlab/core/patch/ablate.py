@@ -16,20 +16,6 @@ from headlab.core.plans import HeadPlan
 from headlab.core.pruning import PRUNED
 from headlab.core.substitutes.means import HeadMeans
 from headlab.errors import UserError
-from headlab.requirements import require_torch
-
-ROUTES = ("sdpa", "flex")
-
-
-def set_attention_route(model: PreTrainedModel, route: str) -> None:
-    """What serves ``model``'s layers with ``drop_*`` heads under a plan: ``"sdpa"`` (the default: one SDPA call for
-    the keep / prune / uniform heads, one per ``drop_*`` policy) or ``"flex"`` (one FlexAttention call per layer, for
-    GPUs: ``headlab.core.patch.flex_route``). Both give the same outputs; other layers always run SDPA."""
-    if route not in ROUTES:
-        raise UserError(f"attention route {route!r} is not one of {', '.join(ROUTES)}")
-    if route == "flex":
-        require_torch("attention_route=flex")
-    Controller.of(model).route = route
 
 
 def _device(controller: Controller, model: PreTrainedModel) -> torch.device:

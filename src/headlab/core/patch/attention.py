@@ -30,9 +30,6 @@ drop_*, renormalize=False   SDPA over doubled keys ``[K; K]`` with values ``[V; 
                             a query with none), differentiable as SDPA is
 ==========================  =====================================================================
 
-With ``set_attention_route(model, "flex")`` a layer with ``drop_*`` heads is one FlexAttention call over all its
-heads instead, where that route applies (``flex_route.py``: no dropout, one plan per batch).
-
 DeBERTa's attention modules call no attention function; ``disentangled.py`` routes them here, their relative-position
 terms as an additive bias ``[batch, heads, seq, seq]`` (each group of heads takes its rows of it).
 
@@ -56,7 +53,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from headlab.core.families import family_of
 from headlab.core.model_parts import depth_of, self_attention_modules
-from headlab.core.patch import disentangled, flex_route
+from headlab.core.patch import disentangled
 from headlab.core.patch.layer_states import LayerState, RowsState
 from headlab.core.patch.sdpa_masks import (
     additive,
@@ -89,7 +86,6 @@ class Controller:
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
         self.masks: list | None = None  # [(tensors, values, {name: mask})] of the latest inputs, newest first
-        self.route = "sdpa"  # what serves layers with drop_* heads: "sdpa" or "flex" (set_attention_route)
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
         self.implementations: list | None = None  # the configs' implementations from before the current block
         self.per_row = 0  # how many per-row plans the active block has (0: one plan, or none)
@@ -163,7 +159,7 @@ class Controller:
         for config, original in zip(copy.configs, self.implementations or ()):
             config._attn_implementation_internal = original  # the implementation from before the block
         copy.active, copy.observer, copy.masks, copy.states = None, None, None, {}
-        copy.route, copy.implementations, copy.per_row, copy.checked = self.route, None, 0, None
+        copy.implementations, copy.per_row, copy.checked = None, 0, None
         copy.calls, copy.arguments, copy.means, copy.last_means = 0, deepcopy(self.arguments, memo), None, None
         return copy
 
@@ -313,8 +309,6 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
         mask = _mask_heads(padding, layer.shared)
         context = _shared(None, layer.uniform, q, k, v, mask, dropout, scaling)  # [batch, heads', seq, dim]
         return F.pad(context.transpose(1, 2), (0, 0, *layer.pad))  # [batch, seq, heads, head_dim], contiguous
-    if layer.drops and controller.route == "flex" and flex_route.applies(query, key, value, attention_mask, dropout):
-        return _fused(layer, controller, query, key, value, attention_mask, scaling, sentence_ids)
     contexts = []  # (heads, context [batch, seq, heads', head_dim] or 0.0 for skipped heads)
     if layer.skipped is not None:  # pruned heads without attention: their context is 0
         contexts.append((layer.skipped, 0.0))
@@ -366,18 +360,6 @@ def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) ->
     if prune is not None:
         v = _zero_heads(v, prune)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
-
-
-def _fused(layer: LayerState, controller, query, key, value, attention_mask, scaling, sentence_ids) -> torch.Tensor:
-    """Every head of a layer with drop_* heads in one FlexAttention call (``flex_route``)."""
-    heads = layer.fused
-    if heads.uniform is not None:
-        query = _zero_heads(query, heads.uniform)
-    if heads.prune is not None:
-        value = _zero_heads(value, heads.prune)
-    cache = controller.forward_cache(attention_mask, sentence_ids, query)
-    return flex_route.fused_attention(heads, layer.renormalize, cache, query, key, value, attention_mask, sentence_ids,
-                                      scaling)
 
 
 def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from headlab.core.patch.flex_route import FusedHeads
 from headlab.core.plans import SUBSTITUTED, HeadPlan
 
 
@@ -35,7 +34,6 @@ class LayerState:
     uniform: torch.Tensor | None
     drops: tuple[tuple[str, slice | torch.Tensor], ...]
     renormalize: bool
-    fused: FusedHeads | None  # every head's policy for the fused route (None: no drop_* head)
     skipped: slice | torch.Tensor | None
     pad: tuple[int, int] | None = None
     tiled: bool = False
@@ -61,12 +59,11 @@ class LayerState:
             return torch.tensor(chosen, device=device).view(1, -1, 1, 1) if any(chosen) else None
 
         drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
-        fused = FusedHeads.build(groups, plan.num_heads, device) if drops else None
         pad = (shared[0], plan.num_heads - 1 - shared[-1]) if skip and shared and not drops else None
         shared_heads = _as_index(shared, device) if shared else None
         calls = [heads for _, heads in drops] + ([shared_heads] if shared else [])
         tiled = bool(drops) and not skip and all(isinstance(c, slice) for c in calls)  # they cover every head
-        return cls(shared_heads, marks("prune"), marks("uniform"), drops, renormalize, fused,
+        return cls(shared_heads, marks("prune"), marks("uniform"), drops, renormalize,
                    _as_index(pruned, device) if skip else None, pad, tiled, substituted)
 
 
