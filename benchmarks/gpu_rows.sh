@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The GPU rows of BENCHMARKS.md, in groups that each fit one call on the lent GPU machine (< 10 minutes):
 #
-#     bash benchmarks/gpu_rows.sh one_call|attention|train|eval|tests [OUT_DIR]
+#     bash benchmarks/gpu_rows.sh one_call|jobs|attention|train|eval|tests [OUT_DIR]
 #
 # one_call: what the GPU evaluation issue measures, in one call of the lent machine (~6 minutes, each section under
 #        its own time limit so that a slow one loses only itself): eval_speed.py throughput (mode=eval's pass vs a
 #        plain loop over its own DataLoader, BERT-base, bf16-mixed, 9,815 rows), attention_overhead.py on BERT-base and
 #        BERT-large shapes, the CUDA tests, sweep_heads alone over 9,815 rows, attention_overhead.py on RoBERTa,
 #        DeBERTa-v2 and ModernBERT (BERT-base shapes); needs pytest's wheels (below);
+# jobs: every ablate.py mode that evaluates, end to end with trainer=gpu on the tiny model (eval under drop_intra and
+#        under resample, sweep_heads, importance, shapley), each job's last lines and exit status (~2 min;
+#        TRAINER=cpu tries it on the CPU, JOB_LIMIT=S limits each job to S seconds, default 90);
 # attention: attention_overhead.py on BERT-base and BERT-large shapes, bf16 (~4 min);
 # train: train_throughput.py on the BERT-base shape, bf16-mixed, no plan / one head pruned / half uniform (~6 min);
 # eval: eval_speed.py sweep (144 heads, 9,815 rows) and throughput on the BERT-base shape, bf16-mixed (~8 min);
@@ -18,8 +21,8 @@
 set -euo pipefail
 group=${1:-}
 case "$group" in
-    one_call|attention|train|eval|tests) ;;
-    *) echo "error: group must be one of one_call, attention, train, eval, tests; got '$group'" >&2; exit 2 ;;
+    one_call|jobs|attention|train|eval|tests) ;;
+    *) echo "error: group must be one of one_call, jobs, attention, train, eval, tests; got '$group'" >&2; exit 2 ;;
 esac
 out=${2:-${OUT:-gpu-logs}}
 mkdir -p "$out"
@@ -59,6 +62,16 @@ case "$group" in
         for family in roberta deberta-v2 modernbert; do
             section attention 45 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base \
                 --family "$family" --rounds 9 --repeat 3
+        done ;;
+    jobs)
+        jobs_dir=$(mktemp -d)
+        common=(model=tiny_random task=demo_pairs allow_random_head=true data.max_eval_examples=64 logger=csv
+                "trainer=${TRAINER:-gpu}")
+        runs=("mode=eval mask=drop_intra mask.heads=L0" "mode=eval mask=resample mask.heads=L1 mask.reference_examples=32"
+              "mode=sweep_heads mask.policy=drop_inter" "mode=importance" "mode=shapley shapley.over=layers")
+        for i in "${!runs[@]}"; do
+            # shellcheck disable=SC2086  # each run's words
+            section jobs "${JOB_LIMIT:-90}" ../ablate.py ${runs[$i]} "${common[@]}" "hydra.run.dir=$jobs_dir/$i"
         done ;;
     attention)
         for shape in bert-base bert-large; do

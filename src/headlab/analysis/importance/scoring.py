@@ -11,7 +11,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 
 from headlab.core.head_gradients import gradient_probe
@@ -19,9 +18,10 @@ from headlab.core.importance import GradientRows, HeadGradients, score_batch
 from headlab.core.patch.ablate import ablate
 from headlab.core.patch.substitution import SOURCES
 from headlab.core.plans import HeadPlan
+from headlab.training.stays_on_device import StaysOnDevice
 
 
-class HeadScorer(pl.LightningModule):
+class HeadScorer(StaysOnDevice):
     """Per-example head gradients of ``model`` over the validation dataloader; ``gradients`` after validate."""
 
     pass_name = "gradient scoring"  # in progress lines

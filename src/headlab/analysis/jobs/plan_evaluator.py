@@ -13,7 +13,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 
 from headlab.core.losses import example_losses, span_losses
@@ -23,6 +22,7 @@ from headlab.tasks.batches import column_values
 from headlab.tasks.metrics import squad_scores
 from headlab.tasks.squad import AnswerCollector, best_spans
 from headlab.training.modules import gather_rows, question_losses
+from headlab.training.stays_on_device import StaysOnDevice
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 RECORDS_VERSION = 3  # in the cached baselines' key: raised when records change (2: QA losses without the padding;
@@ -42,7 +42,7 @@ class Variant:
         return any(count and policy.startswith("drop_") for policy, count in self.plan.counts().items())
 
 
-class PlanEvaluator(pl.LightningModule):
+class PlanEvaluator(StaysOnDevice):
     """Scores ``model`` (a HF model with the task's head) under each variant on the eval splits.
 
     ``examples[split]``: the raw eval rows (ids; SQuAD contexts and gold answers). After
