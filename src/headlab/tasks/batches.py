@@ -3,8 +3,9 @@
 ``Collator`` pads a list of row dicts, which the DataLoader first reads one by one out of the Arrow table: at 128
 rows a batch that costs ~10 ms of the main process, about what a BERT-base forward costs on a GPU, so the GPU
 waits for its next batch. ``PaddedRows`` reads each column out of the Arrow table once (per-token columns as flat
-values and row offsets, no copy where Arrow allows) and makes a batch with numpy indexing: the same tensors,
-equal in value and dtype, in a fraction of the time (``benchmarks/eval_speed.py collate``).
+values and row offsets, int32 where they fit) and makes a batch with numpy indexing: the same tensors, equal in
+value and dtype, in a fraction of the time (``benchmarks/eval_speed.py collate``). It holds the split in memory
+(a few tens of MB for SQuAD's development set), so it serves evaluation splits; training batches keep the collator.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class PaddedRows(torch.utils.data.Dataset):
                     values = values.flatten().to_numpy().reshape(-1, 2)
                 else:
                     values = values.to_numpy()
-                self.tokens[name] = values
+                self.tokens[name] = _compact(values)
             else:
                 self.rows[name] = column.to_numpy(zero_copy_only=False)
 
@@ -50,6 +51,7 @@ class PaddedRows(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, row: int) -> dict[str, torch.Tensor]:
+        """A batch of one row (``[1, seq]`` columns), as ``__getitems__([row])``."""
         return self.__getitems__([row])
 
     def __getitems__(self, rows: list[int]) -> dict[str, torch.Tensor]:
@@ -78,6 +80,14 @@ def column_values(data: Any, name: str) -> list:
 def collated(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The DataLoader's ``collate_fn`` for ``PaddedRows``: its batches come collated."""
     return batch
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """Token values as int32 when they fit (half the memory of Arrow's int64; batches are int64 again)."""
+    info = np.iinfo(np.int32)
+    if values.size and (values.min() < info.min or values.max() > info.max):
+        return values
+    return values.astype(np.int32)
 
 
 def _as_torch_dtype(values: np.ndarray, labels: bool, regression: bool) -> np.ndarray:

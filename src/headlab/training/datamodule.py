@@ -117,13 +117,14 @@ class TaskDataModule(pl.LightningDataModule):
             self.train_features = tokenize(train, self.task.train_split, True)
         self.eval_features = {split: tokenize(data, split, False) for split, data in self.eval_examples.items()}
         self.collator = Collator(tokenizer.pad_token_id, regression=self.task.type == "regression")
-        self._padded: dict[str | None, PaddedRows] = {}
+        self._padded: dict[str, PaddedRows] = {}
 
-    def padded_rows(self, split: str | None) -> PaddedRows:
-        """An eval split's tokenised rows (None: the training split's) as padded batches (``PaddedRows``: the
-        collator's batches, made in one gather per column), built once."""
+    def padded_rows(self, split: str) -> PaddedRows:
+        """An eval split's tokenised rows as padded batches (``PaddedRows``: the collator's batches, made in one
+        gather per column), built once. Training batches keep the collator: ``PaddedRows`` holds its split in
+        memory, where the collator reads the memory-mapped Arrow file, and a training split can be large."""
         if split not in self._padded:
-            features = self.train_features if split is None else self.eval_features[split]
+            features = self.eval_features[split]
             self._padded[split] = PaddedRows(features, self.collator.pad_token_id, self.collator.regression)
         return self._padded[split]
 
@@ -138,8 +139,8 @@ class TaskDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled per epoch from ``(seed, epoch)``, this process's share (``epoch_order``: resumable mid-epoch)."""
-        return train_loader(self.padded_rows(None), self.batch_size, self._world(), self.seed,
-                            collate_fn=collated, num_workers=self.num_workers, pin_memory=self._pinned())
+        return train_loader(self.train_features, self.batch_size, self._world(), self.seed, collate_fn=self.collator,
+                            num_workers=self.num_workers, pin_memory=self._pinned())
 
     def eval_dataloader(self, split: str) -> DataLoader:
         features = self.eval_features[split]
