@@ -63,6 +63,7 @@ def make_files(folder):
                                                                    "model": "tiny_random"}))
     (folder / "no_sentence2.jsonl").write_text('{"sentence1": "A cat.", "sentence2": "A dog.", "label": 0}\n'
                                               '{"sentence1": "A cow.", "label": 1}\n')
+    (folder / "one_row.jsonl").write_text('{"sentence1": "A cat.", "sentence2": "A dog.", "label": 2.5}\n')
     (folder / "three_rows.jsonl").write_text("".join(json.dumps({"sentence1": f"Row {i}.", "sentence2": "A row.",
                                                                  "label": i % 2}) + "\n" for i in range(3)))
     for name, cut in (("job_truncated", True), ("job_no_weights", False)):  # a train.py job whose model/ is broken
@@ -113,6 +114,8 @@ CASES = [
      "list items with '=', ',', spaces or brackets need quotes inside the argument: \"compare.names=['item one',"),
     ("ablate.py", ["mode=nope"], "mode='nope'"),
     ("train.py", ["attention_route=flex"], "attention_route: the fused FlexAttention route was retired"),
+    ("ablate.py", ["+attention_route=sdpa"], "attention_route: the fused FlexAttention route was retired"),
+    ("train.py", ["+learning_rate=1e-4"], "learning_rate is not an option here ('+learning_rate=...' added it)"),
     ("ablate.py", ["attention_route=sdpa"], "attention_route: the fused FlexAttention route was retired"),
     # model
     # seeds: what seed_everything takes, checked before anything is written (finetune/seed-1/ was left behind)
@@ -225,6 +228,9 @@ CASES = [
     ("train.py", ["ckpt_path=FILES/qa.ckpt"], "was trained with task=demo_qa (this config: task=demo_pairs)"),
     ("train.py", ["ckpt_path=FILES/cut.ckpt"], "cut.ckpt' is not a readable Lightning checkpoint"),
     ("train.py", ["task.data_files.validation=FILES/no_sentence2.jsonl"], "row 2 has no text in 'sentence2'"),
+    ("ablate.py", ["mode=eval", "task=stsb", "allow_random_head=true",
+                   "task.data_files={train: FILES/three_rows.jsonl, validation: FILES/one_row.jsonl}"],
+     "split 'validation' has 1 example to score; Pearson and Spearman correlations need at least 2"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/sweep_foreign"], "job: results.json is not one of ablate.py's"),
     ("ablate.py", ["mode=report", "report.heads=[{features: FILES/cluster_job}]"], "is a mode=cluster job, not a"),
     # ablate.py mode=report

@@ -23,6 +23,7 @@ from typing import Any
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
+from headlab.cli.schema import RETIRED
 from headlab.errors import UserError
 from headlab.study.interrupts import stopping_on_signals
 
@@ -30,9 +31,6 @@ EXIT_USER_ERROR = 2
 _USER_FULL_ERROR = "HEADLAB_USER_HYDRA_FULL_ERROR"  # the user's own setting, kept for DDP child processes
 # train.py's experiment=NAME is only a name, but a name of ablate.py's presets (conf/experiment/) loads that preset
 _PRESET_IN_TRAIN = re.compile(r"In 'experiment/([^']+)'.* not in 'TrainConfig'", re.S)
-# options that were retired: what to do instead
-RETIRED = {"attention_route": "the fused FlexAttention route was retired (on an H200 its drop_* forwards took 2.5-5.6x "
-                              "stock attention's time, the SDPA route's 1.2x: BENCHMARKS.md); drop the option"}
 _RETIRED = re.compile(r"Could not override '(" + "|".join(RETIRED) + r")'")
 
 

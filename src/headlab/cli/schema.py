@@ -12,6 +12,7 @@ Group files pick their schema in their defaults list (``- /schema/task/classific
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -301,8 +302,30 @@ def register_configs() -> None:
         store.store(group=group or None, name=name, node=schema)
 
 
+# options that were retired: what to do instead
+RETIRED = {"attention_route": "the fused FlexAttention route was retired (on an H200 its drop_* forwards took 2.5-5.6x "
+                              "stock attention's time, the SDPA route's 1.2x: BENCHMARKS.md); drop the option"}
+
+
+def check_known_keys(cfg: Any) -> None:
+    """Every top-level key is an option of the script: Hydra refuses an unknown ``key=value``, but ``+key=value``
+    adds one, which nothing would read (a retired option, a typo)."""
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return
+    known = {field.name for field in dataclasses.fields(schema)}
+    for key in cfg:
+        if key == "hydra":  # composed with Hydra's own node (tests)
+            continue
+        if key in RETIRED:
+            raise UserError(f"{key}: {RETIRED[key]}")
+        if key not in known:
+            raise UserError(f"{key} is not an option here ('+{key}=...' added it): nothing would read it; remove it")
+
+
 def check_config(cfg: Any) -> None:
     """Range and fixed-set checks of every group (``UserError``); types were checked by Hydra."""
+    check_known_keys(cfg)
     for group in CHECKED_GROUPS:
         if group in cfg:
             OmegaConf.to_object(cfg[group])

@@ -107,6 +107,10 @@ class TaskDataModule(pl.LightningDataModule):
         limit = lambda data, n: data if n is None else data.select(range(min(n, len(data))))  # noqa: E731
         self.eval_examples = {split: limit(raw[split], self.limits["eval"]) for split in self.eval_splits}
         self.num_examples = {s: len(d) for s, d in self.eval_examples.items()}
+        for split, count in self.num_examples.items():
+            if self.task.type == "regression" and count < 2:
+                raise UserError(f"task {self.task.name}: split {split!r} has {count} example to score; Pearson and "
+                                "Spearman correlations need at least 2")
         self.tokenizer_digest = tokenizer_digest(tokenizer)  # what the tokens depend on (the cache's key too)
         tokenize = lambda data, split, training: tokenize_split(  # noqa: E731
             data, self.task, tokenizer, self.unit, self.cache_dir, split, training, self.tokenizer_digest)
