@@ -24,7 +24,8 @@ from test_docs_recipes import filled
 pytestmark = pytest.mark.slow
 
 GPU_ONLY = ("trainer.precision=16-mixed",  # fp16 autocast: CUDA only in Lightning
-            "compile=true")  # runs on CPU, in a minute; tests/test_ablate.py checks compiled against eager
+            "compile=true",  # runs on CPU, in a minute; tests/test_ablate.py checks compiled against eager
+            "hydra/launcher=submitit_slurm")  # needs a cluster; tests/test_launchers.py runs submitit's local executor
 ON_CPU = {"trainer=gpu": "trainer=cpu", "trainer=ddp": "trainer=cpu", "trainer.devices=4": None}
 SMALL = {"train.py": ["trainer.max_steps=2", "trainer.val_check_interval=1.0", "trainer.num_sanity_val_steps=0",
                       "data.max_train_examples=16", "data.max_eval_examples=8"],

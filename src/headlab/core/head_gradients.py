@@ -121,7 +121,7 @@ class GradientProbe:
                 return context.expand(-1, -1, query.shape[2], -1)
             every_head = torch.ones(1, query.shape[1], 1, 1, dtype=torch.bool, device=query.device)
             return _shared(None, every_head, query, key, value, attention_mask, 0.0, scaling)
-        mask = self.controller.drop_mask(policy, self.renormalize, attention_mask, sentence_ids, query)
+        mask = self.controller.masks.drop_mask(policy, self.renormalize, attention_mask, sentence_ids, query)
         return _restricted(query, key, value, *mask, 0.0, scaling)
 
     def gradients(self, loss: torch.Tensor, key_masks: dict[str, torch.Tensor] | None = None,
@@ -225,4 +225,4 @@ def gradient_probe(model: PreTrainedModel, policies: Sequence[str] = (), renorma
         for module in controller.modules:
             module.__dict__.pop(_PROBE, None)
         if controller.active is None:
-            controller.masks = None
+            controller.masks.clear()

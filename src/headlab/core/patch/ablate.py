@@ -67,7 +67,8 @@ def ablate(
         with headlab_implementation(controller, switch=any(state is not None for state in states)):
             yield model
     finally:
-        controller.active, controller.masks, controller.per_row, controller.checked = None, None, 0, None
+        controller.active, controller.per_row, controller.checked = None, 0, None
+        controller.masks.clear()
         controller.means = None
 
 

@@ -54,15 +54,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from headlab.core.families import family_of
 from headlab.core.model_parts import depth_of, self_attention_modules
 from headlab.core.patch import disentangled
+from headlab.core.patch.forward_masks import ForwardMasks, edit_count
 from headlab.core.patch.layer_states import LayerState, RowsState
-from headlab.core.patch.sdpa_masks import (
-    additive,
-    padding_mask_function,
-    unit_inputs,
-    unit_mask,
-    validity,
-    with_bias,
-)
+from headlab.core.patch.sdpa_masks import padding_mask_function, validity, with_bias
 from headlab.core.patch.substitution import DeviceMeans, substitute
 from headlab.core.plans import HeadPlan
 
@@ -71,7 +65,6 @@ PROBE_NAME = "headlab_probe"  # gradient_probe's attention function (``head_grad
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
 _RESET = "_headlab_resets_calls"  # on a base model whose attention modules serve several depths
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
-_MASKS_KEPT = 4  # (mask, unit ids) pairs whose masks the controller keeps (forward_cache)
 
 
 class Controller:
@@ -85,7 +78,7 @@ class Controller:
         self.configs = list({id(c): c for c in configs}.values())  # the objects whose implementation switches
         self.active: tuple[LayerState | None, ...] | None = None
         self.states: dict[tuple, tuple[LayerState | None, ...]] = {}
-        self.masks: list | None = None  # [(tensors, values, {name: mask})] of the latest inputs, newest first
+        self.masks = ForwardMasks()  # the masks the layers of a forward share
         self.observer = None  # observe_attention's callback: (layer, query, key, attention_mask, scaling)
         self.implementations: list | None = None  # the configs' implementations from before the current block
         self.per_row = 0  # how many per-row plans the active block has (0: one plan, or none)
@@ -158,67 +151,17 @@ class Controller:
         copy.configs = deepcopy(self.configs, memo)
         for config, original in zip(copy.configs, self.implementations or ()):
             config._attn_implementation_internal = original  # the implementation from before the block
-        copy.active, copy.observer, copy.masks, copy.states = None, None, None, {}
+        copy.active, copy.observer, copy.masks, copy.states = None, None, ForwardMasks(), {}
         copy.implementations, copy.per_row, copy.checked = None, 0, None
         copy.calls, copy.arguments, copy.means, copy.last_means = 0, deepcopy(self.arguments, memo), None, None
         return copy
-
-    def forward_cache(self, attention_mask, sentence_ids, query) -> dict:
-        """A dict of masks built from these inputs by the first layer that needs them, reused by the rest.
-
-        Keyed by the identity of the mask and unit-id tensors (and their in-place edit counters), never by value:
-        every layer of a forward gets the same objects. The latest few pairs are kept, so layers that alternate
-        between masks (ModernBERT's local and global layers) find theirs. Under ``torch.compile`` nothing is kept:
-        each layer builds its own and the compiler fuses.
-        """
-        if torch.compiler.is_compiling():
-            return {}
-        tensors = (attention_mask, sentence_ids)  # compared by identity, never by value
-        values = (query.device, *(_version(t) for t in tensors))  # in-place edits
-        kept = self.masks or []
-        for entry in kept:
-            if all(a is b for a, b in zip(entry[0], tensors)) and entry[1] == values:
-                return entry[2]
-        entry = (tensors, values, {})  # holds the tensors: their ids stay theirs while kept
-        self.masks = [entry, *kept[: _MASKS_KEPT - 1]]
-        return entry[2]
-
-    def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
-        """``unit_mask`` of ``policy`` for this forward, additive in the query's dtype (``additive``), and
-        ``has_key`` as 1.0 / 0.0 in that dtype (a factor: one op zeroes the queries without an allowed key)."""
-        cache = self.forward_cache(attention_mask, sentence_ids, query)
-        if "unit inputs" not in cache:
-            cache["unit inputs"] = unit_inputs(attention_mask, sentence_ids, query)
-        key = (policy, renormalize, query.dtype)
-        if key not in cache:
-            mask, has_key = unit_mask(policy, renormalize, *cache["unit inputs"])
-            cache[key] = additive(mask, query.dtype), None if has_key is None else has_key.to(query.dtype)
-        return cache[key]
-
-    def padding_bias(self, attention_mask, sentence_ids, query):
-        """A boolean padding mask as this forward's additive bias (``additive``); any other mask as it is."""
-        if attention_mask is None or attention_mask.dtype != torch.bool:
-            return attention_mask
-        cache = self.forward_cache(attention_mask, sentence_ids, query)
-        key = ("padding", query.dtype)
-        if key not in cache:
-            cache[key] = additive(attention_mask, query.dtype)
-        return cache[key]
-
-    def zeros(self, like: torch.Tensor, attention_mask, sentence_ids) -> torch.Tensor:
-        """Zeros shaped as ``like`` (the doubled keys' second values), made once per forward and shape."""
-        cache = self.forward_cache(attention_mask, sentence_ids, like)
-        key = ("zeros", like.shape, like.dtype)
-        if key not in cache:
-            cache[key] = torch.zeros_like(like)
-        return cache[key]
 
     def check_plan_ids(self, plan_ids: Any, batch: int) -> None:
         """``plan_ids`` ``[batch]`` index the per-row plans (once per forward; under ``torch.compile``, never):
         -1 would pick the last plan, and plan_ids under one plan would be ignored."""
         if torch.compiler.is_compiling():
             return
-        if self.checked is not None and self.checked[0] is plan_ids and self.checked[1] == _version(plan_ids):
+        if self.checked is not None and self.checked[0] is plan_ids and self.checked[1] == edit_count(plan_ids):
             return  # checked at the forward's first layer
         if not self.per_row:
             raise ValueError("plan_ids given, but the model is under one plan: give ablate a list of plans for "
@@ -232,7 +175,7 @@ class Controller:
         if low < 0 or high >= self.per_row:
             raise ValueError(f"plan_ids holds {low if low < 0 else high}; each must index one of the "
                              f"{self.per_row} plans (0..{self.per_row - 1})")
-        self.checked = (plan_ids, _version(plan_ids))
+        self.checked = (plan_ids, edit_count(plan_ids))
 
     def states_for(self, plan: HeadPlan | tuple[HeadPlan, ...], renormalize: bool, device: torch.device) -> tuple:
         """Per layer: a LayerState (one plan), a RowsState (a tuple of per-row plans) or None (all keep)."""
@@ -300,7 +243,7 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
     sentence_ids = kwargs.get("sentence_ids")
     padding = attention_mask  # what the keep / prune / uniform heads' SDPA call takes
     if layer.uniform is None:  # (uniform heads read which keys are valid from the mask as it came)
-        padding = controller.padding_bias(attention_mask, sentence_ids, query)
+        padding = controller.masks.padding_bias(attention_mask, sentence_ids, query)
     if not layer.drops and layer.skipped is None:  # one SDPA call serves every head
         out = _shared(layer.prune, layer.uniform, query, key, value, padding, dropout, scaling)
         return out.transpose(1, 2).contiguous()
@@ -318,8 +261,9 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
         contexts.append((layer.shared, _shared(layer.prune, layer.uniform, q, k, v, mask, dropout, scaling)))
     for policy, heads in layer.drops:  # a per-head bias (DeBERTa): the group's unit masks from its own rows
         q, k, v = (_heads(x, heads) for x in (query, key, value))
-        mask = controller.drop_mask(policy, layer.renormalize, _mask_heads(attention_mask, heads), sentence_ids, query)
-        zeros = None if layer.renormalize else controller.zeros(v, attention_mask, sentence_ids)
+        group_mask = _mask_heads(attention_mask, heads)
+        mask = controller.masks.drop_mask(policy, layer.renormalize, group_mask, sentence_ids, query)
+        zeros = None if layer.renormalize else controller.masks.zeros(v, attention_mask, sentence_ids)
         contexts.append((heads, _restricted(q, k, v, *mask, dropout, scaling, zeros)))
     contexts = [(heads, c if isinstance(c, float) else c.transpose(1, 2)) for heads, c in contexts]
     if layer.tiled:  # slices that cover the heads in order: one copy
@@ -371,7 +315,7 @@ def _per_row(layer: RowsState, controller, query, key, value, attention_mask, dr
     rows = lambda table: None if table is None else table[plan_ids][:, :, None, None]  # noqa: E731  [batch, heads, 1, 1]
     out = _shared(rows(layer.prune), rows(layer.uniform), query, key, value, attention_mask, dropout, scaling)
     for policy, table in layer.drops:
-        mask = controller.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
+        mask = controller.masks.drop_mask(policy, layer.renormalize, attention_mask, kwargs.get("sentence_ids"), query)
         out = torch.where(rows(table), _restricted(query, key, value, *mask, dropout, scaling), out)
     return out.transpose(1, 2).contiguous()
 
@@ -392,11 +336,6 @@ def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
 def _mask_heads(mask: torch.Tensor | None, heads: slice | torch.Tensor) -> torch.Tensor | None:
     """A mask's rows of ``heads`` where it has one per head (DeBERTa's bias ``[batch, heads, seq, seq]``)."""
     return _heads(mask, heads) if mask is not None and mask.dim() == 4 and mask.shape[1] > 1 else mask
-
-
-def _version(tensor: torch.Tensor | None) -> int | None:
-    """The tensor's in-place edit counter; inference tensors have none (they are matched by identity only)."""
-    return None if tensor is None or tensor.is_inference() else tensor._version
 
 
 def _restricted(q, k, v, mask, has_key, dropout: float, scaling, zeros=None) -> torch.Tensor:
