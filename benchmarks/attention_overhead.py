@@ -6,9 +6,10 @@
 
 Random weights in the named shape (speed does not depend on them), of the family's model (``--family``: its own
 stock model is the baseline, the same attention implementation: SDPA, DeBERTa's own); rows padded to N/2..N tokens
-(``--no-padding``: full rows). Plans: the identity (every head ``keep``), one head (the middle
-layer's head 0) under prune / uniform / drop_intra, and half the heads of every layer under each
-policy. Each forward enters ``headlab.ablate`` as the Lightning module does per batch. Every round
+(``--no-padding``: full rows); ``--groups``: the ``drop_*`` plans also with one SDPA call per group of heads (on a
+GPU, as before ``layer_states.JointCall``; on a CPU, as always), for the comparison. Plans: the identity (every
+head ``keep``), one head (the middle layer's head 0) under prune / uniform / drop_intra, and half the heads of every
+layer under each policy. Each forward enters ``headlab.ablate`` as the Lightning module does per batch. Every round
 times the stock model and each plan once, in alternating order; the script prints the median time
 per forward and the median of the per-round ratios to stock SDPA, with the target.
 """
@@ -31,6 +32,7 @@ from common import (
 )
 
 import headlab
+from headlab.core.patch import attention
 
 
 def plans(layers: int, heads: int, gpu: bool) -> dict[str, tuple[list, bool, float]]:
@@ -69,6 +71,8 @@ def main() -> None:
     parser.add_argument("--no-padding", action="store_true", help="full-length rows")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--family", default="bert", choices=FAMILY_TYPES, help="the model's family (its model_type)")
+    parser.add_argument("--groups", action="store_true",
+                        help="also the drop_* plans with one SDPA call per group of heads (on a GPU: before JointCall)")
     args = parser.parse_args()
     device = check_device(parser, args.device)
     if args.threads is not None:
@@ -86,10 +90,13 @@ def main() -> None:
     def stock():
         model(**inputs)
 
-    def patched(rules, renormalize):
+    joint_limits = dict(attention.JOINT_MAX_ELEMENTS)
+
+    def patched(rules, renormalize, joint=True):
         plan = headlab.HeadPlan.from_rules(rules, layers, heads)
 
         def run():
+            attention.JOINT_MAX_ELEMENTS = joint_limits if joint else {}
             with headlab.ablate(model, plan, renormalize=renormalize):
                 return model(**inputs, sentence_ids=sentence_ids).last_hidden_state
 
@@ -97,6 +104,8 @@ def main() -> None:
 
     baseline = f"stock {model.config._attn_implementation}"  # sdpa; DeBERTa's own: eager
     runs = {baseline: stock, **{name: patched(*row[:2]) for name, row in table.items()}}
+    if args.groups:
+        runs |= {f"{name}, groups": patched(*table[name][:2], joint=False) for name in table if "drop" in name}
     with torch.inference_mode():  # the warm-up calls build each plan's state once
         times = alternating_rounds(runs, args.rounds, args.repeat, device)
 
@@ -105,7 +114,7 @@ def main() -> None:
     print(f"{'plan':<31} {'median ms':>10} {'ratio':>7} {'target':>7}")
     for name, samples in times.items():
         ratio = statistics.median(t / s for t, s in zip(samples, times[baseline]))
-        target = table[name][2] if name in table else None
+        target = table[name.removesuffix(", groups")][2] if name != baseline else None
         verdict = "" if target is None else ("ok" if ratio <= target else "MISS")
         print(f"{name:<31} {statistics.median(samples) * 1e3:>10.2f} {ratio:>7.3f} "
               f"{'' if target is None else f'<={target}':>7} {verdict}")

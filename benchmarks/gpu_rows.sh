@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU rows of BENCHMARKS.md, in groups that each fit one call on the lent GPU machine (< 10 minutes):
 #
-#     bash benchmarks/gpu_rows.sh one_call|jobs|attention|train|eval|tests [OUT_DIR]
+#     bash benchmarks/gpu_rows.sh one_call|targets|jobs|attention|train|eval|tests [OUT_DIR]
 #
+# targets: the rows that missed their target in the 2026-11-27 H200 calls, in one call (~5 minutes): attention_overhead.py
+#        on BERT-base and RoBERTa with --groups (renormalised drop_* as one SDPA call per layer and per group) and on
+#        DeBERTa-v2, sweep_heads alone over 9,815 rows, the CUDA tests; needs pytest's wheels (below);
 # one_call: what the GPU evaluation issue measures, in one call of the lent machine (~6 minutes, each section under
 #        its own time limit so that a slow one loses only itself): eval_speed.py throughput (mode=eval's pass vs a
 #        plain loop over its own DataLoader, BERT-base, bf16-mixed, 9,815 rows), attention_overhead.py on BERT-base and
@@ -21,8 +24,9 @@
 set -euo pipefail
 group=${1:-}
 case "$group" in
-    one_call|jobs|attention|train|eval|tests) ;;
-    *) echo "error: group must be one of one_call, jobs, attention, train, eval, tests; got '$group'" >&2; exit 2 ;;
+    one_call|targets|jobs|attention|train|eval|tests) ;;
+    *) echo "error: group must be one of one_call, targets, jobs, attention, train, eval, tests; got '$group'" >&2
+       exit 2 ;;
 esac
 out=${2:-${OUT:-gpu-logs}}
 mkdir -p "$out"
@@ -46,7 +50,22 @@ section() {  # LOG LIMIT ARGS...: one benchmark under a time limit, its output a
     tail -n 14 "$out/$log.log"
 }
 
+cuda_tests() {  # LIMIT: the CUDA-only attention tests, their failures in full, to tests.log
+    (cd .. && timeout "$1" python3 -m pytest -o addopts= -q -ra -p no:cacheprovider \
+        tests/test_attention_contract.py -k cuda > "$out/tests.log" 2>&1; echo "exit status $?" >> "$out/tests.log")
+    tail -n 20 "$out/tests.log"
+}
+
 case "$group" in
+    targets)
+        for family in bert roberta deberta-v2; do
+            groups=(); [[ $family == deberta-v2 ]] || groups=(--groups)
+            section attention 80 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base \
+                --family "$family" --rounds 9 --repeat 3 "${groups[@]}"
+        done
+        section sweep 150 eval_speed.py sweep --only sweep_heads --device cuda --precision bf16-mixed \
+            --shape bert-base --task demo_pairs --rows 9815 --batch 128 --rounds 1
+        cuda_tests 120 ;;
     one_call)
         section eval 150 eval_speed.py throughput --device cuda --precision bf16-mixed --shape bert-base \
             --task demo_pairs --rows 9815 --batch 128 --rounds 5
@@ -54,9 +73,7 @@ case "$group" in
             section attention 75 attention_overhead.py --device cuda --dtype bfloat16 --shape "$shape" --rounds 9 \
                 --repeat 3
         done
-        (cd .. && timeout 150 python3 -m pytest -o addopts= -q -ra -p no:cacheprovider \
-            tests/test_attention_contract.py -k cuda > "$out/tests.log" 2>&1; echo "exit status $?" >> "$out/tests.log")
-        tail -n 20 "$out/tests.log"
+        cuda_tests 150
         section sweep 150 eval_speed.py sweep --only sweep_heads --device cuda --precision bf16-mixed \
             --shape bert-base --task demo_pairs --rows 9815 --batch 128 --rounds 1
         for family in roberta deberta-v2 modernbert; do

@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from headlab.core.models import load_model, load_tokenizer
+from headlab.core.patch import attention
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +74,15 @@ def tokenizer(tiny_cfg):
 @pytest.fixture
 def tiny_model(tiny_cfg):
     return load_model(tiny_cfg)
+
+
+@pytest.fixture(params=["one call", "per group"])
+def drop_route(request, monkeypatch):
+    """Both ways a layer with drop_* heads runs (``attention.JOINT_MAX_ELEMENTS``): one SDPA call over every head
+    (small layers on a GPU), or one call per group of heads (larger ones, and on a CPU)."""
+    limit = float("inf") if request.param == "one call" else 0
+    monkeypatch.setattr(attention, "JOINT_MAX_ELEMENTS", {"cpu": limit, "cuda": limit})
+    return request.param
 
 
 @pytest.fixture

@@ -63,7 +63,7 @@ def substituted(model, inputs):
 
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_every_policy_on_all_heads_matches_reference(tiny_model, inputs, sentence_ids, policy, renormalize):
+def test_every_policy_on_all_heads_matches_reference(tiny_model, inputs, sentence_ids, policy, renormalize, drop_route):
     plan = plan_of([{"heads": "all", "policy": policy}], tiny_model)
     means, head_sources, substitutes = substituted(tiny_model, inputs)
     with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize, means=means):
@@ -87,7 +87,7 @@ def test_pruned_heads_at_the_ends_pad_the_others_context(tiny_model, inputs):
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
-def test_mixed_plan_matches_reference(tiny_model, inputs, sentence_ids, renormalize):
+def test_mixed_plan_matches_reference(tiny_model, inputs, sentence_ids, renormalize, drop_route):
     plan = plan_of(SUBSTITUTED_RULES, tiny_model)
     assert set(plan.counts()) == set(POLICIES) and all(plan.counts().values())
     means, head_sources, substitutes = substituted(tiny_model, inputs)
@@ -208,7 +208,7 @@ def test_task_heads_match_reference(tiny_model, inputs, sentence_ids, task_head)
 
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("heads", ["all", "H0-1", "H0,H2"])  # one group per layer, a slice beside others, indices
-def test_query_without_allowed_key_outputs_zero_not_nan(tiny_model, inputs, renormalize, heads):
+def test_query_without_allowed_key_outputs_zero_not_nan(tiny_model, inputs, renormalize, heads, drop_route):
     """One unit per row: drop_intra leaves no key at all, so its heads equal pruned ones."""
     one_unit = torch.zeros_like(inputs["input_ids"])
     plan = plan_of([{"heads": heads, "policy": "drop_intra"}], tiny_model)
@@ -239,7 +239,7 @@ def test_model_restored_on_exit_and_on_exception(tiny_model, inputs, sentence_id
 
 
 @pytest.mark.parametrize("rules", [MIXED_RULES, PADDED_RULES], ids=["mixed", "padded"])
-def test_gradients_match_reference(tiny_model, tokenizer, rules):
+def test_gradients_match_reference(tiny_model, tokenizer, rules, drop_route):
     """Fine-tuning under a plan: d(output)/d(weights) equals the float64 reference's gradient."""
     batch = tokenizer(["the city is old. he left!", "who was it?"], ["it was smith.", "no"], padding=True,
                       return_tensors="pt")

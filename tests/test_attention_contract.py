@@ -19,7 +19,7 @@ PLANS = {**{policy: [{"heads": "L0H1,L1,L2H2-3", "policy": policy}] for policy i
 
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("name", list(PLANS))
-def test_float64_model_matches_reference_to_1e_10(tiny_model, inputs, sentence_ids, name, renormalize):
+def test_float64_model_matches_reference_to_1e_10(tiny_model, inputs, sentence_ids, name, renormalize, drop_route):
     model = tiny_model.double()
     plan = plan_of(PLANS[name], model)
     means, head_sources, substitutes = substituted(model, inputs)
@@ -106,7 +106,8 @@ def compiled_equals_eager(model, inputs, sentence_ids, plan, renormalize, backen
 
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("name", list(PLANS))
-def test_fullgraph_compile_finds_no_data_dependent_branch(tiny_model, inputs, sentence_ids, name, renormalize):
+def test_fullgraph_compile_finds_no_data_dependent_branch(
+        tiny_model, inputs, sentence_ids, name, renormalize, drop_route):
     """A graph break under fullgraph=True raises: the forward has no branch on tensor data (no host sync)."""
     compiled_equals_eager(tiny_model, inputs, sentence_ids, plan_of(PLANS[name], tiny_model), renormalize, "aot_eager")
 
@@ -119,7 +120,7 @@ def test_inductor_compiled_mixed_plan_equals_eager(tiny_model, inputs, sentence_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("name", list(PLANS))
-def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormalize):
+def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormalize, drop_route):
     model = tiny_model.cuda()
     inputs = {k: v.cuda() for k, v in inputs.items()}
     units = sentence_ids.cuda()  # (a host-to-device copy synchronises: done before the check)
@@ -140,7 +141,7 @@ def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormaliz
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
-def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sentence_ids, renormalize):
+def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sentence_ids, renormalize, drop_route):
     """drop_* masks are built once per forward; a new forward (new tensors, or ids edited in place) rebuilds them."""
     plan = plan_of(MIXED_RULES, tiny_model)
     other = sentence_ids.flip(-1).clone()
@@ -161,7 +162,7 @@ def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sen
 
 
 @pytest.mark.parametrize("rules", [PLANS["drop_intra"], MIXED_RULES])
-def test_forwards_with_other_padding_inside_one_plan(tiny_model, inputs, sentence_ids, rules):
+def test_forwards_with_other_padding_inside_one_plan(tiny_model, inputs, sentence_ids, rules, drop_route):
     """What the layers of a forward share (unit masks) is rebuilt when the padding changes."""
     plan = plan_of(rules, tiny_model)
     shorter = dict(inputs, attention_mask=inputs["attention_mask"].clone())

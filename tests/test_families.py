@@ -84,7 +84,7 @@ def test_every_policy_on_all_heads_equals_the_reference(family, policy, renormal
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
-def test_a_mixed_plan_equals_the_reference(family, renormalize):
+def test_a_mixed_plan_equals_the_reference(family, renormalize, drop_route):
     _, model = family
     rows, plan = batch(), plan_of(MIXED, model)
     means, head_sources, substitutes = substituted(model, rows)

@@ -30,6 +30,12 @@ drop_*, renormalize=False   SDPA over doubled keys ``[K; K]`` with values ``[V; 
                             a query with none), differentiable as SDPA is
 ==========================  =====================================================================
 
+On a GPU, a layer with ``drop_*`` heads whose query is smaller than ``JOINT_MAX_ELEMENTS`` (a launch-bound forward, as
+BERT-base's 64 x 128 tokens) is one SDPA call over every head, each head under its own mask
+(``layer_states.JointCall``; without renormalising every head runs over the doubled keys, the others' second half
+hidden). Larger layers, and every layer on a CPU (compute-bound), run one call per group: there the work of the
+per-head masks and doubled keys costs more than the calls save (BENCHMARKS.md).
+
 DeBERTa's attention modules call no attention function; ``disentangled.py`` routes them here, their relative-position
 terms as an additive bias ``[batch, heads, seq, seq]`` (each group of heads takes its rows of it).
 
@@ -65,6 +71,8 @@ PROBE_NAME = "headlab_probe"  # gradient_probe's attention function (``head_grad
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
 _RESET = "_headlab_resets_calls"  # on a base model whose attention modules serve several depths
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
+# per device type, the query size below which a layer with drop_* heads runs as one SDPA call (module docstring)
+JOINT_MAX_ELEMENTS = {"cuda": 1 << 23}
 
 
 class Controller:
@@ -244,13 +252,21 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
     padding = attention_mask  # what the keep / prune / uniform heads' SDPA call takes
     if layer.uniform is None:  # (uniform heads read which keys are valid from the mask as it came)
         padding = controller.masks.padding_bias(attention_mask, sentence_ids, query)
+    key_mask = kwargs.get("key_mask")  # DeBERTa's: attention_mask is its bias of this layer
+    visible = None  # DeBERTa's uniform heads: the keys its mask shows, as a bias made once per forward
+    if key_mask is not None and layer.uniform is not None:
+        visible = controller.masks.visible_bias(key_mask, sentence_ids, query)
+    if layer.joint is not None and query.numel() < JOINT_MAX_ELEMENTS.get(query.device.type, 0) and (
+            key_mask is not None or attention_mask is None or attention_mask.dtype == torch.bool):
+        return _joint(layer, controller, query, key, value, attention_mask, sentence_ids, visible, key_mask, dropout,
+                      scaling)
     if not layer.drops and layer.skipped is None:  # one SDPA call serves every head
-        out = _shared(layer.prune, layer.uniform, query, key, value, padding, dropout, scaling)
+        out = _shared(layer.prune, layer.uniform, query, key, value, padding, dropout, scaling, visible)
         return out.transpose(1, 2).contiguous()
     if layer.pad is not None:  # pruned heads at the ends: the other heads' context, padded with zero heads
         q, k, v = (x[:, layer.shared] for x in (query, key, value))
         mask = _mask_heads(padding, layer.shared)
-        context = _shared(None, layer.uniform, q, k, v, mask, dropout, scaling)  # [batch, heads', seq, dim]
+        context = _shared(None, layer.uniform, q, k, v, mask, dropout, scaling, visible)  # [batch, heads', seq, dim]
         return F.pad(context.transpose(1, 2), (0, 0, *layer.pad))  # [batch, seq, heads, head_dim], contiguous
     contexts = []  # (heads, context [batch, seq, heads', head_dim] or 0.0 for skipped heads)
     if layer.skipped is not None:  # pruned heads without attention: their context is 0
@@ -258,12 +274,13 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
     if layer.shared is not None:
         q, k, v = (_heads(x, layer.shared) for x in (query, key, value))
         mask = _mask_heads(padding, layer.shared)
-        contexts.append((layer.shared, _shared(layer.prune, layer.uniform, q, k, v, mask, dropout, scaling)))
+        contexts.append((layer.shared, _shared(layer.prune, layer.uniform, q, k, v, mask, dropout, scaling, visible)))
     for policy, heads in layer.drops:  # a per-head bias (DeBERTa): the group's unit masks from its own rows
         q, k, v = (_heads(x, heads) for x in (query, key, value))
         group_mask = _mask_heads(attention_mask, heads)
-        mask = controller.masks.drop_mask(policy, layer.renormalize, group_mask, sentence_ids, query)
-        zeros = None if layer.renormalize else controller.masks.zeros(v, attention_mask, sentence_ids)
+        mask = controller.masks.drop_mask(policy, layer.renormalize, group_mask, sentence_ids, query, key_mask)
+        zeros = None if layer.renormalize else controller.masks.zeros(v, _per_forward(attention_mask, key_mask),
+                                                                      sentence_ids)
         contexts.append((heads, _restricted(q, k, v, *mask, dropout, scaling, zeros)))
     contexts = [(heads, c if isinstance(c, float) else c.transpose(1, 2)) for heads, c in contexts]
     if layer.tiled:  # slices that cover the heads in order: one copy
@@ -272,6 +289,30 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
     for heads, context in contexts:  # every head is written by one group
         _write(out, heads, context)
     return out
+
+
+def _joint(layer: LayerState, controller, query, key, value, attention_mask, sentence_ids, visible, key_mask,
+           dropout, scaling):
+    """A layer with ``drop_*`` heads in one SDPA call, each head under its own mask (``layer_states.JointCall``);
+    returns ``[batch, seq, heads, head_dim]``. ``key_mask``: DeBERTa's, whose ``attention_mask`` is a per-layer
+    bias, with ``visible`` (``_shared``)."""
+    joint = layer.joint
+    if visible is not None:  # DeBERTa's uniform heads: 1/n over the keys its mask shows
+        attention_mask = torch.where(joint.uniform, visible, attention_mask)
+    mask, has_key = controller.masks.joint_mask(joint.kinds, layer.renormalize, attention_mask, sentence_ids, query,
+                                                key_mask)
+    q = query if joint.uniform is None else _zero_heads(query, joint.uniform)
+    v = value if joint.prune is None else _zero_heads(value, joint.prune)
+    if has_key is None:  # doubled keys [K; K] with values [V; 0] (module docstring)
+        key = torch.cat([key, key], dim=2)
+        v = torch.cat([v, controller.masks.zeros(v, _per_forward(attention_mask, key_mask), sentence_ids)], dim=2)
+    out = F.scaled_dot_product_attention(q, key, v, attn_mask=mask, dropout_p=dropout, scale=scaling).transpose(1, 2)
+    return (out if has_key is None else out * has_key.transpose(1, 2)).contiguous()  # 0.0: a query without a key
+
+
+def _per_forward(attention_mask, key_mask):
+    """The tensor a forward's cached masks are keyed by: DeBERTa's ``key_mask`` (its bias differs per layer)."""
+    return attention_mask if key_mask is None else key_mask
 
 
 def _reset_calls(base_model: torch.nn.Module, args) -> None:
@@ -291,16 +332,20 @@ def _write(out: torch.Tensor, heads: slice | torch.Tensor, context: torch.Tensor
         out.index_copy_(2, heads, context)
 
 
-def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling) -> torch.Tensor:
+def _shared(prune, uniform, q, k, v, attention_mask, dropout: float, scaling, visible=None) -> torch.Tensor:
     """keep, prune and uniform heads in one SDPA call: pruned heads' values and uniform heads' queries zeroed.
 
-    ``prune`` / ``uniform``: boolean marks ``[1 or batch, heads, 1, 1]`` (None: no such head).
+    ``prune`` / ``uniform``: boolean marks ``[1 or batch, heads, 1, 1]`` (None: no such head). ``visible``: the
+    additive mask uniform heads take in place of a per-head bias (DeBERTa's, made once per forward), else found here.
     """
     if uniform is not None:
         q = _zero_heads(q, uniform)
-        valid, bias = validity(attention_mask, q)
-        if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
-            attention_mask = torch.where(uniform, with_bias(valid, torch.zeros_like(bias)), bias)
+        if visible is not None:
+            attention_mask = torch.where(uniform, visible, attention_mask)
+        else:
+            valid, bias = validity(attention_mask, q)
+            if bias is not None:  # a caller's additive bias: uniform heads see only which keys are valid
+                attention_mask = torch.where(uniform, with_bias(valid, torch.zeros_like(bias)), bias)
     if prune is not None:
         v = _zero_heads(v, prune)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)

@@ -10,7 +10,9 @@ module's own code and calls headlab's attention function (whichever the model's 
 
 * query, key, value ``[batch, heads, seq, head_dim]`` and ``scaling = 1 / sqrt(d s)``;
 * as attention mask the additive bias ``[batch, heads, seq, seq]``: the relative terms, the dtype's minimum where
-  DeBERTa's mask hides a key.
+  DeBERTa's mask hides a key;
+* ``key_mask``: DeBERTa's own mask ``[batch, 1, seq, seq]``, the same tensor in every layer (the bias is not), from
+  which a forward finds once where ``drop_*`` heads fill the bias.
 
 ``softmax(q k^T * scaling + bias)`` is DeBERTa's softmax, so every policy acts on the probabilities after it (uniform:
 1/n over the keys its mask shows; drop_*: those probabilities restricted to the allowed keys). DeBERTa's task
@@ -43,7 +45,8 @@ class RoutedDisentangledSelfAttention(DisentangledSelfAttention):
         query, key, value, bias, scaling = self.scores_inputs(hidden_states, attention_mask, query_states,
                                                               relative_pos, rel_embeddings)
         dropout = self.dropout.p if self.training else 0.0
-        out, _ = function(self, query, key, value, bias, dropout=dropout, scaling=scaling, **arguments)
+        out, _ = function(self, query, key, value, bias, dropout=dropout, scaling=scaling, key_mask=attention_mask,
+                          **arguments)
         batch, length = out.shape[:2]  # out: [batch, seq, heads, head_dim]
         return out.reshape(batch, length, -1), None  # [batch, seq, heads * head_dim]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from headlab.core.patch.sdpa_masks import additive, unit_inputs, unit_mask
+from headlab.core.patch.sdpa_masks import additive, unit_hides, unit_inputs, unit_mask
 
 _KEPT = 4  # (mask, unit ids) pairs whose masks are kept
 
@@ -42,9 +42,22 @@ class ForwardMasks:
         self.kept = [entry, *self.kept[: _KEPT - 1]]
         return entry[2]
 
-    def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query) -> tuple:
+    def drop_mask(self, policy: str, renormalize: bool, attention_mask, sentence_ids, query, key_mask=None) -> tuple:
         """``unit_mask`` of ``policy`` for this forward, additive in the query's dtype (``additive``), and
-        ``has_key`` as 1.0 / 0.0 in that dtype (a factor: one op zeroes the queries without an allowed key)."""
+        ``has_key`` as 1.0 / 0.0 in that dtype (a factor: one op zeroes the queries without an allowed key).
+
+        ``key_mask``: where ``attention_mask`` is a bias that differs per layer (DeBERTa's ``[batch, heads, seq,
+        seq]``), the mask of the keys each query sees, which does not: the keys a policy hides are then found once
+        per forward and each layer fills its bias there (``-inf``), as ``unit_mask`` would from that bias.
+        """
+        if key_mask is not None:
+            cache = self.cache(key_mask, sentence_ids, query)
+            key = ("hides", policy, renormalize, query.dtype)
+            if key not in cache:
+                cache[key] = unit_hides(policy, renormalize, key_mask.bool(), sentence_ids, query)
+            hides, has_key = cache[key]
+            filled = [attention_mask.masked_fill(hide, float("-inf")) for hide in hides]
+            return (filled[0] if len(filled) == 1 else torch.cat(filled, dim=-1)), has_key
         cache = self.cache(attention_mask, sentence_ids, query)
         if "unit inputs" not in cache:
             cache["unit inputs"] = unit_inputs(attention_mask, sentence_ids, query)
@@ -52,6 +65,70 @@ class ForwardMasks:
         if key not in cache:
             mask, has_key = unit_mask(policy, renormalize, *cache["unit inputs"])
             cache[key] = additive(mask, query.dtype), None if has_key is None else has_key.to(query.dtype)
+        return cache[key]
+
+    def joint_mask(self, kinds: tuple[str, ...], renormalize: bool, attention_mask, sentence_ids, query,
+                   key_mask=None) -> tuple:
+        """(mask, ``has_key`` ``[batch, heads, seq, 1]`` factor or None) of a layer in one SDPA call
+        (``layer_states.JointCall``): per head the padding mask or its policy's unit mask (``unit_mask``:
+        ``[batch, heads, seq, keys]`` renormalised, else over doubled keys ``[batch, heads, seq, 2 keys]``, where the
+        other heads' second half is hidden).
+
+        ``attention_mask`` boolean or None: the mask is made once per forward (additive). A per-layer bias with the
+        ``key_mask`` it came from (DeBERTa, ``drop_mask``): where each head's policy hides keys is found once per
+        forward, and the layer's bias is filled there (``-inf``).
+        """
+        per_layer = key_mask is not None
+        cache = self.cache(key_mask if per_layer else attention_mask, sentence_ids, query)
+        key = ("joint", kinds, renormalize, query.dtype)
+        if key not in cache:
+            cache[key] = self._joint_parts(kinds, renormalize, attention_mask, sentence_ids, query, key_mask, cache)
+        masks, has_keys = cache[key]
+        if not per_layer:
+            return masks, has_keys
+        filled = [attention_mask.masked_fill(hide, float("-inf")) for hide in masks]
+        return (filled[0] if len(filled) == 1 else torch.cat(filled, dim=-1)), has_keys
+
+    @staticmethod
+    def _joint_parts(kinds, renormalize, attention_mask, sentence_ids, query, key_mask, cache) -> tuple:
+        """``joint_mask``'s per-forward part: the additive mask (or DeBERTa's hides, one per half) and ``has_key``."""
+        choices = {}  # kind: (masks or hides, one per half [batch, 1, seq, keys], has_key or None)
+        shape = (query.shape[0], 1, query.shape[2], query.shape[2])  # [batch, 1, seq, keys]: self-attention
+        if key_mask is not None:
+            valid = key_mask.bool()
+            hidden = (torch.zeros_like(valid),) + (() if renormalize else (torch.ones_like(valid),))
+            choices["padding"] = hidden, None  # the bias hides what DeBERTa's mask does; no second half
+            for policy in set(kinds) - {"padding"}:
+                choices[policy] = unit_hides(policy, renormalize, valid, sentence_ids, query)
+        else:
+            if "unit inputs" not in cache:
+                cache["unit inputs"] = unit_inputs(attention_mask, sentence_ids, query)
+            valid, bias, same = cache["unit inputs"]
+            padding = valid.expand(shape)
+            if not renormalize:  # the doubled keys' second half: hidden
+                padding = torch.cat([padding, torch.zeros_like(padding)], dim=-1)
+            choices["padding"] = (padding,), None
+            for policy in set(kinds) - {"padding"}:
+                mask, has_key = unit_mask(policy, renormalize, valid, bias, same)
+                choices[policy] = (mask,), has_key
+        halves = len(choices["padding"][0])
+        # per head its kind's masks: concatenations of views (an index tensor would be a host-device copy)
+        masks = [torch.cat([choices[kind][0][half].expand(*shape[:-1], -1) for kind in kinds], dim=1)
+                 for half in range(halves)]  # each [batch, heads, seq, keys]
+        has_keys = None
+        if renormalize:
+            ones = torch.ones(*shape[:-1], 1, dtype=query.dtype, device=query.device)
+            has_keys = torch.cat([ones if choices[kind][1] is None else choices[kind][1].to(query.dtype)
+                                  for kind in kinds], dim=1)  # [batch, heads, seq, 1]
+        return (masks if key_mask is not None else additive(masks[0], query.dtype)), has_keys
+
+    def visible_bias(self, key_mask, sentence_ids, query) -> torch.Tensor:
+        """DeBERTa's mask of the keys each query sees as an additive bias (``additive``), once per forward: what its
+        uniform heads take in place of their bias (1/n over those keys)."""
+        cache = self.cache(key_mask, sentence_ids, query)
+        key = ("visible", query.dtype)
+        if key not in cache:
+            cache[key] = additive(key_mask.bool(), query.dtype)
         return cache[key]
 
     def padding_bias(self, attention_mask, sentence_ids, query):

@@ -27,6 +27,7 @@ class LayerState:
     layer's output is their contexts concatenated (one op, no writes).
     ``substituted``: ``(policy, [1, 1, heads, 1] marks)`` of the ``mean`` / ``resample`` heads, in the layout of the
     layer's output ``[batch, seq, heads, head_dim]``; they are pruned in everything above.
+    ``joint``: the layer in one SDPA call over every head (``JointCall``) when it has ``drop_*`` heads.
     """
 
     shared: slice | torch.Tensor | None
@@ -38,6 +39,7 @@ class LayerState:
     pad: tuple[int, int] | None = None
     tiled: bool = False
     substituted: tuple[tuple[str, torch.Tensor], ...] = ()
+    joint: JointCall | None = None
 
     @classmethod
     def build(cls, plan: HeadPlan, layer: int, renormalize: bool, device: torch.device) -> LayerState | None:
@@ -54,8 +56,8 @@ class LayerState:
         skip = bool(pruned) and (not attending or _is_range(attending))
         shared = attending if skip else sorted(attending + pruned)
 
-        def marks(policy: str) -> torch.Tensor | None:
-            chosen = [h in groups.get(policy, ()) for h in shared]
+        def marks(policy: str, heads: list[int] = shared) -> torch.Tensor | None:
+            chosen = [h in groups.get(policy, ()) for h in heads]
             return torch.tensor(chosen, device=device).view(1, -1, 1, 1) if any(chosen) else None
 
         drops = tuple((p, _as_index(heads, device)) for p, heads in groups.items() if p.startswith("drop_"))
@@ -63,8 +65,30 @@ class LayerState:
         shared_heads = _as_index(shared, device) if shared else None
         calls = [heads for _, heads in drops] + ([shared_heads] if shared else [])
         tiled = bool(drops) and not skip and all(isinstance(c, slice) for c in calls)  # they cover every head
+        joint = None
+        if drops:
+            kinds = tuple(next((p for p in groups if p.startswith("drop_") and h in groups[p]), "padding")
+                          for h in range(plan.num_heads))
+            every = list(range(plan.num_heads))
+            joint = JointCall(kinds, marks("prune", every), marks("uniform", every))
         return cls(shared_heads, marks("prune"), marks("uniform"), drops, renormalize,
-                   _as_index(pruned, device) if skip else None, pad, tiled, substituted)
+                   _as_index(pruned, device) if skip else None, pad, tiled, substituted, joint)
+
+
+@dataclass(frozen=True)
+class JointCall:
+    """A layer with ``drop_*`` heads as one SDPA call over every head, each under its own mask.
+
+    ``kinds``: per head, the mask it takes: ``"padding"`` (keep, prune, uniform: the forward's padding mask) or its
+    ``drop_*`` policy's unit mask; ``prune`` / ``uniform``: ``[1, heads, 1, 1]`` marks (None if none), whose values /
+    queries the call zeroes as ``LayerState.shared``'s do. A forward builds the mask of each ``kinds`` once
+    (``ForwardMasks.joint_mask``); without renormalising, every head runs over the doubled keys (the others' second
+    half hidden). One call where the groups took two, and a concatenation of their contexts (BENCHMARKS.md).
+    """
+
+    kinds: tuple[str, ...]
+    prune: torch.Tensor | None
+    uniform: torch.Tensor | None
 
 
 @dataclass(frozen=True)

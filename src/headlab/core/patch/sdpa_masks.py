@@ -30,6 +30,18 @@ def unit_mask(policy: str, renormalize: bool, valid, bias, same) -> tuple:
     return torch.cat([with_bias(keep, bias), with_bias(rest, bias)], dim=-1), None  # [batch, 1, seq, 2 seq]
 
 
+def unit_hides(policy: str, renormalize: bool, key_mask, sentence_ids, query) -> tuple:
+    """(the keys each query of ``policy`` may not use, as one or two boolean masks ``[batch, 1, seq, seq]``,
+    ``has_key`` in the query's dtype or None): ``unit_mask``'s masks as where to fill a bias (its first and second
+    halves without renormalising), for a bias that differs per layer; ``key_mask``: the keys each query sees."""
+    allowed = ~same_unit(sentence_ids, query) if policy == "drop_intra" else same_unit(sentence_ids, query)
+    keep = allowed & key_mask
+    if renormalize:
+        has_key = keep.any(-1, keepdim=True)
+        return (~(keep | ~has_key),), has_key.to(query.dtype)
+    return (~keep, ~(key_mask & ~allowed)), None
+
+
 def validity(attention_mask, query) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(boolean key validity, additive float bias or None); validity broadcasts to ``[batch, 1, seq, seq]``."""
     if attention_mask is None:
