@@ -219,6 +219,7 @@ class HeadPlan:
         self._policies = policies.copy()
         self._policies.setflags(write=False)
         self._hash = hash(tuple(self._policies.flat))  # plans key caches: hash once
+        self._counts = {policy: int((self._policies == policy).sum()) for policy in POLICIES}  # read per forward
         self.rules = tuple(rules)
 
     @classmethod
@@ -279,7 +280,7 @@ class HeadPlan:
         return groups
 
     def counts(self) -> dict[str, int]:
-        return {policy: int((self._policies == policy).sum()) for policy in POLICIES}
+        return dict(self._counts)
 
     def describe(self) -> str:
         """One line: how many heads get each policy that is used."""
