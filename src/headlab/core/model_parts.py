@@ -90,7 +90,7 @@ def layer_inputs(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
             handle.remove()
 
 
-def _projection_inside(model: PreTrainedModel) -> str | None:
+def projection_inside(model: PreTrainedModel) -> str | None:
     """The name of the output projection inside the attention module (DistilBERT, ALBERT), or None (BERT: the
     attention module returns the heads' contexts)."""
     family = family_of(model)
@@ -99,7 +99,7 @@ def _projection_inside(model: PreTrainedModel) -> str | None:
 
 
 @contextmanager
-def _hook_at_depth(model: PreTrainedModel, module: torch.nn.Module, layer: int, hook, pre: bool) -> Iterator[None]:
+def hook_at_depth(model: PreTrainedModel, module: torch.nn.Module, layer: int, hook, pre: bool) -> Iterator[None]:
     """``hook`` as a forward (pre-)hook of ``module`` at depth ``layer`` only: a module shared by several depths
     counts its calls from the start of each forward of ``model`` (depth ``layer`` is its call after those of the
     depths below that share it: ALBERT's second group serves depths from its first call)."""
@@ -137,11 +137,11 @@ def self_attention_output(model: PreTrainedModel, layer: int, stop: type[Excepti
         if stop is not None:
             raise stop
 
-    module, inside = self_attention_of(model, layer), _projection_inside(model)
+    module, inside = self_attention_of(model, layer), projection_inside(model)
     if inside is None:
-        hooked = _hook_at_depth(model, module, layer, lambda m, args, output: record(output[0]), pre=False)
+        hooked = hook_at_depth(model, module, layer, lambda m, args, output: record(output[0]), pre=False)
     else:
-        hooked = _hook_at_depth(model, getattr(module, inside), layer, lambda m, args: record(args[0]), pre=True)
+        hooked = hook_at_depth(model, getattr(module, inside), layer, lambda m, args: record(args[0]), pre=True)
     with hooked:
         yield seen
 
@@ -151,7 +151,7 @@ def replay_self_attention(model: PreTrainedModel, layer: int, output: torch.Tens
     """Inside the block, layer ``layer``'s output projection gets ``output`` ``[batch, seq, heads * head_dim]`` as
     the heads' contexts; where the attention module returns the contexts (BERT), nothing of it is computed (no
     query, key or value projections)."""
-    module, inside = self_attention_of(model, layer), _projection_inside(model)
+    module, inside = self_attention_of(model, layer), projection_inside(model)
     if inside is None:
         module.forward = lambda *args, **kwargs: (output, None)  # an instance attribute shadows the class's forward
         try:
@@ -159,7 +159,7 @@ def replay_self_attention(model: PreTrainedModel, layer: int, output: torch.Tens
         finally:
             del module.forward
         return
-    with _hook_at_depth(model, getattr(module, inside), layer, lambda m, args: (output,), pre=True):
+    with hook_at_depth(model, getattr(module, inside), layer, lambda m, args: (output,), pre=True):
         yield model
 
 

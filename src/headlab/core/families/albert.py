@@ -30,4 +30,4 @@ class AlbertFamily(Family):
 
 FAMILY = AlbertFamily(name="albert", model_types=("albert",), shape_defaults={"albert": (12, 64)},
                       layers_path="encoder.albert_layer_groups", attention_path="attention",
-                      output_path="attention.dense", shared=True)
+                      output_path="attention.dense", mlp_path="ffn_output", shared=True)

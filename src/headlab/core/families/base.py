@@ -5,7 +5,9 @@ or transformers, so the checks that run before they load (a config.json's shape,
 Paths are dotted attribute names: ``layers`` from the base model (``model.base_model``) to its list of layers,
 ``attention`` and ``output`` from a layer to the module that calls the attention function and to the linear map
 that mixes the heads' context vectors (its input is ``[batch, seq, heads * head_dim]``, head h in columns
-``h * head_dim .. (h + 1) * head_dim``).
+``h * head_dim .. (h + 1) * head_dim``; its output is the attention block's, before the residual connection), ``mlp``
+from a layer to the feed-forward block's last linear map (its output is the MLP's, before the residual connection).
+A layer's own output is the residual stream after it (activation patching's sites: ``core/activation_sites.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Family:
     layers_path: str = "encoder.layer"
     attention_path: str = "attention.self"
     output_path: str = "attention.output.dense"
+    mlp_path: str = "output.dense"  # from a layer: the feed-forward block's last linear map
     projections: tuple[str, ...] = ("query", "key", "value")  # per-head output rows, in the attention module
     fused: bool = False  # one projection holds query, key and value blocks (ModernBERT's Wqkv)
     head_count: tuple[str, ...] = ("num_attention_heads",)  # the attention module's head count attributes

@@ -6,5 +6,5 @@ from headlab.core.families.base import Family
 
 FAMILY = Family(name="distilbert", model_types=("distilbert",), shape_defaults={"distilbert": (6, 12)},
                 shape_keys=("n_layers", "n_heads"), width_key="dim", layers_path="transformer.layer",
-                attention_path="attention", output_path="attention.out_lin", projections=("q_lin", "k_lin", "v_lin"),
-                head_count=("n_heads",), head_total=())
+                attention_path="attention", output_path="attention.out_lin", mlp_path="ffn.lin2",
+                projections=("q_lin", "k_lin", "v_lin"), head_count=("n_heads",), head_total=())

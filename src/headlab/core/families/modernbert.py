@@ -6,5 +6,6 @@ mask says which keys a query sees, so ``uniform`` and ``drop_*`` act inside the 
 from headlab.core.families.base import Family
 
 FAMILY = Family(name="modernbert", model_types=("modernbert",), shape_defaults={"modernbert": (22, 12)},
-                layers_path="layers", attention_path="attn", output_path="attn.Wo", projections=("Wqkv",),
+                layers_path="layers", attention_path="attn", output_path="attn.Wo", mlp_path="mlp.Wo",
+                projections=("Wqkv",),
                 fused=True, head_count=(), head_total=(), head_width="head_dim")
