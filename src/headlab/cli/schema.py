@@ -22,6 +22,7 @@ from omegaconf import MISSING, OmegaConf
 
 from headlab.analysis.evaluation.report_schema import ReportConfig
 from headlab.analysis.importance.schema import ImportanceConfig, PruneCurveConfig
+from headlab.analysis.patching.schema import PatchConfig
 from headlab.analysis.shapley.schema import ShapleyConfig
 from headlab.analysis.syntax.schema import SyntaxConfig
 from headlab.analysis.types.schema import ClusterConfig, CompareConfig, FeaturesConfig
@@ -36,8 +37,8 @@ from headlab.tasks.hub_data import check_hub_dataset
 from headlab.tasks.local_files import check_text_file
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "features", "cluster",
-                "compare", "syntax", "report", "demo")
+ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "patch", "features",
+                "cluster", "compare", "syntax", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
 MAX_DRAWS = 100  # mask.resamples
 DRAWS_WHY = (f"a forward takes the batch once per draw (with every layer's source heads at once), and {MAX_DRAWS} "
@@ -273,6 +274,7 @@ class AblateConfig(RunConfig):
     compare: CompareConfig = field(default_factory=CompareConfig)
     syntax: SyntaxConfig = field(default_factory=SyntaxConfig)
     shapley: ShapleyConfig = field(default_factory=ShapleyConfig)
+    patch: PatchConfig = field(default_factory=PatchConfig)
     sweep_dir: str | None = None  # mode=report: the sweep directory to collect
     report: ReportConfig = field(default_factory=ReportConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -290,7 +292,7 @@ SCHEMAS = {
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
 CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "importance", "prune_curve", "features",
-                  "cluster", "compare", "syntax", "shapley", "report")
+                  "cluster", "compare", "syntax", "shapley", "patch", "report")
 
 
 def register_configs() -> None:

@@ -130,8 +130,8 @@ def _spearman(prediction: np.ndarray, label: np.ndarray) -> np.ndarray:
 
 def columns_read(name: str, columns: Columns) -> tuple[str, ...]:
     """The record columns metric ``name`` reads (checked to be finite before any statistic)."""
-    if name == "loss":
-        return ("loss",)
+    if name in ("loss", "logit_diff"):
+        return (name,)
     if "exact_match" in columns and name.endswith(("exact_match", "f1")):
         score = "exact_match" if name.endswith("exact_match") else "f1"
         return (score, "has_answer") if name.startswith(("has_ans_", "no_ans_")) else (score,)
@@ -148,6 +148,7 @@ def metric_for(name: str, columns: Columns) -> SumMetric | RankMetric:
     has = lambda c: _column(c, "has_answer")  # noqa: E731
     metrics: dict[str, Callable[[], SumMetric | RankMetric]] = {
         "loss": lambda: mean_metric("loss", lambda c: _column(c, "loss")),
+        "logit_diff": lambda: mean_metric("logit_diff", lambda c: _column(c, "logit_diff")),  # activation patching
         "accuracy": lambda: mean_metric("accuracy", lambda c: (_column(c, "label") == _column(c, "prediction"))
                                         .astype(np.float64)),
         "f1": lambda: (mean_metric("f1", lambda c: _column(c, "f1"), 100.0) if qa

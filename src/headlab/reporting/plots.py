@@ -178,3 +178,19 @@ def shapley_waterfall(names: Sequence[str], values: np.ndarray, low: np.ndarray,
     axes.set_title(title)
     axes.legend(fontsize=8)
     return _save(figure, path, formats)
+
+
+def grid_heatmap(values: np.ndarray, rows: Sequence[str], columns: Sequence[str], xlabel: str, label: str, title: str,
+                 path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Layers (rows) x anything (columns: heads, positions, site kinds) of a signed score, centred on 0."""
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.35 * len(columns) + 2.5), max(3.0, 0.4 * len(rows) + 1.5)))
+    limit = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    image = axes.imshow(values, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -(limit or 1.0), limit or 1.0), aspect="auto")
+    step = max(1, len(columns) // 32)  # at most ~32 column labels
+    axes.set_xticks(range(0, len(columns), step), list(columns)[::step], rotation=90 if step > 1 else 0)
+    axes.set_yticks(range(len(rows)), rows)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("layer")
+    axes.set_title(title)
+    figure.colorbar(image, ax=axes, label=label)
+    return _save(figure, path, formats)

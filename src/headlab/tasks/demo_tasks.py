@@ -9,6 +9,10 @@
 * ``demo_pairs`` (GLUE-like JSON lines: sentence1, sentence2, label, idx): sentence1 is 2-3
   such facts; label 1 if sentence2 restates one of them, 0 if it mixes the parts of two
   facts or changes one part. Balanced classes.
+* ``demo_pairs/patch.jsonl`` (activation patching's paired data, ``ablate.py mode=patch``): the first
+  ``PATCH_EXAMPLES`` validation pairs whose claim is true (label 1), each with ``corrupt_sentence2``, the claim with
+  its year replaced by the year of the next fact of sentence1 (so it no longer restates a fact: ``corrupt_label`` 0).
+  A year is four digits in every tokenizer's vocabulary or spelling, so both claims tokenise to the same length.
 * ``demo_syntax`` (CoNLL-U, train and dev), the bundled treebank, is written by
   ``python -m headlab.analysis.syntax.demo_treebank`` (the syntax question's own data).
 """
@@ -17,12 +21,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SPLITS = {"train": 0, "validation": 1}  # split -> seed offset
 QA_PARAGRAPHS = {"train": 700, "validation": 120}
 PAIR_EXAMPLES = {"train": 3000, "validation": 500}
+PATCH_EXAMPLES = 100
 
 FIRST = """Mira Jon Ada Tomas Lena Ravi Ines Oskar Yuki Amara Pavel Noor Elif Bruno Sana Milo Freya Kofi Ilse
 Dario Hana Viktor Zora Emeka Lotte Arjun Maren Idris Selma Teo""".split()
@@ -102,6 +108,21 @@ def pairs_split(split: str) -> list[dict]:
     return rows
 
 
+def patch_pairs(rows: list[dict]) -> list[dict]:
+    """The paired rows of ``demo_pairs/patch.jsonl`` (module docstring) from the validation rows."""
+    out = []
+    for row in rows:
+        if row["label"] != 1:
+            continue
+        years = re.findall(r"\b\d{4}\b", row["sentence1"])  # one per fact, in order, distinct
+        year = re.findall(r"\b\d{4}\b", row["sentence2"])[0]
+        other = years[(years.index(year) + 1) % len(years)]
+        out.append(row | {"corrupt_sentence2": row["sentence2"].replace(year, other), "corrupt_label": 0})
+        if len(out) == PATCH_EXAMPLES:
+            break
+    return out
+
+
 def write_if_changed(path: Path, text: str) -> Path:
     """Write ``text`` unless the file holds it already: an unchanged file keeps its modification time, so the jobs
     that read it (whose hashes count it) are not run again."""
@@ -118,6 +139,8 @@ def write_demo_tasks(root: Path = DATA_DIR) -> list[Path]:
                                         json.dumps(qa_split(split), indent=None) + "\n"))
         written.append(write_if_changed(root / "demo_pairs" / f"{split}.jsonl",
                                         "".join(json.dumps(row) + "\n" for row in pairs_split(split))))
+    written.append(write_if_changed(root / "demo_pairs" / "patch.jsonl", "".join(
+        json.dumps(row) + "\n" for row in patch_pairs(pairs_split("validation")))))
     return written
 
 

@@ -73,6 +73,25 @@ def check_text_file(path: str | Path, task_name: str, text_fields: list[str], la
             raise no_text(path, task_name, empty, field, text_fields)
 
 
+def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str) -> list[str]:
+    """A paired file of activation patching (``check_text_file``, plus ``corrupt_<field>`` texts for some text field
+    in every row): the corrupted fields, in the task's order."""
+    path = Path(path)
+    check_text_file(path, task_name, text_fields, label_field)
+    columns, rows = _rows(path)
+    corrupted = [field for field in text_fields if f"corrupt_{field}" in columns]
+    if not corrupted:
+        raise UserError(f"data file {str(path)!r} has no corrupt_<field> column; patching needs, per example, the "
+                        f"corrupted text of some of task {task_name}'s fields "
+                        f"({', '.join('corrupt_' + f for f in text_fields)}); the file has {columns}")
+    for field in corrupted:
+        empty = next((n for n, row in enumerate(rows, start=1) if not isinstance(row.get(f"corrupt_{field}"), str)),
+                     None)
+        if empty is not None:
+            raise no_text(path, task_name, empty, f"corrupt_{field}", [f"corrupt_{f}" for f in corrupted])
+    return corrupted
+
+
 def count_rows(path: str | Path) -> int | None:
     """The rows ``datasets`` reads from a JSON-lines, CSV or TSV file (blank lines skipped); None for others."""
     path = Path(path)

@@ -54,12 +54,13 @@ class EvalJob:
     """One evaluating job: loads the data, then the checkpoint's weights, the trainer and the logger."""
 
     def __init__(self, cfg: Any, identity: JobIdentity, *, estimation: Any = None, evaluation: bool = True,
-                 plans: list[HeadPlan] = (), estimates: tuple[str, ...] = ()):
+                 plans: list[HeadPlan] = (), estimates: tuple[str, ...] = (), prepare: Any = None):
         """``evaluation``: the task's eval splits (``data``) and a Trainer for them (``trainer``); ``estimation``
         (the ``importance`` config section): its estimation split (``estimation_data``, ``estimation_task``) and a
         Trainer without inference mode for gradient scoring (``scoring_trainer``). Either or both. ``plans``: the
         job's plans and ``estimates`` its first-order estimates: with ``mean`` or ``resample`` among them, the
-        reference set is loaded too (``substitutes``)."""
+        reference set is loaded too (``substitutes``). ``prepare(job)``: what else the job makes of its data and
+        checkpoint before the weights load (so that bad data fails first), kept as ``prepared``."""
         self.cfg, self.identity = cfg, identity
         self.output_dir, self.job_hash, self.resolved = identity.output_dir, identity.hash, identity.resolved
         self.checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
@@ -68,6 +69,7 @@ class EvalJob:
         self.estimation_data = None if estimation is None else self._data_module(
             estimation_task(cfg.task, estimation.split), max_eval_examples=estimation.max_examples,
             by_length=False)  # in file order, as HF's run_bertology: the batch granularity depends on the batches
+        self.prepared = None if prepare is None else prepare(self)
         used = uses_substitutes(list(plans), estimates)
         self.substitutes = None if not used else JobSubstitutes(
             cfg, tokenizer_config(self.checkpoint, cfg.model), self.data or self.estimation_data, "resample" in used)

@@ -31,14 +31,14 @@ RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir"
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",),
-                 "syntax": ("syntax",), "study": ("study",), "shapley": ("shapley",)}
+                 "syntax": ("syntax",), "study": ("study",), "shapley": ("shapley",), "patch": ("patch",)}
 
 # Config keys that name files or job directories a job reads (as far as its mode reads that section): what
 # researchers write and may write again. Not ``model.name_or_path``: a model's own weights (hub cache or package) are
 # not rewritten in place, and reinstalling a package would otherwise run every job again.
 INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance", "mask.reference", "importance.sweep",
               "features.text_file", "cluster.features", "compare.runs", "compare.syntax", "syntax.conllu",
-              "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model")
+              "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model", "patch.pairs")
 
 Result = dict[str, Any]
 

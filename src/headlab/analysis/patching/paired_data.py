@@ -1,0 +1,89 @@
+"""Clean and corrupted inputs of the same examples, tokenised alike and served as paired batches.
+
+A paired data file is a task's data file whose rows also carry ``corrupt_<field>`` texts (the counterfactual source
+of each example, for some of the task's text fields) and may carry ``corrupt_<label>``, the label the corrupted text
+has. The corrupted rows are the clean ones with those fields replaced, tokenised by the same code and settings; each
+example's two encodings must have the same length and the same unit layout (``sentence_ids``), since a patch moves an
+activation from a position of one run to the same position of the other: otherwise a one-line error names the
+example. ``PairedRows`` serves batches with the clean columns and the corrupted ones as ``corrupt_<column>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from headlab.core.models import load_tokenizer
+from headlab.errors import UserError
+from headlab.tasks.batches import PaddedRows, column_values
+from headlab.tasks.encoding import tokenize_split
+
+PAIRED_COLUMNS = ("input_ids", "token_type_ids", "labels")  # what a corrupted batch adds (as corrupt_<column>)
+
+
+def corrupted_fields(columns: list[str], text_fields: list[str]) -> list[str]:
+    return [field for field in text_fields if f"corrupt_{field}" in columns]
+
+
+def corrupted_features(data: Any, split: str, model_cfg: Any) -> tuple[Any, bool]:
+    """The corrupted rows of ``data``'s eval split (a ``TaskDataModule`` after ``setup``), tokenised as the clean
+    ones are and checked against them (module docstring), and whether they carry their own labels."""
+    task, raw = data.task, data.eval_examples[split]
+    fields = corrupted_fields(raw.column_names, list(task.text_fields))
+    if not fields:
+        raise UserError(f"task {task.name}, split {split!r}: no corrupt_<field> column; patching needs the corrupted "
+                        f"text of some of {', '.join(task.text_fields)} per example (patch.pairs=FILE)")
+    label = f"corrupt_{task.label_field}"
+
+    def corrupt(row: dict) -> dict:
+        out = {field: row[f"corrupt_{field}"] for field in fields}
+        return out | ({task.label_field: row[label]} if label in row else {})
+
+    corrupted = raw.map(corrupt, desc=f"corrupted {task.name}/{split}")
+    tokenizer = load_tokenizer(model_cfg)
+    features = tokenize_split(corrupted, task, tokenizer, data.unit, data.cache_dir, f"{split}.corrupted", False,
+                              data.tokenizer_digest)
+    check_alike(data.eval_features[split], features, split)
+    return features, label in raw.column_names
+
+
+def check_alike(clean: Any, corrupted: Any, split: str) -> None:
+    """One line naming the first example whose two encodings differ in length or unit layout."""
+    for name, what in (("input_ids", "tokens"), ("sentence_ids", "unit layout")):
+        left, right = column_values(clean, name), column_values(corrupted, name)
+        for example, (a, b) in enumerate(zip(left, right)):
+            if len(a) != len(b):
+                raise UserError(f"split {split!r} example {example}: the clean and corrupted inputs tokenise to "
+                                f"{len(a)} and {len(b)} tokens; position-wise patching needs the same length (make "
+                                "the corrupted text's words tokenise as the clean ones do)")
+            if name == "sentence_ids" and a != b:
+                token = next(t for t, (x, y) in enumerate(zip(a, b)) if x != y)
+                raise UserError(f"split {split!r} example {example}: the clean and corrupted inputs have another "
+                                f"{what} from token {token} on (unit {a[token]} against {b[token]}); patching needs "
+                                "the same units at the same positions")
+
+
+class PairedRows(torch.utils.data.Dataset):
+    """``PaddedRows`` of the clean rows, with the corrupted rows' ``PAIRED_COLUMNS`` as ``corrupt_<column>``; the
+    same lengths, so one padding serves both. Use with ``collate_fn=batches.collated``."""
+
+    def __init__(self, clean: Any, corrupted: Any, pad_token_id: int, regression: bool = False,
+                 labelled: bool = False):
+        """``labelled``: the corrupted rows carry their own labels (``corrupt_labels``)."""
+        self.clean = PaddedRows(clean, pad_token_id, regression)
+        columns = [c for c in PAIRED_COLUMNS if c in corrupted.column_names and (labelled or c != "labels")]
+        self.corrupted = PaddedRows(corrupted.select_columns(columns), pad_token_id, regression)
+
+    def __len__(self) -> int:
+        return len(self.clean)
+
+    def __getitems__(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        batch = self.clean.__getitems__(rows)
+        batch |= {f"corrupt_{name}": values for name, values in self.corrupted.__getitems__(rows).items()}
+        return batch
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per row (``[rows]``): batches of rows of similar lengths."""
+        return np.diff(self.clean.offsets)

@@ -1,0 +1,152 @@
+"""One pass over paired batches that scores every patch of ``mode=patch`` (a ``Trainer.validate`` module).
+
+Per batch: one forward of the source run records every site's activation (``activation_sites.recorded``) and one of
+the base run records each layer's input (noising: the clean run is the base, the corrupted one the source;
+denoising the reverse). Each patch then reruns the base run with one site's activation taken from the source, at
+every position or at one: ``per_forward`` patches of the same layer share a forward of the batch repeated (rows
+patch-major), which starts at that layer from the base run's input to it, since the layers below would compute it
+again (not on a family whose depths share their modules, ALBERT: whole forwards).
+
+Scores per example, of the clean and corrupted runs and of every patch: the logit difference (the clean label's
+logit minus the corrupted label's: ``corrupt_labels`` where the data gives them, else the corrupted run's
+prediction; for regression, the predicted score), the loss against the clean label, and the prediction. A patch at
+a position an example does not reach scores NaN there.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from headlab.core.activation_sites import Patch, Site, patched, recorded
+from headlab.core.families import family_of
+from headlab.core.losses import example_losses
+from headlab.core.model_parts import layer_inputs, start_at_layer
+from headlab.training.modules import gather_rows
+from headlab.training.stays_on_device import StaysOnDevice
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+SCORES = ("logit_diff", "loss", "prediction")  # per example, of each run and patch
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One patch: ``site`` at every position (``position`` None) or at one."""
+
+    site: Site
+    position: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.site.name + ("" if self.position is None else f"@{self.position}")
+
+
+def patch_specs(kinds: list[str], layers: int, heads: int, positions: int | None) -> list[PatchSpec]:
+    """Every site of ``kinds`` in every layer (heads: each head), at every position (``positions`` None) or at each
+    of the first ``positions`` in turn; layer-major."""
+    specs = []
+    for layer in range(layers):
+        for kind in kinds:
+            sites = [Site(kind, layer, h) for h in range(heads)] if kind == "head" else [Site(kind, layer)]
+            for site in sites:
+                specs += [PatchSpec(site)] if positions is None else [PatchSpec(site, p) for p in range(positions)]
+    return specs
+
+
+class PatchEvaluator(StaysOnDevice):
+    """Scores the clean run, the corrupted run and each patch of ``specs`` on paired batches (module docstring).
+    After ``Trainer.validate``, ``scores[run]`` (run: ``"clean"``, ``"corrupted"`` or a spec's index) holds
+    ``{example, logit_diff, loss, prediction}`` arrays over the examples, in example order, and ``scores["labels"]``
+    ``{example, label}``, the clean labels."""
+
+    def __init__(self, model: torch.nn.Module, task_type: str, specs: list[PatchSpec], direction: str,
+                 per_forward: int = 0):
+        super().__init__()
+        self.model = model.eval()
+        self.regression = task_type == "regression"
+        self.specs, self.noising, self.per_forward = list(specs), direction == "noising", per_forward
+        self.prefix = not family_of(model).shared  # ALBERT: every forward starts at layer 0
+        self.sites = list(dict.fromkeys(spec.site for spec in self.specs))
+        self.by_layer: dict[int, list[int]] = {}
+        for index, spec in enumerate(self.specs):
+            self.by_layer.setdefault(spec.site.layer, []).append(index)
+        self.scores: dict[Any, dict[str, np.ndarray]] = {}
+        self._pending: dict[Any, list[tuple]] = {}
+
+    def on_validation_start(self) -> None:
+        if not self.per_forward:  # as the sweeps: on CPUs a bigger batch is not faster per row; GPUs gain
+            self.per_forward = max(map(len, self.by_layer.values())) if self.device.type == "cuda" else 1
+
+    @torch.no_grad()
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        clean = {name: batch[name] for name in MODEL_INPUTS if name in batch}
+        corrupted = clean | {name: batch[f"corrupt_{name}"] for name in MODEL_INPUTS if f"corrupt_{name}" in batch}
+        base, source = (clean, corrupted) if self.noising else (corrupted, clean)
+        with recorded(self.model, self.sites) as activations:
+            source_logits = self.model(**source).logits
+        with layer_inputs(self.model) if self.prefix else nullcontext([]) as entering:
+            base_logits = self.model(**base).logits
+        clean_logits, corrupted_logits = (base_logits, source_logits) if self.noising else (source_logits,
+                                                                                            base_logits)
+        labels = batch["labels"]
+        contrast = None if self.regression else batch.get("corrupt_labels", corrupted_logits.argmax(-1))
+        examples = batch["example_index"]
+        self._keep("labels", examples, (labels,))
+        self._keep("clean", examples, self._scored(clean_logits, labels, contrast))
+        self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast))
+        mask = clean["attention_mask"].bool()  # [batch, seq]
+        for layer, indices in self.by_layer.items():
+            for start in range(0, len(indices), self.per_forward):
+                chunk = indices[start : start + self.per_forward]
+                logits = self._patched(chunk, layer, base, activations, entering, mask)  # [copies * batch, labels]
+                for copy, index in enumerate(chunk):
+                    scores = self._scored(logits[copy * len(labels) : (copy + 1) * len(labels)], labels, contrast)
+                    position = self.specs[index].position
+                    if position is not None:  # an example shorter than the position: nothing was patched
+                        reached = mask[:, position] if position < mask.shape[1] else torch.zeros_like(mask[:, 0])
+                        scores = tuple(torch.where(reached, s.double(), torch.nan) for s in scores)
+                    self._keep(index, examples, scores)
+
+    def _patched(self, chunk: list[int], layer: int, base: dict, activations: dict, entering: list,
+                 mask: torch.Tensor) -> torch.Tensor:
+        """The logits of the base run repeated once per patch of ``chunk`` (all at ``layer``), each copy patched."""
+        copies = len(chunk)
+        rows = {name: t.repeat(copies, *[1] * (t.dim() - 1)) for name, t in base.items()}
+        sources = {key: value.repeat(copies, 1, 1) for key, value in activations.items() if key[1] == layer}
+        patches = []
+        for copy, index in enumerate(chunk):
+            spec = self.specs[index]
+            where = torch.zeros(copies, *mask.shape, dtype=torch.bool, device=mask.device)  # [copies, batch, seq]
+            if spec.position is None:
+                where[copy] = mask
+            elif spec.position < mask.shape[1]:
+                where[copy, :, spec.position] = mask[:, spec.position]
+            patches.append(Patch(spec.site, sources[(spec.site.kind, layer)], where.flatten(0, 1)))
+        start = start_at_layer(self.model, layer, entering[layer].repeat(copies, 1, 1)) if self.prefix \
+            else nullcontext()
+        with patched(self.model, patches), start:
+            return self.model(**rows).logits
+
+    def _scored(self, logits: torch.Tensor, labels: torch.Tensor, contrast: torch.Tensor | None) -> tuple:
+        """(logit difference, loss, prediction) ``[batch]`` each (module docstring)."""
+        losses = example_losses(logits, labels, self.regression)
+        if self.regression:
+            score = logits[:, 0].double()
+            return score, losses, score
+        picked = logits.double().gather(1, torch.stack([labels, contrast], 1))  # [batch, 2]
+        return picked[:, 0] - picked[:, 1], losses, logits.argmax(-1)
+
+    def _keep(self, run: Any, examples: torch.Tensor, scores: tuple) -> None:
+        self._pending.setdefault(run, []).append((examples, *scores))
+
+    def on_validation_epoch_end(self) -> None:
+        for run, batches in self._pending.items():
+            rows = gather_rows([row for batch in batches for row in zip(*(column.tolist() for column in batch))])
+            names = ("example", "label") if run == "labels" else ("example", *SCORES)
+            columns = list(zip(*rows)) if rows else [[] for _ in names]
+            self.scores[run] = {name: np.asarray(values, dtype=np.float64) for name, values in zip(names, columns)}
+        self._pending = {}

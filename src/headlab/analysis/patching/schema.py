@@ -1,0 +1,36 @@
+"""The ``patch`` section of ``conf/ablate.yaml`` (``mode=patch``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from headlab.errors import UserError, at_least, one_of, within
+from headlab.reporting.settings import MAX_RESAMPLES, RESAMPLES_WHY
+
+SITE_KINDS = ("head", "attention", "mlp", "residual")  # as headlab.core.activation_sites (no torch here)
+DIRECTIONS = ("noising", "denoising")  # noising: the clean run takes the corrupted activation; denoising: reverse
+POSITIONS = ("all", "each")  # a site's activation at every position at once, or at each position in turn
+
+
+@dataclass
+class PatchConfig:
+    """Which activations are patched, in which direction, at which positions (docs/patching.md)."""
+
+    pairs: str | None = None  # a data file in the task's format with corrupt_<field> columns (null: the eval split's)
+    sites: list[str] = field(default_factory=lambda: list(SITE_KINDS))  # head | attention | mlp | residual
+    direction: str = "noising"  # noising | denoising
+    positions: str = "all"  # all | each
+    patches_per_forward: int = 0  # patches stacked in one forward; 0: a layer's on a GPU, 1 on a CPU
+    resamples: int = 2000  # bootstrap resamples of the examples (confidence intervals)
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not self.sites:
+            raise UserError(f"patch.sites is empty; give some of {', '.join(SITE_KINDS)}")
+        for kind in self.sites:
+            one_of("patch.sites", kind, SITE_KINDS)
+        one_of("patch.direction", self.direction, DIRECTIONS)
+        one_of("patch.positions", self.positions, POSITIONS)
+        at_least("patch.patches_per_forward", self.patches_per_forward, 0)
+        within("patch.resamples", self.resamples, 100, MAX_RESAMPLES, RESAMPLES_WHY)
+        within("patch.confidence", self.confidence, 0.5, 0.999)

@@ -1,0 +1,173 @@
+"""``mode=patch``: every patch of the evaluator on every family's tiny classifier against a forward whose activation
+is replaced by definition (``test_activation_sites.by_definition``), in float64; the job end to end; bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import ROOT, assert_one_error_line, run
+from families import CONFIGS, batch, tiny_model
+from test_activation_sites import HEAD_DIM, by_definition
+from transformers import AutoModelForSequenceClassification
+
+from headlab.analysis.patching.patch_evaluator import PatchEvaluator, patch_specs
+
+PAIRS = ROOT / "src/headlab/tasks/data/demo_pairs/patch.jsonl"
+
+
+def paired_batch(corrupt_labels: bool = True) -> dict[str, torch.Tensor]:
+    """Three rows (11, 8 and 5 tokens) and other tokens at the same positions."""
+    clean, corrupted = batch(1), batch(2)
+    out = {"input_ids": clean["input_ids"], "attention_mask": clean["attention_mask"],
+           "corrupt_input_ids": corrupted["input_ids"], "labels": torch.tensor([0, 1, 1]),
+           "example_index": torch.arange(3)}
+    return out | ({"corrupt_labels": torch.tensor([1, 0, 0])} if corrupt_labels else {})
+
+
+def reference_logit_diffs(model, name: str, spec, rows: dict, noising: bool) -> np.ndarray:
+    """The spec's patch by definition: the base run with the site's activation (its columns, at the valid positions
+    chosen) taken from the source run, each by a hook on the module the definition names."""
+    clean = {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"]}
+    corrupted = clean | {"input_ids": rows["corrupt_input_ids"]}
+    base, source = (clean, corrupted) if noising else (corrupted, clean)
+    site, seen = spec.site, []
+    with torch.no_grad():
+        with by_definition(model.base_model, name, site.kind, site.layer, seen.append):
+            corrupted_logits = model(**corrupted).logits if source is corrupted else None
+            if source is clean:
+                model(**clean)
+        if corrupted_logits is None:
+            corrupted_logits = model(**corrupted).logits
+
+        def replace(activation):
+            new = activation.clone()
+            cols = slice(site.head * HEAD_DIM, (site.head + 1) * HEAD_DIM) if site.kind == "head" else slice(None)
+            for b in range(new.shape[0]):
+                for t in range(new.shape[1]):
+                    if rows["attention_mask"][b, t] and spec.position in (None, t):
+                        new[b, t, cols] = seen[0][b, t, cols]
+            return new
+
+        with by_definition(model.base_model, name, site.kind, site.layer, replace):
+            logits = model(**base).logits
+    contrast = rows.get("corrupt_labels", corrupted_logits.argmax(-1))
+    out = (logits.gather(1, rows["labels"][:, None]) - logits.gather(1, contrast[:, None]))[:, 0].numpy()
+    if spec.position is not None:  # rows shorter than the position: nothing patched, no score
+        out = np.where(rows["attention_mask"][:, spec.position].numpy() == 1, out, np.nan)
+    return out
+
+
+def check_every_patch(name: str, direction: str, positions: int | None, per_forward: int, corrupt_labels=True):
+    model = tiny_model(name, AutoModelForSequenceClassification).double()
+    config = model.config
+    specs = patch_specs(["head", "attention", "mlp", "residual"], config.num_hidden_layers,
+                        config.num_attention_heads, positions)
+    rows = paired_batch(corrupt_labels)
+    evaluator = PatchEvaluator(model, "classification", specs, direction, per_forward)
+    evaluator.validation_step(rows, 0)
+    evaluator.on_validation_epoch_end()
+    for index, spec in enumerate(specs):
+        expected = reference_logit_diffs(model, name, spec, rows, direction == "noising")
+        np.testing.assert_allclose(evaluator.scores[index]["logit_diff"], expected, rtol=1e-9, atol=1e-12,
+                                   err_msg=spec.name)
+    clean = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).logits.detach()
+    picked = clean.gather(1, torch.stack([rows["labels"], rows.get("corrupt_labels", torch.zeros(3, dtype=int))], 1))
+    if corrupt_labels:
+        np.testing.assert_allclose(evaluator.scores["clean"]["logit_diff"], (picked[:, 0] - picked[:, 1]).numpy())
+    return evaluator, specs
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_patch_equals_a_forward_with_that_activation_replaced(name):
+    """Noising at every position, five patches per forward (stacked rows, started at the patched layer)."""
+    check_every_patch(name, "noising", None, 5)
+
+
+@pytest.mark.parametrize("name", ["bert", "albert-groups", "deberta-v2", "modernbert"])
+def test_each_position_in_turn_denoising(name):
+    """Denoising one position at a time, seven patches per forward; positions a row does not reach score NaN."""
+    evaluator, specs = check_every_patch(name, "denoising", 11, 7)
+    last = [i for i, spec in enumerate(specs) if spec.position == 10]
+    assert all(np.isnan(evaluator.scores[i]["logit_diff"][1:]).all() for i in last)  # rows of 8 and 5 tokens
+
+
+def test_without_corrupted_labels_the_contrast_is_the_corrupted_runs_prediction():
+    check_every_patch("bert", "noising", None, 1, corrupt_labels=False)
+
+
+def test_the_residual_patched_everywhere_gives_the_source_run():
+    """Noising the residual after a layer at every position is the corrupted run from there on; denoising, clean."""
+    model = tiny_model("roberta", AutoModelForSequenceClassification).double()
+    rows = paired_batch()
+    for direction, source in (("noising", "corrupted"), ("denoising", "clean")):
+        specs = [s for s in patch_specs(["residual"], 3, 4, None)]
+        evaluator = PatchEvaluator(model, "classification", specs, direction, 3)
+        evaluator.validation_step(rows, 0)
+        evaluator.on_validation_epoch_end()
+        for index in range(3):
+            np.testing.assert_allclose(evaluator.scores[index]["logit_diff"],
+                                       evaluator.scores[source]["logit_diff"], rtol=1e-12)
+
+
+def test_patch_job_end_to_end(trained, tmp_path):
+    """On the fine-tuned tiny BERT and the bundled pairs: the tables, the per-example scores they come from, the
+    heatmaps, a rerun that finds the job done."""
+    root, _ = trained
+    args = ["mode=patch", f"ckpt_path={root / 'train'}", f"patch.pairs={PAIRS}", "data.max_eval_examples=24",
+            "patch.resamples=200", f"hydra.run.dir={tmp_path / 'patch'}"]
+    result = run("ablate.py", *args, cwd_tmp=root)
+    folder = tmp_path / "patch"
+    results = json.loads((folder / "results.json").read_text())
+    table, per_example = pd.read_csv(folder / "effects.csv"), pd.read_parquet(folder / "patches.parquet")
+    assert results["complete"] and len(table) == 3 * (4 + 3) == len(results["effects"])
+    assert {"patch_heads.png", "patch_layers.png"} <= {p.name for p in folder.iterdir()}
+    means = per_example.groupby("run")["logit_diff"].mean()
+    clean, corrupted = means["clean"], means["corrupted"]
+    assert results["summary"]["clean"]["logit_diff"] == pytest.approx(clean, rel=1e-12)
+    assert results["summary"]["normaliser"] == pytest.approx(clean - corrupted, rel=1e-12)
+    effects = table.set_index("site")["effect"]
+    for site, value in effects.items():
+        assert value == pytest.approx((means[site] - corrupted) / (clean - corrupted), rel=1e-9, abs=1e-12), site
+    assert effects["L2.residual"] == pytest.approx(0.0, abs=1e-6)  # the corrupted run from the last layer on
+    low, high = table["effect_low"], table["effect_high"]
+    assert (low <= table["effect"] + 1e-12).all() and (table["effect"] <= high + 1e-12).all()
+    assert "patch (noising, 21 patches, positions all) on pairs" in result.stdout
+    again = run("ablate.py", *args, cwd_tmp=root)
+    assert "patch (noising" not in again.stdout  # complete results: nothing runs again
+
+
+BAD = [
+    (["patch.sites=[ffn]"], "patch.sites='ffn' is not allowed; choose one of: head, attention, mlp, residual"),
+    (["patch.direction=sideways"], "patch.direction='sideways' is not allowed"),
+    (["patch.pairs=missing.jsonl"], "patch.pairs='missing.jsonl' does not exist"),
+    (["patch.pairs=null"], "has no corrupt_<field> column"),
+    (["task=demo_qa"], "task demo_qa is extractive QA"),
+    (["mask=prune", "mask.heads=L0"], "mode=patch patches the full model's activations"),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", BAD, ids=[e[:30] for _, e in BAD])
+def test_bad_patch_input_is_one_line(tmp_path, overrides, expected):
+    result = run("ablate.py", "mode=patch", "allow_random_head=true", f"patch.pairs={PAIRS}", *overrides,
+                 f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
+    assert_one_error_line(result, expected)
+
+
+@pytest.mark.parametrize("corrupted, expected", [
+    ("Ada was born.", "split 'pairs' example 1: the clean and corrupted inputs tokenise to 31 and 23 tokens"),
+    ("Ada Bell was born. In 1950", "split 'pairs' example 1: the clean and corrupted inputs have another unit "
+                                   "layout from token 25 on (unit 1 against 2)"),
+], ids=["length", "units"])
+def test_pairs_unlike_their_clean_inputs_are_refused_before_the_model_loads(tmp_path, corrupted, expected):
+    row = {"sentence1": "Ada Bell was born in 1950.", "sentence2": "Ada Bell was born in 1950.", "label": 1}
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(row | {"corrupt_sentence2": text}) + "\n"
+                             for text in ("Ada Bell was born in 1951.", corrupted)))
+    result = run("ablate.py", "mode=patch", "allow_random_head=true", f"patch.pairs={pairs}",
+                 f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
+    assert_one_error_line(result, expected)
+    assert "GPU available" not in result.stdout + result.stderr  # no trainer, so no model, was made
