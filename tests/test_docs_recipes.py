@@ -51,7 +51,8 @@ def recipes() -> list[tuple[str, list[str]]]:
     return sorted(chosen, key=lambda recipe: not any(w.startswith("hydra.run.dir=runs/") for w in recipe[1]))
 
 
-TASKS = ("qnli_articles", "demo_qa", "demo_pairs")  # the default task first: the jobs a recipe's placeholders stand for, per task
+# the default task first: the jobs a recipe's placeholders stand for, per task
+TASKS = ("qnli_articles", "demo_qa", "demo_pairs")
 
 
 def recipe_task(words: list[str]) -> str:
