@@ -23,8 +23,8 @@ def paired_batch(corrupt_labels: bool = True) -> dict[str, torch.Tensor]:
     """Three rows (11, 8 and 5 tokens) and other tokens at the same positions."""
     clean, corrupted = batch(1), batch(2)
     out = {"input_ids": clean["input_ids"], "attention_mask": clean["attention_mask"],
-           "corrupt_input_ids": corrupted["input_ids"], "labels": torch.tensor([0, 1, 1]),
-           "example_index": torch.arange(3)}
+           "sentence_ids": clean["sentence_ids"], "corrupt_input_ids": corrupted["input_ids"],
+           "labels": torch.tensor([0, 1, 1]), "example_index": torch.arange(3)}
     return out | ({"corrupt_labels": torch.tensor([1, 0, 0])} if corrupt_labels else {})
 
 
@@ -48,7 +48,8 @@ def reference_logit_diffs(model, name: str, spec, rows: dict, noising: bool) -> 
             cols = slice(site.head * HEAD_DIM, (site.head + 1) * HEAD_DIM) if site.kind == "head" else slice(None)
             for b in range(new.shape[0]):
                 for t in range(new.shape[1]):
-                    if rows["attention_mask"][b, t] and spec.position in (None, t):
+                    chosen = spec.position in (None, t) and spec.unit in (None, rows["sentence_ids"][b, t])
+                    if rows["attention_mask"][b, t] and chosen:
                         new[b, t, cols] = seen[0][b, t, cols]
             return new
 
@@ -58,14 +59,17 @@ def reference_logit_diffs(model, name: str, spec, rows: dict, noising: bool) -> 
     out = (logits.gather(1, rows["labels"][:, None]) - logits.gather(1, contrast[:, None]))[:, 0].numpy()
     if spec.position is not None:  # rows shorter than the position: nothing patched, no score
         out = np.where(rows["attention_mask"][:, spec.position].numpy() == 1, out, np.nan)
+    if spec.unit is not None:  # rows without the unit
+        out = np.where((rows["sentence_ids"] == spec.unit).any(-1).numpy(), out, np.nan)
     return out
 
 
-def check_every_patch(name: str, direction: str, positions: int | None, per_forward: int, corrupt_labels=True):
+def check_every_patch(name: str, direction: str, positions: int | None, per_forward: int, corrupt_labels=True,
+                      units: int | None = None):
     model = tiny_model(name, AutoModelForSequenceClassification).double()
     config = model.config
     specs = patch_specs(["head", "attention", "mlp", "residual"], config.num_hidden_layers,
-                        config.num_attention_heads, positions)
+                        config.num_attention_heads, positions, units)
     rows = paired_batch(corrupt_labels)
     evaluator = PatchEvaluator(model, "classification", specs, direction, per_forward)
     evaluator.validation_step(rows, 0)
@@ -93,6 +97,14 @@ def test_each_position_in_turn_denoising(name):
     evaluator, specs = check_every_patch(name, "denoising", 11, 7)
     last = [i for i, spec in enumerate(specs) if spec.position == 10]
     assert all(np.isnan(evaluator.scores[i]["logit_diff"][1:]).all() for i in last)  # rows of 8 and 5 tokens
+
+
+@pytest.mark.parametrize("name", ["bert", "albert", "deberta-v3"])
+def test_each_unit_in_turn(name):
+    """Noising the positions of one unit (sentence ids 0-5 of the batch) at a time; rows without it score NaN."""
+    evaluator, specs = check_every_patch(name, "noising", None, 4, units=6)
+    fifth = [i for i, spec in enumerate(specs) if spec.unit == 5]
+    assert all(np.isnan(evaluator.scores[i]["logit_diff"][[0, 2]]).all() for i in fifth)  # only row 1 has unit 5
 
 
 def test_without_corrupted_labels_the_contrast_is_the_corrupted_runs_prediction():
@@ -138,6 +150,12 @@ def test_patch_job_end_to_end(trained, tmp_path):
     assert "patch (noising, 21 patches, positions all) on pairs" in result.stdout
     again = run("ablate.py", *args, cwd_tmp=root)
     assert "patch (noising" not in again.stdout  # complete results: nothing runs again
+    by_unit = [*args[:-1], "patch.positions=units", "patch.sites=[mlp]", "patch.direction=denoising",
+               f"hydra.run.dir={tmp_path / 'units'}"]
+    run("ablate.py", *by_unit, cwd_tmp=root)
+    units = pd.read_csv(tmp_path / "units/effects.csv")
+    assert len(units) == 3 * (units["unit"].max() + 1) and units["unit"].max() >= 3  # [CLS] + sentences, claim
+    assert (tmp_path / "units/patch_mlp.png").is_file()
 
 
 BAD = [

@@ -84,6 +84,10 @@ class PairedRows(torch.utils.data.Dataset):
         batch |= {f"corrupt_{name}": values for name, values in self.corrupted.__getitems__(rows).items()}
         return batch
 
+    def units(self) -> int:
+        """How many units the longest row has (unit ids count from 0; -1 marks special tokens)."""
+        return int(self.clean.tokens["sentence_ids"].max()) + 1
+
     def lengths(self) -> np.ndarray:
         """Tokens per row (``[rows]``): batches of rows of similar lengths."""
         return np.diff(self.clean.offsets)

@@ -3,14 +3,15 @@
 Per batch: one forward of the source run records every site's activation (``activation_sites.recorded``) and one of
 the base run records each layer's input (noising: the clean run is the base, the corrupted one the source;
 denoising the reverse). Each patch then reruns the base run with one site's activation taken from the source, at
-every position or at one: ``per_forward`` patches of the same layer share a forward of the batch repeated (rows
-patch-major), which starts at that layer from the base run's input to it, since the layers below would compute it
-again (not on a family whose depths share their modules, ALBERT: whole forwards).
+every position, at one, or at the positions of one unit (``sentence_ids``): ``per_forward`` patches of the same
+layer share a forward of the batch repeated (rows patch-major), which starts at that layer from the base run's input
+to it, since the layers below would compute it again (not on a family whose depths share their modules, ALBERT:
+whole forwards).
 
 Scores per example, of the clean and corrupted runs and of every patch: the logit difference (the clean label's
 logit minus the corrupted label's: ``corrupt_labels`` where the data gives them, else the corrupted run's
 prediction; for regression, the predicted score), the loss against the clean label, and the prediction. A patch at
-a position an example does not reach scores NaN there.
+a position or unit an example does not reach scores NaN there.
 """
 
 from __future__ import annotations
@@ -35,25 +36,44 @@ SCORES = ("logit_diff", "loss", "prediction")  # per example, of each run and pa
 
 @dataclass(frozen=True)
 class PatchSpec:
-    """One patch: ``site`` at every position (``position`` None) or at one."""
+    """One patch: ``site`` at every position, at one ``position``, or at the positions of one ``unit``."""
 
     site: Site
     position: int | None = None
+    unit: int | None = None
 
     @property
     def name(self) -> str:
-        return self.site.name + ("" if self.position is None else f"@{self.position}")
+        return self.site.name + ("" if self.position is None else f"@{self.position}") + (
+            "" if self.unit is None else f"@u{self.unit}")
+
+    def where(self, mask: torch.Tensor, units: torch.Tensor | None) -> torch.Tensor:
+        """``[batch, seq]``: the valid positions (``mask``) the patch replaces; ``units``: the rows' unit ids."""
+        if self.unit is not None:
+            return mask & (units == self.unit)
+        if self.position is None:
+            return mask
+        chosen = torch.zeros_like(mask)
+        if self.position < mask.shape[1]:
+            chosen[:, self.position] = mask[:, self.position]
+        return chosen
 
 
-def patch_specs(kinds: list[str], layers: int, heads: int, positions: int | None) -> list[PatchSpec]:
-    """Every site of ``kinds`` in every layer (heads: each head), at every position (``positions`` None) or at each
-    of the first ``positions`` in turn; layer-major."""
+def patch_specs(kinds: list[str], layers: int, heads: int, positions: int | None = None,
+                units: int | None = None) -> list[PatchSpec]:
+    """Every site of ``kinds`` in every layer (heads: each head), at every position, or at each of the first
+    ``positions`` in turn, or at each of ``units`` units in turn; layer-major."""
     specs = []
     for layer in range(layers):
         for kind in kinds:
             sites = [Site(kind, layer, h) for h in range(heads)] if kind == "head" else [Site(kind, layer)]
             for site in sites:
-                specs += [PatchSpec(site)] if positions is None else [PatchSpec(site, p) for p in range(positions)]
+                if positions is not None:
+                    specs += [PatchSpec(site, position=p) for p in range(positions)]
+                elif units is not None:
+                    specs += [PatchSpec(site, unit=u) for u in range(units)]
+                else:
+                    specs.append(PatchSpec(site))
     return specs
 
 
@@ -98,33 +118,31 @@ class PatchEvaluator(StaysOnDevice):
         self._keep("labels", examples, (labels,))
         self._keep("clean", examples, self._scored(clean_logits, labels, contrast))
         self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast))
-        mask = clean["attention_mask"].bool()  # [batch, seq]
+        mask, units = clean["attention_mask"].bool(), batch.get("sentence_ids")  # [batch, seq] each
         for layer, indices in self.by_layer.items():
             for start in range(0, len(indices), self.per_forward):
                 chunk = indices[start : start + self.per_forward]
-                logits = self._patched(chunk, layer, base, activations, entering, mask)  # [copies * batch, labels]
-                for copy, index in enumerate(chunk):
+                wheres = [self.specs[index].where(mask, units) for index in chunk]  # [batch, seq] each
+                logits = self._patched(chunk, layer, base, activations, entering, wheres)  # [copies * batch, labels]
+                for copy, (index, where) in enumerate(zip(chunk, wheres)):
                     scores = self._scored(logits[copy * len(labels) : (copy + 1) * len(labels)], labels, contrast)
-                    position = self.specs[index].position
-                    if position is not None:  # an example shorter than the position: nothing was patched
-                        reached = mask[:, position] if position < mask.shape[1] else torch.zeros_like(mask[:, 0])
-                        scores = tuple(torch.where(reached, s.double(), torch.nan) for s in scores)
+                    spec = self.specs[index]
+                    if spec.position is not None or spec.unit is not None:  # rows it does not reach: no score
+                        scores = tuple(torch.where(where.any(-1), s.double(), torch.nan) for s in scores)
                     self._keep(index, examples, scores)
 
     def _patched(self, chunk: list[int], layer: int, base: dict, activations: dict, entering: list,
-                 mask: torch.Tensor) -> torch.Tensor:
-        """The logits of the base run repeated once per patch of ``chunk`` (all at ``layer``), each copy patched."""
+                 wheres: list[torch.Tensor]) -> torch.Tensor:
+        """The logits of the base run repeated once per patch of ``chunk`` (all at ``layer``), each copy patched at
+        its ``wheres`` (``[batch, seq]`` each)."""
         copies = len(chunk)
         rows = {name: t.repeat(copies, *[1] * (t.dim() - 1)) for name, t in base.items()}
         sources = {key: value.repeat(copies, 1, 1) for key, value in activations.items() if key[1] == layer}
         patches = []
-        for copy, index in enumerate(chunk):
+        for copy, (index, chosen) in enumerate(zip(chunk, wheres)):
             spec = self.specs[index]
-            where = torch.zeros(copies, *mask.shape, dtype=torch.bool, device=mask.device)  # [copies, batch, seq]
-            if spec.position is None:
-                where[copy] = mask
-            elif spec.position < mask.shape[1]:
-                where[copy, :, spec.position] = mask[:, spec.position]
+            where = torch.zeros(copies, *chosen.shape, dtype=torch.bool, device=chosen.device)  # [copies, batch, seq]
+            where[copy] = chosen
             patches.append(Patch(spec.site, sources[(spec.site.kind, layer)], where.flatten(0, 1)))
         start = start_at_layer(self.model, layer, entering[layer].repeat(copies, 1, 1)) if self.prefix \
             else nullcontext()

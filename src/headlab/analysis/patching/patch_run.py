@@ -8,12 +8,13 @@ logit difference normalised so that 0 is the corrupted run's and 1 the clean run
 over the examples (patches at every position). Files in the job directory:
 
 =====================  ===========================================================================================
-``effects.csv``        per patch: site, kind, layer, head, position, examples, mean logit difference, normalised
+``effects.csv``        per patch: site, kind, layer, head, position, unit, examples, mean logit difference, normalised
                        effect and its interval, the delta to the base run and its permutation p-value, loss, accuracy
 ``patches.parquet``    per run (clean, corrupted, each patch) and example: logit difference, loss, prediction
 ``patch_heads``        the heads' normalised effects, layers x heads (PNG; also a W&B image)
 ``patch_layers``       the other sites' normalised effects, layers x kind (patches at every position)
-``patch_<kind>``       layers x positions of a kind's normalised effect (``patch.positions=each``; not heads)
+``patch_<kind>``       layers x positions (units) of a kind's normalised effect (``patch.positions=each`` or
+                       ``units``; not heads)
 ``results.json``       the runs' means, the normaliser, every patch's effect; a complete one makes a rerun skip it
 =====================  ===========================================================================================
 """
@@ -81,8 +82,9 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     job = EvalJob(cfg, identity, prepare=paired_rows)
     rows = job.prepared
     layers, heads = model_shape(cfg.model)
-    positions = None if options.positions == "all" else int(rows.lengths().max())
-    specs = patch_specs(list(options.sites), layers, heads, positions)
+    positions = int(rows.lengths().max()) if options.positions == "each" else None
+    units = rows.units() if options.positions == "units" else None
+    specs = patch_specs(list(options.sites), layers, heads, positions, units)
     evaluator = PatchEvaluator(job.model, cfg.task.type, specs, options.direction, options.patches_per_forward)
     job.trainer.validate(evaluator, dataloaders=paired_loader(rows, job), verbose=False)
     table, summary = effects(evaluator.scores, specs, options, cfg.seed, cfg.task.type)
@@ -120,7 +122,7 @@ def effects(scores: dict, specs: list[PatchSpec], options: Any, seed: int, task_
                for run, s in (("clean", clean), ("corrupted", corrupted))}
     normaliser = summary["clean"]["logit_diff"] - summary["corrupted"]["logit_diff"]
     summary |= {"normaliser": normaliser, "examples": len(clean["logit_diff"])}
-    whole = [i for i, spec in enumerate(specs) if spec.position is None]
+    whole = [i for i, spec in enumerate(specs) if spec.position is None and spec.unit is None]  # every example
     intervals = {}
     if whole and len(base["logit_diff"]) >= 2:
         config = Resampling(options.resamples, options.resamples, options.confidence, "bca", seed)
@@ -140,13 +142,13 @@ def effects(scores: dict, specs: list[PatchSpec], options: Any, seed: int, task_
         bounds = sorted(normalise(means["base"] + bound) for bound in (test.ci_low, test.ci_high)) if test else \
             [np.nan, np.nan]  # a negative normaliser reverses them
         rows.append({"site": spec.name, "kind": spec.site.kind, "layer": spec.site.layer, "head": spec.site.head,
-                     "position": spec.position, "examples": int(reached.sum()), "logit_diff": value,
+                     "position": spec.position, "unit": spec.unit, "examples": int(reached.sum()), "logit_diff": value,
                      "effect": normalise(value), "effect_low": bounds[0], "effect_high": bounds[1],
                      "delta": value - means["base"], "p_value": test.p_value if test else np.nan,
                      "loss": float(np.nanmean(patched["loss"])) if reached.any() else np.nan,
                      **({} if labels is None else {"accuracy": float(np.mean(
                          patched["prediction"][reached] == labels[reached])) if reached.any() else np.nan})})
-    table = pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64"})
+    table = pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64", "unit": "Int64"})
     difference = clean["logit_diff"] - corrupted["logit_diff"]  # per example: how far apart the two runs are
     spread = difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else np.nan
     if not abs(normaliser) > 2 * spread:
@@ -173,7 +175,7 @@ def write_heatmaps(table: pd.DataFrame, layers: int, heads: int, options: Any, c
     formats, images = tuple(cfg.report.formats), {}
     title = f"{cfg.model.name} on {cfg.task.name}: {options.direction}, normalised effect"
     label = "effect (0: corrupted, 1: clean)"
-    whole = table[table["position"].isna()]
+    whole = table[table["position"].isna() & table["unit"].isna()]
     rows = [f"L{layer}" for layer in range(layers)]
     mine = whole[whole["kind"] == "head"]
     if len(mine):
@@ -189,14 +191,16 @@ def write_heatmaps(table: pd.DataFrame, layers: int, heads: int, options: Any, c
             grid[mine["layer"].to_numpy(int), column] = mine["effect"].to_numpy()
         images["patch_layers"] = plots.grid_heatmap(grid, rows, others, "site", label, title,
                                                     folder / "patch_layers", formats)[0]
-    each = table[table["position"].notna() & (table["kind"] != "head")]
-    for kind in dict.fromkeys(each["kind"]):
-        mine = each[each["kind"] == kind]
-        width = int(mine["position"].max()) + 1
-        grid = np.full((layers, width), np.nan)
-        grid[mine["layer"].to_numpy(int), mine["position"].to_numpy(int)] = mine["effect"].to_numpy()
-        images[f"patch_{kind}"] = plots.grid_heatmap(grid, rows, [str(p) for p in range(width)], "position", label,
-                                                     f"{title} ({kind})", folder / f"patch_{kind}", formats)[0]
+    for column, prefix in (("position", ""), ("unit", "u")):  # layers x positions (or units) of each kind
+        each = table[table[column].notna() & (table["kind"] != "head")]
+        for kind in dict.fromkeys(each["kind"]):
+            mine = each[each["kind"] == kind]
+            width = int(mine[column].max()) + 1
+            grid = np.full((layers, width), np.nan)
+            grid[mine["layer"].to_numpy(int), mine[column].to_numpy(int)] = mine["effect"].to_numpy()
+            images[f"patch_{kind}"] = plots.grid_heatmap(grid, rows, [f"{prefix}{p}" for p in range(width)], column,
+                                                         label, f"{title} ({kind})", folder / f"patch_{kind}",
+                                                         formats)[0]
     return images
 
 

@@ -9,7 +9,7 @@ from headlab.reporting.settings import MAX_RESAMPLES, RESAMPLES_WHY
 
 SITE_KINDS = ("head", "attention", "mlp", "residual")  # as headlab.core.activation_sites (no torch here)
 DIRECTIONS = ("noising", "denoising")  # noising: the clean run takes the corrupted activation; denoising: reverse
-POSITIONS = ("all", "each")  # a site's activation at every position at once, or at each position in turn
+POSITIONS = ("all", "each", "units")  # every position at once, each position in turn, or each unit's positions
 
 
 @dataclass
@@ -19,7 +19,7 @@ class PatchConfig:
     pairs: str | None = None  # a data file in the task's format with corrupt_<field> columns (null: the eval split's)
     sites: list[str] = field(default_factory=lambda: list(SITE_KINDS))  # head | attention | mlp | residual
     direction: str = "noising"  # noising | denoising
-    positions: str = "all"  # all | each
+    positions: str = "all"  # all | each | units
     patches_per_forward: int = 0  # patches stacked in one forward; 0: a layer's on a GPU, 1 on a CPU
     resamples: int = 2000  # bootstrap resamples of the examples (confidence intervals)
     confidence: float = 0.95
