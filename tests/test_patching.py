@@ -107,6 +107,39 @@ def test_each_unit_in_turn(name):
     assert all(np.isnan(evaluator.scores[i]["logit_diff"][[0, 2]]).all() for i in fifth)  # only row 1 has unit 5
 
 
+@pytest.mark.parametrize("name", ["bert", "albert-groups", "deberta-v2", "modernbert"])
+def test_attribution_estimates_are_the_first_order_term_by_definition(name):
+    """LD_base + sum over the patched positions and columns of (a_source - a_base) * dLD/da at the base run, the
+    activations and gradients taken by hooks on the modules the definitions name."""
+    model = tiny_model(name, AutoModelForSequenceClassification).double()
+    config, rows = model.config, paired_batch()
+    specs = [*patch_specs(["head", "attention", "mlp", "residual"], config.num_hidden_layers,
+                          config.num_attention_heads), *patch_specs(["mlp"], config.num_hidden_layers, 1, units=3)]
+    evaluator = PatchEvaluator(model, "classification", specs, "noising", 4, exact=False, attribution=True)
+    evaluator.validation_step(rows, 0)
+    evaluator.on_validation_epoch_end()
+    clean = {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"]}
+    corrupted = clean | {"input_ids": rows["corrupt_input_ids"]}
+    for index, spec in enumerate(specs):
+        site, sources, seen = spec.site, [], []
+        with torch.no_grad(), by_definition(model.base_model, name, site.kind, site.layer, sources.append):
+            model(**corrupted)
+        with by_definition(model.base_model, name, site.kind, site.layer, seen.append):
+            logits = model(**clean).logits
+        picked = logits.gather(1, torch.stack([rows["labels"], rows["corrupt_labels"]], 1))  # [batch, 2]
+        logit_diff = picked[:, 0] - picked[:, 1]
+        gradient = torch.autograd.grad(logit_diff.sum(), seen[0])[0]
+        cols = slice(site.head * HEAD_DIM, (site.head + 1) * HEAD_DIM) if site.kind == "head" else slice(None)
+        chosen = rows["attention_mask"].bool() & (True if spec.unit is None else rows["sentence_ids"] == spec.unit)
+        terms = ((sources[0] - seen[0]) * gradient)[..., cols].sum(-1) * chosen  # [batch, seq]
+        expected = (logit_diff + terms.sum(-1)).detach().numpy()
+        if spec.unit is not None:
+            expected = np.where(chosen.any(-1).numpy(), expected, np.nan)
+        np.testing.assert_allclose(evaluator.scores[("estimate", index)]["logit_diff"], expected, rtol=1e-9,
+                                   atol=1e-12, err_msg=spec.name)
+    assert not any(isinstance(run, int) for run in evaluator.scores)  # no patched forward ran
+
+
 def test_without_corrupted_labels_the_contrast_is_the_corrupted_runs_prediction():
     check_every_patch("bert", "noising", None, 1, corrupt_labels=False)
 
@@ -147,15 +180,17 @@ def test_patch_job_end_to_end(trained, tmp_path):
     assert effects["L2.residual"] == pytest.approx(0.0, abs=1e-6)  # the corrupted run from the last layer on
     low, high = table["effect_low"], table["effect_high"]
     assert (low <= table["effect"] + 1e-12).all() and (table["effect"] <= high + 1e-12).all()
-    assert "patch (noising, 21 patches, positions all) on pairs" in result.stdout
+    assert "patch (noising, 21 patches, positions all, exact) on pairs" in result.stdout
     again = run("ablate.py", *args, cwd_tmp=root)
     assert "patch (noising" not in again.stdout  # complete results: nothing runs again
     by_unit = [*args[:-1], "patch.positions=units", "patch.sites=[mlp]", "patch.direction=denoising",
-               f"hydra.run.dir={tmp_path / 'units'}"]
-    run("ablate.py", *by_unit, cwd_tmp=root)
+               "patch.method=both", f"hydra.run.dir={tmp_path / 'units'}"]
+    result = run("ablate.py", *by_unit, cwd_tmp=root)
     units = pd.read_csv(tmp_path / "units/effects.csv")
     assert len(units) == 3 * (units["unit"].max() + 1) and units["unit"].max() >= 3  # [CLS] + sentences, claim
-    assert (tmp_path / "units/patch_mlp.png").is_file()
+    assert (tmp_path / "units/patch_mlp.png").is_file() and units["estimate"].notna().any()
+    agreement = json.loads((tmp_path / "units/results.json").read_text())["summary"]["attribution"]
+    assert agreement["patches"] == units["estimate"].notna().sum() and "estimates vs exact: Spearman" in result.stdout
 
 
 BAD = [

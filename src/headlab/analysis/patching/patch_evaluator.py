@@ -8,6 +8,11 @@ layer share a forward of the batch repeated (rows patch-major), which starts at 
 to it, since the layers below would compute it again (not on a family whose depths share their modules, ALBERT:
 whole forwards).
 
+Attribution patching (Kramar et al. 2024; ``attribution=True``) estimates each patch to first order from one more
+forward and backward of the base run: the patched logit difference is about the base run's plus
+``sum over the patched positions and columns of (a_source - a_base) * dLD/da`` at the base run, every patch from the
+same gradients (``exact=False``: no patched forwards at all).
+
 Scores per example, of the clean and corrupted runs and of every patch: the logit difference (the clean label's
 logit minus the corrupted label's: ``corrupt_labels`` where the data gives them, else the corrupted run's
 prediction; for regression, the predicted score), the loss against the clean label, and the prediction. A patch at
@@ -23,10 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from headlab.core.activation_sites import Patch, Site, patched, recorded
+from headlab.core.activation_sites import Patch, Site, columns, patched, recorded
 from headlab.core.families import family_of
 from headlab.core.losses import example_losses
-from headlab.core.model_parts import layer_inputs, start_at_layer
+from headlab.core.model_parts import head_width, layer_inputs, start_at_layer
 from headlab.training.modules import gather_rows
 from headlab.training.stays_on_device import StaysOnDevice
 
@@ -79,13 +84,15 @@ def patch_specs(kinds: list[str], layers: int, heads: int, positions: int | None
 
 class PatchEvaluator(StaysOnDevice):
     """Scores the clean run, the corrupted run and each patch of ``specs`` on paired batches (module docstring).
-    After ``Trainer.validate``, ``scores[run]`` (run: ``"clean"``, ``"corrupted"`` or a spec's index) holds
-    ``{example, logit_diff, loss, prediction}`` arrays over the examples, in example order, and ``scores["labels"]``
-    ``{example, label}``, the clean labels."""
+    After ``Trainer.validate``, ``scores[run]`` (run: ``"clean"``, ``"corrupted"``, a spec's index, or
+    ``("estimate", index)`` for its first-order estimate) holds ``{example, logit_diff, loss, prediction}`` arrays
+    over the examples, in example order (an estimate's loss and prediction NaN), and ``scores["labels"]``
+    ``{example, label}``, the clean labels. Estimates need gradients: a Trainer without inference mode."""
 
     def __init__(self, model: torch.nn.Module, task_type: str, specs: list[PatchSpec], direction: str,
-                 per_forward: int = 0):
+                 per_forward: int = 0, exact: bool = True, attribution: bool = False):
         super().__init__()
+        self.exact, self.attribution = exact, attribution
         self.model = model.eval()
         self.regression = task_type == "regression"
         self.specs, self.noising, self.per_forward = list(specs), direction == "noising", per_forward
@@ -119,7 +126,9 @@ class PatchEvaluator(StaysOnDevice):
         self._keep("clean", examples, self._scored(clean_logits, labels, contrast))
         self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast))
         mask, units = clean["attention_mask"].bool(), batch.get("sentence_ids")  # [batch, seq] each
-        for layer, indices in self.by_layer.items():
+        if self.attribution:
+            self._estimated(base, activations, labels, contrast, mask, units, examples)
+        for layer, indices in self.by_layer.items() if self.exact else ():
             for start in range(0, len(indices), self.per_forward):
                 chunk = indices[start : start + self.per_forward]
                 wheres = [self.specs[index].where(mask, units) for index in chunk]  # [batch, seq] each
@@ -148,6 +157,22 @@ class PatchEvaluator(StaysOnDevice):
             else nullcontext()
         with patched(self.model, patches), start:
             return self.model(**rows).logits
+
+    def _estimated(self, base: dict, activations: dict, labels, contrast, mask, units, examples) -> None:
+        """Every patch's first-order estimate (module docstring) from one forward and backward of the base run."""
+        with torch.enable_grad(), recorded(self.model, self.sites) as found:
+            logit_diff = self._scored(self.model(**base).logits, labels, contrast)[0]  # [batch], float64
+            keys = list(found)
+            gradients = dict(zip(keys, torch.autograd.grad(logit_diff.sum(), [found[key] for key in keys])))
+        width, nothing = head_width(self.model), torch.full_like(logit_diff, torch.nan).detach()
+        for index, spec in enumerate(self.specs):
+            key, cols = (spec.site.kind, spec.site.layer), columns(spec.site, width)
+            change = (activations[key] - found[key].detach())[..., cols] * gradients[key][..., cols]  # [batch, seq, c]
+            where = spec.where(mask, units)  # [batch, seq]
+            estimate = logit_diff.detach() + (change.sum(-1).double() * where).sum(-1)
+            if spec.position is not None or spec.unit is not None:
+                estimate = torch.where(where.any(-1), estimate, torch.nan)
+            self._keep(("estimate", index), examples, (estimate, nothing, nothing))
 
     def _scored(self, logits: torch.Tensor, labels: torch.Tensor, contrast: torch.Tensor | None) -> tuple:
         """(logit difference, loss, prediction) ``[batch]`` each (module docstring)."""

@@ -5,7 +5,8 @@ site of ``patch.sites`` in every layer (each head's context, the attention block
 residual stream after the layer) is patched in turn, at every position or at each position (``patch.positions``),
 noising (the clean run takes the corrupted activation) or denoising (the reverse). The effect of a patch is its mean
 logit difference normalised so that 0 is the corrupted run's and 1 the clean run's, with a paired bootstrap interval
-over the examples (patches at every position). Files in the job directory:
+over the examples (patches at every position); ``patch.method=attribution`` estimates every patch to first order from
+one forward and backward (``both``: and how well the estimates rank the exact effects). Files in the job directory:
 
 =====================  ===========================================================================================
 ``effects.csv``        per patch: site, kind, layer, head, position, unit, examples, mean logit difference, normalised
@@ -32,15 +33,16 @@ from torch.utils.data import DataLoader
 
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.patching.effects import effects, per_example
 from headlab.analysis.patching.paired_data import PairedRows, corrupted_features
-from headlab.analysis.patching.patch_evaluator import PatchEvaluator, PatchSpec, patch_specs
+from headlab.analysis.patching.patch_evaluator import PatchEvaluator, patch_specs
 from headlab.core.model_files import model_shape
 from headlab.files import write_frame_atomic, write_json_atomic
 from headlab.reporting import plots
-from headlab.reporting.statistics import Resampling, paired_tests
 from headlab.tasks.batches import collated
 from headlab.training.checkpoints import tokenizer_config
 from headlab.training.datamodule import ExactlyOnceSampler
+from headlab.training.finetune import make_trainer
 from headlab.training.tracking import log_artifacts
 
 PAIRS_SPLIT = "pairs"  # the eval split a patch.pairs file becomes
@@ -65,12 +67,11 @@ def paired_rows(job: EvalJob) -> PairedRows:
                       data.task.type == "regression", labelled)
 
 
-def paired_loader(rows: PairedRows, job: EvalJob) -> DataLoader:
+def paired_loader(rows: PairedRows, trainer: Any, data: Any) -> DataLoader:
     """Batches of rows of similar lengths, each example once over the processes (as the eval loaders)."""
-    trainer = job.trainer
     sampler = ExactlyOnceSampler(list(range(len(rows))), trainer.world_size, trainer.global_rank, rows.lengths())
-    return DataLoader(rows, batch_size=job.data.eval_batch_size, sampler=sampler, collate_fn=collated,
-                      num_workers=job.data.num_workers, pin_memory=trainer.strategy.root_device.type == "cuda")
+    return DataLoader(rows, batch_size=data.eval_batch_size, sampler=sampler, collate_fn=collated,
+                      num_workers=data.num_workers, pin_memory=trainer.strategy.root_device.type == "cuda")
 
 
 @resumable
@@ -85,12 +86,17 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     positions = int(rows.lengths().max()) if options.positions == "each" else None
     units = rows.units() if options.positions == "units" else None
     specs = patch_specs(list(options.sites), layers, heads, positions, units)
-    evaluator = PatchEvaluator(job.model, cfg.task.type, specs, options.direction, options.patches_per_forward)
-    job.trainer.validate(evaluator, dataloaders=paired_loader(rows, job), verbose=False)
+    exact, attribution = options.method in ("exact", "both"), options.method in ("attribution", "both")
+    evaluator = PatchEvaluator(job.model, cfg.task.type, specs, options.direction, options.patches_per_forward,
+                               exact, attribution)
+    trainer = job.trainer if not attribution else make_trainer(  # estimates need gradients
+        cfg.trainer, [], None, identity.output_dir, inference_mode=False, fitting=False)
+    trainer.validate(evaluator, dataloaders=paired_loader(rows, trainer, job.data), verbose=False)
     table, summary = effects(evaluator.scores, specs, options, cfg.seed, cfg.task.type)
     split = cfg.task.eval_splits[0]
     result = {"kind": "patch", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name, "split": split,
               "direction": options.direction, "sites": list(options.sites), "positions": options.positions,
+              "method": options.method,
               "checkpoint": job.checkpoint_record(), "summary": summary,
               "effects": table.replace({np.nan: None}).to_dict("records"), "seed": cfg.seed}
     result = identity.complete(result)
@@ -111,76 +117,18 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     return result
 
 
-def effects(scores: dict, specs: list[PatchSpec], options: Any, seed: int, task_type: str
-            ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Per patch its effect (module docstring), and the clean and corrupted runs' means with the normaliser."""
-    clean, corrupted = scores["clean"], scores["corrupted"]
-    base = clean if options.direction == "noising" else corrupted
-    labels = scores["labels"]["label"] if task_type != "regression" else None  # accuracy of classifications
-    summary = {run: {"logit_diff": float(s["logit_diff"].mean()), "loss": float(s["loss"].mean()),
-                     **({} if labels is None else {"accuracy": float(np.mean(s["prediction"] == labels))})}
-               for run, s in (("clean", clean), ("corrupted", corrupted))}
-    normaliser = summary["clean"]["logit_diff"] - summary["corrupted"]["logit_diff"]
-    summary |= {"normaliser": normaliser, "examples": len(clean["logit_diff"])}
-    whole = [i for i, spec in enumerate(specs) if spec.position is None and spec.unit is None]  # every example
-    intervals = {}
-    if whole and len(base["logit_diff"]) >= 2:
-        config = Resampling(options.resamples, options.resamples, options.confidence, "bca", seed)
-        tests = paired_tests("logit_diff", [{"logit_diff": scores[i]["logit_diff"]} for i in whole],
-                             {"logit_diff": base["logit_diff"]}, config, [specs[i].name for i in whole])
-        intervals = dict(zip(whole, tests))
-    rows = []
-    for index, spec in enumerate(specs):
-        patched = scores[index]
-        reached = ~np.isnan(patched["logit_diff"])  # per position: the examples that reach it
-        means = {run: float(s["logit_diff"][reached].mean()) if reached.any() else np.nan
-                 for run, s in (("clean", clean), ("corrupted", corrupted), ("base", base))}
-        value = float(patched["logit_diff"][reached].mean()) if reached.any() else np.nan
-        scale = means["clean"] - means["corrupted"]
-        normalise = lambda v, scale=scale, floor=means["corrupted"]: (v - floor) / scale if scale else np.nan  # noqa: E731
-        test = intervals.get(index)
-        bounds = sorted(normalise(means["base"] + bound) for bound in (test.ci_low, test.ci_high)) if test else \
-            [np.nan, np.nan]  # a negative normaliser reverses them
-        rows.append({"site": spec.name, "kind": spec.site.kind, "layer": spec.site.layer, "head": spec.site.head,
-                     "position": spec.position, "unit": spec.unit, "examples": int(reached.sum()), "logit_diff": value,
-                     "effect": normalise(value), "effect_low": bounds[0], "effect_high": bounds[1],
-                     "delta": value - means["base"], "p_value": test.p_value if test else np.nan,
-                     "loss": float(np.nanmean(patched["loss"])) if reached.any() else np.nan,
-                     **({} if labels is None else {"accuracy": float(np.mean(
-                         patched["prediction"][reached] == labels[reached])) if reached.any() else np.nan})})
-    table = pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64", "unit": "Int64"})
-    difference = clean["logit_diff"] - corrupted["logit_diff"]  # per example: how far apart the two runs are
-    spread = difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else np.nan
-    if not abs(normaliser) > 2 * spread:
-        summary["warning"] = (f"the clean and corrupted runs' mean logit differences are {normaliser:+.4g} apart, "
-                              f"within 2 standard errors ({spread:.3g}): the normalised effects divide by noise")
-    return table, summary
-
-
-def per_example(scores: dict, specs: list[PatchSpec]) -> pd.DataFrame:
-    """``patches.parquet``: every run's scores per example."""
-    frames = []
-    for run in ("clean", "corrupted", *range(len(specs))):
-        frame = pd.DataFrame({name: values for name, values in scores[run].items()})
-        frame.insert(0, "run", run if isinstance(run, str) else specs[run].name)
-        frames.append(frame)
-    out = pd.concat(frames, ignore_index=True)
-    out["example"] = out["example"].astype(int)
-    return out
-
-
 def write_heatmaps(table: pd.DataFrame, layers: int, heads: int, options: Any, cfg: Any, folder: Path
                    ) -> dict[str, Path]:
     """The heatmaps of the module docstring; ``{name: first file}``."""
-    formats, images = tuple(cfg.report.formats), {}
-    title = f"{cfg.model.name} on {cfg.task.name}: {options.direction}, normalised effect"
-    label = "effect (0: corrupted, 1: clean)"
+    formats, images, shown = tuple(cfg.report.formats), {}, shown_effect(table)
+    title = f"{cfg.model.name} on {cfg.task.name}: {options.direction}, normalised {shown}"
+    label = f"{shown} (0: corrupted, 1: clean)"
     whole = table[table["position"].isna() & table["unit"].isna()]
     rows = [f"L{layer}" for layer in range(layers)]
     mine = whole[whole["kind"] == "head"]
     if len(mine):
         grid = np.full((layers, heads), np.nan)
-        grid[mine["layer"].to_numpy(int), mine["head"].to_numpy(int)] = mine["effect"].to_numpy()
+        grid[mine["layer"].to_numpy(int), mine["head"].to_numpy(int)] = mine[shown].to_numpy()
         images["patch_heads"] = plots.grid_heatmap(grid, rows, [f"H{h}" for h in range(heads)], "head", label,
                                                    title, folder / "patch_heads", formats)[0]
     others = [kind for kind in options.sites if kind != "head" and (whole["kind"] == kind).any()]
@@ -188,7 +136,7 @@ def write_heatmaps(table: pd.DataFrame, layers: int, heads: int, options: Any, c
         grid = np.full((layers, len(others)), np.nan)
         for column, kind in enumerate(others):
             mine = whole[whole["kind"] == kind]
-            grid[mine["layer"].to_numpy(int), column] = mine["effect"].to_numpy()
+            grid[mine["layer"].to_numpy(int), column] = mine[shown].to_numpy()
         images["patch_layers"] = plots.grid_heatmap(grid, rows, others, "site", label, title,
                                                     folder / "patch_layers", formats)[0]
     for column, prefix in (("position", ""), ("unit", "u")):  # layers x positions (or units) of each kind
@@ -197,7 +145,7 @@ def write_heatmaps(table: pd.DataFrame, layers: int, heads: int, options: Any, c
             mine = each[each["kind"] == kind]
             width = int(mine[column].max()) + 1
             grid = np.full((layers, width), np.nan)
-            grid[mine["layer"].to_numpy(int), mine[column].to_numpy(int)] = mine["effect"].to_numpy()
+            grid[mine["layer"].to_numpy(int), mine[column].to_numpy(int)] = mine[shown].to_numpy()
             images[f"patch_{kind}"] = plots.grid_heatmap(grid, rows, [f"{prefix}{p}" for p in range(width)], column,
                                                          label, f"{title} ({kind})", folder / f"patch_{kind}",
                                                          formats)[0]
@@ -206,10 +154,19 @@ def write_heatmaps(table: pd.DataFrame, layers: int, heads: int, options: Any, c
 
 def summary_line(table: pd.DataFrame, summary: dict, options: Any, split: str, folder: Path) -> str:
     """``patch (noising, N patches) on split: logit difference clean C, corrupted K; largest effect S (E) -> dir``."""
-    ranked = table.dropna(subset=["effect"])
-    far = ranked.iloc[int(np.argmax(np.abs(ranked["effect"].to_numpy(float) - (
+    shown = shown_effect(table)
+    ranked = table.dropna(subset=[shown])
+    far = ranked.iloc[int(np.argmax(np.abs(ranked[shown].to_numpy(float) - (
         1.0 if options.direction == "noising" else 0.0))))] if len(ranked) else None
-    largest = f"; largest change: {far['site']} (effect {far['effect']:.3f})" if far is not None else ""
-    return (f"patch ({options.direction}, {len(table)} patches, positions {options.positions}) on {split}: logit "
-            f"difference clean {summary['clean']['logit_diff']:.4f}, corrupted {summary['corrupted']['logit_diff']:.4f}"
-            f"{largest} -> {folder / 'results.json'}")
+    largest = f"; largest change: {far['site']} ({shown} {far[shown]:.3f})" if far is not None else ""
+    agreement = summary.get("attribution")
+    agrees = "" if agreement is None else (f"; estimates vs exact: Spearman {agreement['spearman']:.3f}, top "
+                                           f"{agreement['top_k']} overlap {agreement['top_k_overlap']:.2f}")
+    return (f"patch ({options.direction}, {len(table)} patches, positions {options.positions}, {options.method}) on "
+            f"{split}: logit difference clean {summary['clean']['logit_diff']:.4f}, corrupted "
+            f"{summary['corrupted']['logit_diff']:.4f}{largest}{agrees} -> {folder / 'results.json'}")
+
+
+def shown_effect(table: pd.DataFrame) -> str:
+    """The column the heatmaps and the summary show: the exact effect, else the estimate (``patch.method``)."""
+    return "effect" if "effect" in table else "estimate"

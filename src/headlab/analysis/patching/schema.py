@@ -9,6 +9,7 @@ from headlab.reporting.settings import MAX_RESAMPLES, RESAMPLES_WHY
 
 SITE_KINDS = ("head", "attention", "mlp", "residual")  # as headlab.core.activation_sites (no torch here)
 DIRECTIONS = ("noising", "denoising")  # noising: the clean run takes the corrupted activation; denoising: reverse
+METHODS = ("exact", "attribution", "both")  # patched forwards, first-order estimates (attribution patching), both
 POSITIONS = ("all", "each", "units")  # every position at once, each position in turn, or each unit's positions
 
 
@@ -20,6 +21,7 @@ class PatchConfig:
     sites: list[str] = field(default_factory=lambda: list(SITE_KINDS))  # head | attention | mlp | residual
     direction: str = "noising"  # noising | denoising
     positions: str = "all"  # all | each | units
+    method: str = "exact"  # exact | attribution | both (the estimates' agreement with the exact effects)
     patches_per_forward: int = 0  # patches stacked in one forward; 0: a layer's on a GPU, 1 on a CPU
     resamples: int = 2000  # bootstrap resamples of the examples (confidence intervals)
     confidence: float = 0.95
@@ -31,6 +33,7 @@ class PatchConfig:
             one_of("patch.sites", kind, SITE_KINDS)
         one_of("patch.direction", self.direction, DIRECTIONS)
         one_of("patch.positions", self.positions, POSITIONS)
+        one_of("patch.method", self.method, METHODS)
         at_least("patch.patches_per_forward", self.patches_per_forward, 0)
         within("patch.resamples", self.resamples, 100, MAX_RESAMPLES, RESAMPLES_WHY)
         within("patch.confidence", self.confidence, 0.5, 0.999)
