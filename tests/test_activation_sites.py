@@ -14,12 +14,19 @@ from families import CONFIGS, batch, tiny_model
 from headlab.core.activation_sites import SITE_KINDS, Patch, Site, patched, recorded
 from headlab.errors import UserError
 
-# model_type -> (the layers' list, from a layer: the output projection, the MLP's last linear map); ALBERT's below
-MODULES = {"bert": ("encoder.layer", "attention.output.dense", "output.dense"),
-           "distilbert": ("transformer.layer", "attention.out_lin", "ffn.lin2"),
-           "modernbert": ("layers", "attn.Wo", "mlp.Wo"),
-           "albert": ("encoder.albert_layer_groups", "attention.dense", "ffn_output")}
+# model_type -> (the layers' list, from a layer: the output projection, the MLP's last linear map, the query, key
+# and value projections); ALBERT's below
+MODULES = {"bert": ("encoder.layer", "attention.output.dense", "output.dense",
+                    ("attention.self.query", "attention.self.key", "attention.self.value")),
+           "deberta-v2": ("encoder.layer", "attention.output.dense", "output.dense",
+                          ("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj")),
+           "distilbert": ("transformer.layer", "attention.out_lin", "ffn.lin2",
+                          ("attention.q_lin", "attention.k_lin", "attention.v_lin")),
+           "modernbert": ("layers", "attn.Wo", "mlp.Wo", ("attn.Wqkv",) * 3),
+           "albert": ("encoder.albert_layer_groups", "attention.dense", "ffn_output",
+                      ("attention.query", "attention.key", "attention.value"))}
 HEAD_DIM = 8  # every tiny model: hidden 32 over 4 heads
+INPUTS = ("query", "key", "value")
 
 
 def get(root, path: str):
@@ -31,9 +38,9 @@ def get(root, path: str):
 def module_and_call(model, name: str, kind: str, layer: int) -> tuple[torch.nn.Module, int]:
     """The module whose output (input, for a head) is the site's activation, and which of its calls in a forward
     is depth ``layer``'s (ALBERT: a group's layer serves consecutive depths)."""
-    family = "albert" if name.startswith("albert") else name if name in MODULES else \
-        "bert" if name not in ("distilbert", "modernbert") else name
-    layers_path, projection, mlp = MODULES[family]
+    family = "albert" if name.startswith("albert") else "deberta-v2" if name.startswith("deberta") else \
+        name if name in MODULES else "bert"
+    layers_path, projection, mlp, inputs = MODULES[family]
     call = 0
     if family == "albert":
         config = model.config
@@ -41,7 +48,8 @@ def module_and_call(model, name: str, kind: str, layer: int) -> tuple[torch.nn.M
         block, call = get(model, layers_path)[layer // per_group].albert_layers[0], layer % per_group
     else:
         block = get(model, layers_path)[layer]
-    return (block if kind == "residual" else get(block, mlp if kind == "mlp" else projection)), call
+    path = inputs[INPUTS.index(kind)] if kind in INPUTS else mlp if kind == "mlp" else projection
+    return (block if kind == "residual" else get(block, path)), call
 
 
 @contextmanager
@@ -92,7 +100,15 @@ def family(request):
 
 
 def site_of(kind: str, layer: int = 1) -> Site:
-    return Site(kind, layer, 2 if kind == "head" else None)
+    return Site(kind, layer, 2 if kind in ("head", *INPUTS) else None)
+
+
+def head_columns(name: str, kind: str, head: int = 2) -> slice:
+    """A head's columns of the site's activation (ModernBERT's Wqkv: query, key and value blocks of 4 heads)."""
+    if kind not in ("head", *INPUTS):
+        return slice(None)
+    start = (INPUTS.index(kind) * 4 * HEAD_DIM if name == "modernbert" and kind in INPUTS else 0) + head * HEAD_DIM
+    return slice(start, start + HEAD_DIM)
 
 
 @pytest.mark.parametrize("kind", SITE_KINDS)
@@ -119,7 +135,7 @@ def test_a_patch_equals_a_forward_with_that_activation_replaced(family, kind, wh
 
     def replace(activation):  # the definition: the site's columns from the source, at the chosen positions
         new = activation.clone()
-        cols = slice(2 * HEAD_DIM, 3 * HEAD_DIM) if kind == "head" else slice(None)
+        cols = head_columns(name, kind)
         for b in range(3):
             for t in range(11):
                 if positions is None or positions[b, t]:

@@ -1,6 +1,6 @@
 """The activations activation patching reads and writes (``Site``), found through the model's family.
 
-Four kinds of site per layer, each an activation ``[batch, seq, width]`` at one module of the layer:
+Seven kinds of site per layer, each an activation ``[batch, seq, width]`` at one module of the layer:
 
 =============  ======================================================================================
 ``head``       a head's context vector: its ``head_dim`` columns of the output projection's input (the
@@ -10,6 +10,9 @@ Four kinds of site per layer, each an activation ``[batch, seq, width]`` at one 
 ``mlp``        the feed-forward block's output: its last linear map's output, before the residual connection
 ``residual``   the residual stream after the layer: the next layer's input (the layer's output, or DeBERTa-v2's
                convolution's after the first layer)
+``query``,     a head's query, key or value: its ``head_dim`` columns of that projection's output (ModernBERT's
+``key``,       one ``Wqkv`` holds the three, side by side), before any position rotation; path patching's
+``value``      receivers
 =============  ======================================================================================
 
 ``recorded`` keeps a forward's activations at some sites; ``patched`` makes a forward use another run's activations
@@ -31,12 +34,14 @@ from headlab.core.families.base import module_at
 from headlab.core.model_parts import head_width, hook_at_depth, projection_inside, self_attention_of
 from headlab.errors import UserError
 
-SITE_KINDS = ("head", "attention", "mlp", "residual")
+SITE_KINDS = ("head", "attention", "mlp", "residual", "query", "key", "value")
+INPUTS = ("query", "key", "value")  # a head's inputs, each a projection's columns
+HEAD_KINDS = ("head", *INPUTS)  # the kinds of site that belong to one head
 
 
 @dataclass(frozen=True)
 class Site:
-    """One activation: ``kind`` (``SITE_KINDS``) at depth ``layer``; ``head`` for a head site only."""
+    """One activation: ``kind`` (``SITE_KINDS``) at depth ``layer``; ``head`` for a head's kinds only."""
 
     kind: str
     layer: int
@@ -45,13 +50,15 @@ class Site:
     def __post_init__(self) -> None:
         if self.kind not in SITE_KINDS:
             raise UserError(f"site kind {self.kind!r} is not one of {', '.join(SITE_KINDS)}")
-        if (self.head is None) != (self.kind != "head"):
-            raise UserError(f"a {self.kind} site {'needs' if self.kind == 'head' else 'takes no'} head")
+        if (self.head is None) != (self.kind not in HEAD_KINDS):
+            raise UserError(f"a {self.kind} site {'needs' if self.kind in HEAD_KINDS else 'takes no'} head")
 
     @property
     def name(self) -> str:
-        """``L3H2`` for a head, ``L3.mlp`` for the others."""
-        return f"L{self.layer}H{self.head}" if self.kind == "head" else f"L{self.layer}.{self.kind}"
+        """``L3H2`` for a head's context, ``L3H2.query`` for its inputs, ``L3.mlp`` for the others."""
+        if self.kind not in HEAD_KINDS:
+            return f"L{self.layer}.{self.kind}"
+        return f"L{self.layer}H{self.head}" + ("" if self.kind == "head" else f".{self.kind}")
 
     def check(self, model: PreTrainedModel) -> None:
         """A ``UserError`` when the model has no such layer or head."""
@@ -91,20 +98,25 @@ def patched(model: PreTrainedModel, patches: Sequence[Patch]) -> Iterator[PreTra
         by_module.setdefault((patch.site.kind, patch.site.layer), []).append(patch)
     _checked(model, (patch.site for patch in patches))
     width = head_width(model)
+    fused = model.config.num_attention_heads if family_of(model).fused else None
     with ExitStack() as stack:
         for (kind, layer), mine in by_module.items():
             def change(activation: torch.Tensor, mine=mine) -> torch.Tensor:
-                return _replaced(activation, mine, width)
+                return _replaced(activation, mine, width, fused)
             stack.enter_context(_at_site(model, kind, layer, change))
         yield model
 
 
-def columns(site: Site, width: int) -> slice:
-    """The site's columns of its recorded activation (a head's ``head_dim`` columns; every column otherwise)."""
-    return slice(site.head * width, (site.head + 1) * width) if site.kind == "head" else slice(None)
+def columns(site: Site, width: int, fused: int | None = None) -> slice:
+    """The site's columns of its recorded activation: a head's ``head_dim`` (``width``) columns, every column for the
+    other kinds; ``fused``: the head count of a projection that holds query, key and value blocks (ModernBERT)."""
+    if site.kind not in HEAD_KINDS:
+        return slice(None)
+    start = (INPUTS.index(site.kind) * fused * width if fused and site.kind in INPUTS else 0) + site.head * width
+    return slice(start, start + width)
 
 
-def _replaced(activation: torch.Tensor, patches: list[Patch], width: int) -> torch.Tensor:
+def _replaced(activation: torch.Tensor, patches: list[Patch], width: int, fused: int | None = None) -> torch.Tensor:
     """``activation`` ``[batch, seq, width]`` with each patch's columns taken from its source where it patches."""
     out = activation.clone()
     for patch in patches:
@@ -112,7 +124,7 @@ def _replaced(activation: torch.Tensor, patches: list[Patch], width: int) -> tor
             raise UserError(f"site {patch.site.name}: the source activation has shape {list(patch.source.shape)}; "
                             f"this forward's is {list(activation.shape)} (clean and corrupted inputs must have the "
                             "same length)")
-        cols = columns(patch.site, width)
+        cols = columns(patch.site, width, fused)
         source = patch.source[..., cols].to(activation.dtype)
         if patch.positions is not None:  # [batch, seq] -> [batch, seq, 1]
             source = torch.where(patch.positions[..., None].to(activation.device), source, out[..., cols])
@@ -144,12 +156,40 @@ def _at_site(model: PreTrainedModel, kind: str, layer: int, change) -> Iterator[
         with hook_at_depth(model, getattr(attention, inside), layer, hook, pre=True):
             yield
         return
+    if kind in INPUTS:  # the projection's output
+        with _content_projection(model, layer, kind, change):
+            yield
+        return
     if kind == "residual":
         module = _after_first_layer(model) if layer == 0 else None
         module = block if module is None else module
     else:
         module = module_at(block, family.output_path if kind == "attention" else family.mlp_path)
     with hook_at_depth(model, module, layer, lambda module, args, output: _first(output, change), pre=False):
+        yield
+
+
+@contextmanager
+def _content_projection(model: PreTrainedModel, layer: int, kind: str, change) -> Iterator[None]:
+    """Hook the query, key or value projection of layer ``layer`` at its first call after the attention module starts:
+    the projection of the hidden states (DeBERTa projects its relative position embeddings with the same modules
+    afterwards)."""
+    family, attention = family_of(model), self_attention_of(model, layer)
+    names = family.projections
+    projection = getattr(attention, names[0] if family.fused else names[INPUTS.index(kind)])
+    started = [False]
+
+    def start(*_) -> None:
+        started[0] = True
+
+    def content(module, args, output):
+        if not started[0]:
+            return None
+        started[0] = False
+        return _first(output, change)
+
+    with hook_at_depth(model, attention, layer, start, pre=True), \
+            hook_at_depth(model, projection, layer, content, pre=False):
         yield
 
 
