@@ -191,6 +191,11 @@ def test_patch_job_end_to_end(trained, tmp_path):
     assert (tmp_path / "units/patch_mlp.png").is_file() and units["estimate"].notna().any()
     agreement = json.loads((tmp_path / "units/results.json").read_text())["summary"]["attribution"]
     assert agreement["patches"] == units["estimate"].notna().sum() and "estimates vs exact: Spearman" in result.stdout
+    paths = [*args[:-1], "patch.path.senders=L0H1,L1H0", "patch.path.receivers=L2H3", "patch.path.inputs=[query]",
+             f"hydra.run.dir={tmp_path / 'paths'}"]
+    run("ablate.py", *[a.replace("senders=L0H1,L1H0", "senders='L0H1,L1H0'") for a in paths], cwd_tmp=root)
+    sites = pd.read_csv(tmp_path / "paths/effects.csv")["site"].tolist()
+    assert sites == ["L0H1->L2H3 (query)", "L1H0->L2H3 (query)"]
 
 
 BAD = [
@@ -200,6 +205,9 @@ BAD = [
     (["patch.pairs=null"], "has no corrupt_<field> column"),
     (["task=demo_qa"], "task demo_qa is extractive QA"),
     (["mask=prune", "mask.heads=L0"], "mode=patch patches the full model's activations"),
+    (["patch.path.senders=L2H0", "patch.path.receivers=L1"], "sender L2H0 has no receiver in a later layer"),
+    (["patch.path.senders=L0H0", "patch.positions=each"], "path patching acts at every position"),
+    (["patch.path.inputs=[attention]"], "patch.path.inputs='attention' is not allowed"),
 ]
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from headlab.analysis.jobs.checks import check_evaluation
+from headlab.core.model_files import model_shape
+from headlab.core.plans import select_heads
 from headlab.errors import UserError
 from headlab.tasks.local_files import CHECKED, check_paired_file
 
@@ -36,3 +40,25 @@ def check_patch(cfg: Any) -> None:
         raise UserError(f"patch.pairs={str(pairs)!r}: a paired file is JSON lines, CSV or TSV ({', '.join(CHECKED)}); "
                         f"got {path.suffix!r}")
     check_paired_file(path, task.name, list(task.text_fields), task.label_field)
+    if cfg.patch.path.senders is not None:
+        path_heads(cfg.patch, *model_shape(cfg.model))
+
+
+def path_heads(options: Any, layers: int, heads: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]] | None]:
+    """Path patching's ``(senders, receivers)`` as ``(layer, head)`` lists (receivers None: the model's output),
+    checked: path patches act at every position, exactly, and each sender has a receiver in a later layer."""
+    path = options.path
+    if options.positions != "all" or options.method != "exact":
+        raise UserError(f"patch.path: path patching acts at every position and runs every patch exactly; got "
+                        f"patch.positions={options.positions}, patch.method={options.method} (use all, exact)")
+    senders = [tuple(map(int, h)) for h in np.argwhere(select_heads(path.senders, layers, heads))]
+    if not senders:
+        raise UserError(f"patch.path.senders={path.senders!r} selects no head")
+    if path.receivers == "output":
+        return senders, None
+    receivers = [tuple(map(int, h)) for h in np.argwhere(select_heads(path.receivers, layers, heads))]
+    for layer, head in senders:
+        if not any(receiver_layer > layer for receiver_layer, _ in receivers):
+            raise UserError(f"patch.path: sender L{layer}H{head} has no receiver in a later layer "
+                            f"(patch.path.receivers={path.receivers!r}); its paths reach only later heads")
+    return senders, receivers

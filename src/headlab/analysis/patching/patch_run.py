@@ -6,7 +6,8 @@ residual stream after the layer) is patched in turn, at every position or at eac
 noising (the clean run takes the corrupted activation) or denoising (the reverse). The effect of a patch is its mean
 logit difference normalised so that 0 is the corrupted run's and 1 the clean run's, with a paired bootstrap interval
 over the examples (patches at every position); ``patch.method=attribution`` estimates every patch to first order from
-one forward and backward (``both``: and how well the estimates rank the exact effects). Files in the job directory:
+one forward and backward (``both``: and how well the estimates rank the exact effects); ``patch.path.senders`` path
+patches each sender head's paths to ``patch.path.receivers`` instead (``paths.py``). Files in the job directory:
 
 =====================  ===========================================================================================
 ``effects.csv``        per patch: site, kind, layer, head, position, unit, examples, mean logit difference, normalised
@@ -33,9 +34,11 @@ from torch.utils.data import DataLoader
 
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.patching.checks import path_heads
 from headlab.analysis.patching.effects import effects, per_example
 from headlab.analysis.patching.paired_data import PairedRows, corrupted_features
 from headlab.analysis.patching.patch_evaluator import PatchEvaluator, patch_specs
+from headlab.analysis.patching.paths import PathEvaluator, path_specs
 from headlab.core.model_files import model_shape
 from headlab.files import write_frame_atomic, write_json_atomic
 from headlab.reporting import plots
@@ -83,12 +86,16 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     job = EvalJob(cfg, identity, prepare=paired_rows)
     rows = job.prepared
     layers, heads = model_shape(cfg.model)
-    positions = int(rows.lengths().max()) if options.positions == "each" else None
-    units = rows.units() if options.positions == "units" else None
-    specs = patch_specs(list(options.sites), layers, heads, positions, units)
     exact, attribution = options.method in ("exact", "both"), options.method in ("attribution", "both")
-    evaluator = PatchEvaluator(job.model, cfg.task.type, specs, options.direction, options.patches_per_forward,
-                               exact, attribution)
+    if options.path.senders is not None:  # path patching
+        specs = path_specs(*path_heads(options, layers, heads), list(options.path.inputs))
+        evaluator = PathEvaluator(job.model, cfg.task.type, specs, options.direction)
+    else:
+        positions = int(rows.lengths().max()) if options.positions == "each" else None
+        units = rows.units() if options.positions == "units" else None
+        specs = patch_specs(list(options.sites), layers, heads, positions, units)
+        evaluator = PatchEvaluator(job.model, cfg.task.type, specs, options.direction, options.patches_per_forward,
+                                   exact, attribution)
     trainer = job.trainer if not attribution else make_trainer(  # estimates need gradients
         cfg.trainer, [], None, identity.output_dir, inference_mode=False, fitting=False)
     trainer.validate(evaluator, dataloaders=paired_loader(rows, trainer, job.data), verbose=False)
@@ -96,7 +103,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     split = cfg.task.eval_splits[0]
     result = {"kind": "patch", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name, "split": split,
               "direction": options.direction, "sites": list(options.sites), "positions": options.positions,
-              "method": options.method,
+              "method": options.method, **({"path": OmegaConf.to_container(options.path)}
+                                           if options.path.senders is not None else {}),
               "checkpoint": job.checkpoint_record(), "summary": summary,
               "effects": table.replace({np.nan: None}).to_dict("records"), "seed": cfg.seed}
     result = identity.complete(result)

@@ -13,6 +13,24 @@ METHODS = ("exact", "attribution", "both")  # patched forwards, first-order esti
 POSITIONS = ("all", "each", "units")  # every position at once, each position in turn, or each unit's positions
 
 
+INPUTS = ("query", "key", "value")  # a receiver head's inputs (path patching)
+
+
+@dataclass
+class PathConfig:
+    """Path patching (docs/patching.md): each sender head's paths to the receivers' inputs, or to the output."""
+
+    senders: str | None = None  # heads whose paths are patched, each in turn (a selector: L0H1,L2); null: none
+    receivers: str = "output"  # heads whose inputs receive the paths (a selector), or output (the model's)
+    inputs: list[str] = field(default_factory=lambda: list(INPUTS))  # which inputs of the receivers
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise UserError(f"patch.path.inputs is empty; give some of {', '.join(INPUTS)}")
+        for name in self.inputs:
+            one_of("patch.path.inputs", name, INPUTS)
+
+
 @dataclass
 class PatchConfig:
     """Which activations are patched, in which direction, at which positions (docs/patching.md)."""
@@ -25,6 +43,7 @@ class PatchConfig:
     patches_per_forward: int = 0  # patches stacked in one forward; 0: a layer's on a GPU, 1 on a CPU
     resamples: int = 2000  # bootstrap resamples of the examples (confidence intervals)
     confidence: float = 0.95
+    path: PathConfig = field(default_factory=PathConfig)  # path patching instead of the sites, when it has senders
 
     def __post_init__(self) -> None:
         if not self.sites:
