@@ -208,7 +208,33 @@ BAD = [
     (["patch.path.senders=L2H0", "patch.path.receivers=L1"], "sender L2H0 has no receiver in a later layer"),
     (["patch.path.senders=L0H0", "patch.positions=each"], "path patching acts at every position"),
     (["patch.path.inputs=[attention]"], "patch.path.inputs='attention' is not allowed"),
+    (["patch.sites=[head,head]"], "patch.sites=['head', 'head'] names a kind twice"),
+    ([f"patch.pairs={ROOT / 'src'}"], "is a folder"),
 ]
+
+
+def pairs_with(tmp_path, change: dict, suffix: str = ".jsonl"):
+    """The first four bundled pairs, the third with ``change`` (a field set to a value, or removed for None)."""
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines()[:4]]
+    rows[2] = {k: v for k, v in (rows[2] | change).items() if v is not None}
+    path = tmp_path / f"pairs{suffix}"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return f"patch.pairs={path}"
+
+
+BAD_FILES = [
+    ({"corrupt_label": 5}, "row 3: corrupt_label=5 is not a class 0..1 of task demo_pairs"),
+    ({"corrupt_label": "zero"}, "row 3: corrupt_label='zero' is not a class 0..1"),
+    ({"corrupt_label": 0.5}, "row 3: corrupt_label=0.5 is not a class 0..1"),
+    ({"corrupt_sentence2": ""}, "row 3 has no text in 'corrupt_sentence2'"),
+]
+
+
+@pytest.mark.parametrize("change, expected", BAD_FILES, ids=[e[:24] for _, e in BAD_FILES])
+def test_bad_pairs_files_are_one_line(tmp_path, change, expected):
+    result = run("ablate.py", "mode=patch", "allow_random_head=true", pairs_with(tmp_path, change),
+                 f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
+    assert_one_error_line(result, expected)
 
 
 @pytest.mark.parametrize("overrides, expected", BAD, ids=[e[:30] for _, e in BAD])
@@ -219,15 +245,16 @@ def test_bad_patch_input_is_one_line(tmp_path, overrides, expected):
 
 
 @pytest.mark.parametrize("corrupted, expected", [
-    ("Ada was born.", "split 'pairs' example 1: the clean and corrupted inputs tokenise to 31 and 23 tokens"),
-    ("Ada Bell was born. In 1950", "split 'pairs' example 1: the clean and corrupted inputs have another unit "
+    ("Ada was born.", "split 'pairs' row 2: the clean and corrupted inputs tokenise to 31 and 23 tokens"),
+    ("Ada Bell was born. In 1950", "split 'pairs' row 2: the clean and corrupted inputs have another unit "
                                    "layout from token 25 on (unit 1 against 2)"),
-], ids=["length", "units"])
+    ("Ada Bell was born in 1950.", "every example's corrupted text tokenises as its clean text does (2 examples)"),
+], ids=["length", "units", "identical"])
 def test_pairs_unlike_their_clean_inputs_are_refused_before_the_model_loads(tmp_path, corrupted, expected):
     row = {"sentence1": "Ada Bell was born in 1950.", "sentence2": "Ada Bell was born in 1950.", "label": 1}
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps(row | {"corrupt_sentence2": text}) + "\n"
-                             for text in ("Ada Bell was born in 1951.", corrupted)))
+    first = "Ada Bell was born in 1950." if "every example" in expected else "Ada Bell was born in 1951."
+    pairs.write_text("".join(json.dumps(row | {"corrupt_sentence2": text}) + "\n" for text in (first, corrupted)))
     result = run("ablate.py", "mode=patch", "allow_random_head=true", f"patch.pairs={pairs}",
                  f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, expected)

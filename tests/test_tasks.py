@@ -76,7 +76,7 @@ def test_bad_local_files(tmp_path):
 def test_labels_out_of_range_and_empty_split(tmp_path):
     good = write_jsonl(tmp_path / "good.jsonl", [{"sentence": "a", "label": 1}])
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"sentence": "a", "label": 0}, {"sentence": "b", "label": 2}])
-    with pytest.raises(ValueError, match=r"split 'validation': 1 label\(s\) outside 0..1, e.g. row 1 has label 2"):
+    with pytest.raises(ValueError, match=r"split 'validation': 1 label\(s\) outside 0..1, e.g. row 2 has label 2"):
         load_task_data(task_cfg("sst2", f"task.data_files={{train: {good}, validation: {bad}}}"))
     empty = tmp_path / "empty.json"
     empty.write_text('{"version": "1.1", "data": []}')

@@ -261,7 +261,7 @@ def test_labels_out_of_range_fail_before_the_model_loads(tmp_path):
     bad.write_text('{"sentence1": "A b.", "sentence2": "C d.", "label": 7}\n')
     result = train(tmp_path, "task=demo_pairs", f"task.data_files.train={bad}", "trainer.val_check_interval=1.0",
                    check=False)  # (QUICK's interval of 2 batches is refused first for a file of one row)
-    assert result.returncode != 0 and "label(s) outside 0..1, e.g. row 0 has label 7" in result.stderr
+    assert result.returncode != 0 and "label(s) outside 0..1, e.g. row 1 has label 7" in result.stderr
     assert "BertForSequenceClassification" not in result.stdout  # no model summary: no model was built
 
 

@@ -160,7 +160,7 @@ def _check_labels(task: Any, dataset: datasets.Dataset, split: str) -> None:
     if bad:
         raise UserError(
             f"task {task.name}, split {split!r}: {len(bad)} label(s) outside 0..{task.num_labels - 1}, "
-            f"e.g. row {bad[0][0]} has label {bad[0][1]!r}"
+            f"e.g. row {bad[0][0] + 1} has label {bad[0][1]!r}"
         )
 
 

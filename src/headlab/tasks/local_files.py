@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from headlab.errors import UserError
@@ -73,9 +74,11 @@ def check_text_file(path: str | Path, task_name: str, text_fields: list[str], la
             raise no_text(path, task_name, empty, field, text_fields)
 
 
-def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str) -> list[str]:
+def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str,
+                      num_labels: int | None) -> list[str]:
     """A paired file of activation patching (``check_text_file``, plus ``corrupt_<field>`` texts for some text field
-    in every row): the corrupted fields, in the task's order."""
+    in every row, and a ``corrupt_<label>`` that is a label of the task where given; ``num_labels`` None: regression,
+    a number): the corrupted fields, in the task's order."""
     path = Path(path)
     check_text_file(path, task_name, text_fields, label_field)
     columns, rows = _rows(path)
@@ -85,11 +88,33 @@ def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], 
                         f"corrupted text of some of task {task_name}'s fields "
                         f"({', '.join('corrupt_' + f for f in text_fields)}); the file has {columns}")
     for field in corrupted:
-        empty = next((n for n, row in enumerate(rows, start=1) if not isinstance(row.get(f"corrupt_{field}"), str)),
-                     None)
+        empty = next((n for n, row in enumerate(rows, start=1) if not isinstance(text := row.get(f"corrupt_{field}"),
+                                                                                str) or not text.strip()), None)
         if empty is not None:
             raise no_text(path, task_name, empty, f"corrupt_{field}", [f"corrupt_{f}" for f in corrupted])
+    label = f"corrupt_{label_field}"
+    for number, row in enumerate(rows, start=1):
+        if label in columns and not _is_label(row.get(label), num_labels):
+            allowed = f"a class 0..{num_labels - 1}" if num_labels else "a number"
+            raise UserError(f"data file {str(path)!r} row {number}: {label}={row.get(label)!r} is not {allowed} of "
+                            f"task {task_name} (the label of the corrupted text; leave the column out to contrast with "
+                            "the class the model predicts on it)")
     return corrupted
+
+
+def _is_label(value, num_labels: int | None) -> bool:
+    """A class in ``0..num_labels - 1`` (a JSON integer or a CSV field that reads as one), or for ``num_labels`` None
+    a finite number."""
+    if isinstance(value, bool) or value is None:
+        return False
+    if num_labels is None:
+        try:
+            return math.isfinite(float(value))
+        except (TypeError, ValueError):
+            return False
+    if isinstance(value, str):
+        value = int(value) if value.strip().lstrip("-").isdigit() else None
+    return isinstance(value, int) and 0 <= value < num_labels
 
 
 def count_rows(path: str | Path) -> int | None:

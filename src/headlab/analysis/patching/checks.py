@@ -34,12 +34,14 @@ def check_patch(cfg: Any) -> None:
         pairs = files[split]
     path = Path(pairs)
     if not path.is_file():
-        raise UserError(f"patch.pairs={str(pairs)!r} does not exist; give a data file in task {task.name}'s format "
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise UserError(f"patch.pairs={str(pairs)!r} {what}; give a data file in task {task.name}'s format "
                         "with corrupt_<field> columns")
     if path.suffix not in CHECKED:
         raise UserError(f"patch.pairs={str(pairs)!r}: a paired file is JSON lines, CSV or TSV ({', '.join(CHECKED)}); "
                         f"got {path.suffix!r}")
-    check_paired_file(path, task.name, list(task.text_fields), task.label_field)
+    check_paired_file(path, task.name, list(task.text_fields), task.label_field,
+                      None if task.type == "regression" else task.num_labels)
     if cfg.patch.path.senders is not None:
         path_heads(cfg.patch, *model_shape(cfg.model))
 

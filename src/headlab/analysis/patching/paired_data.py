@@ -50,19 +50,24 @@ def corrupted_features(data: Any, split: str, model_cfg: Any) -> tuple[Any, bool
 
 
 def check_alike(clean: Any, corrupted: Any, split: str) -> None:
-    """One line naming the first example whose two encodings differ in length or unit layout."""
+    """One line naming the first example (its row of the split, from 1) whose two encodings differ in length or unit
+    layout, or saying that no example's differ at all (nothing to patch)."""
     for name, what in (("input_ids", "tokens"), ("sentence_ids", "unit layout")):
         left, right = column_values(clean, name), column_values(corrupted, name)
         for example, (a, b) in enumerate(zip(left, right)):
             if len(a) != len(b):
-                raise UserError(f"split {split!r} example {example}: the clean and corrupted inputs tokenise to "
+                raise UserError(f"split {split!r} row {example + 1}: the clean and corrupted inputs tokenise to "
                                 f"{len(a)} and {len(b)} tokens; position-wise patching needs the same length (make "
                                 "the corrupted text's words tokenise as the clean ones do)")
             if name == "sentence_ids" and a != b:
                 token = next(t for t, (x, y) in enumerate(zip(a, b)) if x != y)
-                raise UserError(f"split {split!r} example {example}: the clean and corrupted inputs have another "
+                raise UserError(f"split {split!r} row {example + 1}: the clean and corrupted inputs have another "
                                 f"{what} from token {token} on (unit {a[token]} against {b[token]}); patching needs "
                                 "the same units at the same positions")
+        if name == "input_ids" and left == right:
+            raise UserError(f"split {split!r}: every example's corrupted text tokenises as its clean text does "
+                            f"({len(left)} examples); there is no difference to patch (check the corrupt_<field> "
+                            "columns)")
 
 
 class PairedRows(torch.utils.data.Dataset):

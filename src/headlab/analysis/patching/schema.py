@@ -29,6 +29,8 @@ class PathConfig:
             raise UserError(f"patch.path.inputs is empty; give some of {', '.join(INPUTS)}")
         for name in self.inputs:
             one_of("patch.path.inputs", name, INPUTS)
+        if len(set(self.inputs)) < len(self.inputs):
+            raise UserError(f"patch.path.inputs={list(self.inputs)} names an input twice")
 
 
 @dataclass
@@ -50,6 +52,9 @@ class PatchConfig:
             raise UserError(f"patch.sites is empty; give some of {', '.join(SITE_KINDS)}")
         for kind in self.sites:
             one_of("patch.sites", kind, SITE_KINDS)
+        if len(set(self.sites)) < len(self.sites):
+            raise UserError(f"patch.sites={list(self.sites)} names a kind twice; give each of "
+                            f"{', '.join(SITE_KINDS)} at most once")
         one_of("patch.direction", self.direction, DIRECTIONS)
         one_of("patch.positions", self.positions, POSITIONS)
         one_of("patch.method", self.method, METHODS)
