@@ -4,8 +4,9 @@
 #     bash benchmarks/gpu_rows.sh one_call|targets|jobs|attention|train|eval|tests [OUT_DIR]
 #
 # targets: the rows that missed their target in the 2026-11-27 H200 calls, in one call (~5 minutes): attention_overhead.py
-#        on BERT-base and RoBERTa with --groups (renormalised drop_* as one SDPA call per layer and per group) and on
-#        DeBERTa-v2, sweep_heads alone over 9,815 rows, the CUDA tests; needs pytest's wheels (below);
+#        on BERT-base and RoBERTa with --groups (drop_* as one SDPA call per layer and as one per group) and on
+#        DeBERTa-v2, sweep_heads alone over 9,815 rows, activation patching's pass vs the naive loop, the CUDA tests;
+#        needs pytest's wheels (below);
 # one_call: what the GPU evaluation issue measures, in one call of the lent machine (~6 minutes, each section under
 #        its own time limit so that a slow one loses only itself): eval_speed.py throughput (mode=eval's pass vs a
 #        plain loop over its own DataLoader, BERT-base, bf16-mixed, 9,815 rows), attention_overhead.py on BERT-base and
@@ -65,6 +66,7 @@ case "$group" in
         done
         section sweep 150 eval_speed.py sweep --only sweep_heads --device cuda --precision bf16-mixed \
             --shape bert-base --task demo_pairs --rows 9815 --batch 128 --rounds 1
+        section patch 90 patch_speed.py --device cuda --shape bert-base --batch 64 --rounds 3
         cuda_tests 120 ;;
     one_call)
         section eval 150 eval_speed.py throughput --device cuda --precision bf16-mixed --shape bert-base \
