@@ -190,6 +190,6 @@ class PatchEvaluator(StaysOnDevice):
         for run, batches in self._pending.items():
             rows = gather_rows([row for batch in batches for row in zip(*(column.tolist() for column in batch))])
             names = ("example", "label") if run == "labels" else ("example", *SCORES)
-            columns = list(zip(*rows)) if rows else [[] for _ in names]
-            self.scores[run] = {name: np.asarray(values, dtype=np.float64) for name, values in zip(names, columns)}
+            by_column = list(zip(*rows)) if rows else [[] for _ in names]
+            self.scores[run] = {name: np.asarray(values, dtype=np.float64) for name, values in zip(names, by_column)}
         self._pending = {}
