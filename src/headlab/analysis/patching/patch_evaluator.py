@@ -110,22 +110,13 @@ class PatchEvaluator(StaysOnDevice):
 
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        clean = {name: batch[name] for name in MODEL_INPUTS if name in batch}
-        corrupted = clean | {name: batch[f"corrupt_{name}"] for name in MODEL_INPUTS if f"corrupt_{name}" in batch}
-        base, source = (clean, corrupted) if self.noising else (corrupted, clean)
+        base, source = self._runs(batch)
         with recorded(self.model, self.sites) as activations:
             source_logits = self.model(**source).logits
         with layer_inputs(self.model) if self.prefix else nullcontext([]) as entering:
             base_logits = self.model(**base).logits
-        clean_logits, corrupted_logits = (base_logits, source_logits) if self.noising else (source_logits,
-                                                                                            base_logits)
-        labels = batch["labels"]
-        contrast = None if self.regression else batch.get("corrupt_labels", corrupted_logits.argmax(-1))
-        examples = batch["example_index"]
-        self._keep("labels", examples, (labels,))
-        self._keep("clean", examples, self._scored(clean_logits, labels, contrast))
-        self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast))
-        mask, units = clean["attention_mask"].bool(), batch.get("sentence_ids")  # [batch, seq] each
+        labels, contrast, examples = self._keep_runs(batch, base_logits, source_logits)
+        mask, units = base["attention_mask"].bool(), batch.get("sentence_ids")  # [batch, seq] each
         if self.attribution:
             self._estimated(base, activations, labels, contrast, mask, units, examples)
         for layer, indices in self.by_layer.items() if self.exact else ():
@@ -139,6 +130,26 @@ class PatchEvaluator(StaysOnDevice):
                     if spec.position is not None or spec.unit is not None:  # rows it does not reach: no score
                         scores = tuple(torch.where(where.any(-1), s.double(), torch.nan) for s in scores)
                     self._keep(index, examples, scores)
+
+    def _runs(self, batch: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+        """The model inputs of the base run and of the source run (noising: clean and corrupted; denoising: the
+        reverse); both have the same attention mask."""
+        clean = {name: batch[name] for name in MODEL_INPUTS if name in batch}
+        corrupted = clean | {name: batch[f"corrupt_{name}"] for name in MODEL_INPUTS if f"corrupt_{name}" in batch}
+        return (clean, corrupted) if self.noising else (corrupted, clean)
+
+    def _keep_runs(self, batch: dict[str, torch.Tensor], base_logits, source_logits) -> tuple:
+        """Keep the clean labels and the clean and corrupted runs' scores; ``(labels, contrast, examples)``: the
+        clean labels, the corrupted ones (``corrupt_labels``, else the corrupted run's predictions; None for
+        regression) and the examples' indices, ``[batch]`` each."""
+        clean_logits, corrupted_logits = (base_logits, source_logits) if self.noising else (source_logits,
+                                                                                            base_logits)
+        labels, examples = batch["labels"], batch["example_index"]
+        contrast = None if self.regression else batch.get("corrupt_labels", corrupted_logits.argmax(-1))
+        self._keep("labels", examples, (labels,))
+        self._keep("clean", examples, self._scored(clean_logits, labels, contrast))
+        self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast))
+        return labels, contrast, examples
 
     def _patched(self, chunk: list[int], layer: int, base: dict, activations: dict, entering: list,
                  wheres: list[torch.Tensor]) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from headlab.analysis.patching.patch_evaluator import MODEL_INPUTS, PatchEvaluator
+from headlab.analysis.patching.patch_evaluator import PatchEvaluator
 from headlab.core.activation_sites import Patch, Site, patched, recorded
 from headlab.core.model_parts import layer_inputs, start_at_layer
 from headlab.errors import UserError
@@ -75,21 +75,13 @@ class PathEvaluator(PatchEvaluator):
 
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        clean = {name: batch[name] for name in MODEL_INPUTS if name in batch}
-        corrupted = clean | {name: batch[f"corrupt_{name}"] for name in MODEL_INPUTS if f"corrupt_{name}" in batch}
-        base, source = (clean, corrupted) if self.noising else (corrupted, clean)
+        base, source = self._runs(batch)
         with recorded(self.model, self.heads) as source_heads:
             source_logits = self.model(**source).logits
         with recorded(self.model, self.heads) as base_heads, \
                 layer_inputs(self.model) if self.prefix else nullcontext([]) as entering:
             base_logits = self.model(**base).logits
-        clean_logits, corrupted_logits = (base_logits, source_logits) if self.noising else (source_logits,
-                                                                                            base_logits)
-        labels, examples = batch["labels"], batch["example_index"]
-        contrast = None if self.regression else batch.get("corrupt_labels", corrupted_logits.argmax(-1))
-        self._keep("labels", examples, (labels,))
-        self._keep("clean", examples, self._scored(clean_logits, labels, contrast))
-        self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast))
+        labels, contrast, examples = self._keep_runs(batch, base_logits, source_logits)
 
         def from_layer(layer: int):  # a forward from ``layer``'s base input (the layers below are the base run's)
             return start_at_layer(self.model, layer, entering[layer]) if self.prefix else nullcontext()
