@@ -30,7 +30,9 @@ default, ``TaskDataModule(by_length=True)``) against the same rows batched in fi
 seconds / file-order seconds; the padded tokens of each side are printed.
 ``collate``: the DataLoader's work per batch, ``PaddedRows`` (one gather per column) against the ``Collator`` over the
 rows the HF dataset returns (what the loaders did before); the ratio is padded-rows seconds / collator seconds.
-``--only SIDE`` times one side alone (no ratio), e.g. ``sweep --only sweep_heads``.
+``--only SIDE[,SIDE...]`` times those sides (one: no ratio), e.g. ``sweep --only sweep_heads``;
+``sweep --only sweep_heads,sweep_whole_layers`` times the sweep against itself without its two savings (each layer's
+pass recomputing the layers below it, and the whole last layer although a classification head reads only [CLS]).
 
 ``--shape minilm`` is the embedded MiniLM; ``bert-base`` (``tiny``, ``dispatch``) a random model of that shape with the
 tiny tokenizer (speed does not depend on the weights); ``--shape tiny --batch 32`` is the CPU's launch-bound proxy of
@@ -62,6 +64,7 @@ from common import SHAPES, Parser, check_device, clock, machine
 from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader
 
+from headlab.analysis.evaluation.layer_inputs import LayerInputs
 from headlab.analysis.evaluation.sweep_heads import LayerSweepEvaluator
 from headlab.analysis.evaluation.sweep_plans import family_plans
 from headlab.analysis.importance.prune_curve import prune_plan, random_heads
@@ -78,9 +81,11 @@ from headlab.training.datamodule import ExactlyOnceSampler, TaskDataModule
 from headlab.training.modules import task_head
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = {"throughput": ("headlab", "plain"), "sweep": ("sweep_heads", "separate"), "importance": ("importance",
+SIDES = {"throughput": ("headlab", "plain"), "sweep": ("sweep_heads", "separate", "sweep_whole_layers"),
+         "importance": ("importance",
          "evaluation"), "pruned": ("pruned", "full", "masked"), "by_length": ("by_length", "file_order"),
-         "collate": ("padded_rows", "collator")}  # what each comparison times (--only: one of them)
+         "collate": ("padded_rows", "collator")}  # what each comparison times (--only: some of them)
+OPTIONAL = ("sweep_whole_layers",)  # timed only when --only names them
 
 
 def setup(args):
@@ -174,14 +179,18 @@ def sweep(args) -> None:
             trainer.validate(PlanEvaluator(model, cfg.task, [Variant(name, plan)], data.eval_examples),
                              datamodule=data, verbose=False)
 
-    def swept():
+    def swept(whole_layers: bool = False):
+        inputs = None if whole_layers else LayerInputs()
         for layer in range(layers):
             variants = [Variant(name, plan) for name, l, plan in plans if l == layer]
-            trainer.validate(LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples,
-                                                 args.per_forward), datamodule=data, verbose=False)
+            evaluator = LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples, args.per_forward,
+                                            inputs=inputs)
+            evaluator.first_token &= not whole_layers
+            trainer.validate(evaluator, datamodule=data, verbose=False)
 
     bound = (layers + 1) / (2 * layers)
-    report(args, {"sweep_heads": swept, "separate": separate}, lambda seconds: seconds, "s",
+    report(args, {"sweep_heads": swept, "separate": separate, "sweep_whole_layers": lambda: swept(True)},
+           lambda seconds: seconds, "s",
            f"{len(plans)} plans ({args.policy}), {len(data.eval_features['validation'])} features, batch {args.batch}, "
            f"{args.per_forward or 'auto (1 on CPU)'} plans per forward; layer-reuse bound (L+1)/2L = {bound:.3f}",
            target="<= 0.6", higher_is_better=False)
@@ -245,7 +254,8 @@ def by_length(args) -> None:
 
 
 def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
-    names = [args.only] if args.only else list(sides)
+    names = args.only.split(",") if args.only else [name for name in sides if name not in OPTIONAL]
+    alone = len(names) == 1
     results: dict[str, list[float]] = {name: [] for name in names}
     ratios = []
     for round_ in range(args.rounds):
@@ -255,12 +265,12 @@ def report(args, sides: dict, value, unit: str, what: str, target: str, higher_i
             sides[name]()
             this[name] = value(clock(args.device) - start)
             results[name].append(this[name])
-        ratios.append(this[names[0]] / this[names[-1]])
+        ratios.append(this[names[0]] / this[names[-1 if alone else 1]])
         print(f"round {round_}: " + ", ".join(f"{n} {this[n]:.2f} {unit}" for n in names)
-              + ("" if args.only else f", ratio {ratios[-1]:.3f}"), flush=True)
+              + ("" if alone else f", ratio {ratios[-1]:.3f}"), flush=True)
     print(f"\n{machine(args.device)}, {args.precision}; {args.shape} on {args.task}: {what}; {args.rounds} rounds")
     print("median " + ", ".join(f"{n} {statistics.median(results[n]):.2f} {unit}" for n in names)
-          + ("" if args.only else f"; median ratio {names[0]} / {names[1]} {statistics.median(ratios):.3f} "
+          + ("" if alone else f"; median ratio {names[0]} / {names[1]} {statistics.median(ratios):.3f} "
                                   f"(target {target})"))
 
 
@@ -278,11 +288,14 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--rows", type=int, default=None, help="demo_pairs: validation rows repeated to this many")
     parser.add_argument("--profile", action="store_true", help="throughput: then one headlab pass under cProfile")
-    parser.add_argument("--only", default=None, help="time this side alone, e.g. sweep_heads (no ratio)")
+    parser.add_argument("--only", default=None, help="time these sides (comma-separated; the ratio: first / second), "
+                        "e.g. sweep_heads,sweep_whole_layers; one side: no ratio")
     args = parser.parse_args()
     args.device = check_device(parser, args.device)
-    if args.only is not None and args.only not in SIDES[args.what]:
-        parser.error(f"--only {args.only!r} is not a side of {args.what}; choose from {', '.join(SIDES[args.what])}")
+    unknown = [side for side in (args.only or "").split(",") if args.only is not None and side not in SIDES[args.what]]
+    if unknown:
+        parser.error(f"--only {args.only!r}: {', '.join(map(repr, unknown))} is not a side of {args.what}; choose "
+                     f"from {', '.join(SIDES[args.what])}")
     if args.rows is not None and (args.task != "demo_pairs" or args.rows < 1):
         parser.error(f"--rows {args.rows} needs --task demo_pairs and a positive count")
     args.examples = args.examples or args.rows or (32 if args.what == "sweep" else 200)

@@ -21,7 +21,8 @@ CASES = [
     ("train_throughput.py", ["--shape", "gpt2"], "'gpt2'"),
     ("eval_speed.py", ["sweep", "--rows", "100"], "--rows 100 needs --task demo_pairs"),
     ("eval_speed.py", ["sweep", "--precision", "bf17"], "'bf17'"),
-    ("eval_speed.py", ["sweep", "--only", "plain"], "--only 'plain' is not a side of sweep; choose from sweep_heads"),
+    ("eval_speed.py", ["sweep", "--only", "sweep_heads,plain"], "--only 'sweep_heads,plain': 'plain' is not a side of "
+                     "sweep; choose from sweep_heads"),
     ("features_speed.py", ["speed", "--sequences", "0"], "--sequences 0"),
     ("features_speed.py", ["js", "--columns", "0"], "--columns 0"),
     ("profile_plan.py", ["--shape", "tiny", "--heads", "H0-5"], "--heads 'H0-5'"),

@@ -10,6 +10,7 @@ import torch
 from conftest import ROOT
 from hydra import compose, initialize_config_dir
 
+from headlab.analysis.evaluation.layer_inputs import LayerInputs
 from headlab.analysis.evaluation.sweep_heads import LayerSweepEvaluator
 from headlab.analysis.evaluation.sweep_plans import family_plans
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
@@ -83,12 +84,13 @@ def test_head_sweep_equals_separate_evaluations(task, policy, renormalize, tmp_p
     separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [
         Variant("baseline", HeadPlan.keep_all(3, 4)), *(Variant(n, p, renormalize) for n, _, p in plans)],
         data.eval_examples))
-    swept = {}
+    swept, inputs = {}, LayerInputs()  # each layer's pass starts from the inputs the previous one kept
     for layer in range(3):
         variants = [Variant(n, p, renormalize) for n, l, p in plans if l == layer]
         baseline = Variant("baseline", HeadPlan.keep_all(3, 4)) if layer == 1 else None
-        swept |= records_of(trainer, data, LayerSweepEvaluator(model, cfg.task, layer, variants,
-                                                               data.eval_examples, per_forward=3, baseline=baseline))
+        swept |= records_of(trainer, data, LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples,
+                                                               per_forward=3, baseline=baseline, inputs=inputs))
+    assert inputs.used == 0, "the last layer's pass keeps nothing"
     assert set(swept) == set(separate)
     for key, rows in separate.items():
         mine = swept[key]
@@ -111,10 +113,11 @@ def test_head_sweep_on_other_model_families_equals_separate_evaluations(model, t
     separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [
         Variant("baseline", HeadPlan.keep_all(3, 4)), *(Variant(n, p) for n, _, p in plans)], data.eval_examples))
     base = np.array([r["loss"] for r in separate[("baseline", "validation")]])
+    inputs = LayerInputs()
     for layer in range(3):
         variants = [Variant(n, p) for n, l, p in plans if l == layer]
         swept = records_of(trainer, data, LayerSweepEvaluator(model, cfg.task, layer, variants, data.eval_examples,
-                                                              per_forward=2))
+                                                              per_forward=2, inputs=inputs))
         for variant in variants:
             key = (variant.name, "validation")
             losses = [r["loss"] for r in separate[key]]

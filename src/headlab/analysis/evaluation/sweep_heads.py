@@ -19,6 +19,7 @@ also written as ``deltas_<split>.csv`` (the task's main metric).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,11 +27,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from headlab.analysis.evaluation.layer_inputs import LayerInputs
 from headlab.analysis.evaluation.sweep_plans import family_plans
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.core.families import family_of
+from headlab.core.first_token import last_layer_at_first_token, reads_first_token
 from headlab.core.model_files import model_shape
 from headlab.core.model_parts import (
     encoder_layers,
@@ -50,10 +53,14 @@ class LayerSweepEvaluator(PlanEvaluator):
     """Scores the plans of one layer (``variants``: each puts some heads of ``layer`` under one common policy)."""
 
     def __init__(self, model, task, layer: int, variants: list[Variant], examples: dict[str, Any],
-                 per_forward: int = 0, baseline: Variant | None = None, substitutes: Any = None):
+                 per_forward: int = 0, baseline: Variant | None = None, substitutes: Any = None,
+                 inputs: LayerInputs | None = None):
         super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples, substitutes)
         self.layer, self.sweep, self.baseline = layer, list(variants), baseline
         self.per_forward = per_forward  # 0: chosen by device in the first step
+        self.inputs = inputs  # the layers' unablated inputs kept between a sweep's layer passes (None: not kept)
+        self.last = layer == model.config.num_hidden_layers - 1
+        self.first_token = task.type != "extractive_qa" and reads_first_token(model)  # the head reads [CLS] alone
         self.every_head = _every_head_plan(layer, self.sweep)  # each head as the plans ablate it
         head_dim = head_width(model)
         self.columns = torch.tensor([[v.plan.policy_of(layer, h) != "keep" for h in range(v.plan.num_heads)]
@@ -70,7 +77,8 @@ class LayerSweepEvaluator(PlanEvaluator):
         split = self.splits[dataloader_idx]
         inputs = self.model_inputs(batch)
         plain = {name: t for name, t in inputs.items() if name != "sentence_ids"}  # the stock model's inputs
-        hidden, kept = self._layer_input(plain, batch, split)  # [batch, seq, hidden], [batch, seq, heads * dim]
+        hidden, kept = self._layer_input(plain, batch, (dataloader_idx, batch_idx), split)
+        # [batch, seq, hidden], [batch, seq, heads * dim]
         draws = 1
         if self.resampled:  # every row once per draw (draw-major), each with its draw's source
             draws = self.substitutes.draws
@@ -88,28 +96,57 @@ class LayerSweepEvaluator(PlanEvaluator):
             # the layers above run as under the plans' ablate: headlab's attention (and padding mask), every head kept
             with headlab_implementation(Controller.of(self.model)), \
                     start_at_layer(self.model, self.layer, hidden.repeat(len(chunk), 1, 1)), \
-                    replay_self_attention(self.model, self.layer, output):
+                    self._replayed(output, many["attention_mask"]):
                 out = self.model(**many)
             for i, variant in enumerate(chunk):
                 rows = SimpleNamespace(**{name: value[i * size : (i + 1) * size] for name, value in out.items()
                                           if isinstance(value, torch.Tensor) and value.dim() > 0})
                 self._pending.setdefault((variant.name, split), []).append(self._batch_rows(rows, batch, draws))
 
-    def _layer_input(self, plain: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], split: str):
-        """The unablated input of ``self.layer`` and its self-attention output; the layers above run only when
-        the baseline's records are wanted too."""
+    def _replayed(self, output: torch.Tensor, key_mask: torch.Tensor):
+        """The swept layer's contexts ``output`` replayed; the last layer at the first token where the head reads
+        nothing else (``core/first_token.py``), the swept one's contexts given to it if it is the last."""
+        if not self.first_token:
+            return replay_self_attention(self.model, self.layer, output)
+        stack = ExitStack()
+        if not self.last:
+            stack.enter_context(replay_self_attention(self.model, self.layer, output))
+        stack.enter_context(last_layer_at_first_token(self.model, key_mask, output if self.last else None))
+        return stack
+
+    def _layer_input(self, plain: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], key: tuple[int, int],
+                     split: str):
+        """The unablated input of ``self.layer`` and its self-attention output. The input is the one kept by the
+        previous layer's pass if there is one (else the layers below run); the next layer's input is kept for its
+        pass; the layers above run only when the baseline's records are wanted too."""
         _, layers = encoder_layers(self.model)
-        seen = []
-        handle = layers[self.layer].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-        stop = None if self.baseline is not None else _Stopped  # else nothing after the self-attention is needed
-        try:
-            with self_attention_output(self.model, self.layer, stop) as kept:
+        stored = self.inputs.take(self.layer, key) if self.inputs is not None else None
+        keep_next = self.inputs is not None and not self.last and self.inputs.has_room()
+        stop = None if self.baseline is not None else _Stopped  # else nothing after what is recorded is needed
+        seen, after = [], []
+
+        def next_input(module, args):
+            after.append(args[0])
+            if stop is not None:
+                raise stop
+
+        with ExitStack() as stack:
+            if stored is not None:
+                seen.append(stored)
+                stack.enter_context(start_at_layer(self.model, self.layer, stored))
+            else:
+                hook = lambda module, args: seen.append(args[0])  # noqa: E731
+                stack.callback(layers[self.layer].register_forward_pre_hook(hook).remove)
+            if keep_next:
+                stack.callback(layers[self.layer + 1].register_forward_pre_hook(next_input).remove)
+            kept = stack.enter_context(self_attention_output(self.model, self.layer, None if keep_next else stop))
+            try:
                 out = self.model(**plain)
-            self._pending.setdefault((self.baseline.name, split), []).append(self._batch_rows(out, batch))
-        except _Stopped:
-            pass
-        finally:
-            handle.remove()
+                self._pending.setdefault((self.baseline.name, split), []).append(self._batch_rows(out, batch))
+            except _Stopped:
+                pass
+        if keep_next:
+            self.inputs.keep(self.layer + 1, key, after[0])
         return seen[0], kept[0]
 
     def _ablated_output(self, inputs: dict[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
@@ -149,7 +186,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     console = Console()
     job, output_dir = EvalJob(cfg, identity, plans=[plan for _, _, plan in plans]), identity.output_dir
     shared = family_of(job.model).shared  # depths share modules (ALBERT): no forward from a layer, whole ones instead
-    results, baseline = {}, None
+    results, baseline, inputs = {}, None, LayerInputs()
     for layer in range(num_layers):
         variants = [Variant(name, plan, cfg.mask.renormalize) for name, l, plan in plans if l == layer]
         finished = {v.name: read_complete(output_dir / v.name / "results.json", plan_hash(v.name))
@@ -163,7 +200,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                           f"{len(plans)} plans done", markup=False)
         replay = None if shared else (lambda chosen, extra, layer=layer: LayerSweepEvaluator(
             job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
-            extra[0] if extra else None, job.substitutes))
+            extra[0] if extra else None, job.substitutes, inputs))
         records, baseline = job.evaluate(variants, replay)
         done = []
         for variant in variants:
