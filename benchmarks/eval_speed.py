@@ -188,7 +188,14 @@ def sweep(args) -> None:
             evaluator.first_token &= not whole_layers
             trainer.validate(evaluator, datamodule=data, verbose=False)
 
+    def warmup():  # CUDA's start (kernels, the allocator's pools) outside the timed rounds: the last layer's pass
+        variants = [Variant(name, plan) for name, l, plan in plans if l == layers - 1]
+        trainer.validate(LayerSweepEvaluator(model, cfg.task, layers - 1, variants, data.eval_examples,
+                                             args.per_forward), datamodule=data, verbose=False)
+
     bound = (layers + 1) / (2 * layers)
+    if args.device.type == "cuda":
+        warmup()
     report(args, {"sweep_heads": swept, "separate": separate, "sweep_whole_layers": lambda: swept(True)},
            lambda seconds: seconds, "s",
            f"{len(plans)} plans ({args.policy}), {len(data.eval_features['validation'])} features, batch {args.batch}, "

@@ -24,13 +24,17 @@ class LayerInputs:
         self.used = 0
         self._kept: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}  # key -> (layer, hidden states)
 
-    def take(self, layer: int, key: tuple[int, int]) -> torch.Tensor | None:
+    def take(self, layer: int, key: tuple[int, int], tokens: torch.Size | None = None) -> torch.Tensor | None:
         """The input of ``layer`` for batch ``key``, no longer kept; None if it was not kept (or was kept for another
-        layer: a pass that did not run in between, e.g. a layer a resumed sweep had already written)."""
+        layer: a pass that did not run in between, e.g. a layer a resumed sweep had already written). ``tokens``: the
+        batch's ``[batch, seq]``, which the kept tensor must have (else the loaders changed order between passes)."""
         found = self._kept.pop(key, None)
         if found is None:
             return None
         self.used -= found[1].nbytes
+        if tokens is not None and found[1].shape[:2] != tokens:
+            raise RuntimeError(f"batch {key}: kept input {tuple(found[1].shape)} for {tuple(tokens)} tokens; the "
+                               "evaluation loaders gave other batches than in the previous layer's pass")
         return found[1] if found[0] == layer else None
 
     def has_room(self) -> bool:
@@ -41,8 +45,8 @@ class LayerInputs:
         if self.budget is None:
             self.budget = (torch.cuda.mem_get_info(hidden.device)[0] // GPU_SHARE if hidden.device.type == "cuda"
                            else CPU_BUDGET)
+        self.take(layer, key)  # a batch keeps one tensor
         if self.used + hidden.nbytes > self.budget:
             return
-        self.take(layer, key)  # a batch keeps one tensor
         self._kept[key] = (layer, hidden)
         self.used += hidden.nbytes

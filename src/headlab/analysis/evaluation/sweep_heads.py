@@ -120,7 +120,8 @@ class LayerSweepEvaluator(PlanEvaluator):
         previous layer's pass if there is one (else the layers below run); the next layer's input is kept for its
         pass; the layers above run only when the baseline's records are wanted too."""
         _, layers = encoder_layers(self.model)
-        stored = self.inputs.take(self.layer, key) if self.inputs is not None else None
+        tokens = plain["input_ids"].shape
+        stored = self.inputs.take(self.layer, key, tokens) if self.inputs is not None else None
         keep_next = self.inputs is not None and not self.last and self.inputs.has_room()
         stop = None if self.baseline is not None else _Stopped  # else nothing after what is recorded is needed
         seen, after = [], []
