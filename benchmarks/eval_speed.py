@@ -82,9 +82,8 @@ from headlab.training.modules import task_head
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = {"throughput": ("headlab", "plain"), "sweep": ("sweep_heads", "separate", "sweep_whole_layers"),
-         "importance": ("importance",
-         "evaluation"), "pruned": ("pruned", "full", "masked"), "by_length": ("by_length", "file_order"),
-         "collate": ("padded_rows", "collator")}  # what each comparison times (--only: some of them)
+         "importance": ("importance", "evaluation"), "pruned": ("pruned", "full", "masked"),
+         "by_length": ("by_length", "file_order"), "collate": ("padded_rows", "collator")}  # (--only: some of them)
 OPTIONAL = ("sweep_whole_layers",)  # timed only when --only names them
 
 
