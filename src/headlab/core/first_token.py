@@ -2,11 +2,11 @@
 
 A sequence classification head of BERT, RoBERTa, ELECTRA or ERNIE reads the first token's final hidden state
 ([CLS], ``<s>``) and nothing else, so of the last layer only that position's query, context and feed-forward are
-needed: its keys and values still come from every position. Head sweeps run the layers above the swept one once per
-plan; inside ``last_layer_at_first_token`` the last of them costs its key and value projections and little more (a
-classification sweep of BERT-base does ~12 % less work). Other heads (SQuAD spans, mean pooling) and families whose
-attention depends on positions inside the layer (DeBERTa's relative positions, ModernBERT's rotary ones) run the whole
-layer, as without it.
+needed: its keys and values still come from every position. Head sweeps and activation patching run the layers above
+the changed one once per plan or patch; inside ``last_layer_at_first_token`` the last of them costs its key and value
+projections and little more (a classification sweep of BERT-base does ~12 % less work). Other heads (SQuAD spans,
+mean pooling) and families whose attention depends on positions inside the layer (DeBERTa's relative positions,
+ModernBERT's rotary ones) run the whole layer, as without it.
 """
 
 from __future__ import annotations

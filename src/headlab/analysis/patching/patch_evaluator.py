@@ -30,6 +30,7 @@ import torch
 
 from headlab.core.activation_sites import Patch, Site, columns, patched, recorded
 from headlab.core.families import family_of
+from headlab.core.first_token import last_layer_at_first_token, reads_first_token
 from headlab.core.losses import example_losses
 from headlab.core.model_parts import head_width, layer_inputs, start_at_layer
 from headlab.training.modules import gather_rows
@@ -97,6 +98,8 @@ class PatchEvaluator(StaysOnDevice):
         self.regression = task_type == "regression"
         self.specs, self.noising, self.per_forward = list(specs), direction == "noising", per_forward
         self.prefix = not family_of(model).shared  # ALBERT: every forward starts at layer 0
+        self.first_token = reads_first_token(model)  # a head that reads [CLS] alone: patches below the last layer
+        self.last = model.config.num_hidden_layers - 1  # run it at that position only (core/first_token.py)
         self.sites = list(dict.fromkeys(spec.site for spec in self.specs))
         self.by_layer: dict[int, list[int]] = {}
         for index, spec in enumerate(self.specs):
@@ -166,7 +169,9 @@ class PatchEvaluator(StaysOnDevice):
             patches.append(Patch(spec.site, sources[(spec.site.kind, layer)], where.flatten(0, 1)))
         start = start_at_layer(self.model, layer, entering[layer].repeat(copies, 1, 1)) if self.prefix \
             else nullcontext()
-        with patched(self.model, patches), start:
+        first = last_layer_at_first_token(self.model, rows["attention_mask"]) if self.first_token and \
+            layer < self.last else nullcontext()
+        with patched(self.model, patches), start, first:
             return self.model(**rows).logits
 
     def _estimated(self, base: dict, activations: dict, labels, contrast, mask, units, examples) -> None:
