@@ -153,6 +153,8 @@ CASES = [
     ("ablate.py", ["mask=prune", "mask.heads=top:5", "mask.importance=FILES/importance_3x3.json"], "[3, 3]"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/not_json.json"], "not_json.json"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/missing.json"], "missing.json"),
+    ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES"], "is a folder, not a file"),
+    ("ablate.py", ["task=sst2", "task.data_files={train: FILES, validation: FILES}"], "is a folder, not a file"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/clusters_l7.json"], "'L7H0'"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:diagonal", "mask.clusters=FILES/clusters_ok.json"], "'diagonal'"),
     ("ablate.py", ["mask=prune", "mask.heads=cluster:dense", "mask.clusters=FILES/clusters_unnamed.json"],

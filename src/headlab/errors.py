@@ -6,9 +6,16 @@ line, ``error: ...``, and exit with status 2; every other exception is a bug and
 traceback. It subclasses ``ValueError`` so Python callers can catch either.
 """
 
+from pathlib import Path
+
 
 class UserError(ValueError):
     """Bad input: the message names the bad value and what is allowed (one line)."""
+
+
+def not_a_file(path: str | Path) -> str:
+    """Why a path that should name a file does not: ``is a folder, not a file`` or ``does not exist``."""
+    return "is a folder, not a file" if Path(path).is_dir() else "does not exist"
 
 
 def one_of(key: str, value: object, allowed: tuple | list) -> None:

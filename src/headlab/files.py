@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from headlab.errors import UserError
+from headlab.errors import UserError, not_a_file
 
 
 def temporary_beside(path: Path) -> tuple[int, str]:
@@ -116,7 +116,7 @@ def read_json(path: str | Path, what: str) -> Any:
     """The parsed JSON file at ``path``; ``UserError`` naming ``what`` and the path if it is missing or invalid."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{what} file {str(path)!r} does not exist")
+        raise UserError(f"{what} file {str(path)!r} {not_a_file(path)}")
     try:
         return json.loads(path.read_text(), object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

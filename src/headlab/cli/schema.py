@@ -30,7 +30,7 @@ from headlab.cli.hydra_glue import register_resolvers
 from headlab.cli.logger_schema import CSVLoggerConfig, NoLoggerConfig, WandbLoggerConfig
 from headlab.cli.trainer_schema import TrainerConfig
 from headlab.core.plans import MEAN_OVER, POLICIES, UNITS
-from headlab.errors import UserError, at_least, check_seed, one_of, within
+from headlab.errors import UserError, at_least, check_seed, not_a_file, one_of, within
 from headlab.requirements import require_torch
 from headlab.study.schema import StudyConfig
 from headlab.tasks.hub_data import check_hub_dataset
@@ -93,7 +93,7 @@ class TaskConfig:
                 if path is None:
                     raise UserError(f"task.data_files has no {split!r} file; it has {list(self.data_files)}")
                 if not Path(path).is_file():
-                    raise UserError(f"task {self.name}: data file {path!r} for split {split!r} does not exist")
+                    raise UserError(f"task {self.name}: data file {path!r} for split {split!r} {not_a_file(path)}")
         elif not self.dataset:
             raise UserError(f"task {self.name}: give task.dataset (a hub dataset) or task.data_files (local files)")
         else:

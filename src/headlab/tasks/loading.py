@@ -17,7 +17,7 @@ from typing import Any
 
 import datasets
 
-from headlab.errors import UserError
+from headlab.errors import UserError, not_a_file
 from headlab.tasks.hub_data import BUNDLED, bundled_offline, check_hub_dataset, not_found
 from headlab.tasks.local_files import missing_columns, no_text
 from headlab.tasks.registry import TASK_TYPES
@@ -78,7 +78,7 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
         raise UserError(f"task {task.name}: data_files has no {split!r} file; it has {list(files)}")
     path = Path(files[split])
     if not path.is_file():
-        raise UserError(f"task {task.name}: data file {str(path)!r} for split {split!r} does not exist")
+        raise UserError(f"task {task.name}: data file {str(path)!r} for split {split!r} {not_a_file(path)}")
     if task.type == "extractive_qa":
         return read_squad_json(path)
     builder = _BUILDERS.get(path.suffix)

@@ -10,7 +10,7 @@ import numpy as np
 from headlab.analysis.jobs.checks import check_evaluation
 from headlab.core.model_files import model_shape
 from headlab.core.plans import select_heads
-from headlab.errors import UserError
+from headlab.errors import UserError, not_a_file
 from headlab.tasks.local_files import CHECKED, check_paired_file
 
 
@@ -34,8 +34,7 @@ def check_patch(cfg: Any) -> None:
         pairs = files[split]
     path = Path(pairs)
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise UserError(f"patch.pairs={str(pairs)!r} {what}; give a data file in task {task.name}'s format "
+        raise UserError(f"patch.pairs={str(pairs)!r} {not_a_file(path)}; give a data file in task {task.name}'s format "
                         "with corrupt_<field> columns")
     if path.suffix not in CHECKED:
         raise UserError(f"patch.pairs={str(pairs)!r}: a paired file is JSON lines, CSV or TSV ({', '.join(CHECKED)}); "
