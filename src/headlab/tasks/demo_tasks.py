@@ -13,6 +13,10 @@
   ``PATCH_EXAMPLES`` validation pairs whose claim is true (label 1), each with ``corrupt_sentence2``, the claim with
   its year replaced by the year of the next fact of sentence1 (so it no longer restates a fact: ``corrupt_label`` 0).
   A year is four digits in every tokenizer's vocabulary or spelling, so both claims tokenise to the same length.
+* ``demo_qa/patch.json`` (SQuAD JSON, paired): the first ``PATCH_EXAMPLES`` validation questions that ask when or
+  where of a fact whose two questions differ in that word alone ("When was Mira Okafor born?"), each with
+  ``corrupt_question``, the other question, and ``corrupt_answers``, its answer (the place for the year, and the
+  reverse): the same context and the same number of tokens, two answers in one sentence.
 * ``demo_syntax`` (CoNLL-U, train and dev), the bundled treebank, is written by
   ``python -m headlab.analysis.syntax.demo_treebank`` (the syntax question's own data).
 """
@@ -123,6 +127,36 @@ def patch_pairs(rows: list[dict]) -> list[dict]:
     return out
 
 
+SWAPPED = {"When": "Where", "Where": "When"}
+FACT_PARTS = re.compile(r"(?P<person>[A-Z]\w+ [A-Z]\w+) (?:was born|opened a bakery|won a chess prize) in "
+                        r"(?P<place>\w+) in (?P<year>\d{4})\.")  # the facts whose when / where questions pair up
+QUESTION = re.compile(r"(?P<word>When|Where) (?:was|did) (?P<person>.+?) (?:born|open a bakery|win a chess prize)\?")
+
+
+def qa_patch_pairs(squad: dict) -> dict:
+    """``demo_qa/patch.json`` (module docstring) from the validation split's SQuAD JSON."""
+    articles, count = [], 0
+    for article in squad["data"]:
+        paragraphs = []
+        for paragraph in article["paragraphs"]:
+            context, qas = paragraph["context"], []
+            facts = {m["person"]: m for m in FACT_PARTS.finditer(context)}
+            for qa in paragraph["qas"]:
+                asked = QUESTION.fullmatch(qa["question"])
+                if asked is None or asked["person"] not in facts or count == PATCH_EXAMPLES:
+                    continue
+                other = "place" if asked["word"] == "When" else "year"
+                fact = facts[asked["person"]]
+                qas.append(qa | {"corrupt_question": SWAPPED[asked["word"]] + qa["question"][len(asked["word"]):],
+                                 "corrupt_answers": [{"text": fact[other], "answer_start": fact.start(other)}]})
+                count += 1
+            if qas:
+                paragraphs.append({"context": context, "qas": qas})
+        if paragraphs:
+            articles.append({"title": article["title"], "paragraphs": paragraphs})
+    return {"version": "1.1", "data": articles}
+
+
 def write_if_changed(path: Path, text: str) -> Path:
     """Write ``text`` unless the file holds it already: an unchanged file keeps its modification time, so the jobs
     that read it (whose hashes count it) are not run again."""
@@ -141,6 +175,8 @@ def write_demo_tasks(root: Path = DATA_DIR) -> list[Path]:
                                         "".join(json.dumps(row) + "\n" for row in pairs_split(split))))
     written.append(write_if_changed(root / "demo_pairs" / "patch.jsonl", "".join(
         json.dumps(row) + "\n" for row in patch_pairs(pairs_split("validation")))))
+    written.append(write_if_changed(root / "demo_qa" / "patch.json",
+                                    json.dumps(qa_patch_pairs(qa_split("validation")), indent=None) + "\n"))
     return written
 
 

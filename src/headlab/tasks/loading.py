@@ -118,7 +118,8 @@ def _not_squad(path: str | Path, error: Exception) -> UserError:
 
 
 def squad_dataset(squad: Any, path: str | Path) -> datasets.Dataset:
-    """SQuAD JSON (read from ``path``) as the hub's flat columns."""
+    """SQuAD JSON (read from ``path``) as the hub's flat columns; a paired file's questions (activation patching) also
+    give ``corrupt_question``, ``corrupt_context`` and ``corrupt_answers`` where they have them."""
     try:
         articles = squad["data"]
         rows = [
@@ -127,28 +128,28 @@ def squad_dataset(squad: Any, path: str | Path) -> datasets.Dataset:
                 "title": article.get("title", ""),
                 "context": paragraph["context"],
                 "question": qa["question"],
-                "answers": {
-                    "text": [a["text"] for a in qa["answers"]],
-                    "answer_start": [int(a["answer_start"]) for a in qa["answers"]],
-                },
+                "answers": _answers(qa["answers"]),
+                **{name: qa[name] for name in ("corrupt_question", "corrupt_context") if name in qa},
+                **({"corrupt_answers": _answers(qa["corrupt_answers"])} if "corrupt_answers" in qa else {}),
             }
             for article in articles
             for paragraph in article["paragraphs"]
             for qa in paragraph["qas"]
         ]
-    except (KeyError, TypeError) as error:
+    except (KeyError, TypeError, ValueError) as error:
         raise _not_squad(path, error) from None
-    features = datasets.Features(
-        {
-            "id": datasets.Value("string"),
-            "title": datasets.Value("string"),
-            "context": datasets.Value("string"),
-            "question": datasets.Value("string"),
-            "answers": {"text": datasets.List(datasets.Value("string")),
-                        "answer_start": datasets.List(datasets.Value("int32"))},
-        }
-    )
-    return datasets.Dataset.from_dict({name: [row[name] for row in rows] for name in SQUAD_COLUMNS}, features=features)
+    answers = {"text": datasets.List(datasets.Value("string")),
+               "answer_start": datasets.List(datasets.Value("int32"))}
+    types = {"id": datasets.Value("string"), "title": datasets.Value("string"), "context": datasets.Value("string"),
+             "question": datasets.Value("string"), "answers": answers, "corrupt_question": datasets.Value("string"),
+             "corrupt_context": datasets.Value("string"), "corrupt_answers": answers}
+    names = [name for name in types if name in SQUAD_COLUMNS or (rows and all(name in row for row in rows))]
+    return datasets.Dataset.from_dict({name: [row[name] for row in rows] for name in names},
+                                      features=datasets.Features({name: types[name] for name in names}))
+
+
+def _answers(answers: list[dict]) -> dict[str, list]:
+    return {"text": [a["text"] for a in answers], "answer_start": [int(a["answer_start"]) for a in answers]}
 
 
 def _check_labels(task: Any, dataset: datasets.Dataset, split: str) -> None:

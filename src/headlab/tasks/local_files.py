@@ -133,3 +133,57 @@ def count_questions(path: str | Path) -> int | None:
         return sum(len(paragraph["qas"]) for article in articles for paragraph in article["paragraphs"])
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         return None
+
+
+PAIRED_SQUAD_FIELDS = ("corrupt_question", "corrupt_context")  # a paired SQuAD question's corrupted texts
+
+
+def check_paired_squad(path: str | Path, task_name: str) -> list[str]:
+    """A paired SQuAD JSON file of activation patching: every question has an answer in its context, the same
+    ``corrupt_question`` and / or ``corrupt_context`` fields as the others, and ``corrupt_answers`` whose first answer
+    is where it says in the corrupted context (the span the corrupted run's score is read at). The corrupted fields."""
+    path = Path(path)
+    try:
+        questions = [(paragraph["context"], qa) for article in json.loads(path.read_text(encoding="utf-8"))["data"]
+                     for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UserError(f"data file {str(path)!r} is not SQuAD JSON ({type(error).__name__}: {error}); a paired "
+                        "file is SQuAD JSON whose questions also carry corrupt_question and / or corrupt_context and "
+                        "corrupt_answers") from None
+    if not questions:
+        raise UserError(f"data file {str(path)!r} has no question")
+    fields = [field for field in PAIRED_SQUAD_FIELDS if field in questions[0][1]]
+    if not fields:
+        raise UserError(f"data file {str(path)!r} question 1 (id {questions[0][1].get('id')!r}) has no corrupted text; "
+                        "patching needs SQuAD JSON with corrupt_question / corrupt_context and corrupt_answers per "
+                        f"question (task {task_name}; docs/patching.md)")
+    for number, (context, qa) in enumerate(questions, start=1):
+        where = f"data file {str(path)!r} question {number} (id {qa.get('id')!r})"
+        mine = [field for field in PAIRED_SQUAD_FIELDS if field in qa]
+        if not mine or mine != fields:
+            raise UserError(f"{where} has corrupted fields {mine}, the first question {fields}; patching needs the "
+                            f"same of {', '.join(PAIRED_SQUAD_FIELDS)} on every question (task {task_name})")
+        empty = next((field for field in mine if not isinstance(qa[field], str) or not qa[field].strip()), None)
+        if empty:
+            raise UserError(f"{where} has no text in {empty!r}")
+        for name, text in (("answers", context), ("corrupt_answers", qa.get("corrupt_context", context))):
+            answer = _first_answer(qa.get(name))
+            if answer is None:
+                raise UserError(f"{where} has no {name} (a list of {{text, answer_start}}); patching reads the clean "
+                                "answer's span score against the corrupted answer's")
+            start, said = answer
+            if text[start : start + len(said)] != said:
+                which = "corrupted" if name == "corrupt_answers" else "clean"
+                raise UserError(f"{where}: {name} {said!r} is not at character {start} of the {which} context (it "
+                                f"reads {text[start : start + len(said)]!r})")
+    return fields
+
+
+def _first_answer(answers) -> tuple[int, str] | None:
+    """``(answer_start, text)`` of a SQuAD answer list's first answer, or None if it has none (or is malformed)."""
+    try:
+        first = answers[0]
+        start, text = int(first["answer_start"]), first["text"]
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+    return (start, text) if isinstance(text, str) and text and start >= 0 else None

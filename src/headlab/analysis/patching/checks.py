@@ -11,31 +11,39 @@ from headlab.analysis.jobs.checks import check_evaluation
 from headlab.core.model_files import model_shape
 from headlab.core.plans import select_heads
 from headlab.errors import UserError, not_a_file
-from headlab.tasks.local_files import CHECKED, check_paired_file
+from headlab.tasks.local_files import CHECKED, check_paired_file, check_paired_squad
 
 
 def check_patch(cfg: Any) -> None:
-    """The full model (no plan), a classification or regression task, and paired data with corrupt_<field> texts."""
+    """The full model (no plan), and paired data: a classification or regression file with corrupt_<field> texts, or
+    SQuAD JSON whose questions carry their corrupted texts and answers."""
     plan = check_evaluation(cfg)
     task = cfg.task
+    qa = task.type == "extractive_qa"
     if not plan.is_identity:
         raise UserError(f"mode=patch patches the full model's activations; the mask changes heads "
                         f"({plan.describe()}): use mask=none")
-    if task.type == "extractive_qa":
-        raise UserError(f"mode=patch scores classification and regression tasks; task {task.name} is extractive QA, "
-                        "whose span scores it does not patch yet")
     pairs = cfg.patch.pairs
+    wanted = "SQuAD JSON with corrupt_question / corrupt_context and corrupt_answers per question" if qa else \
+        f"a data file in the task's format with corrupt_{task.text_fields[-1]}"
     if pairs is None:
         split, files = task.eval_splits[0], task.get("data_files")
         if not files or split not in files:
-            raise UserError(f"mode=patch needs paired data: task {task.name}'s split {split!r} has no corrupt_<field> "
-                            "columns (a hub dataset); give patch.pairs=FILE, a data file in the task's format with "
-                            f"corrupt_{task.text_fields[-1]} (docs/patching.md)")
+            raise UserError(f"mode=patch needs paired data: task {task.name}'s split {split!r} has no corrupted texts "
+                            f"(a hub dataset); give patch.pairs=FILE, {wanted} (docs/patching.md)")
         pairs = files[split]
     path = Path(pairs)
     if not path.is_file():
-        raise UserError(f"patch.pairs={str(pairs)!r} {not_a_file(path)}; give a data file in task {task.name}'s format "
-                        "with corrupt_<field> columns")
+        raise UserError(f"patch.pairs={str(pairs)!r} {not_a_file(path)}; give {wanted}")
+    if qa:
+        if path.suffix != ".json":
+            raise UserError(f"patch.pairs={str(pairs)!r}: task {task.name} is extractive QA, whose paired file is "
+                            f"SQuAD JSON (.json); got {path.suffix!r}")
+        check_paired_squad(path, task.name)
+        if cfg.patch.path.senders is not None:
+            raise UserError(f"patch.path: path patching scores classification and regression tasks; task {task.name} "
+                            "is extractive QA (patch its heads, sites and positions instead)")
+        return
     if path.suffix not in CHECKED:
         raise UserError(f"patch.pairs={str(pairs)!r}: a paired file is JSON lines, CSV or TSV ({', '.join(CHECKED)}); "
                         f"got {path.suffix!r}")

@@ -5,7 +5,9 @@ of each example, for some of the task's text fields) and may carry ``corrupt_<la
 has. The corrupted rows are the clean ones with those fields replaced, tokenised by the same code and settings; each
 example's two encodings must have the same length and the same unit layout (``sentence_ids``), since a patch moves an
 activation from a position of one run to the same position of the other: otherwise a one-line error names the
-example. ``PairedRows`` serves batches with the clean columns and the corrupted ones as ``corrupt_<column>``.
+example. A paired SQuAD file's questions carry ``corrupt_question`` and / or ``corrupt_context`` and
+``corrupt_answers``; each question is scored on one window, the first that holds both answers. ``PairedRows`` serves
+batches with the clean columns and the corrupted ones as ``corrupt_<column>``.
 """
 
 from __future__ import annotations
@@ -20,38 +22,71 @@ from headlab.errors import UserError
 from headlab.tasks.batches import PaddedRows, column_values
 from headlab.tasks.encoding import tokenize_split
 
-PAIRED_COLUMNS = ("input_ids", "token_type_ids", "labels")  # what a corrupted batch adds (as corrupt_<column>)
+PAIRED_COLUMNS = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")  # what a corrupted
+# batch adds (as corrupt_<column>; QA: the corrupted answer's span in each window)
+QA_FIELDS = ["question", "context"]  # the text fields of extractive QA
 
 
 def corrupted_fields(columns: list[str], text_fields: list[str]) -> list[str]:
     return [field for field in text_fields if f"corrupt_{field}" in columns]
 
 
-def corrupted_features(data: Any, split: str, model_cfg: Any) -> tuple[Any, bool]:
-    """The corrupted rows of ``data``'s eval split (a ``TaskDataModule`` after ``setup``), tokenised as the clean
-    ones are and checked against them (module docstring), and whether they carry their own labels."""
+def corrupted_features(data: Any, split: str, model_cfg: Any) -> tuple[Any, Any, bool]:
+    """The clean and corrupted features of ``data``'s eval split (a ``TaskDataModule`` after ``setup``), the corrupted
+    rows tokenised as the clean ones are and checked against them (module docstring), and whether they carry their own
+    labels. Extractive QA: one window per question, the first holding both its answer and the corrupted answer
+    (``corrupt_answers``), whose span scores the logit difference compares; questions without one are left out."""
     task, raw = data.task, data.eval_examples[split]
-    fields = corrupted_fields(raw.column_names, list(task.text_fields))
+    qa = task.type == "extractive_qa"
+    fields = corrupted_fields(raw.column_names, QA_FIELDS if qa else list(task.text_fields))
     if not fields:
         raise UserError(f"task {task.name}, split {split!r}: no corrupt_<field> column; patching needs the corrupted "
-                        f"text of some of {', '.join(task.text_fields)} per example (patch.pairs=FILE)")
-    label = f"corrupt_{task.label_field}"
+                        f"text of some of {', '.join(QA_FIELDS if qa else task.text_fields)} per example "
+                        "(patch.pairs=FILE)")
+    target = "answers" if qa else task.label_field
+    label = f"corrupt_{target}"
 
     def corrupt(row: dict) -> dict:
         out = {field: row[f"corrupt_{field}"] for field in fields}
-        return out | ({task.label_field: row[label]} if label in row else {})
+        return out | ({target: row[label]} if label in row else {})
 
     corrupted = raw.map(corrupt, desc=f"corrupted {task.name}/{split}")
     tokenizer = load_tokenizer(model_cfg)
     features = tokenize_split(corrupted, task, tokenizer, data.unit, data.cache_dir, f"{split}.corrupted", False,
                               data.tokenizer_digest)
-    check_alike(data.eval_features[split], features, split)
-    return features, label in raw.column_names
+    clean = data.eval_features[split]
+    check_alike(clean, features, split)
+    if qa:
+        clean, features = answer_windows(clean, features, split)
+    return clean, features, label in raw.column_names
+
+
+def answer_windows(clean: Any, corrupted: Any, split: str) -> tuple[Any, Any]:
+    """Per question, its first window holding both the clean answer and the corrupted one (a span past [CLS] in
+    both): the clean and corrupted features of those windows."""
+    questions = column_values(clean, "example_index")
+    starts, corrupted_starts = column_values(clean, "start_positions"), column_values(corrupted, "start_positions")
+    chosen, seen = [], set()
+    for row, (question, start, corrupted_start) in enumerate(zip(questions, starts, corrupted_starts)):
+        if question not in seen and start > 0 and corrupted_start > 0:
+            seen.add(question)
+            chosen.append(row)
+    if not chosen:
+        raise UserError(f"split {split!r}: no question has a window holding both its answer and its corrupted answer "
+                        "(answers past the window's end, or unanswerable questions); nothing to score")
+    return clean.select(chosen), corrupted.select(chosen)
 
 
 def check_alike(clean: Any, corrupted: Any, split: str) -> None:
     """One line naming the first example (its row of the split, from 1) whose two encodings differ in length or unit
-    layout, or saying that no example's differ at all (nothing to patch)."""
+    layout (or, SQuAD, in their windows), or saying that no example's differ at all (nothing to patch)."""
+    left, right = column_values(clean, "example_index"), column_values(corrupted, "example_index")
+    if left != right:
+        row = next((i for i, (a, b) in enumerate(zip(left, right)) if a != b), min(len(left), len(right)))
+        question = (left if row < len(left) else right)[row]
+        counts = left.count(question), right.count(question)
+        raise UserError(f"split {split!r} row {question + 1}: the clean and corrupted inputs make {counts[0]} and "
+                        f"{counts[1]} windows; position-wise patching needs the same windows (the same lengths)")
     for name, what in (("input_ids", "tokens"), ("sentence_ids", "unit layout")):
         left, right = column_values(clean, name), column_values(corrupted, name)
         for example, (a, b) in enumerate(zip(left, right)):

@@ -31,7 +31,7 @@ import torch
 from headlab.core.activation_sites import Patch, Site, columns, patched, recorded
 from headlab.core.families import family_of
 from headlab.core.first_token import last_layer_at_first_token, reads_first_token
-from headlab.core.losses import example_losses
+from headlab.core.losses import example_losses, span_losses
 from headlab.core.model_parts import head_width, layer_inputs, start_at_layer
 from headlab.training.modules import gather_rows
 from headlab.training.stays_on_device import StaysOnDevice
@@ -83,6 +83,23 @@ def patch_specs(kinds: list[str], layers: int, heads: int, positions: int | None
     return specs
 
 
+def _span_scores(logits: torch.Tensor, spans: torch.Tensor, contrast: torch.Tensor, mask: torch.Tensor) -> tuple:
+    """Extractive QA's (logit difference, loss, prediction) ``[batch]`` each: a span's score is its start token's start
+    logit plus its end token's end logit, the difference that of the clean answer's span ``spans`` ``[batch, 2]`` minus
+    the corrupted answer's ``contrast``; the loss the span loss against the clean answer; the prediction 1.0 where the
+    highest start and end logits (over the row's tokens) are the clean answer's tokens, else 0.0."""
+    start, end = logits[..., 0], logits[..., 1]  # [batch, seq] each
+
+    def score(span: torch.Tensor) -> torch.Tensor:
+        return start.double().gather(1, span[:, :1]).squeeze(1) + end.double().gather(1, span[:, 1:]).squeeze(1)
+
+    losses = span_losses(start, end, spans[:, 0], spans[:, 1], mask)
+    padding = ~mask.bool()
+    best = [x.masked_fill(padding, float("-inf")).argmax(-1) for x in (start, end)]
+    hit = (best[0] == spans[:, 0]) & (best[1] == spans[:, 1])
+    return score(spans) - score(contrast), losses, hit.double()
+
+
 class PatchEvaluator(StaysOnDevice):
     """Scores the clean run, the corrupted run and each patch of ``specs`` on paired batches (module docstring).
     After ``Trainer.validate``, ``scores[run]`` (run: ``"clean"``, ``"corrupted"``, a spec's index, or
@@ -95,7 +112,7 @@ class PatchEvaluator(StaysOnDevice):
         super().__init__()
         self.exact, self.attribution = exact, attribution
         self.model = model.eval()
-        self.regression = task_type == "regression"
+        self.regression, self.qa = task_type == "regression", task_type == "extractive_qa"
         self.specs, self.noising, self.per_forward = list(specs), direction == "noising", per_forward
         self.prefix = not family_of(model).shared  # ALBERT: every forward starts at layer 0
         self.first_token = reads_first_token(model)  # a head that reads [CLS] alone: patches below the last layer
@@ -114,12 +131,12 @@ class PatchEvaluator(StaysOnDevice):
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         base, source = self._runs(batch)
-        with recorded(self.model, self.sites) as activations:
-            source_logits = self.model(**source).logits
-        with layer_inputs(self.model) if self.prefix else nullcontext([]) as entering:
-            base_logits = self.model(**base).logits
-        labels, contrast, examples = self._keep_runs(batch, base_logits, source_logits)
         mask, units = base["attention_mask"].bool(), batch.get("sentence_ids")  # [batch, seq] each
+        with recorded(self.model, self.sites) as activations:
+            source_logits = self.logits(self.model(**source))
+        with layer_inputs(self.model) if self.prefix else nullcontext([]) as entering:
+            base_logits = self.logits(self.model(**base))
+        labels, contrast, examples = self._keep_runs(batch, base_logits, source_logits, mask)
         if self.attribution:
             self._estimated(base, activations, labels, contrast, mask, units, examples)
         for layer, indices in self.by_layer.items() if self.exact else ():
@@ -128,7 +145,8 @@ class PatchEvaluator(StaysOnDevice):
                 wheres = [self.specs[index].where(mask, units) for index in chunk]  # [batch, seq] each
                 logits = self._patched(chunk, layer, base, activations, entering, wheres)  # [copies * batch, labels]
                 for copy, (index, where) in enumerate(zip(chunk, wheres)):
-                    scores = self._scored(logits[copy * len(labels) : (copy + 1) * len(labels)], labels, contrast)
+                    scores = self._scored(logits[copy * len(labels) : (copy + 1) * len(labels)], labels, contrast,
+                                          mask)
                     spec = self.specs[index]
                     if spec.position is not None or spec.unit is not None:  # rows it does not reach: no score
                         scores = tuple(torch.where(where.any(-1), s.double(), torch.nan) for s in scores)
@@ -141,17 +159,24 @@ class PatchEvaluator(StaysOnDevice):
         corrupted = clean | {name: batch[f"corrupt_{name}"] for name in MODEL_INPUTS if f"corrupt_{name}" in batch}
         return (clean, corrupted) if self.noising else (corrupted, clean)
 
-    def _keep_runs(self, batch: dict[str, torch.Tensor], base_logits, source_logits) -> tuple:
+    def _keep_runs(self, batch: dict[str, torch.Tensor], base_logits, source_logits, mask) -> tuple:
         """Keep the clean labels and the clean and corrupted runs' scores; ``(labels, contrast, examples)``: the
         clean labels, the corrupted ones (``corrupt_labels``, else the corrupted run's predictions; None for
-        regression) and the examples' indices, ``[batch]`` each."""
+        regression) and the examples' indices, ``[batch]`` each. Extractive QA: the clean and the corrupted answers'
+        spans ``[batch, 2]`` (start, end token), and label 1 for every example (``_scored``'s prediction)."""
         clean_logits, corrupted_logits = (base_logits, source_logits) if self.noising else (source_logits,
                                                                                             base_logits)
-        labels, examples = batch["labels"], batch["example_index"]
-        contrast = None if self.regression else batch.get("corrupt_labels", corrupted_logits.argmax(-1))
-        self._keep("labels", examples, (labels,))
-        self._keep("clean", examples, self._scored(clean_logits, labels, contrast))
-        self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast))
+        examples = batch["example_index"]
+        if self.qa:
+            labels = torch.stack([batch["start_positions"], batch["end_positions"]], 1)
+            contrast = torch.stack([batch["corrupt_start_positions"], batch["corrupt_end_positions"]], 1)
+            self._keep("labels", examples, (torch.ones_like(examples),))
+        else:
+            labels = batch["labels"]
+            contrast = None if self.regression else batch.get("corrupt_labels", corrupted_logits.argmax(-1))
+            self._keep("labels", examples, (labels,))
+        self._keep("clean", examples, self._scored(clean_logits, labels, contrast, mask))
+        self._keep("corrupted", examples, self._scored(corrupted_logits, labels, contrast, mask))
         return labels, contrast, examples
 
     def _patched(self, chunk: list[int], layer: int, base: dict, activations: dict, entering: list,
@@ -172,12 +197,12 @@ class PatchEvaluator(StaysOnDevice):
         first = last_layer_at_first_token(self.model, rows["attention_mask"]) if self.first_token and \
             layer < self.last else nullcontext()
         with patched(self.model, patches), start, first:
-            return self.model(**rows).logits
+            return self.logits(self.model(**rows))
 
     def _estimated(self, base: dict, activations: dict, labels, contrast, mask, units, examples) -> None:
         """Every patch's first-order estimate (module docstring) from one forward and backward of the base run."""
         with torch.enable_grad(), recorded(self.model, self.sites) as found:
-            logit_diff = self._scored(self.model(**base).logits, labels, contrast)[0]  # [batch], float64
+            logit_diff = self._scored(self.logits(self.model(**base)), labels, contrast, mask)[0]  # [batch], float64
             keys = list(found)
             gradients = dict(zip(keys, torch.autograd.grad(logit_diff.sum(), [found[key] for key in keys])))
         width, nothing = head_width(self.model), torch.full_like(logit_diff, torch.nan).detach()
@@ -190,8 +215,16 @@ class PatchEvaluator(StaysOnDevice):
                 estimate = torch.where(where.any(-1), estimate, torch.nan)
             self._keep(("estimate", index), examples, (estimate, nothing, nothing))
 
-    def _scored(self, logits: torch.Tensor, labels: torch.Tensor, contrast: torch.Tensor | None) -> tuple:
-        """(logit difference, loss, prediction) ``[batch]`` each (module docstring)."""
+    def logits(self, out: Any) -> torch.Tensor:
+        """The model output's logits: ``[batch, labels]``; extractive QA ``[batch, seq, 2]`` (start, end)."""
+        return torch.stack([out.start_logits, out.end_logits], -1) if self.qa else out.logits
+
+    def _scored(self, logits: torch.Tensor, labels: torch.Tensor, contrast: torch.Tensor | None,
+                mask: torch.Tensor) -> tuple:
+        """(logit difference, loss, prediction) ``[batch]`` each (module docstring); ``mask`` ``[batch, seq]``: the
+        rows' tokens (QA: the span loss and the prediction read no padding)."""
+        if self.qa:
+            return _span_scores(logits, labels, contrast, mask)
         losses = example_losses(logits, labels, self.regression)
         if self.regression:
             score = logits[:, 0].double()

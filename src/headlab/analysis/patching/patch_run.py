@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 from torch.utils.data import DataLoader
@@ -65,9 +66,12 @@ def paired_rows(job: EvalJob) -> PairedRows:
     """The job's eval split with its corrupted rows, checked alike (before the weights load)."""
     data = job.data
     split = data.eval_splits[0]
-    corrupted, labelled = corrupted_features(data, split, tokenizer_config(job.checkpoint, job.cfg.model))
-    return PairedRows(data.eval_features[split], corrupted, data.collator.pad_token_id,
-                      data.task.type == "regression", labelled)
+    clean, corrupted, labelled = corrupted_features(data, split, tokenizer_config(job.checkpoint, job.cfg.model))
+    left_out = len(data.eval_examples[split]) - len(clean)  # SQuAD questions without a window holding both answers
+    if left_out and rank_zero_only.rank == 0:  # no trainer yet
+        Console(stderr=True).print(f"note: {left_out} of {len(data.eval_examples[split])} questions have no window "
+                                   "holding both their answer and the corrupted one; left out", markup=False)
+    return PairedRows(clean, corrupted, data.collator.pad_token_id, data.task.type == "regression", labelled)
 
 
 def paired_loader(rows: PairedRows, trainer: Any, data: Any) -> DataLoader:

@@ -76,12 +76,13 @@ class PathEvaluator(PatchEvaluator):
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         base, source = self._runs(batch)
+        mask = base["attention_mask"]  # [batch, seq]
         with recorded(self.model, self.heads) as source_heads:
-            source_logits = self.model(**source).logits
+            source_logits = self.logits(self.model(**source))
         with recorded(self.model, self.heads) as base_heads, \
                 layer_inputs(self.model) if self.prefix else nullcontext([]) as entering:
-            base_logits = self.model(**base).logits
-        labels, contrast, examples = self._keep_runs(batch, base_logits, source_logits)
+            base_logits = self.logits(self.model(**base))
+        labels, contrast, examples = self._keep_runs(batch, base_logits, source_logits, mask)
 
         def from_layer(layer: int):  # a forward from ``layer``'s base input (the layers below are the base run's)
             return start_at_layer(self.model, layer, entering[layer]) if self.prefix else nullcontext()
@@ -92,12 +93,12 @@ class PathEvaluator(PatchEvaluator):
                       for site in self.heads if site.layer >= sender.layer]  # the sender from the source run
             if spec.receivers is None:
                 with patched(self.model, frozen), from_layer(sender.layer):
-                    logits = self.model(**base).logits
+                    logits = self.logits(self.model(**base))
             else:
                 with patched(self.model, frozen), recorded(self.model, spec.receivers) as reaching, \
                         from_layer(sender.layer):  # hooks first: a forward from a layer lists fewer layers
                     self.model(**base)
                 receive = [Patch(site, reaching[(site.kind, site.layer)]) for site in spec.receivers]
                 with patched(self.model, receive), from_layer(min(site.layer for site in spec.receivers)):
-                    logits = self.model(**base).logits
-            self._keep(index, examples, self._scored(logits, labels, contrast))
+                    logits = self.logits(self.model(**base))
+            self._keep(index, examples, self._scored(logits, labels, contrast, mask))
