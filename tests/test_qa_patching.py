@@ -170,3 +170,33 @@ def test_bad_qa_patch_input_is_one_line(tmp_path, overrides, expected):
                  f"patch.pairs={PAIRS}", *overrides, f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path,
                  check=False)
     assert_one_error_line(result, expected)
+
+
+@pytest.mark.parametrize("name", ["bert", "deberta-v2"])
+def test_qa_attribution_estimates_are_the_first_order_term_by_definition(name):
+    """LD_base + sum over the patched positions and columns of (a_source - a_base) * dLD/da, the span-score logit
+    difference written here (start logit of the span's first token + end logit of its last)."""
+    model = tiny_model(name, AutoModelForQuestionAnswering).double()
+    rows = qa_batch()
+    specs = patch_specs(["head", "mlp", "residual"], 3, 4)
+    evaluator = PatchEvaluator(model, "extractive_qa", specs, "noising", 4, exact=False, attribution=True)
+    evaluator.validation_step(rows, 0)
+    evaluator.on_validation_epoch_end()
+    clean = {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"]}
+    corrupted = clean | {"input_ids": rows["corrupt_input_ids"]}
+    row = torch.arange(3)
+    for index, spec in enumerate(specs):
+        site, sources, seen = spec.site, [], []
+        with torch.no_grad(), by_definition(model.base_model, name, site.kind, site.layer, sources.append):
+            model(**corrupted)
+        with by_definition(model.base_model, name, site.kind, site.layer, seen.append):
+            out = model(**clean)
+        start, end = out.start_logits, out.end_logits
+        logit_diff = (start[row, rows["start_positions"]] + end[row, rows["end_positions"]]
+                      - start[row, rows["corrupt_start_positions"]] - end[row, rows["corrupt_end_positions"]])
+        gradient = torch.autograd.grad(logit_diff.sum(), seen[0])[0]
+        cols = slice(site.head * HEAD_DIM, (site.head + 1) * HEAD_DIM) if site.kind == "head" else slice(None)
+        terms = ((sources[0] - seen[0]) * gradient)[..., cols].sum(-1) * rows["attention_mask"]  # [batch, seq]
+        expected = (logit_diff + terms.sum(-1)).detach().numpy()
+        np.testing.assert_allclose(evaluator.scores[("estimate", index)]["logit_diff"], expected, rtol=1e-9,
+                                   atol=1e-12, err_msg=spec.name)
