@@ -227,6 +227,7 @@ BAD_FILES = [
     ({"corrupt_label": "zero"}, "row 3: corrupt_label='zero' is not a class 0..1"),
     ({"corrupt_label": 0.5}, "row 3: corrupt_label=0.5 is not a class 0..1"),
     ({"corrupt_sentence2": ""}, "row 3 has no text in 'corrupt_sentence2'"),
+    ({"corrupt_label": 1}, "row 3: corrupt_label=1 is the row's label; the logit difference of a class against itself"),
 ]
 
 
@@ -249,11 +250,13 @@ def test_bad_patch_input_is_one_line(tmp_path, overrides, expected):
     ("Ada Bell was born. In 1950", "split 'pairs' row 2: the clean and corrupted inputs have another unit "
                                    "layout from token 25 on (unit 1 against 2)"),
     ("Ada Bell was born in 1950.", "every example's corrupted text tokenises as its clean text does (2 examples)"),
-], ids=["length", "units", "identical"])
+    ("Ada Bell was born in 1952.", "split 'pairs' row 1: the corrupted text tokenises as the clean text does (1 of 2 "
+                                   "examples do)"),
+], ids=["length", "units", "identical", "one identical"])
 def test_pairs_unlike_their_clean_inputs_are_refused_before_the_model_loads(tmp_path, corrupted, expected):
     row = {"sentence1": "Ada Bell was born in 1950.", "sentence2": "Ada Bell was born in 1950.", "label": 1}
     pairs = tmp_path / "pairs.jsonl"
-    first = "Ada Bell was born in 1950." if "every example" in expected else "Ada Bell was born in 1951."
+    first = "Ada Bell was born in 1950." if "tokenises as" in expected else "Ada Bell was born in 1951."
     pairs.write_text("".join(json.dumps(row | {"corrupt_sentence2": text}) + "\n" for text in (first, corrupted)))
     result = run("ablate.py", "mode=patch", "allow_random_head=true", f"patch.pairs={pairs}",
                  f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)

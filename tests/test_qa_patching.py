@@ -149,14 +149,23 @@ BAD = [
     ({"corrupt_question": None}, "question 1 (id 'validation-0-0') has no corrupted text"),
     ({"corrupt_question": "  "}, "question 1 (id 'validation-0-0') has no text in 'corrupt_question'"),
     ({"corrupt_question": "When was Oskar Quint born in the year?"},
-     "split 'pairs' row 1: the clean and corrupted inputs tokenise to"),
+     "split 'pairs' question 1: the clean and corrupted inputs tokenise to"),
+    ({"corrupt_answers": [{"text": "1948", "answer_start": 78}]},
+     "corrupt_answers is at the clean answer's characters 78..82; the logit difference compares two spans' scores"),
+    ({"corrupt_question": "When was Oskar Quint born?"},
+     "split 'pairs' question 1: the corrupted text tokenises as the clean text does (1 of 2 examples do)"),
+    ({"corrupt_question": "Where exactly was Oskar Quint born?", "max_length": 64},
+     "split 'pairs' question 1: the clean and corrupted inputs make 4 and 5 windows"),
 ]
 
 
 @pytest.mark.parametrize("change, expected", BAD, ids=[e[:28] for _, e in BAD])
 def test_bad_paired_squad_files_are_one_line(tmp_path, change, expected):
+    change = dict(change)
+    windows = [f"task.max_length={change.pop('max_length')}", "task.doc_stride=16"] if "max_length" in change else []
     result = run("ablate.py", "mode=patch", "model=tiny_random", "task=demo_qa", "allow_random_head=true",
-                 paired_squad(tmp_path, change), f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
+                 paired_squad(tmp_path, change), *windows, f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path,
+                 check=False)
     assert_one_error_line(result, expected)
 
 

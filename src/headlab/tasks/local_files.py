@@ -99,6 +99,10 @@ def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], 
             raise UserError(f"data file {str(path)!r} row {number}: {label}={row.get(label)!r} is not {allowed} of "
                             f"task {task_name} (the label of the corrupted text; leave the column out to contrast with "
                             "the class the model predicts on it)")
+        if label in columns and num_labels and str(row.get(label)) == str(row.get(label_field)):
+            raise UserError(f"data file {str(path)!r} row {number}: {label}={row.get(label)!r} is the row's "
+                            f"{label_field}; the logit difference of a class against itself is 0 in every run (give "
+                            "the corrupted text's own label, or leave the column out)")
     return corrupted
 
 
@@ -166,6 +170,7 @@ def check_paired_squad(path: str | Path, task_name: str) -> list[str]:
         empty = next((field for field in mine if not isinstance(qa[field], str) or not qa[field].strip()), None)
         if empty:
             raise UserError(f"{where} has no text in {empty!r}")
+        spans = []
         for name, text in (("answers", context), ("corrupt_answers", qa.get("corrupt_context", context))):
             answer = _first_answer(qa.get(name))
             if answer is None:
@@ -176,6 +181,11 @@ def check_paired_squad(path: str | Path, task_name: str) -> list[str]:
                 which = "corrupted" if name == "corrupt_answers" else "clean"
                 raise UserError(f"{where}: {name} {said!r} is not at character {start} of the {which} context (it "
                                 f"reads {text[start : start + len(said)]!r})")
+            spans.append((start, start + len(said)))
+        if spans[0] == spans[1]:
+            raise UserError(f"{where}: corrupt_answers is at the clean answer's characters {spans[0][0]}..{spans[0][1]}"
+                            "; the logit difference compares two spans' scores and would be 0 in every run (give the "
+                            "answer the corrupted input has, elsewhere in the context)")
     return fields
 
 

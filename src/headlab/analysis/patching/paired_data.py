@@ -55,9 +55,11 @@ def corrupted_features(data: Any, split: str, model_cfg: Any) -> tuple[Any, Any,
     features = tokenize_split(corrupted, task, tokenizer, data.unit, data.cache_dir, f"{split}.corrupted", False,
                               data.tokenizer_digest)
     clean = data.eval_features[split]
-    check_alike(clean, features, split)
+    what = "question" if qa else "row"
+    check_alike(clean, features, split, what)
     if qa:
         clean, features = answer_windows(clean, features, split)
+    check_different(clean, features, split, what)
     return clean, features, label in raw.column_names
 
 
@@ -77,32 +79,44 @@ def answer_windows(clean: Any, corrupted: Any, split: str) -> tuple[Any, Any]:
     return clean.select(chosen), corrupted.select(chosen)
 
 
-def check_alike(clean: Any, corrupted: Any, split: str) -> None:
-    """One line naming the first example (its row of the split, from 1) whose two encodings differ in length or unit
-    layout (or, SQuAD, in their windows), or saying that no example's differ at all (nothing to patch)."""
-    left, right = column_values(clean, "example_index"), column_values(corrupted, "example_index")
-    if left != right:
-        row = next((i for i, (a, b) in enumerate(zip(left, right)) if a != b), min(len(left), len(right)))
-        question = (left if row < len(left) else right)[row]
-        counts = left.count(question), right.count(question)
-        raise UserError(f"split {split!r} row {question + 1}: the clean and corrupted inputs make {counts[0]} and "
+def check_alike(clean: Any, corrupted: Any, split: str, what: str = "row") -> None:
+    """One line naming the first example (``what`` N of the split, from 1) whose two encodings differ in their windows
+    (SQuAD), length or unit layout."""
+    examples, other = column_values(clean, "example_index"), column_values(corrupted, "example_index")
+    if examples != other:  # a SQuAD question cut into another number of windows
+        feature = next((i for i, (a, b) in enumerate(zip(examples, other)) if a != b), min(len(examples), len(other)))
+        first = min(x[feature] for x in (examples, other) if feature < len(x))  # the question whose windows differ
+        counts = examples.count(first), other.count(first)
+        raise UserError(f"split {split!r} {what} {first + 1}: the clean and corrupted inputs make {counts[0]} and "
                         f"{counts[1]} windows; position-wise patching needs the same windows (the same lengths)")
-    for name, what in (("input_ids", "tokens"), ("sentence_ids", "unit layout")):
+    for name in ("input_ids", "sentence_ids"):
         left, right = column_values(clean, name), column_values(corrupted, name)
-        for example, (a, b) in enumerate(zip(left, right)):
+        for feature, (a, b) in enumerate(zip(left, right)):
+            where = f"split {split!r} {what} {examples[feature] + 1}"
             if len(a) != len(b):
-                raise UserError(f"split {split!r} row {example + 1}: the clean and corrupted inputs tokenise to "
-                                f"{len(a)} and {len(b)} tokens; position-wise patching needs the same length (make "
-                                "the corrupted text's words tokenise as the clean ones do)")
+                raise UserError(f"{where}: the clean and corrupted inputs tokenise to {len(a)} and {len(b)} tokens; "
+                                "position-wise patching needs the same length (make the corrupted text's words "
+                                "tokenise as the clean ones do)")
             if name == "sentence_ids" and a != b:
                 token = next(t for t, (x, y) in enumerate(zip(a, b)) if x != y)
-                raise UserError(f"split {split!r} row {example + 1}: the clean and corrupted inputs have another "
-                                f"{what} from token {token} on (unit {a[token]} against {b[token]}); patching needs "
-                                "the same units at the same positions")
-        if name == "input_ids" and left == right:
-            raise UserError(f"split {split!r}: every example's corrupted text tokenises as its clean text does "
-                            f"({len(left)} examples); there is no difference to patch (check the corrupt_<field> "
-                            "columns)")
+                raise UserError(f"{where}: the clean and corrupted inputs have another unit layout from token {token} "
+                                f"on (unit {a[token]} against {b[token]}); patching needs the same units at the same "
+                                "positions (a text cut at task.max_length keeps its length but not its units)")
+
+
+def check_different(clean: Any, corrupted: Any, split: str, what: str = "row") -> None:
+    """One line naming the first example whose corrupted input (its scored window, SQuAD) tokenises as its clean one
+    does: nothing to patch there, and its logit difference would be the same in every run."""
+    left, right = column_values(clean, "input_ids"), column_values(corrupted, "input_ids")
+    same = [i for i, (a, b) in enumerate(zip(left, right)) if a == b]
+    if len(same) == len(left):
+        raise UserError(f"split {split!r}: every example's corrupted text tokenises as its clean text does "
+                        f"({len(left)} examples); there is no difference to patch (check the corrupt_<field> "
+                        "columns)")
+    if same:
+        example = column_values(clean, "example_index")[same[0]]
+        raise UserError(f"split {split!r} {what} {example + 1}: the corrupted text tokenises as the clean text does "
+                        f"({len(same)} of {len(left)} examples do); nothing to patch there: correct or remove them")
 
 
 class PairedRows(torch.utils.data.Dataset):
