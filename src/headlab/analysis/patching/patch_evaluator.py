@@ -34,6 +34,7 @@ from headlab.core.first_token import last_layer_at_first_token, reads_first_toke
 from headlab.core.losses import example_losses, span_losses
 from headlab.core.model_parts import head_width, layer_inputs, start_at_layer
 from headlab.training.modules import gather_rows
+from headlab.training.progress import ProgressLines
 from headlab.training.stays_on_device import StaysOnDevice
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -123,10 +124,19 @@ class PatchEvaluator(StaysOnDevice):
             self.by_layer.setdefault(spec.site.layer, []).append(index)
         self.scores: dict[Any, dict[str, np.ndarray]] = {}
         self._pending: dict[Any, list[tuple]] = {}
+        self.progress, self.patched_done = None, 0  # a line per minute in the job's log: one batch may take minutes
 
     def on_validation_start(self) -> None:
         if not self.per_forward:  # as the sweeps: on CPUs a bigger batch is not faster per row; GPUs gain
-            self.per_forward = max(map(len, self.by_layer.values())) if self.device.type == "cuda" else 1
+            self.per_forward = max(map(len, self.by_layer.values()), default=1) if self.device.type == "cuda" else 1
+        if self.exact and self.specs and self.trainer.is_global_zero:
+            self.progress = ProgressLines("patching", len(self.specs) * sum(self.trainer.num_val_batches), "patches")
+
+    def count_patched(self, patches: int) -> None:
+        """``patches`` more patched runs of a batch done (the progress line)."""
+        self.patched_done += patches
+        if self.progress is not None:
+            self.progress.update(self.patched_done)
 
     @torch.no_grad()
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -144,6 +154,7 @@ class PatchEvaluator(StaysOnDevice):
                 chunk = indices[start : start + self.per_forward]
                 wheres = [self.specs[index].where(mask, units) for index in chunk]  # [batch, seq] each
                 logits = self._patched(chunk, layer, base, activations, entering, wheres)  # [copies * batch, labels]
+                self.count_patched(len(chunk))
                 for copy, (index, where) in enumerate(zip(chunk, wheres)):
                     scores = self._scored(logits[copy * len(labels) : (copy + 1) * len(labels)], labels, contrast,
                                           mask)

@@ -102,3 +102,4 @@ class PathEvaluator(PatchEvaluator):
                 with patched(self.model, receive), from_layer(min(site.layer for site in spec.receivers)):
                     logits = self.logits(self.model(**base))
             self._keep(index, examples, self._scored(logits, labels, contrast, mask))
+            self.count_patched(1)
