@@ -22,8 +22,8 @@ from headlab.errors import UserError
 from headlab.tasks.batches import PaddedRows, column_values
 from headlab.tasks.encoding import tokenize_split
 
-PAIRED_COLUMNS = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")  # what a corrupted
-# batch adds (as corrupt_<column>; QA: the corrupted answer's span in each window)
+# what a corrupted batch adds, as corrupt_<column> (QA: the corrupted answer's span in each window)
+PAIRED_COLUMNS = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
 QA_FIELDS = ["question", "context"]  # the text fields of extractive QA
 
 
