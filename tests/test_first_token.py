@@ -1,5 +1,6 @@
-"""The last layer at the first token (``headlab.core.first_token``): a classification head's logits equal the whole
-forward's in float64, with padding and with a replayed layer's contexts, and the heads that read more are refused."""
+"""The last layer at the first token (``headlab.core.patch.first_token``): a classification head's logits equal the
+whole forward's in float64, with padding and with a replayed layer's contexts, and the heads that read more are
+refused."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import torch
 from families import batch, tiny_model
 from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
-from headlab.core.first_token import last_layer_at_first_token, reads_first_token
 from headlab.core.model_parts import replay_self_attention, self_attention_output
+from headlab.core.patch.first_token import last_layer_at_first_token, reads_first_token
 
 CLASSIFIERS = ["bert", "roberta", "xlm-roberta", "electra"]
 

@@ -33,7 +33,6 @@ from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.core.families import family_of
-from headlab.core.first_token import last_layer_at_first_token, reads_first_token
 from headlab.core.model_files import model_shape
 from headlab.core.model_parts import (
     encoder_layers,
@@ -44,6 +43,7 @@ from headlab.core.model_parts import (
 )
 from headlab.core.patch.ablate import ablate, headlab_implementation
 from headlab.core.patch.attention import Controller
+from headlab.core.patch.first_token import last_layer_at_first_token, reads_first_token
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, write_json_atomic, written_beside
 from headlab.reporting.results import read_complete
@@ -105,7 +105,7 @@ class LayerSweepEvaluator(PlanEvaluator):
 
     def _replayed(self, output: torch.Tensor, key_mask: torch.Tensor):
         """The swept layer's contexts ``output`` replayed; the last layer at the first token where the head reads
-        nothing else (``core/first_token.py``), the swept one's contexts given to it if it is the last."""
+        nothing else (``core/patch/first_token.py``), the swept one's contexts given to it if it is the last."""
         if not self.first_token:
             return replay_self_attention(self.model, self.layer, output)
         stack = ExitStack()

@@ -30,9 +30,9 @@ import torch
 
 from headlab.core.activation_sites import Patch, Site, columns, patched, recorded
 from headlab.core.families import family_of
-from headlab.core.first_token import last_layer_at_first_token, reads_first_token
 from headlab.core.losses import example_losses, span_losses
 from headlab.core.model_parts import head_width, layer_inputs, start_at_layer
+from headlab.core.patch.first_token import last_layer_at_first_token, reads_first_token
 from headlab.training.modules import gather_rows
 from headlab.training.progress import ProgressLines
 from headlab.training.stays_on_device import StaysOnDevice
@@ -117,7 +117,7 @@ class PatchEvaluator(StaysOnDevice):
         self.specs, self.noising, self.per_forward = list(specs), direction == "noising", per_forward
         self.prefix = not family_of(model).shared  # ALBERT: every forward starts at layer 0
         self.first_token = reads_first_token(model)  # a head that reads [CLS] alone: patches below the last layer
-        self.last = model.config.num_hidden_layers - 1  # run it at that position only (core/first_token.py)
+        self.last = model.config.num_hidden_layers - 1  # run it at that position only (core/patch/first_token.py)
         self.sites = list(dict.fromkeys(spec.site for spec in self.specs))
         self.by_layer: dict[int, list[int]] = {}
         for index, spec in enumerate(self.specs):
