@@ -28,20 +28,18 @@ def paired_batch(corrupt_labels: bool = True) -> dict[str, torch.Tensor]:
     return out | ({"corrupt_labels": torch.tensor([1, 0, 0])} if corrupt_labels else {})
 
 
-def reference_logit_diffs(model, name: str, spec, rows: dict, noising: bool) -> np.ndarray:
-    """The spec's patch by definition: the base run with the site's activation (its columns, at the valid positions
-    chosen) taken from the source run, each by a hook on the module the definition names."""
+def patched_by_definition(model, name: str, spec, rows: dict, noising: bool) -> tuple:
+    """The spec's patch by definition: the base run's output with the site's activation (its columns, at the valid
+    positions chosen) taken from the source run, each by a hook on the module the definition names; and the corrupted
+    run's output."""
     clean = {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"]}
     corrupted = clean | {"input_ids": rows["corrupt_input_ids"]}
     base, source = (clean, corrupted) if noising else (corrupted, clean)
     site, seen = spec.site, []
     with torch.no_grad():
         with by_definition(model.base_model, name, site.kind, site.layer, seen.append):
-            corrupted_logits = model(**corrupted).logits if source is corrupted else None
-            if source is clean:
-                model(**clean)
-        if corrupted_logits is None:
-            corrupted_logits = model(**corrupted).logits
+            source_out = model(**source)
+        corrupted_out = source_out if source is corrupted else model(**corrupted)
 
         def replace(activation):
             new = activation.clone()
@@ -54,7 +52,13 @@ def reference_logit_diffs(model, name: str, spec, rows: dict, noising: bool) -> 
             return new
 
         with by_definition(model.base_model, name, site.kind, site.layer, replace):
-            logits = model(**base).logits
+            return model(**base), corrupted_out
+
+
+def reference_logit_diffs(model, name: str, spec, rows: dict, noising: bool) -> np.ndarray:
+    """The spec's patched logit difference by definition (``patched_by_definition``)."""
+    patched, corrupted = patched_by_definition(model, name, spec, rows, noising)
+    logits, corrupted_logits = patched.logits, corrupted.logits
     contrast = rows.get("corrupt_labels", corrupted_logits.argmax(-1))
     out = (logits.gather(1, rows["labels"][:, None]) - logits.gather(1, contrast[:, None]))[:, 0].numpy()
     if spec.position is not None:  # rows shorter than the position: nothing patched, no score

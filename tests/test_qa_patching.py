@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT, assert_one_error_line, run
 from families import tiny_model
 from test_activation_sites import HEAD_DIM, by_definition
-from test_patching import paired_batch
+from test_patching import paired_batch, patched_by_definition
 from transformers import AutoModelForQuestionAnswering
 
 from headlab.analysis.patching.patch_evaluator import PatchEvaluator, _span_scores, patch_specs
@@ -59,31 +59,6 @@ def test_span_scores_by_definition():
     assert hit[0] == 1.0
 
 
-def reference_outputs(model, name: str, spec, rows: dict, noising: bool):
-    """The spec's patch by definition (as ``test_patching.reference_logit_diffs``): the base run's start and end
-    logits with the site's activation at the valid chosen positions taken from the source run by a hook."""
-    clean = {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"]}
-    corrupted = clean | {"input_ids": rows["corrupt_input_ids"]}
-    base, source = (clean, corrupted) if noising else (corrupted, clean)
-    site, seen = spec.site, []
-    with torch.no_grad():
-        with by_definition(model.base_model, name, site.kind, site.layer, seen.append):
-            model(**source)
-
-        def replace(activation):
-            new = activation.clone()
-            cols = slice(site.head * HEAD_DIM, (site.head + 1) * HEAD_DIM) if site.kind == "head" else slice(None)
-            for b in range(new.shape[0]):
-                for t in range(new.shape[1]):
-                    if rows["attention_mask"][b, t] and spec.position in (None, t):
-                        new[b, t, cols] = seen[0][b, t, cols]
-            return new
-
-        with by_definition(model.base_model, name, site.kind, site.layer, replace):
-            out = model(**base)
-    return out.start_logits, out.end_logits
-
-
 @pytest.mark.parametrize("name", ["bert", "roberta", "deberta-v2", "modernbert"])
 @pytest.mark.parametrize("direction", ["noising", "denoising"])
 def test_every_qa_patch_equals_a_forward_with_that_activation_replaced(name, direction):
@@ -95,8 +70,8 @@ def test_every_qa_patch_equals_a_forward_with_that_activation_replaced(name, dir
     evaluator.validation_step(rows, 0)
     evaluator.on_validation_epoch_end()
     for index, spec in enumerate(specs):
-        expected = span_scores_by_definition(*reference_outputs(model, name, spec, rows, direction == "noising"),
-                                             rows)
+        patched = patched_by_definition(model, name, spec, rows, direction == "noising")[0]
+        expected = span_scores_by_definition(patched.start_logits, patched.end_logits, rows)
         for score, want in zip(("logit_diff", "loss", "prediction"), expected):
             np.testing.assert_allclose(evaluator.scores[index][score], want, rtol=1e-9, atol=1e-12,
                                        err_msg=f"{spec.name} {score}")
