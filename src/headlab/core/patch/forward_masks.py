@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from headlab.core.patch.sdpa_masks import additive, unit_hides, unit_inputs, unit_mask
+from headlab.core.patch.sdpa_masks import additive, same_unit, unit_bias, unit_hides, unit_inputs, unit_mask, validity
 
 _KEPT = 4  # (mask, unit ids) pairs whose masks are kept
 
@@ -59,12 +59,12 @@ class ForwardMasks:
             filled = [attention_mask.masked_fill(hide, float("-inf")) for hide in hides]
             return (filled[0] if len(filled) == 1 else torch.cat(filled, dim=-1)), has_key
         cache = self.cache(attention_mask, sentence_ids, query)
-        if "unit inputs" not in cache:
-            cache["unit inputs"] = unit_inputs(attention_mask, sentence_ids, query)
         key = (policy, renormalize, query.dtype)
         if key not in cache:
-            mask, has_key = unit_mask(policy, renormalize, *cache["unit inputs"])
-            cache[key] = additive(mask, query.dtype), None if has_key is None else has_key.to(query.dtype)
+            if "same unit" not in cache:
+                cache["same unit"] = same_unit(sentence_ids, query)
+            valid, bias = validity(attention_mask, query) if attention_mask is not None else (None, None)
+            cache[key] = unit_bias(policy, renormalize, valid, bias, cache["same unit"], query.dtype)
         return cache[key]
 
     def joint_mask(self, kinds: tuple[str, ...], renormalize: bool, attention_mask, sentence_ids, query,

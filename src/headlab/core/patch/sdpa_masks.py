@@ -30,6 +30,31 @@ def unit_mask(policy: str, renormalize: bool, valid, bias, same) -> tuple:
     return torch.cat([with_bias(keep, bias), with_bias(rest, bias)], dim=-1), None  # [batch, 1, seq, 2 seq]
 
 
+def unit_bias(policy: str, renormalize: bool, valid, bias, same, dtype: torch.dtype) -> tuple:
+    """``unit_mask`` as SDPA's additive mask in ``dtype`` (``additive``) and ``has_key`` as a 1.0 / 0.0 factor in
+    ``dtype`` (or None), made with the fewest ops: a forward on a GPU is launch-bound, and these run in every forward
+    with ``drop_*`` heads. ``valid`` None: every key is valid (no padding mask)."""
+    if bias is not None:  # a caller's additive bias: -inf filled into it
+        mask, has_key = unit_mask(policy, renormalize, valid, bias, same)
+        return mask, None if has_key is None else has_key.to(dtype)
+    hidden = same if policy == "drop_intra" else ~same  # [batch, 1, seq, seq]: keys of the unit a policy drops
+    invalid = None if valid is None else ~valid  # padded keys
+    batch, _, length, keys = same.shape
+    if renormalize:
+        if invalid is not None:
+            hidden = hidden | invalid
+        has_key = ~hidden.all(-1, keepdim=True)  # [batch, 1, seq, 1]; a query with none attends anywhere (zeroed)
+        return _aligned_zeros(batch, length, keys, dtype, same.device).masked_fill_(hidden & has_key, float("-inf")), \
+            has_key.to(dtype)
+    mask = _aligned_zeros(batch, length, 2 * keys, dtype, same.device)  # [allowed | other valid keys]
+    others = ~hidden  # the second copy of the keys: the kept ones count in the normaliser only
+    if invalid is not None:
+        hidden, others = hidden | invalid, others | invalid
+    mask[..., :keys].masked_fill_(hidden, float("-inf"))
+    mask[..., keys:].masked_fill_(others, float("-inf"))
+    return mask, None
+
+
 def unit_hides(policy: str, renormalize: bool, key_mask, sentence_ids, query) -> tuple:
     """(the keys each query of ``policy`` may not use, as one or two boolean masks ``[batch, 1, seq, seq]``,
     ``has_key`` in the query's dtype or None): ``unit_mask``'s masks as where to fill a bias (its first and second
@@ -66,6 +91,11 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     *outer, keys = mask.shape
     storage = torch.zeros(*outer, -(-keys // 16) * 16, dtype=dtype, device=mask.device)
     return storage[..., :keys].masked_fill_(~mask, float("-inf"))
+
+
+def _aligned_zeros(batch: int, length: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros ``[batch, 1, length, keys]`` whose rows start at multiples of 16 elements (``additive``)."""
+    return torch.zeros(batch, 1, length, -(-keys // 16) * 16, dtype=dtype, device=device)[..., :keys]
 
 
 def same_unit(sentence_ids, query) -> torch.Tensor:
