@@ -176,6 +176,24 @@ def test_the_clusters_file_feeds_the_guan_table_2_preset(clustered):
     assert set(result["plan"]["policies"].values()) <= {"prune"}
 
 
+def test_clusters_of_other_weights_are_noted_not_refused(clustered):
+    """The pre-trained model's types on the fine-tuned checkpoint (and the reverse): allowed, with a note naming
+    both weights; clusters of the job's own weights: no note."""
+    root, jobs = clustered
+    tuned = str(root / "train")
+    for clusters, ckpt, noted in ((jobs["random"][0], tuned, True), (jobs["tuned"][0], "null", True),
+                                  (jobs["tuned"][0], tuned, False), (jobs["random"][0], "null", False)):
+        result = run("ablate.py", "experiment=guan2020_table2", "hydra.mode=RUN", "plan=prune_diagonal",
+                     "allow_random_head=true", f"ckpt_path={ckpt}", f"mask.clusters={clusters}/clusters.json",
+                     f"hydra.run.dir={root / 'noted' / f'{clusters.name}_{noted}'}", cwd_tmp=root)
+        notes = [line for line in result.stderr.splitlines() if line.startswith("note: mask.clusters=")]
+        assert len(notes) == int(noted), (clusters, ckpt, result.stderr)
+        if noted:
+            own = "the model's own weights"
+            assert (own in notes[0].split("; ")[0]) == (ckpt == tuned), notes[0]
+            assert (own in notes[0].split("; ")[1]) == (ckpt == "null"), notes[0]
+
+
 def test_one_per_head_table_joins_features_clusters_importance_and_measured_deltas(clustered, trained):
     root, jobs = clustered
     tuned = str(root / "train")

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf, open_dict
+from rich.console import Console
 
 from headlab.core.masks import check_mask, plan_from_mask
 from headlab.core.plans import SUBSTITUTED
 from headlab.errors import UserError, one_of
-from headlab.files import check_writable
+from headlab.files import check_writable, read_json
 from headlab.tasks.hub_data import cached_rows
 from headlab.tasks.local_files import check_text_file, count_questions, count_rows
 
@@ -54,12 +55,31 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
     plan = None if per_head else plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
     check_fits_positions(cfg.model, cfg.task.max_length)
     checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    note_other_weights(cfg.mask, checkpoint)
     if checkpoint.kind == "model" and cfg.model.get("random_init") and not cfg.allow_random_head:
         raise UserError(f"model {cfg.model.name} has random weights (random_init=true) and ckpt_path=null: no trained "
                         f"head for task {cfg.task.name}; fine-tune first (train.py) and pass ckpt_path, or set "
                         "allow_random_head=true")
     check_reference_size(cfg, substitutes_used(cfg, plan))
     return plan
+
+
+def note_other_weights(mask: Any, checkpoint: Any) -> None:
+    """A ``note:`` line when ``mask.clusters`` or ``mask.importance`` was computed on other weights of this model
+    than the job's (the pre-trained model's types on a fine-tuned checkpoint, say): allowed, but their heads' roles
+    may have changed. Files that record no checkpoint (written by hand) are taken as they are."""
+    for key in ("clusters", "importance"):
+        source = mask.get(key)
+        if not isinstance(source, str) or not Path(source).is_file():
+            continue
+        recorded = read_json(source, key).get("checkpoint")
+        if not isinstance(recorded, dict) or "path" not in recorded:
+            continue
+        theirs, ours = recorded["path"], checkpoint.path
+        if (theirs is None) != (ours is None) or (ours is not None and Path(theirs).resolve() != Path(ours).resolve()):
+            described = "the model's own weights" if theirs is None else f"{recorded.get('kind')} {theirs}"
+            Console(stderr=True).print(f"note: mask.{key}={source!r} was computed on {described}; this job evaluates "
+                                       f"{checkpoint.describe()}", markup=False, soft_wrap=True)
 
 
 def substitutes_used(cfg: Any, plan: Any) -> set[str]:
