@@ -38,6 +38,8 @@ def make_files(folder):
     (folder / "clusters_unnamed.json").write_text(json.dumps({"labels": {"L0H0": "dense", "L1H1": ""}}))
     (folder / "garbage.ckpt").write_bytes(b"\x00not a checkpoint")
     (folder / "empty_dir").mkdir()
+    (folder / "empty.jsonl").write_text("\n")
+    (folder / "header_only.csv").write_text("sentence1,sentence2,label\n")
     (folder / "blank.txt").write_text("\n  \n\n")
     (folder / "three_texts.txt").write_text("One\x0csentence.\r\nA question?\u2028\tAn answer.\nx\ty\tz\n")  # 3 lines
     (folder / "features_job").mkdir()  # what mode=cluster reads before anything loads
@@ -230,6 +232,10 @@ CASES = [
     ("train.py", ["ckpt_path=FILES/qa.ckpt"], "was trained with task=demo_qa (this config: task=demo_pairs)"),
     ("train.py", ["ckpt_path=FILES/cut.ckpt"], "cut.ckpt' is not a readable Lightning checkpoint"),
     ("train.py", ["task.data_files.validation=FILES/no_sentence2.jsonl"], "row 2 has no text in 'sentence2'"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "task.data_files.validation=FILES/empty.jsonl"],
+     "empty.jsonl' has no rows; task demo_pairs needs rows with sentence1, sentence2, label"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "task.data_files.validation=FILES/header_only.csv"],
+     "header_only.csv' has no rows"),
     ("ablate.py", ["mode=eval", "task=stsb", "allow_random_head=true",
                    "task.data_files={train: FILES/three_rows.jsonl, validation: FILES/one_row.jsonl}"],
      "split 'validation' has 1 example to score; Pearson and Spearman correlations need at least 2"),

@@ -65,6 +65,9 @@ def check_text_file(path: str | Path, task_name: str, text_fields: list[str], la
         columns, rows = _rows(path)
     except (UnicodeDecodeError, csv.Error) as error:
         raise UserError(f"data file {str(path)!r} could not be read as {path.suffix}: {error}") from None
+    if not rows:
+        raise UserError(f"data file {str(path)!r} has no rows; task {task_name} needs rows with "
+                        f"{', '.join([*text_fields, label_field])}")
     error = missing_columns(path, task_name, [*text_fields, label_field], columns)
     if error:
         raise error
