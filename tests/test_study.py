@@ -588,3 +588,21 @@ def test_the_robustness_stage_work_grows_with_the_types_coalitions_and_the_draws
     cfg = OmegaConf.create({"data": {"max_eval_examples": 10}, "mask": {"resamples": 3}})
     per_method = 10 * (SWEEP_PASSES * 2 * 3 + 2 ** 5 - 1)  # 10 examples: 6 single-head plans, 31 coalitions
     assert stage_work("robustness", cfg, sizes, 2, types=5) == pytest.approx(2 * (1 + 1 + 2 * 3) * per_method)
+
+
+def test_the_estimate_after_a_resume_counts_only_the_jobs_that_ran(tmp_path):
+    """A resumed stage that ran 1 of its 4 jobs in 10 s did a quarter of its work in that time: the rate is 10 s a
+    quarter stage, not a whole one (the estimate was 4x too low); a stage that ran no job adds no rate."""
+    from types import SimpleNamespace
+
+    from headlab.study.run import StudyRun
+
+    runner = StudyRun.__new__(StudyRun)
+    runner.stages, runner.study = ["tables", "sweep"], SimpleNamespace(folder=tmp_path)
+    runner.work = {"tables": 400.0, "sweep": 800.0}.get
+    runner.ran = [("tables", 1 / 4, 10.0)]  # 100 passes in 10 s: 800 passes take 80 s
+    assert runner.time_left(1) == "; about 1 minute left"
+    runner.ran = [("tables", 1 / 4, 60.0)]  # 100 passes a minute: 8 minutes
+    assert runner.time_left(1) == "; about 8 minutes left"
+    runner.ran = []
+    assert runner.time_left(1) == ""

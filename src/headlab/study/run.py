@@ -146,7 +146,7 @@ class StudyRun:
 
     def __init__(self, study: Study, stages: list[str]) -> None:
         self.study, self.stages, self.start = study, stages, time.monotonic()
-        self.ran: list[tuple[str, float]] = []  # (stage, seconds) of the stages that ran jobs in this run
+        self.ran: list[tuple[str, float, float]] = []  # (stage, share of its jobs run, seconds): jobs ran in this run
         self.work: Callable[[str], float] | None = None  # stage -> passes (``study.progress``), once sizes are known
         self.tracked = False  # a W&B run of this study ran in this process
         self.wandb = study.cfg.logger is not None and "WandbLogger" in str(study.cfg.logger.get("_target_"))
@@ -219,7 +219,7 @@ class StudyRun:
         if self.work is None:
             return ""
         later = [stage for stage in self.stages[number:] if not (self.study.folder / stage / MARKER).is_file()]
-        left = seconds_left([(self.work(stage), seconds) for stage, seconds in self.ran],
+        left = seconds_left([(share * self.work(stage), seconds) for stage, share, seconds in self.ran],
                             sum(self.work(stage) for stage in later))
         return "" if left is None else f"; {about(left)}"
 
@@ -240,6 +240,7 @@ class StudyRun:
         began = time.monotonic()
         self.say(f"{where}: {ABOUT[stage]}, {len(jobs)} job{'s' * (len(jobs) != 1)} (elapsed {self.elapsed()})")
         self.redo_jobs_of(problems, jobs)
+        ran = 0  # jobs run now: a resumed stage's finished jobs are not in its time
         for job in jobs:
             if read_complete(job.folder / "results.json", hashes[self.name(job)]) is None:
                 self.position = f"{where}, job {self.name(job)}"
@@ -247,6 +248,7 @@ class StudyRun:
                 run_job(job)
                 self.interrupts.check()
                 self.tracked = self.tracked or self.wandb
+                ran += 1
         self.position = where
         from headlab.study.stage_reports import REPORTED, write_stage_reports
 
@@ -254,7 +256,8 @@ class StudyRun:
             write_stage_reports(self.study, stage)
         write_json_atomic(self.study.folder / stage / MARKER,
                           {"stage": stage, "key": key, "files": stage_manifest(self.study.folder, stage, MARKER)})
-        self.ran.append((stage, time.monotonic() - began))
+        if ran:
+            self.ran.append((stage, ran / len(jobs), time.monotonic() - began))
         self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()}){self.time_left(number)}")
 
     def marker(self, stage: str) -> dict[str, Any] | None:
