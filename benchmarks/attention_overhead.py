@@ -2,12 +2,13 @@
 
     python benchmarks/attention_overhead.py [--shape tiny|dispatch|minilm|bert-base|bert-large] [--device cpu|cuda]
         [--dtype float32|bfloat16|float16] [--batch B] [--seq N] [--rounds 15]
-        [--threads N] [--family bert|roberta|electra|distilbert|albert|deberta-v2|modernbert]
+        [--threads N] [--family bert|roberta|electra|distilbert|albert|deberta-v2|modernbert] [--only TEXT,...]
 
 Random weights in the named shape (speed does not depend on them), of the family's model (``--family``: its own
 stock model is the baseline, the same attention implementation: SDPA, DeBERTa's own); rows padded to N/2..N tokens
 (``--no-padding``: full rows); ``--groups``: the ``drop_*`` plans also with one SDPA call per group of heads (on a
-GPU, as before ``layer_states.JointCall``; on a CPU, as always), for the comparison. Plans: the identity (every
+GPU, as before ``layer_states.JointCall``; on a CPU, as always), for the comparison; ``--only``: the plans whose
+names contain one of the texts (``--only "one head"``: more rounds in the same time). Plans: the identity (every
 head ``keep``), one head (the middle layer's head 0) under prune / uniform / drop_intra, and half the heads of every
 layer under each policy. Each forward enters ``headlab.ablate`` as the Lightning module does per batch. Every round
 times the stock model and each plan once, in alternating order; the script prints the median time
@@ -73,19 +74,26 @@ def main() -> None:
     parser.add_argument("--family", default="bert", choices=FAMILY_TYPES, help="the model's family (its model_type)")
     parser.add_argument("--groups", action="store_true",
                         help="also the drop_* plans with one SDPA call per group of heads (on a GPU: before JointCall)")
+    parser.add_argument("--only", help="comma-separated texts: only the plans whose names contain one (and stock)")
     args = parser.parse_args()
     device = check_device(parser, args.device)
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads {args.threads}: give 1 or more")
         torch.set_num_threads(args.threads)
-    *_, default_batch, default_seq = SHAPES[args.shape]
+    layers, heads, _, default_batch, default_seq = SHAPES[args.shape]
+    chosen = list(plans(layers, heads, False))
+    if args.only:
+        texts = [text.strip() for text in args.only.split(",") if text.strip()]
+        chosen = [name for name in chosen if any(text in name for text in texts)]
+        if not chosen:
+            parser.error(f"--only {args.only!r} names no plan; plans: {', '.join(plans(layers, heads, False))}")
     batch, seq = args.batch or default_batch, args.seq or default_seq
 
     model = random_encoder(args.family, args.shape, device, DTYPES[args.dtype])
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     inputs, sentence_ids = make_batch(batch, seq, model.config.vocab_size, not args.no_padding, device)
-    table = plans(layers, heads, device.type == "cuda")
+    table = {name: row for name, row in plans(layers, heads, device.type == "cuda").items() if name in chosen}
 
     def stock():
         model(**inputs)

@@ -3,10 +3,10 @@
 #
 #     bash benchmarks/gpu_rows.sh one_call|targets|jobs|attention|train|eval|tests [OUT_DIR]
 #
-# targets: the rows that missed their target in the 2026-11-27 H200 calls, in one call (~5 minutes): attention_overhead.py
-#        on BERT-base and RoBERTa with --groups (drop_* as one SDPA call per layer and as one per group) and on
-#        DeBERTa-v2, sweep_heads alone over 9,815 rows, activation patching's pass vs the naive loop, the CUDA tests;
-#        needs pytest's wheels (below);
+# targets: what the GPU evaluation issue still measures, in one call (~6 minutes): the CUDA tests first, then the
+#        identity and one-head rows of attention_overhead.py (25 rounds) on BERT-base and RoBERTa with --groups (a layer
+#        with drop_* heads as one SDPA call and as one call per group, in the same rounds) and on DeBERTa-v2, then the
+#        whole table on BERT-base (--groups) and BERT-large; needs pytest's wheels (below);
 # one_call: what the GPU evaluation issue measures, in one call of the lent machine (~6 minutes, each section under
 #        its own time limit so that a slow one loses only itself): eval_speed.py throughput (mode=eval's pass vs a
 #        plain loop over its own DataLoader, BERT-base, bf16-mixed, 9,815 rows), attention_overhead.py on BERT-base and
@@ -59,15 +59,16 @@ cuda_tests() {  # LIMIT: the CUDA-only attention tests, their failures in full, 
 
 case "$group" in
     targets)
+        cuda_tests 120
         for family in bert roberta deberta-v2; do
             groups=(); [[ $family == deberta-v2 ]] || groups=(--groups)
-            section attention 80 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base \
-                --family "$family" --rounds 9 --repeat 3 "${groups[@]}"
+            section one_head 60 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base \
+                --family "$family" --only "identity,one head" --rounds 25 --repeat 3 "${groups[@]}"
         done
-        section sweep 150 eval_speed.py sweep --only sweep_heads --device cuda --precision bf16-mixed \
-            --shape bert-base --task demo_pairs --rows 9815 --batch 128 --rounds 1
-        section patch 90 patch_speed.py --device cuda --shape bert-base --batch 64 --rounds 3
-        cuda_tests 120 ;;
+        section attention 80 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base --rounds 9 \
+            --repeat 3 --groups
+        section attention 75 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-large --rounds 7 \
+            --repeat 3 ;;
     one_call)
         section eval 150 eval_speed.py throughput --device cuda --precision bf16-mixed --shape bert-base \
             --task demo_pairs --rows 9815 --batch 128 --rounds 5

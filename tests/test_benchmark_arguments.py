@@ -17,6 +17,7 @@ CASES = [
     ("attention_overhead.py", ["--dtype", "float64"], "'float64'"),
     ("attention_overhead.py", ["--shape", "bert-huge"], "'bert-huge'"),
     ("attention_overhead.py", ["--device", "tpu"], "'tpu'"),
+    ("attention_overhead.py", ["--only", "two heads"], "--only 'two heads' names no plan; plans: identity"),
     ("train_throughput.py", ["--precision", "16-mixed"], "'16-mixed'"),
     ("train_throughput.py", ["--shape", "gpt2"], "'gpt2'"),
     ("eval_speed.py", ["sweep", "--rows", "100"], "--rows 100 needs --task demo_pairs"),
