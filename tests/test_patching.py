@@ -187,12 +187,13 @@ def test_patch_job_end_to_end(trained, tmp_path):
     assert "patch (noising, 21 patches, positions all, exact) on pairs" in result.stdout
     again = run("ablate.py", *args, cwd_tmp=root)
     assert "patch (noising" not in again.stdout  # complete results: nothing runs again
-    by_unit = [*args[:-1], "patch.positions=units", "patch.sites=[mlp]", "patch.direction=denoising",
+    by_unit = [*args[:-1], "patch.positions=units", "patch.sites=[mlp,head]", "patch.direction=denoising",
                "patch.method=both", f"hydra.run.dir={tmp_path / 'units'}"]
     result = run("ablate.py", *by_unit, cwd_tmp=root)
     units = pd.read_csv(tmp_path / "units/effects.csv")
-    assert len(units) == 3 * (units["unit"].max() + 1) and units["unit"].max() >= 3  # [CLS] + sentences, claim
+    assert len(units) == (3 + 12) * (units["unit"].max() + 1) and units["unit"].max() >= 3  # [CLS], sentences
     assert (tmp_path / "units/patch_mlp.png").is_file() and units["estimate"].notna().any()
+    assert (tmp_path / "units/patch_head.png").is_file()  # the heads x units
     agreement = json.loads((tmp_path / "units/results.json").read_text())["summary"]["attribution"]
     assert agreement["patches"] == units["estimate"].notna().sum() and "estimates vs exact: Spearman" in result.stdout
     paths = [*args[:-1], "patch.path.senders=L0H1,L1H0", "patch.path.receivers=L2H3", "patch.path.inputs=[query]",

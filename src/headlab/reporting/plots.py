@@ -181,16 +181,17 @@ def shapley_waterfall(names: Sequence[str], values: np.ndarray, low: np.ndarray,
 
 
 def grid_heatmap(values: np.ndarray, rows: Sequence[str], columns: Sequence[str], xlabel: str, label: str, title: str,
-                 path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
-    """Layers (rows) x anything (columns: heads, positions, site kinds) of a signed score, centred on 0."""
-    figure, axes = plt.subplots(figsize=(max(4.0, 0.35 * len(columns) + 2.5), max(3.0, 0.4 * len(rows) + 1.5)))
+                 path: Path, formats: Sequence[str] = ("png",), ylabel: str = "layer") -> list[Path]:
+    """Layers or heads (rows) x anything (columns: heads, positions, site kinds) of a signed score, centred on 0."""
+    height = 0.4 if len(rows) <= 24 else 0.18  # many rows (heads): thinner, so 144 heads fit a page
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.35 * len(columns) + 2.5), max(3.0, height * len(rows) + 1.5)))
     limit = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
     image = axes.imshow(values, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -(limit or 1.0), limit or 1.0), aspect="auto")
     step = max(1, len(columns) // 32)  # at most ~32 column labels
     axes.set_xticks(range(0, len(columns), step), list(columns)[::step], rotation=90 if step > 1 else 0)
-    axes.set_yticks(range(len(rows)), rows)
+    axes.set_yticks(range(len(rows)), rows, fontsize=None if len(rows) <= 24 else 5)
     axes.set_xlabel(xlabel)
-    axes.set_ylabel("layer")
+    axes.set_ylabel(ylabel)
     axes.set_title(title)
     figure.colorbar(image, ax=axes, label=label)
     return _save(figure, path, formats)

@@ -16,7 +16,7 @@ patches each sender head's paths to ``patch.path.receivers`` instead (``paths.py
 ``patch_heads``        the heads' normalised effects, layers x heads (PNG; also a W&B image)
 ``patch_layers``       the other sites' normalised effects, layers x kind (patches at every position)
 ``patch_<kind>``       layers x positions (units) of a kind's normalised effect (``patch.positions=each`` or
-                       ``units``; not heads)
+                       ``units``); ``patch_head``: the patched heads x positions (units)
 ``results.json``       the runs' means, the normaliser, every patch's effect; a complete one makes a rerun skip it
 =====================  ===========================================================================================
 """
@@ -151,16 +151,23 @@ def write_heatmaps(table: pd.DataFrame, layers: int, heads: int, options: Any, c
             grid[mine["layer"].to_numpy(int), column] = mine[shown].to_numpy()
         images["patch_layers"] = plots.grid_heatmap(grid, rows, others, "site", label, title,
                                                     folder / "patch_layers", formats)[0]
-    for column, prefix in (("position", ""), ("unit", "u")):  # layers x positions (or units) of each kind
-        each = table[table[column].notna() & (table["kind"] != "head")]
+    for column, prefix in (("position", ""), ("unit", "u")):  # layers (heads) x positions (or units) of each kind
+        each = table[table[column].notna()]
         for kind in dict.fromkeys(each["kind"]):
             mine = each[each["kind"] == kind]
             width = int(mine[column].max()) + 1
-            grid = np.full((layers, width), np.nan)
-            grid[mine["layer"].to_numpy(int), mine[column].to_numpy(int)] = mine[shown].to_numpy()
-            images[f"patch_{kind}"] = plots.grid_heatmap(grid, rows, [f"{prefix}{p}" for p in range(width)], column,
+            if kind == "head":  # the patched heads, in order, as rows
+                index = mine["layer"].to_numpy(int) * heads + mine["head"].to_numpy(int)
+                patched = sorted(set(index.tolist()))
+                row_of, names = {h: r for r, h in enumerate(patched)}, [f"L{h // heads}H{h % heads}" for h in patched]
+                at, ylabel = [row_of[h] for h in index], "head"
+            else:
+                at, names, ylabel = mine["layer"].to_numpy(int), rows, "layer"
+            grid = np.full((len(names), width), np.nan)
+            grid[at, mine[column].to_numpy(int)] = mine[shown].to_numpy()
+            images[f"patch_{kind}"] = plots.grid_heatmap(grid, names, [f"{prefix}{p}" for p in range(width)], column,
                                                          label, f"{title} ({kind})", folder / f"patch_{kind}",
-                                                         formats)[0]
+                                                         formats, ylabel)[0]
     return images
 
 
