@@ -142,7 +142,8 @@ def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormaliz
 
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sentence_ids, renormalize, drop_route):
-    """drop_* masks are built once per forward; a new forward (new tensors, or ids edited in place) rebuilds them."""
+    """drop_* masks are built once per forward; a new forward (new tensors, or ids edited in place, also inference
+    tensors, which have no edit counter) rebuilds them."""
     plan = plan_of(MIXED_RULES, tiny_model)
     other = sentence_ids.flip(-1).clone()
     valid = inputs["attention_mask"].bool()
@@ -159,6 +160,12 @@ def test_unit_masks_are_rebuilt_for_new_or_edited_inputs(tiny_model, inputs, sen
         for units in (sentence_ids.clone(), other.clone()):
             out = tiny_model(**inputs, sentence_ids=units).last_hidden_state
             assert_close_rel(out[valid], reference(tiny_model, inputs, plan, units, renormalize)[valid])
+        buffer = sentence_ids.clone()  # an inference tensor (no edit counter), refilled in place: CUDA graphs' inputs
+        unpadded = dict(inputs, attention_mask=torch.ones_like(inputs["attention_mask"]))  # no mask tensor: None
+        for units in (sentence_ids, other, sentence_ids):
+            buffer.copy_(units)
+            out = tiny_model(**unpadded, sentence_ids=buffer).last_hidden_state
+            assert_close_rel(out, reference(tiny_model, unpadded, plan, units, renormalize))
 
 
 @pytest.mark.parametrize("rules", [PLANS["drop_intra"], MIXED_RULES])

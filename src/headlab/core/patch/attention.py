@@ -69,7 +69,7 @@ from headlab.core.plans import HeadPlan
 ATTENTION_NAME = "headlab"
 PROBE_NAME = "headlab_probe"  # gradient_probe's attention function (``head_gradients.py``)
 _CONTROLLER = "_headlab_controller"  # attribute on the model and its self-attention modules, set once
-_RESET = "_headlab_resets_calls"  # on a base model whose attention modules serve several depths
+_HOOKED = "_headlab_new_forward"  # on a base model with the forward pre-hook ``_new_forward``
 _CACHE_SIZE = 512  # plan states kept per model (a 24 x 16 all-heads sweep has 385 plans)
 # per device type, the query size below which a layer with drop_* heads runs as one SDPA call (module docstring)
 JOINT_MAX_ELEMENTS = {"cuda": 1 << 23}
@@ -115,9 +115,9 @@ class Controller:
             controller.adopt(model)
             for owner in (model, model.base_model, *controller.modules):
                 owner.__dict__[_CONTROLLER] = controller
-            if any(depth_of(m) is None for m in modules) and _RESET not in model.base_model.__dict__:
-                model.base_model.register_forward_pre_hook(_reset_calls)  # shared modules: depths count from 0
-                model.base_model.__dict__[_RESET] = True
+            if _HOOKED not in model.base_model.__dict__:
+                model.base_model.register_forward_pre_hook(_new_forward)
+                model.base_model.__dict__[_HOOKED] = True
             if family_of(model).own_attention:  # DeBERTa: its modules ask route_of how to run
                 for module in modules:
                     disentangled.route(module, controller.route_of)
@@ -315,11 +315,17 @@ def _per_forward(attention_mask, key_mask):
     return attention_mask if key_mask is None else key_mask
 
 
-def _reset_calls(base_model: torch.nn.Module, args) -> None:
-    """Forward pre-hook of a base model whose attention modules serve several depths: the first call is depth 0."""
+def _new_forward(base_model: torch.nn.Module, args) -> None:
+    """Forward pre-hook of a controlled base model: attention modules shared by depths count from depth 0 again, and
+    what the previous forward cached is dropped (masks, the checked ``plan_ids``). Those caches match tensors by
+    identity and edit counter, and an inference tensor has no counter: a buffer refilled in place between forwards
+    (CUDA graphs' static inputs) would otherwise find the previous forward's masks."""
     controller = base_model.__dict__.get(_CONTROLLER)
     if controller is not None:
         controller.calls = 0
+        if not torch.compiler.is_compiling():
+            controller.masks.clear()
+            controller.checked = None
 
 
 def _write(out: torch.Tensor, heads: slice | torch.Tensor, context: torch.Tensor | float) -> None:

@@ -28,8 +28,10 @@ class ForwardMasks:
 
         Keyed by the identity of the mask and unit-id tensors (and their in-place edit counters), never by value:
         every layer of a forward gets the same objects. The latest few pairs are kept, so layers that alternate
-        between masks (ModernBERT's local and global layers) find theirs. Under ``torch.compile`` nothing is kept:
-        each layer builds its own and the compiler fuses.
+        between masks (ModernBERT's local and global layers) find theirs. Each forward of the base model starts
+        empty (``attention._new_forward``): an edit no counter sees (an inference tensor, a numpy buffer under
+        ``torch.from_numpy``) cannot leave the previous forward's masks in place. Under ``torch.compile`` nothing is
+        kept: each layer builds its own and the compiler fuses.
         """
         if torch.compiler.is_compiling():
             return {}
