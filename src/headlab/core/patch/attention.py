@@ -249,9 +249,6 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
 def _planned(layer: LayerState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
     """The context vectors ``[batch, seq, heads, head_dim]`` of a layer under one plan."""
     sentence_ids = kwargs.get("sentence_ids")
-    padding = attention_mask  # what the keep / prune / uniform heads' SDPA call takes
-    if layer.uniform is None:  # (uniform heads read which keys are valid from the mask as it came)
-        padding = controller.masks.padding_bias(attention_mask, sentence_ids, query)
     key_mask = kwargs.get("key_mask")  # DeBERTa's: attention_mask is its bias of this layer
     visible = None  # DeBERTa's uniform heads: the keys its mask shows, as a bias made once per forward
     if key_mask is not None and layer.uniform is not None:
@@ -260,6 +257,9 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
             key_mask is not None or attention_mask is None or attention_mask.dtype == torch.bool):
         return _joint(layer, controller, query, key, value, attention_mask, sentence_ids, visible, key_mask, dropout,
                       scaling)
+    padding = attention_mask  # what the keep / prune / uniform heads' SDPA call takes
+    if layer.uniform is None:  # (uniform heads read which keys are valid from the mask as it came)
+        padding = controller.masks.padding_bias(attention_mask, sentence_ids, query)
     if not layer.drops and layer.skipped is None:  # one SDPA call serves every head
         out = _shared(layer.prune, layer.uniform, query, key, value, padding, dropout, scaling, visible)
         return out.transpose(1, 2).contiguous()
@@ -299,7 +299,7 @@ def _joint(layer: LayerState, controller, query, key, value, attention_mask, sen
     joint = layer.joint
     if visible is not None:  # DeBERTa's uniform heads: 1/n over the keys its mask shows
         attention_mask = torch.where(joint.uniform, visible, attention_mask)
-    mask, has_key = controller.masks.joint_mask(joint.kinds, layer.renormalize, attention_mask, sentence_ids, query,
+    mask, has_key = controller.masks.joint_mask(joint, layer.renormalize, attention_mask, sentence_ids, query,
                                                 key_mask)
     q = query if joint.uniform is None else _zero_heads(query, joint.uniform)
     v = value if joint.prune is None else _zero_heads(value, joint.prune)

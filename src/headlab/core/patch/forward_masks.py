@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from headlab.core.patch.sdpa_masks import additive, same_unit, unit_bias, unit_hides, unit_inputs, unit_mask, validity
+from headlab.core.patch.sdpa_masks import (
+    additive,
+    dropped_keys,
+    heads_dropped_keys,
+    same_unit,
+    unit_bias,
+    unit_hides,
+    unit_mask,
+    validity,
+)
 
 _KEPT = 4  # (mask, unit ids) pairs whose masks are kept
 
@@ -63,28 +72,40 @@ class ForwardMasks:
         cache = self.cache(attention_mask, sentence_ids, query)
         key = (policy, renormalize, query.dtype)
         if key not in cache:
-            if "same unit" not in cache:
-                cache["same unit"] = same_unit(sentence_ids, query)
-            valid, bias = validity(attention_mask, query) if attention_mask is not None else (None, None)
-            cache[key] = unit_bias(policy, renormalize, valid, bias, cache["same unit"], query.dtype)
+            same = self._same_unit(cache, sentence_ids, query)
+            if attention_mask is None or attention_mask.dtype == torch.bool:
+                cache[key] = unit_bias(dropped_keys(policy, same), renormalize, attention_mask, query.dtype)
+            else:  # a caller's additive bias: -inf filled into it
+                mask, has_key = unit_mask(policy, renormalize, *validity(attention_mask, query), same)
+                cache[key] = mask, None if has_key is None else has_key.to(query.dtype)
         return cache[key]
 
-    def joint_mask(self, kinds: tuple[str, ...], renormalize: bool, attention_mask, sentence_ids, query,
-                   key_mask=None) -> tuple:
+    @staticmethod
+    def _same_unit(cache: dict, sentence_ids, query) -> torch.Tensor:
+        """``sdpa_masks.same_unit`` of this forward, made once."""
+        if "same unit" not in cache:
+            cache["same unit"] = same_unit(sentence_ids, query)
+        return cache["same unit"]
+
+    def joint_mask(self, joint, renormalize: bool, attention_mask, sentence_ids, query, key_mask=None) -> tuple:
         """(mask, ``has_key`` ``[batch, heads, seq, 1]`` factor or None) of a layer in one SDPA call
-        (``layer_states.JointCall``): per head the padding mask or its policy's unit mask (``unit_mask``:
+        (``layer_states.JointCall`` ``joint``): per head the padding mask or its policy's unit mask (``unit_mask``:
         ``[batch, heads, seq, keys]`` renormalised, else over doubled keys ``[batch, heads, seq, 2 keys]``, where the
         other heads' second half is hidden).
 
-        ``attention_mask`` boolean or None: the mask is made once per forward (additive). A per-layer bias with the
-        ``key_mask`` it came from (DeBERTa, ``drop_mask``): where each head's policy hides keys is found once per
-        forward, and the layer's bias is filled there (``-inf``).
+        ``attention_mask`` boolean or None: the mask is made once per forward (additive, ``unit_bias``). A per-layer
+        bias with the ``key_mask`` it came from (DeBERTa, ``drop_mask``): where each head's policy hides keys is found
+        once per forward, and the layer's bias is filled there (``-inf``).
         """
         per_layer = key_mask is not None
         cache = self.cache(key_mask if per_layer else attention_mask, sentence_ids, query)
-        key = ("joint", kinds, renormalize, query.dtype)
+        key = ("joint", joint.kinds, renormalize, query.dtype)
         if key not in cache:
-            cache[key] = self._joint_parts(kinds, renormalize, attention_mask, sentence_ids, query, key_mask, cache)
+            if per_layer:
+                cache[key] = self._joint_hides(joint.kinds, renormalize, key_mask, sentence_ids, query)
+            else:
+                dropped = heads_dropped_keys(joint.intra, joint.inter, self._same_unit(cache, sentence_ids, query))
+                cache[key] = unit_bias(dropped, renormalize, attention_mask, query.dtype)
         masks, has_keys = cache[key]
         if not per_layer:
             return masks, has_keys
@@ -92,37 +113,23 @@ class ForwardMasks:
         return (filled[0] if len(filled) == 1 else torch.cat(filled, dim=-1)), has_keys
 
     @staticmethod
-    def _joint_parts(kinds, renormalize, attention_mask, sentence_ids, query, key_mask, cache) -> tuple:
-        """``joint_mask``'s per-forward part: the additive mask (or DeBERTa's hides, one per half) and ``has_key``."""
-        choices = {}  # kind: (masks or hides, one per half [batch, 1, seq, keys], has_key or None)
+    def _joint_hides(kinds, renormalize, key_mask, sentence_ids, query) -> tuple:
+        """DeBERTa's ``joint_mask`` per forward: where each head's bias is filled (one mask per half of the keys,
+        ``[batch, heads, seq, keys]``), and ``has_key``."""
+        valid = key_mask.bool()
+        choices = {"padding": ((torch.zeros_like(valid),) + (() if renormalize else (torch.ones_like(valid),)), None)}
+        for policy in set(kinds) - {"padding"}:  # the bias hides what DeBERTa's mask does; no second half
+            choices[policy] = unit_hides(policy, renormalize, valid, sentence_ids, query)
         shape = (query.shape[0], 1, query.shape[2], query.shape[2])  # [batch, 1, seq, keys]: self-attention
-        if key_mask is not None:
-            valid = key_mask.bool()
-            hidden = (torch.zeros_like(valid),) + (() if renormalize else (torch.ones_like(valid),))
-            choices["padding"] = hidden, None  # the bias hides what DeBERTa's mask does; no second half
-            for policy in set(kinds) - {"padding"}:
-                choices[policy] = unit_hides(policy, renormalize, valid, sentence_ids, query)
-        else:
-            if "unit inputs" not in cache:
-                cache["unit inputs"] = unit_inputs(attention_mask, sentence_ids, query)
-            valid, bias, same = cache["unit inputs"]
-            padding = valid.expand(shape)
-            if not renormalize:  # the doubled keys' second half: hidden
-                padding = torch.cat([padding, torch.zeros_like(padding)], dim=-1)
-            choices["padding"] = (padding,), None
-            for policy in set(kinds) - {"padding"}:
-                mask, has_key = unit_mask(policy, renormalize, valid, bias, same)
-                choices[policy] = (mask,), has_key
-        halves = len(choices["padding"][0])
         # per head its kind's masks: concatenations of views (an index tensor would be a host-device copy)
-        masks = [torch.cat([choices[kind][0][half].expand(*shape[:-1], -1) for kind in kinds], dim=1)
-                 for half in range(halves)]  # each [batch, heads, seq, keys]
+        hides = [torch.cat([choices[kind][0][half].expand(*shape[:-1], -1) for kind in kinds], dim=1)
+                 for half in range(len(choices["padding"][0]))]  # each [batch, heads, seq, keys]
         has_keys = None
         if renormalize:
             ones = torch.ones(*shape[:-1], 1, dtype=query.dtype, device=query.device)
-            has_keys = torch.cat([ones if choices[kind][1] is None else choices[kind][1].to(query.dtype)
-                                  for kind in kinds], dim=1)  # [batch, heads, seq, 1]
-        return (masks if key_mask is not None else additive(masks[0], query.dtype)), has_keys
+            has_keys = torch.cat([ones if choices[kind][1] is None else choices[kind][1] for kind in kinds],
+                                 dim=1)  # [batch, heads, seq, 1]
+        return hides, has_keys
 
     def visible_bias(self, key_mask, sentence_ids, query) -> torch.Tensor:
         """DeBERTa's mask of the keys each query sees as an additive bias (``additive``), once per forward: what its

@@ -70,7 +70,8 @@ class LayerState:
             kinds = tuple(next((p for p in groups if p.startswith("drop_") and h in groups[p]), "padding")
                           for h in range(plan.num_heads))
             every = list(range(plan.num_heads))
-            joint = JointCall(kinds, marks("prune", every), marks("uniform", every))
+            joint = JointCall(kinds, marks("prune", every), marks("uniform", every), marks("drop_intra", every),
+                              marks("drop_inter", every))
         return cls(shared_heads, marks("prune"), marks("uniform"), drops, renormalize,
                    _as_index(pruned, device) if skip else None, pad, tiled, substituted, joint)
 
@@ -80,8 +81,9 @@ class JointCall:
     """A layer with ``drop_*`` heads as one SDPA call over every head, each under its own mask.
 
     ``kinds``: per head, the mask it takes: ``"padding"`` (keep, prune, uniform: the forward's padding mask) or its
-    ``drop_*`` policy's unit mask; ``prune`` / ``uniform``: ``[1, heads, 1, 1]`` marks (None if none), whose values /
-    queries the call zeroes as ``LayerState.shared``'s do. A forward builds the mask of each ``kinds`` once
+    ``drop_*`` policy's unit mask; ``prune`` / ``uniform`` / ``intra`` / ``inter``: ``[1, heads, 1, 1]`` marks of the
+    heads of each policy (None if none); the call zeroes the pruned heads' values and the uniform heads' queries as
+    ``LayerState.shared``'s does. A forward builds the mask of each ``kinds`` once
     (``ForwardMasks.joint_mask``); without renormalising, every head runs over the doubled keys (the others' second
     half hidden). One call where the groups took two, and a concatenation of their contexts (BENCHMARKS.md).
     """
@@ -89,6 +91,8 @@ class JointCall:
     kinds: tuple[str, ...]
     prune: torch.Tensor | None
     uniform: torch.Tensor | None
+    intra: torch.Tensor | None
+    inter: torch.Tensor | None
 
 
 @dataclass(frozen=True)

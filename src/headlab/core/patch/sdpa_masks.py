@@ -1,18 +1,14 @@
 """The masks SDPA gets under a plan: padding, and the unit masks of ``drop_*`` (DESIGN.md section 3).
 
-Unit masks are ``[batch, 1, seq, keys]`` over the same (query, key) pairs for every layer and head, so a
-forward builds each once (``Controller`` in ``attention.py`` keeps them).
+Unit masks are ``[batch, 1, seq, keys]`` over the same (query, key) pairs for every layer and head (``[batch, heads,
+seq, keys]`` for a layer in one SDPA call, the same for every layer with the same heads' policies), so a forward builds
+each once (``ForwardMasks`` keeps them), as SDPA's additive mask (``unit_bias``).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.masking_utils import bidirectional_mask_function, prepare_padding_mask, sdpa_mask
-
-
-def unit_inputs(attention_mask, sentence_ids, query) -> tuple:
-    """(key validity, additive bias or None, same unit ``[batch, 1, seq, seq]``): what every unit mask starts from."""
-    return (*validity(attention_mask, query), same_unit(sentence_ids, query))
 
 
 def unit_mask(policy: str, renormalize: bool, valid, bias, same) -> tuple:
@@ -30,28 +26,38 @@ def unit_mask(policy: str, renormalize: bool, valid, bias, same) -> tuple:
     return torch.cat([with_bias(keep, bias), with_bias(rest, bias)], dim=-1), None  # [batch, 1, seq, 2 seq]
 
 
-def unit_bias(policy: str, renormalize: bool, valid, bias, same, dtype: torch.dtype) -> tuple:
-    """``unit_mask`` as SDPA's additive mask in ``dtype`` (``additive``) and ``has_key`` as a 1.0 / 0.0 factor in
-    ``dtype`` (or None), made with the fewest ops: a forward on a GPU is launch-bound, and these run in every forward
-    with ``drop_*`` heads. ``valid`` None: every key is valid (no padding mask)."""
-    if bias is not None:  # a caller's additive bias: -inf filled into it
-        mask, has_key = unit_mask(policy, renormalize, valid, bias, same)
-        return mask, None if has_key is None else has_key.to(dtype)
-    hidden = same if policy == "drop_intra" else ~same  # [batch, 1, seq, seq]: keys of the unit a policy drops
+def dropped_keys(policy: str, same) -> torch.Tensor:
+    """``[batch, 1, seq, seq]``: the keys ``policy`` takes from each query (its own unit's for ``drop_intra``)."""
+    return same if policy == "drop_intra" else ~same
+
+
+def heads_dropped_keys(intra, inter, same) -> torch.Tensor:
+    """``[batch, heads, seq, seq]``: per head the keys its policy takes from each query (``dropped_keys``), none for
+    the heads of neither policy; ``intra`` / ``inter``: ``[1, heads, 1, 1]`` marks of each policy's heads or None."""
+    parts = [marks & keys for marks, keys in ((intra, same), (inter, None if inter is None else ~same))
+             if marks is not None]
+    return parts[0] if len(parts) == 1 else parts[0] | parts[1]
+
+
+def unit_bias(dropped, renormalize: bool, valid, dtype: torch.dtype) -> tuple:
+    """``unit_mask`` for a boolean padding mask (``valid``; None: every key valid), as SDPA's additive mask in
+    ``dtype`` (``additive``), and ``has_key`` as a 1.0 / 0.0 factor in ``dtype`` (or None), made with the fewest ops: a
+    forward on a GPU is launch-bound, and these run in every forward with ``drop_*`` heads. ``dropped``: the keys each
+    head's policy takes away, ``[batch, 1 or heads, seq, seq]`` (``dropped_keys``, ``heads_dropped_keys``): a head
+    with none dropped gets the padding mask, and without renormalising its second half of the keys hidden."""
     invalid = None if valid is None else ~valid  # padded keys
-    batch, _, length, keys = same.shape
+    batch, heads, length, keys = dropped.shape
     if renormalize:
-        if invalid is not None:
-            hidden = hidden | invalid
-        has_key = ~hidden.all(-1, keepdim=True)  # [batch, 1, seq, 1]; a query with none attends anywhere (zeroed)
-        return _aligned_zeros(batch, length, keys, dtype, same.device).masked_fill_(hidden & has_key, float("-inf")), \
-            has_key.to(dtype)
-    mask = _aligned_zeros(batch, length, 2 * keys, dtype, same.device)  # [allowed | other valid keys]
-    others = ~hidden  # the second copy of the keys: the kept ones count in the normaliser only
-    if invalid is not None:
-        hidden, others = hidden | invalid, others | invalid
-    mask[..., :keys].masked_fill_(hidden, float("-inf"))
-    mask[..., keys:].masked_fill_(others, float("-inf"))
+        hidden = dropped if invalid is None else dropped | invalid
+        has_key = ~hidden.all(-1, keepdim=True)  # [batch, heads, seq, 1]; a query with none attends anywhere (zeroed)
+        mask = _aligned_zeros(batch, heads, length, keys, dtype, dropped.device)
+        return mask.masked_fill_(hidden & has_key, float("-inf")), has_key.to(dtype)
+    mask = _aligned_zeros(batch, heads, length, 2 * keys, dtype, dropped.device)  # [allowed | other valid keys]
+    # the second copy of the keys shows the dropped valid ones, which count in the normaliser only: it hides
+    # ~dropped | invalid, which for booleans is dropped <= invalid (one op)
+    hidden = (dropped, ~dropped) if invalid is None else (dropped | invalid, dropped <= invalid)
+    mask[..., :keys].masked_fill_(hidden[0], float("-inf"))
+    mask[..., keys:].masked_fill_(hidden[1], float("-inf"))
     return mask, None
 
 
@@ -93,9 +99,9 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return storage[..., :keys].masked_fill_(~mask, float("-inf"))
 
 
-def _aligned_zeros(batch: int, length: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Zeros ``[batch, 1, length, keys]`` whose rows start at multiples of 16 elements (``additive``)."""
-    return torch.zeros(batch, 1, length, -(-keys // 16) * 16, dtype=dtype, device=device)[..., :keys]
+def _aligned_zeros(batch: int, heads: int, length: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros ``[batch, heads, length, keys]`` whose rows start at multiples of 16 elements (``additive``)."""
+    return torch.zeros(batch, heads, length, -(-keys // 16) * 16, dtype=dtype, device=device)[..., :keys]
 
 
 def same_unit(sentence_ids, query) -> torch.Tensor:
