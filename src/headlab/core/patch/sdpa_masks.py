@@ -46,13 +46,13 @@ def unit_bias(dropped, renormalize: bool, valid, dtype: torch.dtype) -> tuple:
     head's policy takes away, ``[batch, 1 or heads, seq, seq]`` (``dropped_keys``, ``heads_dropped_keys``): a head
     with none dropped gets the padding mask, and without renormalising its second half of the keys hidden."""
     invalid = None if valid is None else ~valid  # padded keys
-    batch, heads, length, keys = dropped.shape
+    keys = dropped.shape[-1]
     if renormalize:
         hidden = dropped if invalid is None else dropped | invalid
         has_key = ~hidden.all(-1, keepdim=True)  # [batch, heads, seq, 1]; a query with none attends anywhere (zeroed)
-        mask = _aligned_zeros(batch, heads, length, keys, dtype, dropped.device)
+        mask = _aligned_zeros(dropped.shape, dtype, dropped.device)
         return mask.masked_fill_(hidden & has_key, float("-inf")), has_key.to(dtype)
-    mask = _aligned_zeros(batch, heads, length, 2 * keys, dtype, dropped.device)  # [allowed | other valid keys]
+    mask = _aligned_zeros((*dropped.shape[:-1], 2 * keys), dtype, dropped.device)  # [allowed | other valid keys]
     # the second copy of the keys shows the dropped valid ones, which count in the normaliser only: it hides
     # ~dropped | invalid, which for booleans is dropped <= invalid (one op)
     hidden = (dropped, ~dropped) if invalid is None else (dropped | invalid, dropped <= invalid)
@@ -94,14 +94,13 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     is returned as it is."""
     if mask.dtype != torch.bool:
         return mask
-    *outer, keys = mask.shape
-    storage = torch.zeros(*outer, -(-keys // 16) * 16, dtype=dtype, device=mask.device)
-    return storage[..., :keys].masked_fill_(~mask, float("-inf"))
+    return _aligned_zeros(mask.shape, dtype, mask.device).masked_fill_(~mask, float("-inf"))
 
 
-def _aligned_zeros(batch: int, heads: int, length: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Zeros ``[batch, heads, length, keys]`` whose rows start at multiples of 16 elements (``additive``)."""
-    return torch.zeros(batch, heads, length, -(-keys // 16) * 16, dtype=dtype, device=device)[..., :keys]
+def _aligned_zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros of ``shape`` whose rows (last dimension) start at multiples of 16 elements (``additive``)."""
+    *outer, keys = shape
+    return torch.zeros(*outer, -(-keys // 16) * 16, dtype=dtype, device=device)[..., :keys]
 
 
 def same_unit(sentence_ids, query) -> torch.Tensor:
