@@ -246,6 +246,22 @@ def test_the_prune_curve_against_the_range_of_random_orders(tmp_path, importance
     assert evidence.verdict == expected
 
 
+def test_the_prune_curve_reads_the_split_it_pruned_by(tmp_path):
+    """Two evaluated splits in prune_curve.csv: the finding reads the one the curve was pruned by (its settings),
+    not their mean (importance 0.95 on validation against random 0.3-0.7: holds; on heldout 0.1: would fail)."""
+    path = job(tmp_path, "prune_curve/seed0", {"settings": {"split": "validation"}})
+    rows = []
+    for split, importance in (("heldout", 0.1), ("validation", 0.95)):
+        rows += [{"order": "importance", "seed": None, "step": s, "split": split,
+                  "relative": 1.0 if s == 0 else importance} for s in range(4)]
+        rows += [{"order": "random", "seed": seed, "step": s, "split": split, "relative": 1.0 if s == 0 else level}
+                 for seed, level in ((0, 0.3), (1, 0.7)) for s in range(4)]
+    pd.DataFrame(rows).to_csv(path / "prune_curve.csv", index=False)
+    (evidence,) = importance_pruning(files_of(tmp_path)).evidence
+    assert (evidence.values["low"], evidence.values["high"]) == pytest.approx((0.95 - 0.7, 0.95 - 0.3))
+    assert evidence.verdict == HOLDS and "importance 0.9500" in evidence.numbers
+
+
 def sieve_roles(folder: Path, stage: str, model: str, roles: dict[str, list[bool]], layers: int = 4) -> None:
     path = job(folder, f"{stage}/{model}")
     heads = len(next(iter(roles.values())))

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 from sklearn.metrics import f1_score, matthews_corrcoef
-from test_findings import RESAMPLING, files_of, job, records, table2
+from test_findings import RESAMPLING, files_of, job, records, sweep_report, table2
 
 from headlab.reporting.report import report_folder, write_report
 from headlab.study.findings import finding_lines, study_findings
@@ -86,6 +86,58 @@ def test_a_baseline_at_chance_leaves_every_ablation_claim_not_tested(tmp_path, b
         assert diagonal.as_json()["evidence"][0]["verdict"] == NOT_TESTED
     else:
         assert diagonal.verdict == HOLDS and not caveats
+
+
+@pytest.mark.parametrize(("baseline_mean", "expected"), [(0.5, "floor"), (0.9, "verdict"), (None, "no baseline")])
+def test_a_study_without_tables_reads_the_floor_from_the_sweeps_baseline(tmp_path, baseline_mean, expected):
+    """No tables stage: the single-head sweep's baseline (the records its head jobs name, kept outside the study in
+    the baseline cache) tells whether the model learned its task. At chance, the Michel claim is not tested; above,
+    it keeps its verdict; with no baseline anywhere (a sweep job naming none), it is not tested either."""
+    study = tmp_path / "study"
+    sweep_report(study, [-5.0, -5.0] + [-0.1] * 8, [0.001, 0.001] + [0.6] * 8)  # 8 of 10 heads removable: holds
+    head = job(study, "sweep/seed0/L0H0")  # a head's job inside the sweep's folder (not a job of the stage)
+    cache = tmp_path / "baselines" / "abc"
+    cache.mkdir(parents=True)
+    if baseline_mean is not None:
+        rng = np.random.default_rng(3)
+        base = np.clip(baseline_mean + rng.choice([-0.4, 0.0, 0.4], 40) * 0.25, 0, 1)
+        records(cache, base)
+        frame = pd.read_parquet(cache / "records.parquet").drop(columns="split")  # the cache holds one split
+        frame.to_parquet(cache / "records.parquet")
+        (head / "results.json").write_text(json.dumps(
+            {"complete": True, "baseline_records": {"validation": str(cache / "records.parquet")}}))
+    files = files_of(study, answers=lambda: GOLDS)
+    finding = next(f for f in study_findings(files) if f.claim.key == "michel_single_heads")
+    if expected == "verdict":
+        assert finding.verdict == HOLDS and baseline_limits(files)["seed0"].file == str(cache / "records.parquet")
+    elif expected == "floor":
+        assert finding.verdict == NOT_TESTED and "seed0's baseline is at its floor" in finding.counted()
+        assert str(cache / "records.parquet") in finding.counted()
+    else:
+        assert finding.verdict == NOT_TESTED and "no baseline of seed0" in finding.counted()
+
+
+@pytest.mark.parametrize("baseline", ["floor", "ceiling", "none"])
+def test_the_fine_tuning_claim_needs_a_model_that_learned(tmp_path, baseline):
+    """What fine-tuning changed in the head types says nothing when the fine-tuned model learned nothing: at its
+    floor the claim is not tested; at its ceiling (it learned) and without a baseline (nothing says it did not) the
+    claim keeps its verdict."""
+    path = job(tmp_path, "compare/seed0")  # 16 of 18 later heads changed against 2 of 18 earlier: holds
+    changed = {"earlier": 2, "later": 16}
+    rows = [{"layer": layer, "head": head, "changed/fine-tuned": head * 3 + layer % 3 < changed[half]}
+            for layer in (0, 1, 2, 4, 5, 6) for head in range(6)
+            for half in ["earlier" if layer < 3 else "later"]]
+    pd.DataFrame(rows).to_csv(path / "heads.csv", index=False)
+    if baseline != "none":
+        base = np.resize([0.1, 0.5, 0.9, 0.5], 40) if baseline == "floor" else np.ones(40)  # f1 50 = chance
+        table2(tmp_path, base, base, baseline=base)
+    files = files_of(tmp_path, answers=lambda: GOLDS)
+    finding = next(f for f in study_findings(files) if f.claim.key == "guan_finetuning_later_layers")
+    if baseline == "floor":
+        assert finding.verdict == NOT_TESTED and "seed0's baseline is at its floor" in finding.counted()
+        assert "it learned nothing" in finding.counted()
+    else:
+        assert finding.verdict == HOLDS, finding.counted()
 
 
 def test_a_baseline_at_its_maximum_leaves_every_ablation_claim_not_tested(tmp_path):

@@ -51,6 +51,10 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
     check_whole_model_one_process(cfg)
     stages = check_stages(cfg, done_stages(Path(folder)))
     check_statistics(cfg)
+    if cfg.task.train_split in cfg.task.eval_splits:  # train.py refuses it too; the study's stages all score there
+        raise UserError(f"task.train_split={cfg.task.train_split} is also in task.eval_splits="
+                        f"{list(cfg.task.eval_splits)}: the study would fine-tune on the examples it scores; give "
+                        "evaluation splits of other examples")
     if set(stages) & TRAIN_SPLIT_STAGES and not cfg.task.get("data_files"):  # offline, a hub task may lack it
         from headlab.tasks.hub_data import check_hub_dataset
 

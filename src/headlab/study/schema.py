@@ -49,7 +49,8 @@ def open_stage_settings(arguments: list[str]) -> list[str]:
 
 # The settings of the resampled intervals and p-values the verdicts read (docs/study.md, "How a claim gets its verdict")
 VERDICT_STATISTICS = {"tables": ("report.resamples", "report.permutations"),
-                      "sweep": ("report.resamples", "report.permutations"), "syntax": ("syntax.resamples",)}
+                      "sweep": ("report.resamples", "report.permutations"), "syntax": ("syntax.resamples",),
+                      "robustness": ("shapley.resamples",)}  # the Shapley intervals decide its orderings
 
 
 def check_statistics(study_cfg: Any) -> None:

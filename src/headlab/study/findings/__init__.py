@@ -13,7 +13,7 @@ from headlab.reporting.report import report_settings
 from headlab.study.findings.guan import guan_findings
 from headlab.study.findings.heads import clark_findings, michel_findings, pande_findings
 from headlab.study.findings.inputs import StudyFiles
-from headlab.study.findings.limits import limit_reasons
+from headlab.study.findings.limits import baseline_limits, floor_reasons, limit_reasons
 from headlab.study.findings.verdicts import Finding, quick_run, withheld
 from headlab.study.stage_reports import REPORTED, stage_report_settings
 from headlab.study.stages import Study
@@ -46,13 +46,16 @@ def gold_answers(task: Any, split: str) -> dict[str, list[str]] | None:
 
 def study_findings(files: StudyFiles) -> list[Finding]:
     """Every claim, in the order of the papers: Guan et al., Clark et al., Michel et al., Pande et al. A smoke run's
-    are all ``not tested (quick run)``; the ablation claims of a model at its floor or ceiling are not tested."""
+    are all ``not tested (quick run)``; the ablation claims of a model at its floor or ceiling (or without a baseline)
+    are not tested, nor are the fine-tuning claims of a model at its floor."""
     found = [*guan_findings(files), *clark_findings(files), *michel_findings(files), *pande_findings(files)]
     if files.smoke:
         return [quick_run(finding) for finding in found]
-    if any(finding.claim.ablation and finding.evidence for finding in found):
-        reasons = limit_reasons(files)
-        found = [withheld(finding, reasons) if finding.claim.ablation else finding for finding in found]
+    if any((finding.claim.ablation or finding.claim.learned) and finding.evidence for finding in found):
+        limits = baseline_limits(files)
+        ablation, learned = limit_reasons(files, limits), floor_reasons(limits)
+        found = [withheld(finding, ablation) if finding.claim.ablation else
+                 withheld(finding, learned) if finding.claim.learned else finding for finding in found]
     return found
 
 

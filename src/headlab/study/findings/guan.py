@@ -24,7 +24,7 @@ GUAN = "Guan et al. 2020"
 STABILITY = Claim("guan_stability", "Heads fall into stable distance types: over 95% of heads keep their type in "
                   "every clustering fit on half of the data", f"{GUAN}, Table 1")
 FINE_TUNING = Claim("guan_finetuning_later_layers", "Fine-tuning changes the types of the later layers more than "
-                    "those of the earlier layers", f"{GUAN}, Section 4 (Figure 4); Kovaleva et al. 2019")
+                    "those of the earlier layers", f"{GUAN}, Section 4 (Figure 4); Kovaleva et al. 2019", learned=True)
 
 
 def plan_claims(files: StudyFiles) -> list[tuple[Claim, str, str, str, float]]:

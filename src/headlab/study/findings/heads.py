@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats.contingency import odds_ratio
 
+from headlab.files import read_json
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import (
     FAILS,
@@ -97,6 +98,9 @@ def importance_pruning(files: StudyFiles) -> Finding:
     evidence = []
     for model, job in files.model_jobs("prune_curve", files.models):
         curve = pd.read_csv(job / "prune_curve.csv")
+        if "split" in curve:  # a row per step, order and evaluated split: the split the curve was pruned by
+            settings = read_json(job / "results.json", "prune curve results").get("settings", {})
+            curve = curve[curve["split"] == settings.get("split", files.split)]
         curve = curve[curve["step"] > 0]
         by_order = {(order, seed): part.set_index("step")["relative"]
                     for (order, seed), part in curve.groupby(["order", "seed"], dropna=False, sort=False)}

@@ -1,17 +1,23 @@
 """A model at its floor or ceiling: no ablation can show what its heads do, so no ablation claim gets a verdict.
 
-The baseline is each fine-tuned model unablated on the tables' examples (``tables/table2/<model>/baseline``): its
-main metric with a bootstrap CI over those examples (the tables' report settings: the same resamples, seed and
-method as the tables' deltas). The model is **at its floor** when that CI reaches chance (``low <= chance``,
-``headlab.study.findings.chance``: what a model that learned nothing scores) and **at its ceiling** when it
-reaches the metric's maximum (``high >= maximum``: 100 for SQuAD's scores, 1 for GLUE's). A loss has neither.
+The baseline is each fine-tuned model unablated on the tables' examples (``tables/table2/<model>/baseline``), or,
+in a study that ran no tables, on the single-head sweep's (``sweep``, then ``robustness``: the baseline records its
+jobs name): its main metric with a bootstrap CI over those examples (the tables' report settings: the same
+resamples, seed and method as the tables' deltas). The model is **at its floor** when that CI reaches chance
+(``low <= chance``, ``headlab.study.findings.chance``: what a model that learned nothing scores) and **at its
+ceiling** when it reaches the metric's maximum (``high >= maximum``: 100 for SQuAD's scores, 1 for GLUE's). A loss
+has neither. A model with none of these baselines gets no ablation verdict either: nothing says it learned its task.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
+
+from headlab.files import read_json
 from headlab.reporting.statistics import value_interval
 from headlab.study.findings.chance import chance_level
 from headlab.study.findings.inputs import StudyFiles
@@ -57,11 +63,15 @@ class Limit:
         return (f"{self.metric} {interval(self.value, self.low, self.high, self.digits, sign=False)} (bootstrap CI "
                 f"over {self.examples} examples, `{self.file}`)")
 
-    def reason(self) -> str:
-        """Why the ablation claims of this model are not tested ("" when they are)."""
+    def reason(self, ablation: bool = True) -> str:
+        """Why the ablation claims (``ablation``) or the fine-tuning claims of this model are not tested ("" when
+        they are: a model at its ceiling learned its task)."""
         if self.kind == "floor":
+            why = "its heads have nothing to lose" if ablation else "it learned nothing its heads' changes could show"
             return (f"{self.model}'s baseline is at its floor: {self.numbers()} reaches chance "
-                    f"{self.chance:.{self.digits}f} ({self.chance_is}), so its heads have nothing to lose")
+                    f"{self.chance:.{self.digits}f} ({self.chance_is}), so {why}")
+        if not ablation:
+            return ""
         if self.kind == "ceiling":
             return (f"{self.model}'s baseline is at its ceiling: {self.numbers()} reaches the maximum "
                     f"{self.maximum:g}, so its drops are compressed and gains cannot show")
@@ -69,13 +79,15 @@ class Limit:
 
 
 def baseline_limits(files: StudyFiles) -> dict[str, Limit]:
-    """Each fine-tuned model's ``Limit``, of those whose tables' baseline records are there."""
+    """Each fine-tuned model's ``Limit``, of those whose baseline records are there (``baseline_records``)."""
     limits = {}
     for model in files.models:
-        job = files.job("tables", "table2", model, "baseline")
-        if job is None or not (job / "records.parquet").is_file():
+        path = baseline_records(files, model)
+        if path is None:
             continue
-        records = files.records(job)
+        records = pd.read_parquet(path)
+        if "split" in records:  # an eval job's records (a baseline cache's hold one split)
+            records = records[records["split"] == files.split].reset_index(drop=True)
         if len(records) < 2:
             continue
         value, low, high = value_interval(files.metric, records, files.resampling)
@@ -83,11 +95,38 @@ def baseline_limits(files: StudyFiles) -> dict[str, Limit]:
         found = chance_level(files.metric, records, golds, files.version)
         chance, chance_is = found if found else (None, "")
         maximum = files.scale if files.metric.endswith(BOUNDED) else None
-        limits[model] = Limit(model, files.metric, value, low, high, len(records),
-                              files.link(job / "records.parquet"), chance, chance_is, maximum)
+        shown = files.link(path) if path.is_relative_to(files.folder) else str(path)
+        limits[model] = Limit(model, files.metric, value, low, high, len(records), shown, chance, chance_is, maximum)
     return limits
 
 
-def limit_reasons(files: StudyFiles) -> dict[str, str]:
-    """``model -> why its ablation claims are not tested``, of the models at their floor or ceiling."""
-    return {model: limit.reason() for model, limit in baseline_limits(files).items() if limit.kind}
+def baseline_records(files: StudyFiles, model: str) -> Path | None:
+    """The records of ``model`` unablated: the tables' baseline job's, else those a single-head sweep job of the
+    study names (``baseline_records`` of its split: the sweep stage's, then the robustness stage's prune sweep)."""
+    job = files.job("tables", "table2", model, "baseline")
+    if job is not None and (job / "records.parquet").is_file():
+        return job / "records.parquet"
+    for parts in (("sweep", model), ("robustness", "sweep_prune", model)):
+        job = files.job(*parts)
+        for result in [] if job is None else sorted(job.glob("*/results.json")):
+            path = (read_json(result, "results").get("baseline_records") or {}).get(files.split)
+            if path and Path(path).is_file():
+                return Path(path)
+    return None
+
+
+def limit_reasons(files: StudyFiles, limits: dict[str, Limit] | None = None) -> dict[str, str]:
+    """``model -> why its ablation claims are not tested``: the models at their floor or ceiling, and those without
+    a baseline to tell (``limits``: ``baseline_limits``, when already found)."""
+    limits = baseline_limits(files) if limits is None else limits
+    reasons = {model: limit.reason() for model, limit in limits.items() if limit.kind}
+    for model in files.models:
+        if model not in limits:
+            reasons[model] = (f"no baseline of {model} in this run's stages (the tables' or the single-head sweep's "
+                              "records) says whether it learned its task, so no ablation of it can be read")
+    return reasons
+
+
+def floor_reasons(limits: dict[str, Limit]) -> dict[str, str]:
+    """``model -> why its fine-tuning claims are not tested``: the models at their floor."""
+    return {model: limit.reason(ablation=False) for model, limit in limits.items() if limit.kind == "floor"}

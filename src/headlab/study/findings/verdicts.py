@@ -94,6 +94,7 @@ class Claim:
     text: str  # "Pruning diagonal heads costs more than pruning vertical heads"
     source: str  # "Guan et al. 2020, Table 2 (rows 3, 5)"
     ablation: bool = False  # about what removing heads costs a fine-tuned model: no verdict at a floor or ceiling
+    learned: bool = False  # about what fine-tuning changed: no verdict from a model that learned nothing (its floor)
 
 
 @dataclass(frozen=True)
