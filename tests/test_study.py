@@ -380,6 +380,8 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
         (["+study.features.features.bogus=1"], "study.features: Key 'bogus' not in"),
         (["study.finetune.optim.lr=0"], "optim.lr=0.0"),
         (["study.tables.report.resamples=200"], "study.tables.report.resamples=200 is below 2000: a verdict reads"),
+        (["study.robustness.shapley.resamples=100"], "study.robustness.shapley.resamples=100 is below 2000"),
+        (["task.eval_splits=[validation,train]"], "the study would fine-tune on the examples it scores"),
         (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"], "mode=study runs its stages in one process"),
     ]
     folders = [tmp_path / f"case{i}" / "study" for i in range(len(cases))]
