@@ -170,6 +170,15 @@ def test_data_regenerated_at_the_same_path_trains_again(tmp_path):
     assert second["config_hash"] != first["config_hash"] and second["resumed_from"] is None
 
 
+def test_an_evaluation_split_may_be_named_as_a_module_attribute(tmp_path):
+    """A data file's split named ``eval`` (an attribute of every torch module, which a ModuleDict of per-split metrics
+    refused with a KeyError) trains and scores under that name."""
+    source = ROOT / "src/headlab/tasks/data/demo_pairs/validation.jsonl"
+    train(tmp_path, "task=demo_pairs", f"+task.data_files.eval={source}", "task.eval_splits=[eval]")
+    result = results(tmp_path / "run")
+    assert set(result["metrics"]) == {"eval"} and result["num_evaluated"]["eval"] > 0
+
+
 def test_the_mask_applies_during_training(tmp_path):
     """Pruned heads give their query / key / value weights no gradient: with no weight decay
     they end where they started, while the other layers move."""

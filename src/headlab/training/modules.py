@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -34,6 +35,19 @@ log = logging.getLogger(__name__)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "start_positions", "end_positions")
 
 
+
+class PerSplit(torch.nn.Module):
+    """One metric module per evaluation split, read by the split's name: a ``ModuleList`` underneath, since a
+    ``ModuleDict`` refuses names that are a module's attributes (``train``, ``eval``) and names with a dot."""
+
+    def __init__(self, splits: list[str], make: Callable[[], torch.nn.Module]):
+        super().__init__()
+        self.index = {split: position for position, split in enumerate(splits)}
+        self.per_split = torch.nn.ModuleList(make() for _ in splits)
+
+    def __getitem__(self, split: str) -> torch.nn.Module:
+        return self.per_split[self.index[split]]
+
 class TaskModule(pl.LightningModule):
     """Shared by all tasks: the model under the plan, AdamW with linear warm-up and decay.
 
@@ -51,7 +65,7 @@ class TaskModule(pl.LightningModule):
         self.plan = plan_from_mask(self.mask, *model_shape(self.model_cfg))
         self.uses_units = any(count and policy.startswith("drop_") for policy, count in self.plan.counts().items())
         self.eval_splits = list(self.task.eval_splits)
-        self.evaluated = torch.nn.ModuleDict({split: SumMetric() for split in self.eval_splits})  # examples seen
+        self.evaluated = PerSplit(self.eval_splits, SumMetric)  # examples seen
         self.last_metrics: dict[str, dict[str, float]] = {}
         self.last_counts: dict[str, int] = {}
         self.validated_step = -1  # global step of the last full validation
@@ -120,10 +134,8 @@ class ClassificationModule(TaskModule):
     def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
         super().__init__(model, task, mask, optim)
         self.regression = self.task.type == "regression"
-        self.metrics = torch.nn.ModuleDict(
-            {split: glue_metrics(list(self.task.metrics), self.task.num_labels) for split in self.eval_splits}
-        )
-        self.eval_loss = torch.nn.ModuleDict({split: MeanMetric() for split in self.eval_splits})
+        self.metrics = PerSplit(self.eval_splits, lambda: glue_metrics(list(self.task.metrics), self.task.num_labels))
+        self.eval_loss = PerSplit(self.eval_splits, MeanMetric)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.eval_splits[dataloader_idx]
@@ -157,9 +169,9 @@ class QuestionAnsweringModule(TaskModule):
 
     def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
         super().__init__(model, task, mask, optim)
-        self.metrics = torch.nn.ModuleDict({split: SquadMetric(self.task.version) for split in self.eval_splits})
+        self.metrics = PerSplit(self.eval_splits, lambda: SquadMetric(self.task.version))
         self.collectors = {split: AnswerCollector() for split in self.eval_splits}
-        self.eval_loss = torch.nn.ModuleDict({split: MeanMetric() for split in self.eval_splits})
+        self.eval_loss = PerSplit(self.eval_splits, MeanMetric)
         self.predictions: dict[str, dict[str, str]] = {}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
