@@ -608,3 +608,35 @@ def test_the_estimate_after_a_resume_counts_only_the_jobs_that_ran(tmp_path):
     assert runner.time_left(1) == "; about 8 minutes left"
     runner.ran = []
     assert runner.time_left(1) == ""
+
+
+def test_robustness_draws_no_conclusion_for_a_model_that_cannot_show_one(tmp_path):
+    """Type a costs far more than type b under prune: an ordering is stated; the same numbers of a model at its floor
+    (or ceiling, or without a baseline: ``findings.limits``) keep their table and state no ordering."""
+    from types import SimpleNamespace
+
+    from headlab.study.report_base import StudyReport
+    from headlab.study.report_robustness import types_table
+
+    folder = tmp_path / "robustness/shapley_prune/seed0"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    full = rng.uniform(0.8, 1.0, 30)
+    rows = [{"split": "validation", "removed": removed, "example": i, "score": score}
+            for removed, scores in (("none", full), ("a", full - 0.5), ("b", full - 0.01 * rng.random(30)))
+            for i, score in enumerate(scores)]
+    pd.DataFrame(rows).to_parquet(folder / "coalitions.parquet")
+    values = [{"split": "validation", "group": "a", "value": 0.5, "ci_low": 0.45, "ci_high": 0.55},
+              {"split": "validation", "group": "b", "value": 0.01, "ci_low": 0.0, "ci_high": 0.02}]
+    (folder / "results.json").write_text(json.dumps({"score": "f1", "splits": {"validation": {}}, "players": ["a", "b"],
+                                                     "config": {"shapley": {"confidence": 0.95}}, "values": values}))
+    for limited in (None, "seed0's baseline is at its floor: f1 50 reaches chance 50"):
+        report = StudyReport(SimpleNamespace(folder=tmp_path))
+        types_table(report, "seed0", {"prune": folder}, {}, limited)
+        sentences = [line for line in report.markdown if line.startswith("- ")]
+        if limited is None:
+            assert sentences and sentences[0].startswith("- removing a heads costs more f1 than removing b heads")
+        else:
+            assert not sentences and f"No conclusion is drawn from these: {limited}." in report.markdown
+            assert report.console == [f"robustness seed0: no conclusion: {limited}"]
+        assert any(line.startswith("| a ") for line in "\n".join(report.markdown).splitlines())  # the table stays

@@ -27,6 +27,8 @@ import scipy.stats
 
 from headlab.files import read_json
 from headlab.reporting.layouts import to_markdown
+from headlab.study.findings import study_files
+from headlab.study.findings.limits import limit_reasons
 from headlab.study.report_base import StudyReport, number
 from headlab.study.stages import REMOVALS
 
@@ -36,7 +38,7 @@ MOVERS = 5  # heads listed whose rank moves most between methods
 def robustness(report: StudyReport) -> None:
     report.section("Robustness: do the conclusions hold under prune, mean and resample ablation?")
     jobs = report.stage_jobs("robustness")
-    found = False
+    found, limited = False, None  # limited: model -> why no ablation of it can be read (its floor, ceiling, none)
     for name, _ in report.study.models:
         shapley = _jobs(report, jobs, "shapley", name, "coalitions.parquet")
         sweeps = _jobs(report, jobs, "sweep", name, "results.json")
@@ -45,7 +47,8 @@ def robustness(report: StudyReport) -> None:
         found = True
         numbers = report.numbers.setdefault("robustness", {}).setdefault(name, {})
         if shapley:
-            types_table(report, name, shapley, numbers)
+            limited = limit_reasons(study_files(report.study)) if limited is None else limited
+            types_table(report, name, shapley, numbers, limited.get(name))
         if len(sweeps) > 1:
             sweep_agreement(report, name, sweeps, numbers)
     if not found:
@@ -59,8 +62,10 @@ def _jobs(report: StudyReport, jobs: set[str], kind: str, name: str, file: str) 
             if f"robustness/{kind}_{policy}/{name}" in jobs and (folder / file).is_file()}
 
 
-def types_table(report: StudyReport, name: str, shapley: dict[str, Path], numbers: dict) -> None:
-    """Each type removed alone and each type's Shapley value, per method; the conclusions they support."""
+def types_table(report: StudyReport, name: str, shapley: dict[str, Path], numbers: dict, limited: str | None = None
+                ) -> None:
+    """Each type removed alone and each type's Shapley value, per method; the conclusions they support, none when
+    ``limited`` says why no ablation of the model can be read (``findings.limits``: its floor or ceiling)."""
     results = {policy: read_json(folder / "results.json", "shapley results") for policy, folder in shapley.items()}
     first = next(iter(results.values()))
     score, split = first["score"], next(iter(first["splits"]))
@@ -86,6 +91,9 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                         f"the examples of {split}) and each type's exact Shapley value (its share of full minus every "
                         f"type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
     sentences, held, tied = conclusions(types, removed, values, list(shapley), score)
+    if limited:
+        sentences, held, tied = [], 0, []
+        report.markdown += [f"No conclusion is drawn from these: {limited}.", ""]
     first = next(iter(shapley))
     report.markdown += [*(f"- {sentence}" for sentence in sentences), ""]
     if tied:
@@ -100,7 +108,8 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                 "tied": tied}
     stated = sum(not sentence.endswith(NO_ORDER) for sentence in sentences)
     report.console.append(f"robustness {name}: {held} of {stated} conclusions hold under {', '.join(shapley)}"
-                          if stated else f"robustness {name}: no conclusion: every pair of types ties under {first} "
+                          if stated else f"robustness {name}: no conclusion: {limited}" if limited else
+                          f"robustness {name}: no conclusion: every pair of types ties under {first} "
                           "(their intervals overlap)")
 
 
