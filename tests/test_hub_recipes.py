@@ -45,7 +45,7 @@ SMALL_STUDY = ["study.finetune.trainer.max_steps=2", "study.finetune.trainer.num
                "study.prune_curve.importance.max_examples=8", "study.prune_curve.data.max_eval_examples=8",
                "study.prune_curve.prune_curve.random_seeds=[0]", "study.prune_curve.prune_curve.timing_rounds=1",
                "study.prune_curve.prune_curve.stop_below=0.99", "study.robustness.data.max_eval_examples=8",
-               "study.robustness.mask.reference_examples=16", "study.robustness.shapley.resamples=100"]
+               "study.robustness.mask.reference_examples=16", "study.robustness.shapley.resamples=2000"]  # the least
 
 
 def hub_configs(group: str, field: str) -> dict[str, str]:
