@@ -1,16 +1,15 @@
 """Patched self-attention that applies a HeadPlan (DESIGN.md sections 2-3; ``ablate.py`` enters plans).
 
-transformers 5 has no ``head_mask``; every BERT-family self-attention dispatches through
-``AttentionInterface``. We register one attention function (and the SDPA padding mask under the
-same name, or padding is silently lost). A model gets a controller once, at its first ``ablate``:
-its self-attention modules and configs. What a plan needs per layer (boolean head masks on the
-model's device) is built once per (model, plan, renormalize) and cached, so entering a plan sets a
-few attributes; an all-``keep`` plan, and every all-``keep`` layer, runs stock SDPA.
+transformers 5 has no ``head_mask``; every BERT-family self-attention dispatches through ``AttentionInterface``. We
+register one attention function (and the SDPA padding mask under the same name, or padding is silently lost). A
+model gets a controller once, at its first ``ablate``: its self-attention modules and configs. What a plan needs per
+layer (boolean head masks on the model's device) is built once per (model, plan, renormalize) and cached, so
+entering a plan sets a few attributes; an all-``keep`` plan, and every all-``keep`` layer, runs stock SDPA.
 
-Per layer, the heads that keep, prune or take uniform attention share one SDPA call; ``drop_*``
-heads form one group per policy (a slice when contiguous, so no copy). No seq x seq weights are
-materialised and no branch depends on data on a GPU (no host-device synchronisation; the forward compiles
-with ``fullgraph=True``; on the CPU an unpadded batch's padding mask is dropped, as stock does, by reading it):
+Per layer, the heads that keep, prune or take uniform attention share one SDPA call; ``drop_*`` heads form one group
+per policy (a slice when contiguous, so no copy). No seq x seq weights are materialised and no branch depends on
+data on a GPU (no host-device synchronisation; the forward compiles with ``fullgraph=True``; on the CPU an unpadded
+batch's padding mask is dropped, as stock does, by reading it):
 
 ==========================  =====================================================================
 keep                        SDPA, unchanged
@@ -39,10 +38,10 @@ per-head masks and doubled keys costs more than the calls save (BENCHMARKS.md).
 DeBERTa's attention modules call no attention function; ``disentangled.py`` routes them here, their relative-position
 terms as an additive bias ``[batch, heads, seq, seq]`` (each group of heads takes its rows of it).
 
-Per-row plans (``ablate(model, [plan_0, plan_1, ...])``, forward with ``plan_ids=LongTensor[batch]``):
-each layer keeps ``[plans, heads]`` tables of the policies; the rows pick theirs by ``plan_ids``. The
-keep / prune / uniform heads share one SDPA call as above (row-and-head masks), and each ``drop_*``
-policy some plan uses in the layer runs over all heads and is selected per row and head.
+Per-row plans (``ablate(model, [plan_0, plan_1, ...])``, forward with ``plan_ids=LongTensor[batch]``): each layer
+keeps ``[plans, heads]`` tables of the policies; the rows pick theirs by ``plan_ids``. The keep / prune / uniform
+heads share one SDPA call as above (row-and-head masks), and each ``drop_*`` policy some plan uses in the layer runs
+over all heads and is selected per row and head.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ from headlab.core.model_parts import depth_of, self_attention_modules
 from headlab.core.patch import disentangled
 from headlab.core.patch.forward_masks import ForwardMasks, edit_count
 from headlab.core.patch.layer_states import LayerState, RowsState
-from headlab.core.patch.sdpa_masks import padding_mask_function, validity, with_bias
+from headlab.core.patch.sdpa_masks import heads_of, mask_heads, padding_mask_function, validity, with_bias
 from headlab.core.patch.substitution import DeviceMeans, substitute
 from headlab.core.plans import HeadPlan
 
@@ -265,19 +264,19 @@ def _planned(layer: LayerState, controller, query, key, value, attention_mask, d
         return out.transpose(1, 2).contiguous()
     if layer.pad is not None:  # pruned heads at the ends: the other heads' context, padded with zero heads
         q, k, v = (x[:, layer.shared] for x in (query, key, value))
-        mask = _mask_heads(padding, layer.shared)
+        mask = mask_heads(padding, layer.shared)
         context = _shared(None, layer.uniform, q, k, v, mask, dropout, scaling, visible)  # [batch, heads', seq, dim]
         return F.pad(context.transpose(1, 2), (0, 0, *layer.pad))  # [batch, seq, heads, head_dim], contiguous
     contexts = []  # (heads, context [batch, seq, heads', head_dim] or 0.0 for skipped heads)
     if layer.skipped is not None:  # pruned heads without attention: their context is 0
         contexts.append((layer.skipped, 0.0))
     if layer.shared is not None:
-        q, k, v = (_heads(x, layer.shared) for x in (query, key, value))
-        mask = _mask_heads(padding, layer.shared)
+        q, k, v = (heads_of(x, layer.shared) for x in (query, key, value))
+        mask = mask_heads(padding, layer.shared)
         contexts.append((layer.shared, _shared(layer.prune, layer.uniform, q, k, v, mask, dropout, scaling, visible)))
     for policy, heads in layer.drops:  # a per-head bias (DeBERTa): the group's unit masks from its own rows
-        q, k, v = (_heads(x, heads) for x in (query, key, value))
-        group_mask = _mask_heads(attention_mask, heads)
+        q, k, v = (heads_of(x, heads) for x in (query, key, value))
+        group_mask = mask_heads(attention_mask, heads)
         mask = controller.masks.drop_mask(policy, layer.renormalize, group_mask, sentence_ids, query, key_mask)
         zeros = None if layer.renormalize else controller.masks.zeros(v, _per_forward(attention_mask, key_mask),
                                                                       sentence_ids)
@@ -316,10 +315,9 @@ def _per_forward(attention_mask, key_mask):
 
 
 def _new_forward(base_model: torch.nn.Module, args) -> None:
-    """Forward pre-hook of a controlled base model: attention modules shared by depths count from depth 0 again, and
-    what the previous forward cached is dropped (masks, the checked ``plan_ids``). Those caches match tensors by
-    identity and edit counter, and an inference tensor has no counter: a buffer refilled in place between forwards
-    (CUDA graphs' static inputs) would otherwise find the previous forward's masks."""
+    """Forward pre-hook of a controlled base model: modules shared by depths count from depth 0 again, and the previous
+    forward's caches go (masks, checked ``plan_ids``: matched by identity and edit counter, which an inference tensor
+    lacks, so a buffer refilled in place, as CUDA graphs' static inputs are, would find the old masks)."""
     controller = base_model.__dict__.get(_CONTROLLER)
     if controller is not None:
         controller.calls = 0
@@ -378,15 +376,6 @@ def _zero_heads(x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     order keeps it, so SDPA's output comes back in the layout the stock path gets (no extra copies).
     """
     return x.transpose(1, 2).masked_fill(heads.transpose(1, 2), 0.0).transpose(1, 2)
-
-
-def _heads(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
-    return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
-
-
-def _mask_heads(mask: torch.Tensor | None, heads: slice | torch.Tensor) -> torch.Tensor | None:
-    """A mask's rows of ``heads`` where it has one per head (DeBERTa's bias ``[batch, heads, seq, seq]``)."""
-    return _heads(mask, heads) if mask is not None and mask.dim() == 4 and mask.shape[1] > 1 else mask
 
 
 def _restricted(q, k, v, mask, has_key, dropout: float, scaling, zeros=None) -> torch.Tensor:

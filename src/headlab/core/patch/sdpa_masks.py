@@ -103,6 +103,16 @@ def _aligned_zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.
     return torch.zeros(*outer, -(-keys // 16) * 16, dtype=dtype, device=device)[..., :keys]
 
 
+def heads_of(x: torch.Tensor, heads: slice | torch.Tensor) -> torch.Tensor:
+    """``x``'s rows of ``heads`` on dimension 1 (``[batch, heads, ...]``): a view for a slice."""
+    return x[:, heads] if isinstance(heads, slice) else x.index_select(1, heads)
+
+
+def mask_heads(mask: torch.Tensor | None, heads: slice | torch.Tensor) -> torch.Tensor | None:
+    """A mask's rows of ``heads`` where it has one per head (DeBERTa's bias ``[batch, heads, seq, seq]``)."""
+    return heads_of(mask, heads) if mask is not None and mask.dim() == 4 and mask.shape[1] > 1 else mask
+
+
 def same_unit(sentence_ids, query) -> torch.Tensor:
     """``[batch, 1, seq, seq]``: True where query and key tokens belong to the same unit."""
     sentence_ids = checked_unit_ids(sentence_ids, query)
