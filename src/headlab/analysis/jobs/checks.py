@@ -72,7 +72,8 @@ def note_other_weights(mask: Any, checkpoint: Any) -> None:
         source = mask.get(key)
         if not isinstance(source, str) or not Path(source).is_file():
             continue
-        recorded = read_json(source, key).get("checkpoint")
+        data = read_json(source, key)  # a bare mapping or list (written by hand) records no checkpoint
+        recorded = data.get("checkpoint") if isinstance(data, dict) else None
         if not isinstance(recorded, dict) or "path" not in recorded:
             continue
         theirs, ours = recorded["path"], checkpoint.path
