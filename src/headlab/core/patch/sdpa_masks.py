@@ -34,7 +34,7 @@ def dropped_keys(policy: str, same) -> torch.Tensor:
 def heads_dropped_keys(intra, inter, same) -> torch.Tensor:
     """``[batch, heads, seq, seq]``: per head the keys its policy takes from each query (``dropped_keys``), none for
     the heads of neither policy; ``intra`` / ``inter``: ``[1, heads, 1, 1]`` marks of each policy's heads or None."""
-    parts = [marks & keys for marks, keys in ((intra, same), (inter, None if inter is None else ~same))
+    parts = [marks & dropped_keys(policy, same) for policy, marks in (("drop_intra", intra), ("drop_inter", inter))
              if marks is not None]
     return parts[0] if len(parts) == 1 else parts[0] | parts[1]
 
