@@ -95,6 +95,11 @@ def make_files(folder):
     torch.save({"hyper_parameters": {"model": {"name": "tiny_random"}, "task": {"name": "demo_qa"}},
                 "state_dict": {}}, folder / "qa.ckpt")
     (folder / "cut.ckpt").write_bytes((folder / "qa.ckpt").read_bytes()[:200])
+    qa = {"id": "q1", "question": "Who?", "answers": [{"text": "Ada", "answer_start": 0}]}
+    (folder / "qa_ids_twice.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "Ada wrote it.", "qas": [qa, {**qa, "id": "q2"}]}, {"context": "Ada read it.", "qas": [qa]}]}]}))
+    (folder / "qa_no_question.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": []}]}))
+    (folder / "qa_no_context.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"qas": [qa]}]}]}))
     (folder / "sweep_foreign/job").mkdir(parents=True)  # a results.json that only looks like an evaluation
     (folder / "sweep_foreign/job/results.json").write_text(json.dumps({"complete": True, "kind": "eval"}))
     (folder / "cluster_job").mkdir()  # a mode=cluster job where report.heads wants a features job
@@ -136,6 +141,12 @@ CASES = [
     ("train.py", ["task.main_metric=pearson"], "pearson"),
     ("train.py", ["task.data_files.train=/no/such.jsonl"], "/no/such.jsonl"),
     ("train.py", ["task=demo_qa", "task.version=v3"], "v3"),
+    ("train.py", ["task=demo_qa", "task.data_files.validation=FILES/qa_ids_twice.json"],
+     "qa_ids_twice.json': question id 'q1' is given to 2 questions (questions 1 and 3); each question needs an id"),
+    ("ablate.py", ["mode=eval", "task=demo_qa", "task.data_files.validation=FILES/qa_no_question.json"],
+     "qa_no_question.json' has no question; task demo_qa expects"),
+    ("ablate.py", ["mode=eval", "task=demo_qa", "task.data_files.validation=FILES/qa_no_context.json"],
+     "qa_no_context.json' is not SQuAD JSON (KeyError: 'context')"),
     ("train.py", ["task=mrpc"], "nyu-mll/glue"),  # hub data set, not cached, hub offline
     ("train.py", ["task=squad"], "not train; run once online to cache the data set, or use task=squad_articles"),
     ("train.py", ["task.train_split=validation"], "task.train_split=validation is also in task.eval_splits"),

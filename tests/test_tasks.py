@@ -6,10 +6,10 @@ import json
 import logging
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, compose_train
 from hydra import compose, initialize_config_dir
 
-from headlab.cli.schema import register_configs
+from headlab.cli.schema import check_config, register_configs
 from headlab.tasks.loading import load_task_data
 
 register_configs()
@@ -71,6 +71,24 @@ def test_bad_local_files(tmp_path):
     broken.write_text('{"data": [{"paragraphs": [{"qas": [{"id": "1", "question": "q", "answers": []}]}]}]}')
     with pytest.raises(ValueError, match="is not SQuAD JSON .*KeyError.*context"):
         load_task_data(task_cfg("squad", f"task.data_files={{train: {broken}, validation: {broken}}}"))
+
+
+def test_question_ids_are_unique(tmp_path):
+    """Two questions with one id would share one answer in the predictions, gold answers and the official scripts:
+    refused when the data loads (a hub split, a file) and before anything loads (a file, the task config)."""
+    qa = {"id": "7", "question": "Who?", "answers": [{"text": "Ada", "answer_start": 0}]}
+    paragraphs = [{"context": "Ada wrote it.", "qas": [qa, {**qa, "id": "8"}, {**qa, "id": 7}]}]
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"data": [{"title": "t", "paragraphs": paragraphs}]}))
+    expected = r"question id '7' is given to 2 questions \(questions 1 and 3\)"  # 7 and "7": one id to the scripts
+    with pytest.raises(ValueError, match=r"task squad, split 'validation': " + expected):
+        load_task_data(task_cfg("squad", f"task.data_files={{train: {twice}, validation: {twice}}}"), ["validation"])
+    with pytest.raises(ValueError, match=r"data file '.*twice.json': " + expected):
+        check_config(compose_train("task=demo_qa", f"task.data_files.validation={twice}"))
+    paragraphs[0]["qas"][2]["id"] = "9"
+    twice.write_text(json.dumps({"data": [{"title": "t", "paragraphs": paragraphs}]}))
+    assert list(load_task_data(task_cfg("squad", f"task.data_files={{train: {twice}, validation: {twice}}}"),
+                               ["validation"])["validation"]["id"]) == ["7", "8", "9"]
 
 
 def test_labels_out_of_range_and_empty_split(tmp_path):

@@ -34,7 +34,7 @@ from headlab.errors import UserError, at_least, check_seed, not_a_file, one_of, 
 from headlab.requirements import require_torch
 from headlab.study.schema import StudyConfig
 from headlab.tasks.hub_data import check_hub_dataset
-from headlab.tasks.local_files import check_text_file
+from headlab.tasks.local_files import check_squad_file, check_text_file
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "patch", "features",
@@ -140,6 +140,9 @@ class QuestionAnsweringTaskConfig(TaskConfig):
         at_least("task.max_answer_length", self.max_answer_length, 1)
         if self.doc_stride >= self.max_length:
             raise UserError(f"task.doc_stride={self.doc_stride} must be below task.max_length={self.max_length}")
+        if self.data_files:
+            for split in dict.fromkeys([self.train_split, *self.eval_splits]):
+                check_squad_file(self.data_files[split], self.name)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import datasets
 
 from headlab.errors import UserError, not_a_file
 from headlab.tasks.hub_data import BUNDLED, bundled_offline, check_hub_dataset, not_found
-from headlab.tasks.local_files import missing_columns, no_text
+from headlab.tasks.local_files import missing_columns, no_text, not_squad, repeated_ids
 from headlab.tasks.registry import TASK_TYPES
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def load_task_data(task: Any, splits: list[str] | None = None) -> datasets.Datas
         if len(dataset) == 0:
             raise UserError(f"task {task.name}: split {split!r} is empty")
         if task.type == "extractive_qa":
-            data[split] = _check_answers(dataset, split, training=split == task.train_split)
+            data[split] = _check_answers(task, dataset, split, training=split == task.train_split)
         else:
             _check_labels(task, dataset, split)
     return data
@@ -106,15 +106,8 @@ def read_squad_json(path: str | Path) -> datasets.Dataset:
     try:
         squad = json.loads(Path(path).read_text())
     except json.JSONDecodeError as error:
-        raise _not_squad(path, error) from None
+        raise not_squad(path, error) from None
     return squad_dataset(squad, path)
-
-
-def _not_squad(path: str | Path, error: Exception) -> UserError:
-    return UserError(
-        f"data file {str(path)!r} is not SQuAD JSON ({type(error).__name__}: {error}); expected "
-        '{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": '
-        '[{"text", "answer_start"}]}]}]}]}')
 
 
 def squad_dataset(squad: Any, path: str | Path) -> datasets.Dataset:
@@ -137,7 +130,7 @@ def squad_dataset(squad: Any, path: str | Path) -> datasets.Dataset:
             for qa in paragraph["qas"]
         ]
     except (KeyError, TypeError, ValueError) as error:
-        raise _not_squad(path, error) from None
+        raise not_squad(path, error) from None
     answers = {"text": datasets.List(datasets.Value("string")),
                "answer_start": datasets.List(datasets.Value("int32"))}
     types = {"id": datasets.Value("string"), "title": datasets.Value("string"), "context": datasets.Value("string"),
@@ -172,7 +165,10 @@ def _answer_matches(example: dict) -> bool:
     )
 
 
-def _check_answers(dataset: datasets.Dataset, split: str, training: bool) -> datasets.Dataset:
+def _check_answers(task: Any, dataset: datasets.Dataset, split: str, training: bool) -> datasets.Dataset:
+    error = repeated_ids(f"task {task.name}, split {split!r}", [str(i) for i in dataset["id"]])
+    if error:
+        raise error
     matches = [_answer_matches(example) for example in dataset]
     bad = matches.count(False)
     if bad and training:

@@ -1,7 +1,7 @@
-"""A GLUE-style task's local data file (JSON lines, CSV, TSV) read as plain rows before anything heavy loads: the
-columns the task names and a text in every row, checked with the messages that ``loading`` gives after ``datasets``
-has read the file. What ``datasets`` would refuse beyond this (labels, values pandas reads as missing such as
-``NA``) is still found there; nothing refused here would load there."""
+"""A task's local data file checked before anything heavy loads. GLUE-style (JSON lines, CSV, TSV), read as plain
+rows: the columns the task names and a text in every row, with the messages that ``loading`` gives after ``datasets``
+has read the file; what ``datasets`` would refuse beyond this (labels, values pandas reads as missing such as ``NA``)
+is still found there, and nothing refused here would load there. SQuAD JSON: its fields and unique question ids."""
 
 from __future__ import annotations
 
@@ -140,6 +140,49 @@ def count_questions(path: str | Path) -> int | None:
         return sum(len(paragraph["qas"]) for article in articles for paragraph in article["paragraphs"])
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         return None
+
+
+SQUAD_SHAPE = ('{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": '
+               '[{"text", "answer_start"}]}]}]}]}')
+
+
+def not_squad(path: str | Path, error: Exception) -> UserError:
+    return UserError(f"data file {str(path)!r} is not SQuAD JSON ({type(error).__name__}: {error}); expected "
+                     f"{SQUAD_SHAPE}")
+
+
+def check_squad_file(path: str | Path, task_name: str) -> None:
+    """A SQuAD JSON data file before anything heavy loads: the fields ``loading.squad_dataset`` reads, a question at
+    least, and an id of each question's own (``repeated_ids``)."""
+    try:
+        articles = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+        questions = [(paragraph["context"], qa) for article in articles for paragraph in article["paragraphs"]
+                     for qa in paragraph["qas"]]
+        ids = [str(qa["id"]) for _, qa in questions]
+        for _, qa in questions:  # what squad_dataset reads of each question (KeyError, TypeError, ValueError if not)
+            qa["question"], [(answer["text"], int(answer["answer_start"])) for answer in qa["answers"]]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise not_squad(path, error) from None
+    if not ids:
+        raise UserError(f"data file {str(path)!r} has no question; task {task_name} expects {SQUAD_SHAPE}")
+    error = repeated_ids(f"data file {str(path)!r}", ids)
+    if error:
+        raise error
+
+
+def repeated_ids(where: str, ids: list[str]) -> UserError | None:
+    """The error for a question id that more than one question has (None if each is unique): predictions, gold
+    answers and the official SQuAD scripts key questions by id, so two would share one answer. ``where``: the data
+    the ids are from, as the message names it."""
+    first: dict[str, int] = {}
+    for number, question_id in enumerate(ids, start=1):
+        if question_id in first:
+            count = ids.count(question_id)
+            return UserError(f"{where}: question id {question_id!r} is given to {count} questions (questions "
+                             f"{first[question_id]} and {number}{' and more' if count > 2 else ''}); each question "
+                             "needs an id of its own (answers are keyed by id, as in the official SQuAD scripts)")
+        first[question_id] = number
+    return None
 
 
 PAIRED_SQUAD_FIELDS = ("corrupt_question", "corrupt_context")  # a paired SQuAD question's corrupted texts
