@@ -640,3 +640,11 @@ def test_robustness_draws_no_conclusion_for_a_model_that_cannot_show_one(tmp_pat
             assert not sentences and f"No conclusion is drawn from these: {limited}." in report.markdown
             assert report.console == [f"robustness seed0: no conclusion: {limited}"]
         assert any(line.startswith("| a ") for line in "\n".join(report.markdown).splitlines())  # the table stays
+
+
+def test_the_terminal_names_the_split_of_each_plan_grid_where_there_are_several():
+    from headlab.study.report_types import grid_heading
+
+    assert grid_heading("Table 2: ...", "seed0", "validation", 1) == "Table 2: ..., seed0:"
+    headings = [grid_heading("Table 2: ...", "seed0", split, 2) for split in ("validation_matched", "test")]
+    assert headings == ["Table 2: ..., seed0, split validation_matched:", "Table 2: ..., seed0, split test:"]

@@ -73,7 +73,8 @@ def tables(report: StudyReport) -> None:
                 found = True
                 caption, _, body = grid.read_text().partition("\n\n")
                 report.markdown += [f"{caption} (`{report.link(grid)}`)", "", body.rstrip()]
-                report.console += [f"{TABLE_TITLES[table]}, {name}:", *console_grid(body, metric)]
+                heading = grid_heading(TABLE_TITLES[table], name, grid.stem.removeprefix("plans_"), len(grids))
+                report.console += [heading, *console_grid(body, metric)]
             if (folder / "table.csv").is_file():
                 report.tables[f"{table}_{name}"] = pd.read_csv(folder / "table.csv")
             split = grids[0].stem.removeprefix("plans_") if grids else None
@@ -89,6 +90,11 @@ def tables(report: StudyReport) -> None:
                                 "cluster0 of one seed is not cluster0 of another)."]
         if not found:
             report.missing("tables")
+
+
+def grid_heading(title: str, model: str, split: str, grids: int) -> str:
+    """The terminal's line above a plan grid: the split's name too where the model has a grid per split."""
+    return f"{title}, {model}{f', split {split}' if grids > 1 else ''}:"
 
 
 def console_grid(markdown: str, metric: str) -> list[str]:
