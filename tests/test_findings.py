@@ -337,3 +337,41 @@ def test_clusters_that_did_not_separate_into_types_get_a_caveat_and_no_table_cla
     job(tmp_path, "tables/table2/seed0/prune_cluster0")  # the tables stage ran the numbered clusters' plans
     finding = plan_finding(files, *plan_claims(files)[0])
     assert finding.verdict == NOT_TESTED and "not Guan et al.'s four types" in finding.reason
+
+
+def test_a_claim_about_a_type_whose_centroid_contradicts_the_papers_description_is_not_tested(tmp_path):
+    """The profile rule names dense_vertical without asking that it attends to long range more than diagonal heads do
+    (Guan et al.: "large values at long range windows and special tokens"): below that, a claim about dense_vertical
+    heads would be about other heads, and is not tested on that model; the other types' claims keep their verdicts."""
+    rng = np.random.default_rng(2)
+    dense = rng.uniform(0.5, 0.7, 60)
+    for plan, f1 in (("baseline", np.ones(60)), ("uniform_dense", dense), ("uniform_dense_vertical", dense - 0.3),
+                     ("prune_vertical", dense), ("prune_diagonal", dense - 0.3)):
+        records(job(tmp_path, f"tables/table2/seed0/{plan}", {"metrics": {"validation": {"f1": 100 * f1.mean()}}}),
+                f1)
+    clusters = job(tmp_path, "cluster/seed0")
+    profiles = {"dense": {"short": 0.2, "long": 0.6, "special": 0.2},
+                "diagonal": {"short": 0.6, "long": 0.1, "special": 0.3},
+                "dense_vertical": {"short": 0.3, "long": 0.3, "special": 0.4},
+                "vertical": {"short": 0.1, "long": 0.1, "special": 0.8}}
+    files = files_of(tmp_path)
+    claims = {spec[0].key: spec for spec in plan_claims(files)}
+    uniform, diagonal = claims["guan_table2_dense_vertical_uniform"], claims["guan_table2_diagonal_vs_vertical_prune"]
+    for long, expected in ((0.3, HOLDS), (0.12, HOLDS), (0.07, NOT_TESTED)):  # diagonal's long share is 0.1
+        profiles["dense_vertical"]["long"] = long
+        (clusters / "clusters.json").write_text(json.dumps({"named": True, "profiles": profiles}))
+        (evidence,) = plan_finding(files, *uniform).evidence
+        assert evidence.verdict == expected and evidence.values["value"] == pytest.approx(30.0)  # numbers kept
+        assert plan_finding(files, *diagonal).verdict == HOLDS
+        caveat = type_names(files)
+        assert ("not tested" in caveat[0]) == (expected == NOT_TESTED) if caveat else long == 0.3
+    assert "dense_vertical by -0.030 falls short of Guan et al.'s description" in evidence.note
+    assert "`cluster/seed0/clusters.json`" in evidence.note
+    (clusters / "clusters.json").write_text(json.dumps({"named": True, "named_by_hand": True, "profiles": profiles}))
+    assert plan_finding(files, *uniform).verdict == HOLDS  # names given by hand are the researcher's
+
+
+def test_the_reports_verdict_rule_is_the_documented_one():
+    from headlab.study.findings.verdicts import RULE
+
+    assert RULE in (Path(__file__).parents[1] / "docs/study.md").read_text()

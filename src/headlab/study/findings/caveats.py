@@ -109,7 +109,9 @@ def type_names(files: StudyFiles) -> list[str]:
             named = ", ".join(f"{name} by {margin:.3f}" for name, margin in narrow.items())
             lines.append(f"**Type names.** {model}'s centroids earn the names {named} (below {NARROW:g} of the "
                          f"attention: `{files.link(job / 'clusters.json')}`): those types fit Guan et al.'s profiles "
-                         "poorly, and claims about them read less of the paper's types than the names suggest.")
+                         "poorly, and claims about them read less of the paper's types than the names suggest"
+                         + ("; below 0 a centroid falls short of the paper's description of its type, and the claims "
+                            "about that type are not tested." if min(narrow.values()) < 0 and model in files.models else "."))
     return lines
 
 

@@ -15,10 +15,20 @@ from dataclasses import dataclass
 import pandas as pd
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
+from headlab.analysis.types.clusters import TYPE_NAMES, name_margins
 from headlab.files import read_json
 from headlab.reporting.statistics import family_level, paired_tests
 from headlab.study.findings.inputs import StudyFiles
-from headlab.study.findings.verdicts import Claim, Evidence, Finding, checked_verdict, interval, not_tested, verdict
+from headlab.study.findings.verdicts import (
+    NOT_TESTED,
+    Claim,
+    Evidence,
+    Finding,
+    checked_verdict,
+    interval,
+    not_tested,
+    verdict,
+)
 
 GUAN = "Guan et al. 2020"
 STABILITY = Claim("guan_stability", "Heads fall into stable distance types: over 95% of heads keep their type in "
@@ -125,6 +135,9 @@ def plan_finding(files: StudyFiles, claim: Claim, table: str, kept: str, removed
         numbers = (f"{files.metric} {kept} - {removed}: {interval(found.delta, found.low, found.high, digits)} "
                    f"({100 * found.level:.4g}% CI; {p}; {found.n} examples; boundary {boundary:+.{digits}f})")
         outcome, why = checked_verdict(found.low, found.high, boundary, found.p, found.level)
+        misfit = misnamed(files, model, (kept, removed))
+        if misfit:
+            outcome, why = NOT_TESTED, misfit
         evidence.append(Evidence(model, outcome, numbers, found.file,
                                  {"value": found.delta, "low": found.low, "high": found.high, "p_value": found.p,
                                   "confidence": found.level, "boundary": boundary, "examples": found.n},
@@ -134,6 +147,24 @@ def plan_finding(files: StudyFiles, claim: Claim, table: str, kept: str, removed
     if any(job.startswith(f"tables/{table}/") for job in files.jobs("tables")):
         return not_tested(claim, "the clusters are not Guan et al.'s four types (no plan of that type)")
     return not_tested(claim, f"the tables stage has no {table} jobs in this study")
+
+
+def misnamed(files: StudyFiles, model: str, plans: tuple[str, ...]) -> str:
+    """Why a claim about the types of ``plans`` (``prune_vertical``, ``uniform_dense_vertical``, ``baseline``) is not
+    tested on ``model``: a type whose centroid contradicts Guan et al.'s description of it (its ``name_margins`` below
+    0: the profile rule named it, the paper would not), else ""."""
+    job = files.job("cluster", model)
+    clusters = read_json(job / "clusters.json", "clusters") if job is not None else {}
+    if not clusters.get("named") or clusters.get("named_by_hand") or "profiles" not in clusters:
+        return ""
+    margins = name_margins(clusters["profiles"])
+    types = [next((name for name in sorted(TYPE_NAMES, key=len, reverse=True) if plan.endswith(f"_{name}")), None)
+             for plan in plans]
+    wrong = [f"{name} by {margins[name]:.3f}" for name in dict.fromkeys(types) if name and margins[name] < 0]
+    if not wrong:
+        return ""
+    return (f"its centroid named {', '.join(wrong)} falls short of Guan et al.'s description of the type "
+            f"(`{files.link(job / 'clusters.json')}`): the claim would be about other heads than the paper's")
 
 
 def stability_finding(files: StudyFiles) -> Finding:

@@ -11,7 +11,8 @@ The rule (docs/study.md, "How a claim gets its verdict"): each claim is a quanti
 A difference of scores also has a permutation p-value (of no difference): when the interval and the p-value
 disagree about excluding 0 (the interval excludes it but ``p >= 1 - confidence``, or the other way), the verdict is
 **inconclusive**, with the reason. A claim no stage of the study measured is **not tested**, with the reason; so is
-every ablation claim (``Claim.ablation``) of a model at its floor or ceiling (``limits``), and every claim of a smoke
+every ablation claim (``Claim.ablation``) of a model at its floor or ceiling (``limits``), a claim about a named type
+whose centroid falls short of the paper's description (``guan.misnamed``), and every claim of a smoke
 run (``study.smoke``: ``not tested (quick run)``). With several models (fine-tuning seeds, or the pre-trained model
 beside them) each gets its own verdict; the finding counts the ones that agree.
 """
@@ -23,35 +24,43 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 RULE = (
-    "**How a claim gets its verdict.** Each claim is a quantity on one side of a boundary (a paired difference of the "
-    "main metric between two plans above 0, a stability above 0.95, ...), with an interval: a paired bootstrap CI "
+    "**How a claim gets its verdict.** Each claim is a quantity on one side of a boundary (a paired difference of the"
+    " main metric between two plans above 0, a stability above 0.95, ...), with an interval: a paired bootstrap CI "
     "(the tables' report settings) for differences of scores, a Wilson interval for a share of heads, Newcombe's for "
     "a difference of two shares, the conditional-MLE CI for an odds ratio, the range of the random orders for the "
     "prune curve, the point itself for a count (heads, layers). **holds**: the whole interval lies strictly on the "
     "claim's side of the boundary; **does not hold**: it lies strictly on the other side; **inconclusive**: it "
-    "contains or touches the boundary (or is undefined). **not tested**: no stage of this study measured it, with "
-    "the reason. With several models (seeds, or the pre-trained model beside them) each gets its verdict and the "
-    "finding counts those that agree (`mixed` when they differ). Boundaries in points are of a 0-100 score (a "
-    "GLUE metric in [0, 1] scales them by 1/100). The intervals are per claim, not adjusted for the number of claims. "
-    "A difference against the unablated model reads its row of the table (the same CI and p-value, computed once); a "
-    "difference between two plans is computed with the tables' resamples, seed and method. Beside each difference of "
-    "scores is its permutation p-value of no difference: when the CI and p disagree about excluding 0 (the CI "
-    "excludes 0 but p >= 1 - its confidence, or the other way round), the verdict is **inconclusive**, with the "
-    "reason. A study's CIs and p-values come from at least 2000 bootstrap resamples and 2000 permutations (fewer is "
-    "an error before any stage runs): a 95% CI's end is the 2.5% quantile of the resamples, whose tail probability "
-    "has Monte Carlo standard error sqrt(0.025 x 0.975 / B), 0.0035 at 2000 (a seventh of the tail) and 0.011 at 200 "
-    "(almost half). **Floor and ceiling.** A fine-tuned model is at its floor when the bootstrap CI of its unablated "
-    "main metric on the tables' examples (the tables' resamples, seed and method) reaches chance (its low end at or "
-    "below it), at its ceiling when it reaches the maximum (its high end at 100, or 1 for a GLUE metric). Chance is "
-    "what a model that learned nothing scores: the accuracy of the majority class of the evaluated labels; a GLUE F1 "
-    "of the better constant answer (all 1: 2p / (1 + p)); SQuAD's exact match and F1 of the best constant answer over "
-    "the evaluated questions (the empty answer, each gold answer or one of its words, scored by the official script); "
-    "Matthews, Pearson and Spearman 0; a loss has no floor or ceiling and is not checked. The ablation claims (Tables "
-    "2 and 3, single heads, the prune curve: what removing heads costs the fine-tuned model) of a model at its floor "
-    "or ceiling are **not tested**, with the reason (its heads have nothing to lose, or its drops cannot show); the "
-    "other claims (head types, syntax, roles: of the attention, not of the score) keep their verdicts. A smoke run "
-    "(`study=quick`, or `study.smoke=true`) checks the chain, not the science: every claim reads **not tested (quick "
-    "run)**.")
+    "contains or touches the boundary (or is undefined). **not tested**: no stage of this study measured it, with the"
+    " reason. With several models (seeds, or the pre-trained model beside them) each gets its verdict and the finding"
+    " counts those that agree (`mixed` when they differ). Boundaries in points are of a 0-100 score (a GLUE metric in"
+    " [0, 1] scales them by 1/100). The intervals are per claim, not adjusted for the number of claims. A difference "
+    "against the unablated model reads its row of the table (the same CI and p-value, computed once); a difference "
+    "between two plans is computed with the tables' resamples, seed and method. Beside each difference of scores is "
+    "its permutation p-value of no difference: when the CI and p disagree about excluding 0 (the CI excludes 0 but p "
+    ">= 1 - its confidence, or the other way round), the verdict is **inconclusive**, with the reason. A study's CIs "
+    "and p-values come from at least 2000 bootstrap resamples and 2000 permutations (fewer is an error before any "
+    "stage runs): a 95% CI's end is the 2.5% quantile of the resamples, whose tail probability has Monte Carlo "
+    "standard error sqrt(0.025 x 0.975 / B), 0.0035 at 2000 (a seventh of the tail) and 0.011 at 200 (almost half). "
+    "**Floor and ceiling.** A fine-tuned model is at its floor when the bootstrap CI of its unablated main metric on "
+    "the tables' examples (in a study that ran no tables, the single-head sweep's baseline examples; the tables' "
+    "resamples, seed and method) reaches chance (its low end at or below it), at its ceiling when it reaches the "
+    "maximum (its high end at 100, or 1 for a GLUE metric). Chance is what a model that learned nothing scores: the "
+    "accuracy of the majority class of the evaluated labels; a GLUE F1 of the better constant answer (all 1: 2p / (1 "
+    "+ p)); SQuAD's exact match and F1 of the best constant answer over the evaluated questions (the empty answer, "
+    "each gold answer or one of its words, scored by the official script); Matthews, Pearson and Spearman 0; a loss "
+    "has no floor or ceiling and is not checked. The ablation claims (Tables 2 and 3, single heads, the prune curve: "
+    "what removing heads costs the fine-tuned model) of a model at its floor or ceiling are **not tested**, with the "
+    "reason (its heads have nothing to lose, or its drops cannot show), and so are those of a model with neither "
+    "baseline in the run (nothing says it learned its task); the claim about what fine-tuning changed in the head "
+    "types is not tested for a model at its floor (it learned nothing); the robustness section draws no conclusion "
+    "for such a model (its tables stay; a smoke run's orderings are stated, to check the chain); the other claims "
+    "(head types, syntax, roles: of the attention, not of the score) keep their verdicts. A claim about a named type "
+    "is **not tested** on a model whose centroid of that type falls short of Guan et al.'s description of it (the "
+    "profile rule named it, but e.g. its dense_vertical heads attend to long range less than its diagonal ones: the "
+    "claim would be about other heads than the paper's). The prune curve's claim reads the split the curve was pruned"
+    " by. A smoke run (`study=quick`, or `study.smoke=true`) checks the chain, not the science: every claim reads "
+    "**not tested (quick run)**."
+)
 HOLDS, FAILS, INCONCLUSIVE, NOT_TESTED = "holds", "does not hold", "inconclusive", "not tested"
 QUICK = "quick run"  # the reason of every claim of a smoke run
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, NOT_TESTED)
