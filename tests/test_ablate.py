@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import ROOT, assert_one_error_line, run
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from headlab.cli.schema import register_configs
 from headlab.core.models import load_model
@@ -162,6 +163,33 @@ def test_a_random_task_head_is_drawn_from_the_job_seed(tmp_path, tiny_cfg):
     assert jobs["L0", 0]["baseline"] == jobs["L1", 0]["baseline"]
 
 
+def test_the_same_weights_under_another_config_get_their_own_baseline(tmp_path, tiny_cfg):
+    """The baseline cache is keyed by the model, config included: the saved weights with another activation in their
+    config.json (the same bytes of weights) are another model, whose baseline is its own (a fresh cache's); the same
+    model copied to another folder is the same model."""
+    from headlab.core.models import model_hash
+
+    load_model(tiny_cfg).save_pretrained(tmp_path / "gelu")
+    shutil.copytree(tmp_path / "gelu", tmp_path / "relu")
+    config = json.loads((tmp_path / "relu/config.json").read_text())
+    (tmp_path / "relu/config.json").write_text(json.dumps(config | {"hidden_act": "relu"}))
+    shutil.copytree(tmp_path / "gelu", tmp_path / "copy")
+    hashes = {name: model_hash(load_model(OmegaConf.create({"name_or_path": str(tmp_path / name)})))
+              for name in ("gelu", "relu", "copy")}
+    assert hashes["gelu"] == hashes["copy"] != hashes["relu"]
+
+    def evaluate(name, baselines):
+        run("ablate.py", "mode=eval", f"ckpt_path={tmp_path / name}", "allow_random_head=true", "mask=prune",
+            "mask.heads=L0", f"baseline_dir={tmp_path / baselines}", f"hydra.run.dir={tmp_path / name}-{baselines}",
+            cwd_tmp=tmp_path)
+        return results(tmp_path / f"{name}-{baselines}")
+
+    gelu, relu, fresh = evaluate("gelu", "shared"), evaluate("relu", "shared"), evaluate("relu", "fresh")
+    assert relu["checkpoint"]["weights_hash"] == gelu["checkpoint"]["weights_hash"]  # the same bytes of weights
+    assert relu["baseline"] == fresh["baseline"] != gelu["baseline"]
+    assert len(list((tmp_path / "shared").glob("*/baseline.json"))) == 2
+
+
 def test_input_stamps_follow_what_a_config_names(tmp_path):
     from headlab.analysis.jobs.identity import INPUT_KEYS
     from headlab.files import file_stamp, input_stamps
@@ -177,13 +205,17 @@ def test_input_stamps_follow_what_a_config_names(tmp_path):
               "task": {"data_files": {"train": str(tmp_path / "clusters.json"), "validation": str(tmp_path / "no")}},
               "mask": {"clusters": str(tmp_path / "weights"), "importance": None}}
     stamps = input_stamps(config, INPUT_KEYS)
-    assert stamps == {"ckpt_path": file_stamp(tmp_path / "job/results.json"),  # a job: its results.json only
+    assert stamps == {"ckpt_path": {"results.json": file_stamp(tmp_path / "job/results.json")},  # not its log
                       "task.data_files": {"train": file_stamp(tmp_path / "clusters.json"), "validation": None},
                       "mask.clusters": {name: file_stamp(tmp_path / "weights" / name)
                                         for name in ("config.json", "model.safetensors")}}
-    assert all(isinstance(v, int) for v in stamps["ckpt_path"]) and stamps["ckpt_path"][0] == 2  # size, mtime
+    assert stamps["ckpt_path"]["results.json"][0] == 2  # size, mtime
     (tmp_path / "job/train.log").write_text("more")  # not what a job directory's readers depend on
+    (tmp_path / "job/.lock").write_text("")
     assert input_stamps(config, INPUT_KEYS) == stamps
+    (tmp_path / "job/clusters.json").write_text("{}")  # a job's other files: what its readers read beside results
+    assert input_stamps(config, INPUT_KEYS)["ckpt_path"]["clusters.json"] == file_stamp(tmp_path / "job/clusters.json")
+    (tmp_path / "job/clusters.json").unlink()
     (tmp_path / "weights/model.safetensors").write_text("other weights")
     assert input_stamps(config, INPUT_KEYS)["mask.clusters"] != stamps["mask.clusters"]
     # a train.py job: its results.json and the weights in its model/ (written over by hand: not the job's any more)

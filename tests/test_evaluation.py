@@ -135,7 +135,7 @@ def test_head_sweep_of_substituted_heads_equals_separate_evaluations(task, polic
     cfg, data, model, trainer = setup(task, tmp_path)
     cfg.mask.reference_examples, cfg.mask.resamples, cfg.baseline_dir = 24, 2, str(tmp_path / "baselines")
     substitutes = JobSubstitutes(cfg, cfg.model, data, resample=policy == "resample")
-    substitutes.weights = "tiny"
+    substitutes.model_key = "tiny"
     plans = family_plans("single_head", policy, 3, 4)
     separate = records_of(trainer, data, PlanEvaluator(model, cfg.task, [
         Variant("baseline", HeadPlan.keep_all(3, 4)), *(Variant(n, p) for n, _, p in plans)], data.eval_examples,

@@ -74,7 +74,7 @@ def test_coalitions_as_per_row_plans_equal_separate_evaluations(task, policy, pe
     substitutes = None
     if policy in ("mean", "resample"):
         substitutes = JobSubstitutes(cfg, cfg.model, data, resample=policy == "resample")
-        substitutes.weights = "tiny"
+        substitutes.model_key = "tiny"
     groups = [[(0, 1), (1, 1), (2, 1)], [(1, 0), (1, 3), (2, 0)], [(2, 2), (2, 3)]]
     variants = [Variant(f"S{kept}", coalition_plan(groups, kept, policy, (3, 4))) for kept in range(8)]
     assert variants[7].plan.is_identity and first_changed_layer(variants[4].plan) == 0

@@ -196,10 +196,11 @@ def file_stamp(path: Path) -> list[int]:
 
 
 def path_stamp(value: Any) -> Any:
-    """The stamp of what a config value names: a file's; a job directory's ``results.json`` (written again whenever
-    the job runs again), with the files of its ``model/`` (a ``train.py`` job's weights, which its readers load: a
-    folder written over by hand is not the job's); the files of any other directory (a ``save_pretrained`` folder);
-    None for what is not a path (a hub name). Lists and dicts (``task.data_files``) stamp each value."""
+    """The stamp of what a config value names: a file's; a job directory's files (``results.json``, written again
+    whenever the job runs again, and what its readers read beside it: ``clusters.json`` relabelled by hand is not the
+    job's any more; not its logs or hidden files), with the files of its ``model/`` (a ``train.py`` job's weights);
+    the files of any other directory (a ``save_pretrained`` folder); None for what is not a path (a hub name). Lists
+    and dicts (``task.data_files``) stamp each value."""
     if isinstance(value, dict):
         return {key: path_stamp(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -210,9 +211,9 @@ def path_stamp(value: Any) -> Any:
     if path.is_file():
         return file_stamp(path)
     if (path / "results.json").is_file():
-        results = file_stamp(path / "results.json")
-        return {"results.json": results, "model": path_stamp(str(path / "model"))} if (path / "model").is_dir() \
-            else results
+        stamps = {item.name: file_stamp(item) for item in sorted(path.iterdir())
+                  if item.is_file() and not item.name.startswith(".") and item.suffix != ".log"}
+        return stamps | {"model": path_stamp(str(path / "model"))} if (path / "model").is_dir() else stamps
     if path.is_dir():
         return {item.name: file_stamp(item) for item in sorted(path.iterdir()) if item.is_file()}
     return None

@@ -9,6 +9,7 @@ no download.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,19 @@ def weights_hash(model: torch.nn.Module) -> str:
         digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)};".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+# Config fields that say where a model came from or how it is labelled, not what it computes (``model_hash``)
+PROVENANCE_FIELDS = ("_name_or_path", "transformers_version", "_commit_hash", "id2label", "label2id")
+
+
+def model_hash(model: torch.nn.Module) -> str:
+    """Short sha256 of the weights (``weights_hash``) and of the config that computes with them (activation, norm
+    epsilon, position embeddings, dropout ...), not of where they were loaded from: which model this is, for the
+    caches of what it computes (a baseline, head means)."""
+    config = {k: v for k, v in model.config.to_dict().items() if k not in PROVENANCE_FIELDS}
+    text = json.dumps({"weights": weights_hash(model), "config": config}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def note_random_weights(missing: list[str], weights: Any) -> None:

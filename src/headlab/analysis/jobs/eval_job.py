@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from headlab.analysis.jobs.identity import JobIdentity
 from headlab.analysis.jobs.plan_evaluator import RECORDS_VERSION, PlanEvaluator, Variant
 from headlab.analysis.jobs.substitutes import JobSubstitutes, uses_substitutes
-from headlab.core.models import apply_runtime_options, weights_hash
+from headlab.core.models import apply_runtime_options, model_hash, weights_hash
 from headlab.core.plans import HeadPlan
 from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.reporting.records import read_records, write_records
@@ -76,8 +76,9 @@ class EvalJob:
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head, cfg.seed)
         apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)
+        self.model_key = model_hash(self.model)  # weights and config: the caches of what the model computes
         if self.substitutes is not None:
-            self.substitutes.weights = self.weights
+            self.substitutes.model_key = self.model_key
         self.logger = identity.logger(cfg.logger, f"{cfg.mode}-{cfg.task.name}-{cfg.model.name}")
         self.trainer = make_trainer(cfg.trainer, [], None, self.output_dir, fitting=False) if evaluation else None
         self.scoring_trainer = None if estimation is None else make_trainer(cfg.trainer, [], None, self.output_dir,
@@ -99,10 +100,11 @@ class EvalJob:
     # ------------------------------------------------------------------ baseline
 
     def baseline_key(self, split: str) -> str:
-        """The weights, the tokenizer (by content), the task (and its local files' stamps: data written again at the
-        same path is other data), the split, the data settings, the precision and how records are computed."""
+        """The model (weights and config: ``model_hash``), the tokenizer (by content), the task (and its local files'
+        stamps: data written again at the same path is other data), the split, the data settings, the precision and
+        how records are computed."""
         data = {k: v for k, v in self.resolved["data"].items() if k not in ("num_workers", "cache_dir")}
-        return config_hash({"weights": self.weights, "task": self.resolved["task"], "split": split, "data": data,
+        return config_hash({"model": self.model_key, "task": self.resolved["task"], "split": split, "data": data,
                             "precision": self.resolved["trainer"]["precision"],
                             "data_files": self.identity.inputs.get("task.data_files"),
                             "tokenizer": self.data.tokenizer_digest, "records": RECORDS_VERSION})

@@ -79,7 +79,7 @@ class JobSubstitutes:
     def __init__(self, cfg: Any, tokenizer_cfg: Any, evaluated: TaskDataModule | None, resample: bool):
         mask = cfg.mask
         self.mean_over, self.draws, self.seed = mask.mean_over, mask.resamples if resample else 1, cfg.seed
-        self.cache_dir, self.weights = cfg.baseline_dir, None  # the weights' hash: set once they are loaded
+        self.cache_dir, self.model_key = cfg.baseline_dir, None  # core.models.model_hash: set once the model loads
         self.reference, self.examples = mask.reference, mask.reference_examples
         if resample and self.examples < 2:
             raise UserError(f"mask.reference_examples={self.examples}: resample needs at least 2 reference examples "
@@ -125,9 +125,9 @@ class JobSubstitutes:
 
     def means(self, model: torch.nn.Module) -> HeadMeans:
         """The means over the reference set (cached; computed on the model's device when missing); the model's
-        ``weights`` hash must be set."""
+        ``model_key`` must be set."""
         if self._means is None:
-            identity = {"weights": self.weights, **self.identity}
+            identity = {"model": self.model_key, **self.identity}
             path = Path(self.cache_dir) / "means" / f"{config_hash(identity)}.npz"
             means = load_means(path, identity)
             if means is None:

@@ -107,11 +107,12 @@ def type_names(files: StudyFiles) -> list[str]:
         narrow = {name: margin for name, margin in name_margins(clusters["profiles"]).items() if margin < NARROW}
         if narrow:
             named = ", ".join(f"{name} by {margin:.3f}" for name, margin in narrow.items())
+            untested = min(narrow.values()) < 0 and model in files.models  # guan.misnamed
             lines.append(f"**Type names.** {model}'s centroids earn the names {named} (below {NARROW:g} of the "
                          f"attention: `{files.link(job / 'clusters.json')}`): those types fit Guan et al.'s profiles "
                          "poorly, and claims about them read less of the paper's types than the names suggest"
                          + ("; below 0 a centroid falls short of the paper's description of its type, and the claims "
-                            "about that type are not tested." if min(narrow.values()) < 0 and model in files.models else "."))
+                            "about that type are not tested." if untested else "."))
     return lines
 
 
