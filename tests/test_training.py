@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,6 +116,18 @@ def test_resume_continues_from_a_checkpoint(tmp_path):
     assert "Restoring states from the checkpoint" in out.stderr + out.stdout
     before, after = loss_steps(first), loss_steps(second)
     assert len(before) == len(after) == 4 and min(after) > max(before)  # only the new steps were trained
+    assert Path(record["best_checkpoint"]).parent == second / "checkpoints"  # not the first run's best
+
+    # Its weights depend on the first run: the plain command (from scratch) is another job, not "already done".
+    shutil.copytree(second, tmp_path / "continued")
+    plain = train(tmp_path, "task=demo_pairs", "trainer.max_steps=8", "keep_training_state=true", run_dir=second)
+    assert "already done" not in plain.stdout and "files of ckpt_path (not given now) changed" in plain.stdout
+    assert results(second)["config_hash"] != record["config_hash"] and results(second)["resumed_from"] is None
+    # A run continued from a state that had finished its steps trains none, and says so (no best of its own).
+    finished = tmp_path / "continued/checkpoints/last.ckpt"
+    out = train(tmp_path, "task=demo_pairs", "trainer.max_steps=8", f"ckpt_path={finished}", run_dir=tmp_path / "none")
+    assert "had finished its training (step 8" in out.stdout and "this run trained no step" in out.stdout
+    assert results(tmp_path / "none")["best_checkpoint"] is None and results(tmp_path / "none")["global_step"] == 8
 
     # A killed job (checkpoint, no results.json) resumes on rerun from its own last.ckpt.
     (first / "results.json").unlink()

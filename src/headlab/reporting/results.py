@@ -60,7 +60,9 @@ def note_why_again(results_path: Path, computed: dict[str, Any], inputs: dict[st
         more = f" and {len(settings) - MAX_SHOWN} more" if len(settings) > MAX_SHOWN else ""
         reason = f"settings changed since {results_path} was written ({'; '.join(settings[:MAX_SHOWN])}{more})"
     elif files:
-        reason = f"the files of {', '.join(files)} changed since {results_path} was written"
+        named = [key if key in before and key in inputs else
+                 f"{key} ({'not given now' if key in before else 'given now'})" for key in files]
+        reason = f"the files of {', '.join(named)} changed since {results_path} was written"
     else:
         return
     Console().print(f"note: {reason}: running the job again", markup=False, soft_wrap=True)

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
-from headlab.files import input_stamps, relative_paths, without_keys, write_json_atomic
+from headlab.files import file_stamp, input_stamps, relative_paths, without_keys, write_json_atomic
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_why_again, refuse_another_job
 from headlab.training.batches import check_val_check_interval
@@ -33,7 +33,7 @@ from headlab.training.checkpoints import FINAL_WEIGHTS, PLAN_KEY, check_lightnin
 from headlab.training.datamodule import TaskDataModule
 from headlab.training.durable import AtomicCheckpointIO, RandomStates, readable_checkpoint, training_lock
 from headlab.training.epoch_order import ResumeMidEpoch
-from headlab.training.kept_files import has_training_state, keep_only, kept_checkpoints
+from headlab.training.kept_files import checkpoint_step, has_training_state, keep_only, kept_checkpoints
 from headlab.training.modules import task_module
 from headlab.training.progress import NamedPassBar, ProgressLog
 from headlab.training.tracking import build_logger, tracked_job
@@ -155,13 +155,34 @@ def run_finetuning(cfg: Any, output_dir: str | Path, model_and_task: list[str] |
         return _finetune(cfg, output_dir, model_and_task)
 
 
-def finetune_identity(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
+def finetune_identity(cfg: Any, output_dir: Path | None = None) -> tuple[dict[str, Any], dict[str, Any],
+                                                                          dict[str, Any], str]:
     """``(resolved config, computed part, input stamps, hash)`` of a fine-tuning run: its ``results.json`` is this
-    run's when complete and of this hash."""
+    run's when complete and of this hash. ``ckpt_path`` continues a run: the same job when that run had these settings
+    (a killed run resumed), another when it had others (``started_from``); ``output_dir``: where ``ckpt_path=last``
+    is."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     inputs = input_stamps({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}, INPUT_KEYS)
     computed = computed_part(resolved)
-    return resolved, computed, inputs, hash_of_job(computed, inputs)
+    job_hash = hash_of_job(computed, inputs)
+    started = started_from(cfg.ckpt_path, output_dir, job_hash)
+    if started is not None:
+        inputs = {**inputs, "ckpt_path": started}
+        job_hash = hash_of_job(computed, inputs)
+    return resolved, computed, inputs, job_hash
+
+
+def started_from(ckpt_path: str | None, output_dir: Path | None, job_hash: str) -> dict[str, Any] | None:
+    """The training state a run continues when another config wrote it (``checkpoints.json``'s hash, or none said,
+    and the file's stamp): the run's weights then depend on that run, so its hash must too; None when ``ckpt_path``
+    resumes a run of these very settings, or names no file (``resume_checkpoint`` says why)."""
+    if ckpt_path is None or (ckpt_path == "last" and output_dir is None):
+        return None
+    path = Path(output_dir) / "checkpoints/last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+    if not path.is_file():
+        return None
+    owner = checkpoints_owner(path.parent)
+    return None if owner == job_hash else {"trained_by": owner, "file": file_stamp(path)}
 
 
 def computed_part(resolved: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +194,7 @@ def computed_part(resolved: dict[str, Any]) -> dict[str, Any]:
 
 def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> dict[str, Any]:
     refuse_another_job(output_dir / "results.json", "train", "train.py")
-    resolved, computed, inputs, job_hash = finetune_identity(cfg)
+    resolved, computed, inputs, job_hash = finetune_identity(cfg, output_dir)
     checkpoint_dir = output_dir / "checkpoints"
     done = already_done(output_dir / "results.json", job_hash)
     if done is not None:
@@ -206,12 +227,18 @@ def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> d
         if trainer.is_global_zero:
             claim_checkpoints(checkpoint_dir, job_hash, resume)
         trainer.fit(module, datamodule=data, ckpt_path=resume)
+        if resume is not None and trainer.is_global_zero and trainer.global_step == checkpoint_step(Path(resume)):
+            Console().print(f"note: {resume} had finished its training (step {trainer.global_step}, trainer.max_* of "
+                            "this config): this run trained no step; its weights are that checkpoint's", markup=False,
+                            soft_wrap=True)
         if module.validated_step != trainer.global_step:  # training ended between validations
             trainer.validate(module, datamodule=data, verbose=False)
         trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)  # the metrics' weights, resumable
         final_weights = output_dir / FINAL_WEIGHTS
-        best, last = kept_checkpoints(checkpoint_dir, checkpoint.best_model_path or None, trainer.global_step,
-                                      final_weights, cfg.keep_training_state)
+        # resumed from another directory's state, Lightning keeps that run's best path (not its score): not this run's
+        ours = bool(checkpoint.best_model_path) and Path(checkpoint.best_model_path).parent == checkpoint_dir
+        best, last = kept_checkpoints(checkpoint_dir, checkpoint.best_model_path if ours else None,
+                                      trainer.global_step, final_weights, cfg.keep_training_state)
         result = TrainResult(
             task=cfg.task.name,
             model=cfg.model.name,
@@ -223,7 +250,7 @@ def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> d
             num_evaluated=module.last_counts,
             final_weights=str(final_weights),
             best_checkpoint=best,
-            best_score=None if checkpoint.best_model_score is None else float(checkpoint.best_model_score),
+            best_score=float(checkpoint.best_model_score) if ours and checkpoint.best_model_score is not None else None,
             last_checkpoint=last,
             resumed_from=resume,
             global_step=trainer.global_step,
