@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -192,7 +193,7 @@ def test_the_same_weights_under_another_config_get_their_own_baseline(tmp_path, 
 
 def test_input_stamps_follow_what_a_config_names(tmp_path):
     from headlab.analysis.jobs.identity import INPUT_KEYS
-    from headlab.files import file_stamp, input_stamps
+    from headlab.files import file_stamp, input_stamps, path_stamp
 
     (tmp_path / "job").mkdir()
     (tmp_path / "job/results.json").write_text("{}")
@@ -226,6 +227,12 @@ def test_input_stamps_follow_what_a_config_names(tmp_path):
                        "model": {"model.safetensors": file_stamp(tmp_path / "job/model/model.safetensors")}}
     (tmp_path / "job/model/model.safetensors").write_text("weights edited by hand")
     assert input_stamps(config, INPUT_KEYS)["ckpt_path"] != trained
+    # model.name_or_path: a folder of the user's is an input (written over: other weights); an installed package's
+    # folder is not (a reinstall writes its files again, unchanged), nor is a hub name
+    config["model"]["name_or_path"] = str(tmp_path / "weights")
+    assert input_stamps(config, INPUT_KEYS)["model.name_or_path"] == path_stamp(str(tmp_path / "weights"))
+    config["model"]["name_or_path"] = str(Path(pytest.__file__).parent)
+    assert "model.name_or_path" not in input_stamps(config, INPUT_KEYS)
 
 
 def test_a_job_is_not_written_into_another_jobs_folder(trained, tmp_path):

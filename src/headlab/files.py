@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shutil
+import site
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -220,8 +222,12 @@ def path_stamp(value: Any) -> Any:
 
 
 def input_stamps(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    """The dotted ``keys`` of a plain config that name something on disk, with their stamps."""
-    stamps = {}
+    """The dotted ``keys`` of a plain config that name something on disk, with their stamps; and
+    ``model.name_or_path`` when it names a folder of the user's own (``installed``: not inside an installed package,
+    whose files a reinstall writes again unchanged)."""
+    folder = (config.get("model") or {}).get("name_or_path") if isinstance(config.get("model"), dict) else None
+    stamps = {} if not isinstance(folder, str) or not Path(folder).is_dir() or installed(Path(folder)) else {
+        "model.name_or_path": path_stamp(folder)}
     for key in keys:
         value: Any = config
         for part in key.split("."):
@@ -230,6 +236,14 @@ def input_stamps(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any
         if stamp:
             stamps[key] = stamp
     return stamps
+
+
+def installed(path: Path) -> bool:
+    """Whether ``path`` lies in a folder Python installs packages into (site-packages)."""
+    roots = {*site.getsitepackages(), site.getusersitepackages(), *(sysconfig.get_path(name)
+                                                                   for name in ("purelib", "platlib"))}
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(Path(root).resolve()) for root in roots if root)
 
 
 # Settings that cannot change what a job computes (how it shows progress or logs, where and with how many worker

@@ -34,8 +34,8 @@ SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("p
                  "syntax": ("syntax",), "study": ("study",), "shapley": ("shapley",), "patch": ("patch",)}
 
 # Config keys that name files or job directories a job reads (as far as its mode reads that section): what
-# researchers write and may write again. Not ``model.name_or_path``: a model's own weights (hub cache or package) are
-# not rewritten in place, and reinstalling a package would otherwise run every job again.
+# researchers write and may write again. ``model.name_or_path`` too, when it is a folder outside the installed
+# packages (``files.input_stamps``: reinstalling a package would otherwise run every job again).
 INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance", "mask.reference", "importance.sweep",
               "features.text_file", "cluster.features", "compare.runs", "compare.syntax", "syntax.conllu",
               "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model", "patch.pairs")
