@@ -100,6 +100,11 @@ def make_files(folder):
         {"context": "Ada wrote it.", "qas": [qa, {**qa, "id": "q2"}]}, {"context": "Ada read it.", "qas": [qa]}]}]}))
     (folder / "qa_no_question.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": []}]}))
     (folder / "qa_no_context.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"qas": [qa]}]}]}))
+    (folder / "qa_blank_context.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "Ada wrote it.", "qas": [qa]}, {"context": "   ", "qas": [{**qa, "id": "q2", "answers": [
+            {"text": " ", "answer_start": 0}]}]}]}]}))
+    (folder / "qa_unanswerable.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "Ada wrote it.", "qas": [qa, {**qa, "id": "q2", "answers": []}]}]}]}))
     (folder / "sweep_foreign/job").mkdir(parents=True)  # a results.json that only looks like an evaluation
     (folder / "sweep_foreign/job/results.json").write_text(json.dumps({"complete": True, "kind": "eval"}))
     (folder / "cluster_job").mkdir()  # a mode=cluster job where report.heads wants a features job
@@ -147,6 +152,11 @@ CASES = [
      "qa_no_question.json' has no question; task demo_qa expects"),
     ("ablate.py", ["mode=eval", "task=demo_qa", "task.data_files.validation=FILES/qa_no_context.json"],
      "qa_no_context.json' is not SQuAD JSON (KeyError: 'context')"),
+    ("ablate.py", ["mode=eval", "task=demo_qa", "task.data_files.validation=FILES/qa_blank_context.json"],
+     "qa_blank_context.json': question 2 (id 'q2') has a context without text"),
+    ("train.py", ["task=demo_qa", "task.data_files.validation=FILES/qa_unanswerable.json"],
+     "qa_unanswerable.json': question 2 (id 'q2') has no gold answer; SQuAD v1.1 scores each question against its "
+     "answers (task.version=v2 takes unanswerable questions)"),
     ("train.py", ["task=mrpc"], "nyu-mll/glue"),  # hub data set, not cached, hub offline
     ("train.py", ["task=squad"], "not train; run once online to cache the data set, or use task=squad_articles"),
     ("train.py", ["task.train_split=validation"], "task.train_split=validation is also in task.eval_splits"),

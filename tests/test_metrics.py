@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
@@ -132,9 +135,12 @@ def official_v2_scores(predictions: dict, dataset: list) -> dict:
         return 100.0 * sum(scores[i] for i in ids) / len(ids)
 
     has, no = [i for i, v in has_ans.items() if v], [i for i, v in has_ans.items() if not v]
-    return {"exact_match": mean(exact, exact), "f1": mean(f1s, f1s),
-            "has_ans_exact_match": mean(exact, has), "has_ans_f1": mean(f1s, has),
-            "no_ans_exact_match": mean(exact, no), "no_ans_f1": mean(f1s, no)}
+    out = {"exact_match": mean(exact, exact), "f1": mean(f1s, f1s)}
+    if has:  # the script reports a group only when it has questions
+        out |= {"has_ans_exact_match": mean(exact, has), "has_ans_f1": mean(f1s, has)}
+    if no:
+        out |= {"no_ans_exact_match": mean(exact, no), "no_ans_f1": mean(f1s, no)}
+    return out
 
 
 def test_squad_v2_has_ans_follows_the_official_script():
@@ -152,6 +158,34 @@ def test_squad_v2_has_ans_follows_the_official_script():
     metric = SquadMetric("v2")
     metric.update([predictions[qa["id"]] for qa in dataset], [[a["text"] for a in qa["answers"]] for qa in dataset])
     assert {k: v.item() for k, v in metric.compute().items()} == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("answerable", [True, False])
+def test_squad_v2_a_group_without_questions_is_undefined(answerable):
+    """The official script leaves out HasAns (NoAns) when no question has (lacks) an answer: NaN here, in the training
+    metric, the records' metrics and the report's resampling form alike (it read 0.0, and the report +0.00)."""
+    from headlab.reporting.metric_sums import metric_for
+    from headlab.tasks.record_metrics import metrics_from_records
+
+    dataset = [{"id": f"q{i}", "answers": [{"text": "Oslo"}] if answerable else []} for i in range(4)]
+    predictions = {"q0": "Oslo", "q1": "", "q2": "in Oslo", "q3": "Bergen"}
+    expected = official_v2_scores(predictions, dataset)
+    missing = {f"{group}_{score}" for group in ("has_ans", "no_ans") for score in ("exact_match", "f1")} - set(expected)
+    assert len(missing) == 2 and all(name.startswith("no_ans" if answerable else "has_ans") for name in missing)
+    metric = SquadMetric("v2")
+    golds = [[a["text"] for a in qa["answers"]] for qa in dataset]
+    metric.update(list(predictions.values()), golds)
+    records = {"exact_match": [], "f1": [], "has_answer": [], "loss": [0.0] * 4}
+    for text, gold in zip(predictions.values(), golds):
+        exact, f1 = squad_scores(text, gold, "v2")
+        records["exact_match"].append(exact), records["f1"].append(f1), records["has_answer"].append(bool(gold))
+    task = {"type": "extractive_qa", "metrics": ["exact_match", "f1"], "version": "v2"}
+    computed = [{k: v.item() for k, v in metric.compute().items()},
+                metrics_from_records(records, OmegaConf.create(task)),
+                {name: metric_for(name, records).value(records) for name in (*expected, *missing)}]
+    for scores in computed:
+        assert {k: scores[k] for k in expected} == pytest.approx(expected, rel=1e-12)
+        assert all(math.isnan(scores[k]) for k in missing)
 
 
 def test_squad_bad_input():

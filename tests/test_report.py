@@ -241,6 +241,40 @@ def test_two_presets_swept_into_one_folder_keep_their_jobs_apart(trained, tmp_pa
     assert sorted(table.groupby("policy")["plan"].nunique().items()) == [("prune", 3), ("uniform", 3)]
 
 
+def test_squad_v2_scores_of_a_group_without_questions_show_n_a(tmp_path):
+    """Every evaluated question answerable: NoAns scores are undefined (the official script leaves them out). The
+    rows keep NaN and say why (they read +0.00 [+0.00, +0.00], p = 1); HasAns rows are the plain means."""
+    from headlab.reporting.records import write_records
+
+    rng = np.random.default_rng(3)
+    f1 = {"baseline": rng.uniform(0.3, 1.0, 50), "prune_L0": rng.uniform(0.0, 0.8, 50)}
+
+    def rows(name):
+        return [{"example": i, "id": f"q{i}", "split": "validation", "prediction": "x", "exact_match": float(v > 0.9),
+                 "f1": v, "has_answer": True, "loss": 1 - v} for i, v in enumerate(f1[name])]
+
+    base_records = write_records(tmp_path / "baseline.parquet", rows("baseline"))
+    job = tmp_path / "sweep/prune_L0"
+    write_records(job / "records.parquet", rows("prune_L0"))
+    metrics = {name: {"f1": 100 * v.mean(), "exact_match": 100 * (v > 0.9).mean(), "has_ans_f1": 100 * v.mean(),
+                      "no_ans_f1": float("nan")} for name, v in f1.items()}
+    (job / "results.json").write_text(json.dumps({
+        "kind": "eval", "complete": True, "mode": "eval", "group": "adhoc", "model": "m", "task": "squad_v2",
+        "checkpoint": {"weights_hash": "w"}, "seed": 0, "plan_name": "prune_L0",
+        "plan": {"rules": [{"heads": "L0", "policy": "prune"}], "policies": {"L0H0": "prune"}},
+        "policy": "prune", "unit": "sentence", "renormalize": False,
+        "metrics": {"validation": metrics["prune_L0"]}, "baseline": {"validation": metrics["baseline"]},
+        "delta": {"validation": {k: metrics["prune_L0"][k] - metrics["baseline"][k] for k in metrics["baseline"]}},
+        "num_examples": {"validation": 50}, "records": "records.parquet",
+        "baseline_records": {"validation": str(base_records)},
+        "config": {"mode": "eval", "data": {"max_eval_examples": None}}}))
+    table = headlab.load_sweep(tmp_path / "sweep", resampling=Resampling(400, 400)).set_index("metric")
+    assert np.isnan(table.loc["no_ans_f1", ["value", "delta", "p_value"]].astype(float)).all()
+    assert table.loc["no_ans_f1", "note"].startswith("n/a: no_ans_f1 is undefined here (no question of its group")
+    assert table.loc["has_ans_f1", "delta"] == pytest.approx(100 * (f1["prune_L0"].mean() - f1["baseline"].mean()))
+    assert table.loc["has_ans_f1", "value"] == pytest.approx(100 * f1["prune_L0"].mean())
+
+
 def test_one_plan_name_twice_in_a_folder_is_refused(tmp_path):
     from headlab.errors import UserError
     from headlab.reporting.sweep_table import check_one_configuration

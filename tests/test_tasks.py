@@ -91,6 +91,30 @@ def test_question_ids_are_unique(tmp_path):
                                ["validation"])["validation"]["id"]) == ["7", "8", "9"]
 
 
+def test_questions_that_cannot_be_scored_are_refused_when_the_data_loads(tmp_path):
+    """A context without text (no context token to answer from: an IndexError deep in the features), and under v1.1
+    a question without a gold answer (the official v1.1 script scores none: a ValueError after the whole
+    evaluation); v2 takes the latter as unanswerable. The first answer only decides whether training keeps a
+    question (the span it reads)."""
+    qa = {"id": "1", "question": "Who?", "answers": [{"text": "Ada", "answer_start": 0}]}
+    path = tmp_path / "data.json"
+
+    def load(version, *qas, context="Ada wrote it.", split="validation"):
+        path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": context, "qas": list(qas)}]}]}))
+        files = f"task.data_files={{train: {path}, validation: {path}}}"
+        task = task_cfg("squad_v2" if version == "v2" else "squad", files)
+        return load_task_data(task, [split])[split]
+
+    with pytest.raises(ValueError, match=r"split 'validation': question 1 \(id '1'\) has a context without text"):
+        load("v2", qa | {"answers": []}, context=" \n ")
+    with pytest.raises(ValueError, match=r"question 2 \(id '2'\) has no gold answer; SQuAD v1.1"):
+        load("v1", qa, qa | {"id": "2", "answers": []})
+    assert len(load("v2", qa, qa | {"id": "2", "answers": []})) == 2
+    second_misplaced = qa | {"id": "2", "answers": [*qa["answers"], {"text": "Ada", "answer_start": 5}]}
+    first_misplaced = qa | {"id": "3", "answers": [{"text": "Ada", "answer_start": 4}]}
+    assert list(load("v1", qa, second_misplaced, first_misplaced, split="train")["id"]) == ["1", "2"]
+
+
 def test_labels_out_of_range_and_empty_split(tmp_path):
     good = write_jsonl(tmp_path / "good.jsonl", [{"sentence": "a", "label": 1}])
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"sentence": "a", "label": 0}, {"sentence": "b", "label": 2}])

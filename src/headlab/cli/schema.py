@@ -142,7 +142,7 @@ class QuestionAnsweringTaskConfig(TaskConfig):
             raise UserError(f"task.doc_stride={self.doc_stride} must be below task.max_length={self.max_length}")
         if self.data_files:
             for split in dict.fromkeys([self.train_split, *self.eval_splits]):
-                check_squad_file(self.data_files[split], self.name)
+                check_squad_file(self.data_files[split], self.name, self.version)
 
 
 @dataclass

@@ -31,10 +31,17 @@ class SumMetric:
     features: Callable[[Columns], np.ndarray]
     finish: Callable[[np.ndarray, np.ndarray], np.ndarray]
     linear: bool = False  # finish is linear in the sums (a mean): a delta is finish of the difference of sums
+    # whether the value of the examples' own sums ``[..., k]`` is defined (None: always); a resample is not asked
+    defined: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def observed(self, sums: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """``finish`` of the examples' own sums, NaN where the metric is undefined on them (``defined``)."""
+        values = self.finish(sums, count)
+        return values if self.defined is None else np.where(self.defined(sums), values, np.nan)
 
     def value(self, columns: Columns) -> float:
         features = self.features(columns)
-        return float(self.finish(features.sum(0), np.asarray(float(len(features)))))
+        return float(self.observed(features.sum(0), np.asarray(float(len(features)))))
 
 
 @dataclass(frozen=True)
@@ -68,9 +75,12 @@ def mean_metric(name: str, values: Callable[[Columns], np.ndarray], scale: float
 
 def subset_mean_metric(name: str, values: Callable[[Columns], np.ndarray], subset: Callable[[Columns], np.ndarray],
                        scale: float = 1.0) -> SumMetric:
-    """``scale`` x the mean of a per-example value over a subset of the examples (0 if it is empty)."""
+    """``scale`` x the mean of a per-example value over a subset of the examples: undefined (NaN) when the examples
+    have none of it, as SQuAD v2's NoAns scores of answerable questions only (the official script leaves them out); a
+    resample that draws none of the subset scores 0 there, on both sides of a delta (rare: the chance is
+    ``(1 - share)^n``)."""
     return SumMetric(name, lambda c: np.stack([values(c) * subset(c), subset(c)], axis=1),
-                     lambda s, n: scale * _ratio(s[..., 0], s[..., 1]))
+                     lambda s, n: scale * _ratio(s[..., 0], s[..., 1]), defined=lambda s: s[..., 1] > 0)
 
 
 def _binary_f1_features(columns: Columns) -> np.ndarray:

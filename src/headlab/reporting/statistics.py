@@ -96,8 +96,9 @@ class _Deltas:
             ablated, base = self.metric.statistic(*np.moveaxis(self.features, 1, 0)), self.metric.statistic(*self.base)
             return ablated, base, ablated - base
         count = np.asarray(float(self.n))
-        ablated, base = self.metric.finish(self.features.sum(0), count), self.metric.finish(self.base.sum(0), count)
-        return ablated, base, self._delta(self.features.sum(0), self.base.sum(0), count)
+        ablated, base = self.metric.observed(self.features.sum(0), count), self.metric.observed(self.base.sum(0), count)
+        deltas = self._delta(self.features.sum(0), self.base.sum(0), count)
+        return ablated, base, np.where(np.isnan(ablated) | np.isnan(base), np.nan, deltas)  # undefined: no delta
 
     def _delta(self, runs: np.ndarray, base: np.ndarray, count: np.ndarray) -> np.ndarray:
         """Deltas from sums ``runs`` ``[..., runs, k]`` and ``base`` ``[..., k]``. A mean's is taken of the difference
@@ -303,7 +304,7 @@ class _Values:
     def observed(self) -> np.ndarray:
         if isinstance(self.metric, RankMetric):
             return np.array([self.metric.statistic(*self.features)], dtype=np.float64)
-        return self._finish(self.features.sum(0)[None], np.array([float(self.n)]))[0]
+        return self.metric.observed(self.features.sum(0)[None], np.array([float(self.n)]))
 
     def resampled(self, index: np.ndarray) -> np.ndarray:
         if isinstance(self.metric, RankMetric):

@@ -191,8 +191,9 @@ def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
             frame.loc[index, ["ci_low", "ci_high", "p_value"]] = [result.ci_low, result.ci_high, result.p_value]
             if not np.isfinite(result.delta):
                 frame.loc[index, ["value", "delta", "p_value"]] = [result.value, np.nan, np.nan]
-                frame.at[index, "note"] = (f"n/a: {metric} is undefined here (constant predictions or labels), so "
-                                           "are its delta and p-value")
+                why = ("no question of its group among the examples" if metric.startswith(("has_ans_", "no_ans_"))
+                       else "constant predictions or labels")
+                frame.at[index, "note"] = f"n/a: {metric} is undefined here ({why}), so are its delta and p-value"
             elif not (np.isfinite(result.ci_low) and np.isfinite(result.ci_high)):
                 frame.at[index, "note"] = ("no CI: the bootstrap resamples are degenerate (BCa's bias or acceleration "
                                            "is not finite); try report.ci_method=percentile")

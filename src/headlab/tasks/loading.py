@@ -19,7 +19,7 @@ import datasets
 
 from headlab.errors import UserError, not_a_file
 from headlab.tasks.hub_data import BUNDLED, bundled_offline, check_hub_dataset, not_found
-from headlab.tasks.local_files import missing_columns, no_text, not_squad, repeated_ids
+from headlab.tasks.local_files import missing_columns, no_text, not_squad, squad_questions_error
 from headlab.tasks.registry import TASK_TYPES
 
 log = logging.getLogger(__name__)
@@ -159,23 +159,28 @@ def _check_labels(task: Any, dataset: datasets.Dataset, split: str) -> None:
 
 
 def _answer_matches(example: dict) -> bool:
+    """Whether the first gold answer (the span training and the loss read) stands at its ``answer_start``."""
     context, answers = example["context"], example["answers"]
-    return all(
-        context[start : start + len(text)] == text for text, start in zip(answers["text"], answers["answer_start"])
-    )
+    if not answers["text"]:
+        return True  # an unanswerable question (v2)
+    text, start = answers["text"][0], answers["answer_start"][0]
+    return context[start : start + len(text)] == text
 
 
 def _check_answers(task: Any, dataset: datasets.Dataset, split: str, training: bool) -> datasets.Dataset:
-    error = repeated_ids(f"task {task.name}, split {split!r}", [str(i) for i in dataset["id"]])
+    answered = [len(answers["text"]) > 0 for answers in dataset["answers"]]
+    error = squad_questions_error(f"task {task.name}, split {split!r}", [str(i) for i in dataset["id"]],
+                                  dataset["context"], answered, task.get("version", "v1"))
     if error:
         raise error
     matches = [_answer_matches(example) for example in dataset]
     bad = matches.count(False)
     if bad and training:
-        log.warning("split %r: skipped %d of %d questions whose answer text is not at answer_start",
+        log.warning("split %r: skipped %d of %d questions whose first answer text is not at its answer_start",
                     split, bad, len(dataset))
         return dataset.select([i for i, ok in enumerate(matches) if ok])
     if bad:
-        log.warning("split %r: %d questions have an answer text that is not at answer_start (scored by text only)",
+        log.warning("split %r: %d questions have a first answer text that is not at its answer_start (scored by "
+                    "text; their loss reads the span at answer_start)",
                     split, bad)
     return dataset

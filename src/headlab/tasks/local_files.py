@@ -151,29 +151,35 @@ def not_squad(path: str | Path, error: Exception) -> UserError:
                      f"{SQUAD_SHAPE}")
 
 
-def check_squad_file(path: str | Path, task_name: str) -> None:
+def check_squad_file(path: str | Path, task_name: str, version: str) -> None:
     """A SQuAD JSON data file before anything heavy loads: the fields ``loading.squad_dataset`` reads, a question at
-    least, and an id of each question's own (``repeated_ids``)."""
+    least, and questions that can be scored (``squad_questions_error``)."""
     try:
         articles = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
         questions = [(paragraph["context"], qa) for article in articles for paragraph in article["paragraphs"]
                      for qa in paragraph["qas"]]
         ids = [str(qa["id"]) for _, qa in questions]
-        for _, qa in questions:  # what squad_dataset reads of each question (KeyError, TypeError, ValueError if not)
+        for context, qa in questions:  # what squad_dataset reads of each question (KeyError, TypeError, ValueError)
             qa["question"], [(answer["text"], int(answer["answer_start"])) for answer in qa["answers"]]
+            if not isinstance(context, str):
+                raise TypeError(f"a context is {type(context).__name__}, not text")
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise not_squad(path, error) from None
     if not ids:
         raise UserError(f"data file {str(path)!r} has no question; task {task_name} expects {SQUAD_SHAPE}")
-    error = repeated_ids(f"data file {str(path)!r}", ids)
+    error = squad_questions_error(f"data file {str(path)!r}", ids, [context for context, _ in questions],
+                                  [len(qa["answers"]) > 0 for _, qa in questions], version)
     if error:
         raise error
 
 
-def repeated_ids(where: str, ids: list[str]) -> UserError | None:
-    """The error for a question id that more than one question has (None if each is unique): predictions, gold
-    answers and the official SQuAD scripts key questions by id, so two would share one answer. ``where``: the data
-    the ids are from, as the message names it."""
+def squad_questions_error(where: str, ids: list[str], contexts: list[str], answered: list[bool],
+                          version: str) -> UserError | None:
+    """The first thing that keeps a split's questions from being scored, as an error naming ``where`` (the data they
+    are from), or None: an id two questions share (predictions, gold answers and the official scripts key questions
+    by id, so they would share one answer); a context without text (nothing to answer from); under SQuAD v1.1 a
+    question without a gold answer (the official v1.1 script scores each against its answers; v2 takes them as
+    unanswerable)."""
     first: dict[str, int] = {}
     for number, question_id in enumerate(ids, start=1):
         if question_id in first:
@@ -182,6 +188,13 @@ def repeated_ids(where: str, ids: list[str]) -> UserError | None:
                              f"{first[question_id]} and {number}{' and more' if count > 2 else ''}); each question "
                              "needs an id of its own (answers are keyed by id, as in the official SQuAD scripts)")
         first[question_id] = number
+    for number, (question_id, context, has_answer) in enumerate(zip(ids, contexts, answered), start=1):
+        if not context.strip():
+            return UserError(f"{where}: question {number} (id {question_id!r}) has a context without text; a "
+                             "question is answered from its context")
+        if version == "v1" and not has_answer:
+            return UserError(f"{where}: question {number} (id {question_id!r}) has no gold answer; SQuAD v1.1 scores "
+                             "each question against its answers (task.version=v2 takes unanswerable questions)")
     return None
 
 

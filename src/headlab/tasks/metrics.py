@@ -148,7 +148,10 @@ class SquadMetric(Metric):
                 self.has_count += 1
 
     def compute(self) -> dict[str, torch.Tensor]:
-        percent = lambda total, count: 100.0 * total / count.clamp(min=1)  # noqa: E731
+        """Scores in percent; v2's HasAns / NoAns score NaN over a group without a question (undefined: the official
+        script leaves them out)."""
+        percent = lambda total, count: torch.where(count > 0, 100.0 * total / count.clamp(min=1),  # noqa: E731
+                                                   torch.nan)
         scores = {"exact_match": percent(self.exact, self.count), "f1": percent(self.f1, self.count)}
         if self.version == "v2":
             no_count = self.count - self.has_count

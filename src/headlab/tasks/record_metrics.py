@@ -17,6 +17,7 @@ The GLUE metrics are scikit-learn's and scipy's (as the GLUE scripts compute the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,7 +55,7 @@ def _regression(records: Mapping[str, Any], names) -> dict[str, float]:
 
 def _squad(records: Mapping[str, Any], names, version: str) -> dict[str, float]:
     exact, f1 = (np.asarray(records[column], dtype=np.float64) for column in ("exact_match", "f1"))
-    percent = lambda values: float(100.0 * values.mean()) if len(values) else 0.0  # noqa: E731
+    percent = lambda values: float(100.0 * values.mean()) if len(values) else math.nan  # noqa: E731  (no question)
     scores = {"exact_match": percent(exact), "f1": percent(f1)}
     scores = {name: scores[name] for name in names}
     if version == "v2":
