@@ -284,3 +284,21 @@ def test_pearson_of_constant_predictions_is_undefined_not_significant():
 def test_across_seeds_refuses_missing_values(values):
     with pytest.raises(UserError, match="one finite value per seed"):
         across_seeds(values)
+
+
+@pytest.mark.parametrize("method", ["percentile", "basic", "bca"])
+def test_a_run_equal_to_its_baseline_beside_other_runs_has_no_delta_at_all(method):
+    """Records equal to the baseline's, in a table with other runs: delta exactly 0, CI exactly [0, 0], p 1, for
+    fractional scores (SQuAD F1, its HasAns subset) too. Sums of the run and of the baseline taken by different
+    reductions (one strided beside the other runs, one contiguous; a matrix product's columns) differed in the last
+    bits: the table read -0.00 [-0.00, -0.00], a CI strictly below 0 for a run that changed nothing."""
+    rng = np.random.default_rng(0)
+    for n in rng.integers(40, 200, 20):
+        f1 = rng.uniform(0, 1, n) * rng.integers(0, 2, n)
+        base = {"example": np.arange(n), "f1": f1, "exact_match": (f1 > 0.9).astype(float),
+                "has_answer": rng.random(n) < 0.6}
+        other = {**base, "f1": np.clip(f1 + rng.normal(0, 0.2, n), 0, 1)}
+        for metric in ("f1", "has_ans_f1"):
+            result = paired_tests(metric, [other, dict(base), other], base,
+                                  Resampling(resamples=500, permutations=200, method=method))[1]
+            assert (result.delta, result.ci_low, result.ci_high, result.p_value) == (0.0, 0.0, 0.0, 1.0)

@@ -95,17 +95,26 @@ class _Deltas:
         if isinstance(self.metric, RankMetric):
             ablated, base = self.metric.statistic(*np.moveaxis(self.features, 1, 0)), self.metric.statistic(*self.base)
             return ablated, base, ablated - base
-        count = np.asarray(float(self.n))
-        ablated, base = self.metric.observed(self.features.sum(0), count), self.metric.observed(self.base.sum(0), count)
-        deltas = self._delta(self.features.sum(0), self.base.sum(0), count)
+        count, k = np.asarray(float(self.n)), self.base.shape[1]
+        sums = self._columns().sum(0)  # one reduction: a run equal to the baseline has its very sums
+        runs, base_sums = sums[:-k].reshape(self.runs, k), sums[-k:]
+        ablated, base = self.metric.observed(runs, count), self.metric.observed(base_sums, count)
+        deltas = self.metric.finish(self._differences().sum(0).reshape(self.runs, k), count) if self.metric.linear \
+            else self._delta(runs, base_sums, count)
         return ablated, base, np.where(np.isnan(ablated) | np.isnan(base), np.nan, deltas)  # undefined: no delta
 
+    def _columns(self) -> np.ndarray:
+        """``[n, runs * k + k]``: every run's features, then the baseline's."""
+        return np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
+
+    def _differences(self) -> np.ndarray:
+        """``[n, runs * k]``: each run's features minus the baseline's, per example. A mean's delta is taken of their
+        sums: 0 where nothing changed, exact on a lattice (accuracy, EM: integer counts), so a resample that ties
+        with the observed delta ties exactly, as in scipy with an exact statistic."""
+        return (self.features - self.base[:, None, :]).reshape(self.n, -1)
+
     def _delta(self, runs: np.ndarray, base: np.ndarray, count: np.ndarray) -> np.ndarray:
-        """Deltas from sums ``runs`` ``[..., runs, k]`` and ``base`` ``[..., k]``. A mean's is taken of the difference
-        of the sums: exact on a lattice (accuracy, EM: integer counts), so a resample that ties with the observed
-        delta ties exactly, as in scipy with an exact statistic (two rounded means tied by chance)."""
-        if self.metric.linear:
-            return self.metric.finish(runs - base[..., None, :], count[..., None])
+        """Deltas of a metric that is not a mean from sums ``runs`` ``[..., runs, k]`` and ``base`` ``[..., k]``."""
         return self.metric.finish(runs, count[..., None]) - self.metric.finish(base, count)[..., None]
 
     def resampled(self, index: np.ndarray) -> np.ndarray:
@@ -121,7 +130,10 @@ class _Deltas:
 
     def _weighted(self, weights: np.ndarray, count: np.ndarray) -> np.ndarray:
         k = self.base.shape[1]
-        sums = weights @ np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
+        if self.metric.linear:
+            return self.metric.finish((weights @ self._differences()).reshape(len(weights), self.runs, k),
+                                      count[:, None])
+        sums = weights @ self._columns()
         return self._delta(sums[:, :-k].reshape(len(weights), self.runs, k), sums[:, -k:], count)
 
     def jackknife(self) -> np.ndarray:
@@ -129,8 +141,12 @@ class _Deltas:
         if isinstance(self.metric, RankMetric):
             keep = ~np.eye(self.n, dtype=bool)
             return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
-        total = np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
         k, count = self.base.shape[1], np.full(self.n, float(self.n - 1))
+        if self.metric.linear:
+            differences = self._differences()
+            left_out = differences.sum(0) - differences  # [n, runs * k]
+            return self.metric.finish(left_out.reshape(self.n, self.runs, k), count[:, None])
+        total = self._columns()
         left_out = total.sum(0) - total  # [n, runs * k + k]
         return self._delta(left_out[:, :-k].reshape(self.n, self.runs, k), left_out[:, -k:], count)
 
@@ -147,8 +163,8 @@ class _Deltas:
         k, count = self.base.shape[1], np.full(len(swaps), float(self.n))
         difference = (self.base[:, None, :] - self.features).reshape(self.n, -1)  # [n, runs * k]
         moved = (swaps.astype(np.float64) @ difference).reshape(len(swaps), self.runs, k)
-        if self.metric.linear:  # sum(run) - sum(base) + 2 moved, in one exact step on a lattice
-            return self.metric.finish(self.features.sum(0) - self.base.sum(0) + 2 * moved, count[:, None])
+        if self.metric.linear:  # sum(run - base) + 2 moved, in one exact step on a lattice
+            return self.metric.finish(-difference.sum(0).reshape(self.runs, k) + 2 * moved, count[:, None])
         runs = self.metric.finish(self.features.sum(0) + moved, count[:, None])
         return runs - self.metric.finish(self.base.sum(0) - moved, count[:, None])
 
@@ -191,8 +207,9 @@ def confidence_intervals(deltas: _Deltas, observed: np.ndarray, config: Resampli
     the rounding of sums of ``magnitude``, ``ties``)."""
     theta = bootstrap_distribution(deltas, config)  # [runs, resamples]
     alpha = (1 - config.confidence) / 2
+    gamma = ties(observed, theta, magnitude)
+    degenerate = (np.abs(theta - theta[:, :1]) <= gamma).all(1)  # no variation: the interval is the point
     if config.method == "bca":
-        gamma = ties(observed, theta, magnitude)
         below = ((theta < observed[:, None] - gamma).sum(1) + (theta <= observed[:, None] + gamma).sum(1)) \
             / (2 * theta.shape[1])
         z0 = ndtri(below)
@@ -206,12 +223,11 @@ def confidence_intervals(deltas: _Deltas, observed: np.ndarray, config: Resampli
         for run, level in enumerate(levels):
             if np.isfinite(level).all():
                 out[run] = np.quantile(theta[run], level)
-        degenerate = (np.abs(theta - theta[:, :1]) <= gamma).all(1)  # no variation: the interval is the point
-        out[degenerate] = observed[degenerate, None]
-        return out
-    out = np.quantile(theta, [alpha, 1 - alpha], axis=1).T
-    if config.method == "basic":
-        out = 2 * observed[:, None] - out[:, ::-1]
+    else:
+        out = np.quantile(theta, [alpha, 1 - alpha], axis=1).T
+        if config.method == "basic":
+            out = 2 * observed[:, None] - out[:, ::-1]
+    out[degenerate] = observed[degenerate, None]  # not the last bits of sums taken beside other runs (``ties``)
     return out
 
 
