@@ -233,6 +233,9 @@ BAD_FILES = [
     ({"corrupt_label": 0.5}, "row 3: corrupt_label=0.5 is not a class 0..1"),
     ({"corrupt_sentence2": ""}, "row 3 has no text in 'corrupt_sentence2'"),
     ({"corrupt_label": 1}, "row 3: corrupt_label=1 is the row's label; the logit difference of a class against itself"),
+    ({"corrupt_sentense1": "Ada Bell was born in 1952."},  # misspelt: that text would stay clean, without a word
+     "has column(s) ['corrupt_sentense1'], which name no field of task demo_pairs; the corrupted texts and label are "
+     "corrupt_sentence1, corrupt_sentence2, corrupt_label"),
 ]
 
 
@@ -267,3 +270,27 @@ def test_pairs_unlike_their_clean_inputs_are_refused_before_the_model_loads(tmp_
                  f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, expected)
     assert "GPU available" not in result.stdout + result.stderr  # no trainer, so no model, was made
+
+
+def test_one_pair_says_it_has_no_standard_error():
+    """With one pair the runs' difference has no standard error: the warning says so (it read "within 2 standard
+    errors (nan)" of a difference of 0.48); with several, the noise warning reads the paired standard error."""
+    from types import SimpleNamespace
+
+    from headlab.analysis.patching.effects import effects
+
+    specs = patch_specs(["residual"], 1, 4, None)
+    options = SimpleNamespace(direction="noising", method="exact", resamples=100, confidence=0.95)
+
+    def summary(clean, corrupted):
+        run = lambda values: {"logit_diff": np.array(values), "loss": np.zeros(len(values)),  # noqa: E731
+                              "prediction": np.ones(len(values), dtype=int)}
+        scores = {"clean": run(clean), "corrupted": run(corrupted), 0: run(corrupted),
+                  "labels": {"label": np.ones(len(clean), dtype=int)}}
+        return effects(scores, specs, options, 0, "classification")[1]
+
+    assert summary([0.5], [0.02])["warning"].startswith("one pair: the clean and corrupted runs' logit differences "
+                                                        "are +0.48 apart, with no standard error")
+    assert "warning" not in summary([0.5, 0.6, 0.55], [0.02, 0.01, 0.03])
+    noisy = summary([0.5, -0.4, 0.1], [0.0, 0.1, 0.05])["warning"]  # differences 0.5, -0.5, 0.05: se 0.289
+    assert "within 2 standard errors (0.289)" in noisy

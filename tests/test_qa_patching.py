@@ -129,6 +129,8 @@ BAD = [
      "corrupt_answers is at the clean answer's characters 78..82; the logit difference compares two spans' scores"),
     ({"corrupt_question": "When was Oskar Quint born?"},
      "split 'pairs' question 1: the corrupted text tokenises as the clean text does (1 of 2 examples do)"),
+    ({"corrupt_contxt": "Oskar Quint was born in 1952."},  # misspelt: the context would stay clean, without a word
+     "question 1 (id 'validation-0-0') has ['corrupt_contxt'], which name no field of a paired SQuAD question"),
     ({"corrupt_question": "Where exactly was Oskar Quint born?", "max_length": 64},
      "split 'pairs' question 1: the clean and corrupted inputs make 4 and 5 windows"),
 ]

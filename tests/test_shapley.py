@@ -214,6 +214,8 @@ def test_shapley_on_albert_runs_without_a_cached_baseline(tmp_path):
     (["mask.clusters=NONE_TYPE"], "the head type 'none' cannot name a Shapley player"),
     (["mask.clusters=EMPTY_TYPE"], "must be a non-empty string (a type name), got ''"),  # refused for every mode
     (["mask.clusters=BLANK_TYPE"], "must be a non-empty string (a type name), got ' '"),
+    (["shapley.over=heads", "shapley.target_se=0.1", "shapley.max_permutations=3"],  # ran 4: "at most" was not
+     "shapley.max_permutations=3 must be even: orders are drawn in antithetic pairs"),
 ])
 def test_bad_shapley_settings_fail_before_the_weights_load(trained, overrides, expected):
     root, _ = trained

@@ -85,6 +85,11 @@ def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], 
     path = Path(path)
     check_text_file(path, task_name, text_fields, label_field)
     columns, rows = _rows(path)
+    known = [f"corrupt_{field}" for field in (*text_fields, label_field)]
+    unknown = [column for column in columns if column.startswith("corrupt_") and column not in known]
+    if unknown:  # a misspelt field would leave that text clean, and the effects of another corruption
+        raise UserError(f"data file {str(path)!r} has column(s) {unknown}, which name no field of task {task_name}; "
+                        f"the corrupted texts and label are {', '.join(known)}")
     corrupted = [field for field in text_fields if f"corrupt_{field}" in columns]
     if not corrupted:
         raise UserError(f"data file {str(path)!r} has no corrupt_<field> column; patching needs, per example, the "
@@ -220,8 +225,13 @@ def check_paired_squad(path: str | Path, task_name: str) -> list[str]:
         raise UserError(f"data file {str(path)!r} question 1 (id {questions[0][1].get('id')!r}) has no corrupted text; "
                         "patching needs SQuAD JSON with corrupt_question / corrupt_context and corrupt_answers per "
                         f"question (task {task_name}; docs/patching.md)")
+    known = (*PAIRED_SQUAD_FIELDS, "corrupt_answers")
     for number, (context, qa) in enumerate(questions, start=1):
         where = f"data file {str(path)!r} question {number} (id {qa.get('id')!r})"
+        unknown = [key for key in qa if str(key).startswith("corrupt_") and key not in known]
+        if unknown:  # a misspelt field would leave that text clean
+            raise UserError(f"{where} has {unknown}, which name no field of a paired SQuAD question; the corrupted "
+                            f"fields are {', '.join(known)}")
         mine = [field for field in PAIRED_SQUAD_FIELDS if field in qa]
         if not mine or mine != fields:
             raise UserError(f"{where} has corrupted fields {mine}, the first question {fields}; patching needs the "

@@ -58,7 +58,11 @@ def effects(scores: dict, specs: list[PatchSpec], options: Any, seed: int, task_
         summary["attribution"] = agreement(table)
     difference = clean["logit_diff"] - corrupted["logit_diff"]  # per example: how far apart the two runs are
     spread = difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else np.nan
-    if not abs(normaliser) > 2 * spread:
+    if len(difference) < 2:
+        summary["warning"] = (f"one pair: the clean and corrupted runs' logit differences are {normaliser:+.4g} apart, "
+                              "with no standard error to tell that from noise; the normalised effects rest on one "
+                              "example")
+    elif not abs(normaliser) > 2 * spread:
         summary["warning"] = (f"the clean and corrupted runs' mean logit differences are {normaliser:+.4g} apart, "
                               f"within 2 standard errors ({spread:.3g}): the normalised effects divide by noise")
     return table, summary

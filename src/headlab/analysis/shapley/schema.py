@@ -32,6 +32,9 @@ class ShapleyConfig:
         if self.target_se is not None and not self.target_se > 0:
             raise UserError(f"shapley.target_se={self.target_se} must be > 0 (or null: exact values only)")
         at_least("shapley.max_permutations", self.max_permutations, 2)
+        if self.max_permutations % 2:
+            raise UserError(f"shapley.max_permutations={self.max_permutations} must be even: orders are drawn in "
+                            "antithetic pairs (an order and its reverse)")
         at_least("shapley.coalitions_per_batch", self.coalitions_per_batch, 0)
         within("shapley.resamples", self.resamples, 100, MAX_RESAMPLES, RESAMPLES_WHY)
         within("shapley.confidence", self.confidence, 0.5, 0.999)
