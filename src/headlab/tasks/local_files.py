@@ -1,7 +1,8 @@
 """A task's local data file checked before anything heavy loads. GLUE-style (JSON lines, CSV, TSV), read as plain
 rows: the columns the task names and a text in every row, with the messages that ``loading`` gives after ``datasets``
 has read the file; what ``datasets`` would refuse beyond this (labels, values pandas reads as missing such as ``NA``)
-is still found there, and nothing refused here would load there. SQuAD JSON: its fields and unique question ids."""
+is still found there, and nothing refused here would load there. SQuAD JSON: its fields and questions that can be
+scored (unique ids, a context, a gold answer under v1.1)."""
 
 from __future__ import annotations
 

@@ -236,7 +236,8 @@ def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> d
         trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)  # the metrics' weights, resumable
         final_weights = output_dir / FINAL_WEIGHTS
         # resumed from another directory's state, Lightning keeps that run's best path (not its score): not this run's
-        ours = bool(checkpoint.best_model_path) and Path(checkpoint.best_model_path).parent == checkpoint_dir
+        ours = bool(checkpoint.best_model_path) and \
+            Path(checkpoint.best_model_path).parent.resolve() == checkpoint_dir.resolve()
         best, last = kept_checkpoints(checkpoint_dir, checkpoint.best_model_path if ours else None,
                                       trainer.global_step, final_weights, cfg.keep_training_state)
         result = TrainResult(
