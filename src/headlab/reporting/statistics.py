@@ -108,9 +108,8 @@ class _Deltas:
         return np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
 
     def _differences(self) -> np.ndarray:
-        """``[n, runs * k]``: each run's features minus the baseline's, per example. A mean's delta is taken of their
-        sums: 0 where nothing changed, exact on a lattice (accuracy, EM: integer counts), so a resample that ties
-        with the observed delta ties exactly, as in scipy with an exact statistic."""
+        """``[n, runs * k]``: each run's features minus the baseline's, per example: a mean's delta sums them (0 where
+        nothing changed, exact on a lattice: a resample that ties with the observed delta ties exactly, as in scipy)."""
         return (self.features - self.base[:, None, :]).reshape(self.n, -1)
 
     def _delta(self, runs: np.ndarray, base: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -131,8 +130,7 @@ class _Deltas:
     def _weighted(self, weights: np.ndarray, count: np.ndarray) -> np.ndarray:
         k = self.base.shape[1]
         if self.metric.linear:
-            return self.metric.finish((weights @ self._differences()).reshape(len(weights), self.runs, k),
-                                      count[:, None])
+            return self.metric.finish((weights @ self._differences()).reshape(-1, self.runs, k), count[:, None])
         sums = weights @ self._columns()
         return self._delta(sums[:, :-k].reshape(len(weights), self.runs, k), sums[:, -k:], count)
 
@@ -142,9 +140,8 @@ class _Deltas:
             keep = ~np.eye(self.n, dtype=bool)
             return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
         k, count = self.base.shape[1], np.full(self.n, float(self.n - 1))
-        if self.metric.linear:
-            differences = self._differences()
-            left_out = differences.sum(0) - differences  # [n, runs * k]
+        if self.metric.linear:  # the sums of the differences without each example
+            left_out = self._differences().sum(0) - self._differences()  # [n, runs * k]
             return self.metric.finish(left_out.reshape(self.n, self.runs, k), count[:, None])
         total = self._columns()
         left_out = total.sum(0) - total  # [n, runs * k + k]
@@ -314,9 +311,6 @@ class _Values:
         self.features = metric.features(records) if isinstance(metric, SumMetric) else np.stack(metric.columns(records))
         self.n = len(self.features) if isinstance(metric, SumMetric) else self.features.shape[1]
 
-    def _finish(self, sums: np.ndarray, count: np.ndarray) -> np.ndarray:
-        return self.metric.finish(sums, count)[:, None]
-
     def observed(self) -> np.ndarray:
         if isinstance(self.metric, RankMetric):
             return np.array([self.metric.statistic(*self.features)], dtype=np.float64)
@@ -328,13 +322,13 @@ class _Values:
         batch = len(index)
         rows = (np.arange(batch)[:, None] * self.n + index).ravel()
         weights = np.bincount(rows, minlength=batch * self.n).reshape(batch, self.n).astype(np.float64)
-        return self._finish(weights @ self.features, np.full(batch, float(self.n)))
+        return self.metric.finish(weights @ self.features, np.full(batch, float(self.n)))[:, None]
 
     def jackknife(self) -> np.ndarray:
         if isinstance(self.metric, RankMetric):
             keep = ~np.eye(self.n, dtype=bool)
             return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
-        return self._finish(self.features.sum(0) - self.features, np.full(self.n, float(self.n - 1)))
+        return self.metric.finish(self.features.sum(0) - self.features, np.full(self.n, float(self.n - 1)))[:, None]
 
 
 def value_interval(metric: str, records: Columns, config: Resampling = DEFAULT_RESAMPLING

@@ -154,7 +154,8 @@ def misnamed(files: StudyFiles, model: str, plans: tuple[str, ...]) -> str:
     tested on ``model``: a type whose centroid contradicts Guan et al.'s description of it (its ``name_margins`` below
     0: the profile rule named it, the paper would not), else ""."""
     job = files.job("cluster", model)
-    clusters = read_json(job / "clusters.json", "clusters") if job is not None else {}
+    found = job is not None and (job / "clusters.json").is_file()
+    clusters = read_json(job / "clusters.json", "clusters") if found else {}
     if not clusters.get("named") or clusters.get("named_by_hand") or "profiles" not in clusters:
         return ""
     margins = name_margins(clusters["profiles"])
