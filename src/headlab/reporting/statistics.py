@@ -85,6 +85,9 @@ class _Deltas:
         if isinstance(metric, SumMetric):
             self.base = metric.features(baseline)  # [n, k]
             self.features = np.stack([metric.features(run) for run in runs], axis=1)  # [n, runs, k]
+            # [n, runs * k]: each run's features minus the baseline's, per example: a mean's delta sums them (0 where
+            # nothing changed, exact on a lattice: a resample that ties with the observed delta ties exactly)
+            self.differences = (self.features - self.base[:, None, :]).reshape(len(self.base), -1)
         else:
             self.base = np.stack(metric.columns(baseline))  # [2, n]: prediction, label
             self.features = np.stack([np.stack(metric.columns(run)) for run in runs])  # [runs, 2, n]
@@ -99,18 +102,13 @@ class _Deltas:
         sums = self._columns().sum(0)  # one reduction: a run equal to the baseline has its very sums
         runs, base_sums = sums[:-k].reshape(self.runs, k), sums[-k:]
         ablated, base = self.metric.observed(runs, count), self.metric.observed(base_sums, count)
-        deltas = self.metric.finish(self._differences().sum(0).reshape(self.runs, k), count) if self.metric.linear \
+        deltas = self.metric.finish(self.differences.sum(0).reshape(self.runs, k), count) if self.metric.linear \
             else self._delta(runs, base_sums, count)
         return ablated, base, np.where(np.isnan(ablated) | np.isnan(base), np.nan, deltas)  # undefined: no delta
 
     def _columns(self) -> np.ndarray:
         """``[n, runs * k + k]``: every run's features, then the baseline's."""
         return np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
-
-    def _differences(self) -> np.ndarray:
-        """``[n, runs * k]``: each run's features minus the baseline's, per example: a mean's delta sums them (0 where
-        nothing changed, exact on a lattice: a resample that ties with the observed delta ties exactly, as in scipy)."""
-        return (self.features - self.base[:, None, :]).reshape(self.n, -1)
 
     def _delta(self, runs: np.ndarray, base: np.ndarray, count: np.ndarray) -> np.ndarray:
         """Deltas of a metric that is not a mean from sums ``runs`` ``[..., runs, k]`` and ``base`` ``[..., k]``."""
@@ -130,7 +128,7 @@ class _Deltas:
     def _weighted(self, weights: np.ndarray, count: np.ndarray) -> np.ndarray:
         k = self.base.shape[1]
         if self.metric.linear:
-            return self.metric.finish((weights @ self._differences()).reshape(-1, self.runs, k), count[:, None])
+            return self.metric.finish((weights @ self.differences).reshape(-1, self.runs, k), count[:, None])
         sums = weights @ self._columns()
         return self._delta(sums[:, :-k].reshape(len(weights), self.runs, k), sums[:, -k:], count)
 
@@ -141,7 +139,7 @@ class _Deltas:
             return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
         k, count = self.base.shape[1], np.full(self.n, float(self.n - 1))
         if self.metric.linear:  # the sums of the differences without each example
-            left_out = self._differences().sum(0) - self._differences()  # [n, runs * k]
+            left_out = self.differences.sum(0) - self.differences  # [n, runs * k]
             return self.metric.finish(left_out.reshape(self.n, self.runs, k), count[:, None])
         total = self._columns()
         left_out = total.sum(0) - total  # [n, runs * k + k]
@@ -158,10 +156,9 @@ class _Deltas:
                 out.append(self.metric.statistic(*ablated) - self.metric.statistic(*baseline))
             return np.stack(out, axis=1)
         k, count = self.base.shape[1], np.full(len(swaps), float(self.n))
-        difference = (self.base[:, None, :] - self.features).reshape(self.n, -1)  # [n, runs * k]
-        moved = (swaps.astype(np.float64) @ difference).reshape(len(swaps), self.runs, k)
+        moved = -(swaps.astype(np.float64) @ self.differences).reshape(len(swaps), self.runs, k)  # base - run
         if self.metric.linear:  # sum(run - base) + 2 moved, in one exact step on a lattice
-            return self.metric.finish(-difference.sum(0).reshape(self.runs, k) + 2 * moved, count[:, None])
+            return self.metric.finish(self.differences.sum(0).reshape(self.runs, k) + 2 * moved, count[:, None])
         runs = self.metric.finish(self.features.sum(0) + moved, count[:, None])
         return runs - self.metric.finish(self.base.sum(0) - moved, count[:, None])
 
