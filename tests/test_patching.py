@@ -294,3 +294,17 @@ def test_one_pair_says_it_has_no_standard_error():
     assert "warning" not in summary([0.5, 0.6, 0.55], [0.02, 0.01, 0.03])
     noisy = summary([0.5, -0.4, 0.1], [0.0, 0.1, 0.05])["warning"]  # differences 0.5, -0.5, 0.05: se 0.289
     assert "within 2 standard errors (0.289)" in noisy
+
+
+def test_the_summary_line_shows_a_rounded_zero_without_its_sign(tmp_path):
+    """A largest change of -1e-5 read "-0.000" (a change that is not there); a rounded -0.0015 keeps its sign."""
+    from types import SimpleNamespace
+
+    from headlab.analysis.patching.patch_run import summary_line
+
+    options = SimpleNamespace(direction="denoising", positions="all", method="exact")
+    summary = {"clean": {"logit_diff": -1e-6}, "corrupted": {"logit_diff": -2.5}}
+    line = summary_line(pd.DataFrame({"site": ["L0H1"], "effect": [-1e-5]}), summary, options, "validation", tmp_path)
+    assert "clean 0.0000, corrupted -2.5000; largest change: L0H1 (effect 0.000)" in line
+    line = summary_line(pd.DataFrame({"site": ["L0H1"], "effect": [-0.0015]}), summary, options, "validation", tmp_path)
+    assert "(effect -0.002)" in line

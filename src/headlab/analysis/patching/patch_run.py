@@ -177,13 +177,19 @@ def summary_line(table: pd.DataFrame, summary: dict, options: Any, split: str, f
     ranked = table.dropna(subset=[shown])
     far = ranked.iloc[int(np.argmax(np.abs(ranked[shown].to_numpy(float) - (
         1.0 if options.direction == "noising" else 0.0))))] if len(ranked) else None
-    largest = f"; largest change: {far['site']} ({shown} {far[shown]:.3f})" if far is not None else ""
+    largest = "" if far is None else f"; largest change: {far['site']} ({shown} {_unsigned_zero(far[shown], 3):.3f})"
     agreement = summary.get("attribution")
     agrees = "" if agreement is None else (f"; estimates vs exact: Spearman {agreement['spearman']:.3f}, top "
                                            f"{agreement['top_k']} overlap {agreement['top_k_overlap']:.2f}")
+    clean, corrupted = (_unsigned_zero(summary[run]["logit_diff"], 4) for run in ("clean", "corrupted"))
     return (f"patch ({options.direction}, {len(table)} patches, positions {options.positions}, {options.method}) on "
-            f"{split}: logit difference clean {summary['clean']['logit_diff']:.4f}, corrupted "
-            f"{summary['corrupted']['logit_diff']:.4f}{largest}{agrees} -> {folder / 'results.json'}")
+            f"{split}: logit difference clean {clean:.4f}, corrupted {corrupted:.4f}{largest}{agrees} -> "
+            f"{folder / 'results.json'}")
+
+
+def _unsigned_zero(value: float, digits: int) -> float:
+    """``value`` rounded to ``digits``, a rounded zero without its sign (``-0.000`` reads as a change)."""
+    return round(float(value), digits) + 0.0
 
 
 def shown_effect(table: pd.DataFrame) -> str:
