@@ -5,8 +5,9 @@
 #
 # targets: what the GPU evaluation issue still measures, in one call (~6 minutes): the CUDA tests first, then the
 #        identity and one-head rows of attention_overhead.py (25 rounds) on BERT-base and RoBERTa with --groups (a layer
-#        with drop_* heads as one SDPA call and as one call per group, in the same rounds) and on DeBERTa-v2, then the
-#        whole table on BERT-base (--groups) and BERT-large; needs pytest's wheels (below);
+#        with drop_* heads as one SDPA call and as one call per group, in the same rounds) and on DeBERTa-v2, the kernels
+#        of that one head under drop_intra against stock's (profile_plan.py: where its extra time goes), then the whole
+#        table on BERT-base (--groups) and BERT-large; needs pytest's wheels (below);
 # one_call: what the GPU evaluation issue measures, in one call of the lent machine (~6 minutes, each section under
 #        its own time limit so that a slow one loses only itself): eval_speed.py throughput (mode=eval's pass vs a
 #        plain loop over its own DataLoader, BERT-base, bf16-mixed, 9,815 rows), attention_overhead.py on BERT-base and
@@ -65,6 +66,8 @@ case "$group" in
             section one_head 60 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base \
                 --family "$family" --only "identity,one head" --rounds 25 --repeat 3 "${groups[@]}"
         done
+        section profile 45 profile_plan.py --device cuda --dtype bfloat16 --shape bert-base --heads L6H0 \
+            --policy drop_intra --rows 14
         section attention 80 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-base --rounds 9 \
             --repeat 3 --groups
         section attention 75 attention_overhead.py --device cuda --dtype bfloat16 --shape bert-large --rounds 7 \
