@@ -135,6 +135,11 @@ CASES = [
     ("ablate.py", ["seed=-1", "mode=eval"], "seed=-1 is not a seed"),
     ("ablate.py", ["mode=study", "study.seeds=[-1]"], "study.seeds[0]=-1 is not a seed"),
     ("ablate.py", ["mode=study", "study.seeds=[0,4294967296]"], "study.seeds[1]=4294967296 is not a seed"),
+    # (prune_curve failed after the whole curve had run)
+    ("ablate.py", ["mode=prune_curve", "prune_curve.random_seeds=[0,-1]"], "random_seeds[1]=-1 is not a seed"),
+    ("ablate.py", ["mode=prune_curve", "prune_curve.random_seeds=[3,3]"], "random_seeds=[3, 3] names a seed twice"),
+    ("ablate.py", ["mode=report", "sweep_dir=.", "report.seed=-2"], "report.seed=-2 is not a seed"),
+    ("train.py", ["model.seed=-1"], "model.seed=-1 is not a seed"),
     ("ablate.py", ["mode=study", "study.stages=[]"], "study.stages=[] names no stage"),
     ("train.py", ["model=nope"], "model/nope"),
     ("train.py", ["model.random_init=false", "model.name_or_path=/no/such/model"], "/no/such/model"),

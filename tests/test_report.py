@@ -4,6 +4,7 @@ with scipy directly, the seeds' layouts, plots, W&B, missing jobs, several tasks
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -287,6 +288,40 @@ def test_one_plan_name_twice_in_a_folder_is_refused(tmp_path):
     check_one_configuration(tmp_path, [(a, job("prune_dense", "x.json")), (b, job("prune_vertical", "x.json"))])
     with pytest.raises(UserError, match="plan 'prune_dense' of m on t twice"):  # the same preset, other clusters
         check_one_configuration(tmp_path, [(a, job("prune_dense", "x.json")), (b, job("prune_dense", "y.json"))])
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"task": {"data_files": {"validation": "train.jsonl"}}}, "task.data_files.validation='validation.jsonl' vs "
+                                                               "'train.jsonl'"),
+    ({"task": {"max_length": 24}}, "task.max_length=128 vs 24"),
+    ({"model": {"config": {"hidden_act": "relu"}}}, "model.config.hidden_act"),
+    ({"model_hash": "other"}, "model hash (weights and config)='m1' vs 'other'"),
+])
+def test_jobs_of_one_task_name_on_other_data_or_another_model_config_are_refused(tmp_path, change, expected):
+    """A job evaluated on another validation file (or other max_length) under the same task and split name went into
+    the same table and Holm family with its own baseline (task.* keys were exempt); so did a model whose config
+    differs from the same weights'. The splits evaluated may differ (each split is its own table)."""
+    from headlab.errors import UserError
+    from headlab.reporting.sweep_table import check_one_configuration
+
+    def job(name, change=None):
+        change = change or {}
+        config = {"mode": "eval", "data": {"max_eval_examples": 40},
+                  "task": {"name": "t", "data_files": {"validation": "validation.jsonl"}, "max_length": 128,
+                           "eval_splits": ["validation"], **change.get("task", {})},
+                  "model": {"name": "m", "name_or_path": "/m", **change.get("model", {})}}
+        return {"mode": "eval", "model": "m", "task": "t", "plan_name": name, "config": config,
+                "checkpoint": {"weights_hash": "w", "model_hash": change.get("model_hash", "m1")}}
+
+    a, b = tmp_path / "a/results.json", tmp_path / "b/results.json"
+    check_one_configuration(tmp_path, [(a, job("prune_L0")), (b, job("prune_L1"))])
+    splits = job("prune_L1", {"task": {"eval_splits": ["validation", "test"]}})
+    check_one_configuration(tmp_path, [(a, job("prune_L0")), (b, splits)])
+    older = job("prune_L1")  # written before the model hash was recorded: compared by its config alone
+    del older["checkpoint"]["model_hash"]
+    check_one_configuration(tmp_path, [(a, job("prune_L0")), (b, older)])
+    with pytest.raises(UserError, match=re.escape(expected)):
+        check_one_configuration(tmp_path, [(a, job("prune_L0")), (b, job("prune_L1", change))])
 
 
 def test_an_undefined_metric_shows_n_a_and_is_never_starred(tmp_path):

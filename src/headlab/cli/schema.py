@@ -57,6 +57,7 @@ class ModelConfig:
     config: dict[str, Any] = field(default_factory=dict)  # random_init: BertConfig fields
 
     def __post_init__(self) -> None:
+        check_seed("model.seed", self.seed)
         if not self.random_init and not self.name_or_path:
             raise UserError(f"model {self.name}: give model.name_or_path (hub name or folder), or random_init=true")
         if self.random_init and self.name_or_path:  # the folder's weights and tokenizer would be silently unread

@@ -29,12 +29,15 @@ from headlab.reporting.sweep_jobs import Problem, finished_results
 
 STAT_COLUMNS = ["ci_low", "ci_high", "p_value", "p_adjusted"]
 # Config keys (dotted prefixes) that may differ between the jobs of one table: the plan, what names the job, the
-# sections of other modes, and how a job ran (which does not change its numbers).
-FREE_KEYS = ("mask.", "plan.", "plans.", "sweep.", "mode.", "model.", "task.", "ckpt_path.", "group.", "logger.",
+# sections of other modes, and how a job ran (which does not change its numbers). The task's and the model's settings
+# must agree (another data file, another max_length: other examples under the same split's name), but for the splits
+# evaluated (each split is its own table) and the checkpoint's path (the weights and config are compared by hash).
+FREE_KEYS = ("mask.", "plan.", "plans.", "sweep.", "mode.", "task.eval_splits.", "ckpt_path.", "group.", "logger.",
              "baseline_dir.", "report.", "sweep_dir.", "demo.", "compile.", "importance.",
              "prune_curve.", "features.", "cluster.", "compare.", "allow_random_head.", "data.num_workers.",
              "data.cache_dir.", "trainer.devices.", "trainer.num_nodes.", "trainer.accelerator.", "trainer.strategy.",
              "trainer.enable_progress_bar.")
+MODEL_KEY = "model hash (weights and config)"  # compared where both jobs recorded it
 HEAD_PLAN = re.compile(r"^L(\d+)(?:H(\d+))?$")
 
 
@@ -90,7 +93,16 @@ def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
 def _settings(result: dict[str, Any]) -> dict[str, Any]:
     """The dotted config keys of a job that must agree across one table: all but its plan and what runs it."""
     flat = _flat(result["config"])
+    if result["checkpoint"].get("model_hash"):  # (results written before it was recorded lack it)
+        flat[MODEL_KEY] = result["checkpoint"]["model_hash"]
     return {key.rstrip("."): value for key, value in flat.items() if not key.startswith(FREE_KEYS)}
+
+
+def _differences(reference: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    keys = reference.keys() | settings.keys()
+    if MODEL_KEY not in reference.keys() & settings.keys():
+        keys -= {MODEL_KEY}
+    return sorted(k for k in keys if reference.get(k) != settings.get(k))
 
 
 def check_one_configuration(directory: str | Path, results: list[tuple[Path, dict[str, Any]]]) -> None:
@@ -106,7 +118,7 @@ def check_one_configuration(directory: str | Path, results: list[tuple[Path, dic
         reference = _settings(first)
         for path, result in jobs[1:]:
             settings = _settings(result)
-            differ = sorted(k for k in reference.keys() | settings.keys() if reference.get(k) != settings.get(k))
+            differ = _differences(reference, settings)
             if differ:
                 shown = ", ".join(f"{k}={reference.get(k)!r} vs {settings.get(k)!r}" for k in differ[:3])
                 raise UserError(f"sweep_dir={str(directory)!r} holds jobs of {model} on {task} run with different "

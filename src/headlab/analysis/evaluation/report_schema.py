@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from headlab.errors import UserError, one_of, within
+from headlab.errors import UserError, check_seed, one_of, within
 from headlab.reporting.settings import CI_KINDS, CI_METHODS, CORRECTIONS, FIGURE_FORMATS, MAX_RESAMPLES, RESAMPLES_WHY
 
 HEAD_SOURCES = ("features", "clusters", "importance", "sweeps", "syntax", "label")
@@ -35,6 +35,7 @@ class ReportConfig:
         one_of("report.ci_method", self.ci_method, CI_METHODS)
         one_of("report.correction", self.correction, CORRECTIONS)
         one_of("report.ci", self.ci, CI_KINDS)
+        check_seed("report.seed", self.seed)
         for extension in self.formats:
             one_of("report.formats", extension, FIGURE_FORMATS)
         for entry in self.heads:

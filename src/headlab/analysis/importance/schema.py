@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headlab.core.plans import ESTIMABLE, ESTIMATED, GRANULARITIES
-from headlab.errors import UserError, one_of
+from headlab.errors import UserError, check_seed, one_of
 
 CURVE_POLICIES = ("prune", "uniform", "mean", "resample")  # how a prune curve's heads leave
 
@@ -63,3 +63,8 @@ class PruneCurveConfig:
             raise UserError(f"prune_curve.min_heads_per_layer={self.min_heads_per_layer} must be >= 0")
         if self.timing_rounds < 1:
             raise UserError(f"prune_curve.timing_rounds={self.timing_rounds} must be at least 1")
+        for index, seed in enumerate(self.random_seeds):  # (a negative one failed after the whole curve had run)
+            check_seed(f"prune_curve.random_seeds[{index}]", seed)
+        if len(set(self.random_seeds)) != len(self.random_seeds):
+            raise UserError(f"prune_curve.random_seeds={list(self.random_seeds)} names a seed twice (its random curve "
+                            "would be one curve counted twice)")
