@@ -270,6 +270,9 @@ CASES = [
     # ablate.py mode=report
     ("ablate.py", ["mode=report"], "sweep_dir=DIR"),
     ("ablate.py", ["mode=report", "sweep_dir=/no/such/sweep"], "/no/such/sweep"),
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/blank.txt"], "blank.txt' is a file, not a directory"),
+    ("ablate.py", ["mode=report", "sweep_dir="], "sweep_dir='' names no directory"),  # (read the working directory)
+    ("ablate.py", ["mode=report", "sweep_dir=FILES/cluster_job"], "other jobs' results (cluster), which mode=report"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir"], "holds no finished evaluation"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.ci_method=normal"], "'normal'"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.correction=bonferroni"], "'bonferroni'"),

@@ -276,6 +276,30 @@ def test_squad_v2_scores_of_a_group_without_questions_show_n_a(tmp_path):
     assert table.loc["has_ans_f1", "value"] == pytest.approx(100 * f1["prune_L0"].mean())
 
 
+@pytest.mark.parametrize("field, value", [
+    ("metrics", {"validation": "oops"}), ("num_examples", {"validation": "50"}), ("baseline", {}),
+    ("delta", {"validation": {"f1": 0.1}}), ("plan", "prune L0"), ("checkpoint", {}), ("records", None)])
+def test_a_results_file_with_a_field_of_another_type_is_a_problem_not_a_traceback(tmp_path, field, value):
+    """A results.json edited by hand that parses and has every key: listed in problems.csv (was AttributeError)."""
+    from headlab.reporting.sweep_jobs import collect_results
+
+    metrics = {"accuracy": 0.5, "loss": 0.7}
+    result = {"kind": "eval", "complete": True, "mode": "eval", "group": "adhoc", "model": "m", "task": "t",
+              "checkpoint": {"weights_hash": "w"}, "seed": 0, "plan_name": "prune_L0",
+              "plan": {"rules": [{"heads": "L0", "policy": "prune"}], "policies": {"L0H0": "prune"}},
+              "policy": "prune", "unit": "sentence", "renormalize": False, "metrics": {"validation": metrics},
+              "baseline": {"validation": metrics}, "delta": {"validation": {"accuracy": 0.0, "loss": 0.0}},
+              "num_examples": {"validation": 50}, "records": "records.parquet",
+              "baseline_records": {"validation": "baseline.parquet"}, "config": {"mode": "eval"}}
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job/results.json").write_text(json.dumps(result))
+    assert len(collect_results(tmp_path)[0]) == 1
+    (tmp_path / "job/results.json").write_text(json.dumps({**result, field: value}))
+    results, problems = collect_results(tmp_path)
+    assert not results and problems[0].job == "job"
+    assert problems[0].reason.startswith("results.json is not one of ablate.py's evaluations (its ")
+
+
 def test_one_plan_name_twice_in_a_folder_is_refused(tmp_path):
     from headlab.errors import UserError
     from headlab.reporting.sweep_table import check_one_configuration

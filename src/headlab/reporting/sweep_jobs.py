@@ -50,6 +50,36 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _per_split(value: Any, entry) -> bool:
+    """``value`` is ``{split: x}`` with ``entry(x)`` true for every split."""
+    return isinstance(value, dict) and all(isinstance(split, str) and entry(x) for split, x in value.items())
+
+
+def _malformed(data: dict[str, Any]) -> str | None:
+    """The first field of an evaluation's results.json whose type is not what ablate.py writes (a file edited by
+    hand or by another tool), else None."""
+    scores = lambda metrics: isinstance(metrics, dict) and all(map(_number, metrics.values()))  # noqa: E731
+    checks = {
+        **{key: _per_split(data[key], scores) for key in ("metrics", "baseline", "delta")},
+        "num_examples": _per_split(data["num_examples"], lambda n: isinstance(n, int) and not isinstance(n, bool)),
+        "baseline_records": _per_split(data["baseline_records"], lambda path: isinstance(path, str)),
+        "records": isinstance(data["records"], str), "config": isinstance(data["config"], dict),
+        "checkpoint": isinstance(data["checkpoint"], dict) and "weights_hash" in data["checkpoint"],
+        "plan": isinstance(data["plan"], dict) and isinstance(data["plan"].get("policies"), dict),
+    }
+    if all(checks.values()):  # the same splits everywhere, each with the same metrics
+        metrics = data["metrics"]
+        checks["splits"] = all(set(data[key]) == set(metrics)
+                               for key in ("baseline", "delta", "num_examples", "baseline_records"))
+        checks["metrics of each split"] = checks["splits"] and all(
+            set(data[key][split]) == set(metrics[split]) for key in ("baseline", "delta") for split in metrics)
+    return next((key for key, good in checks.items() if not good), None)
+
+
 def collect_results(directory: str | Path, latest_multirun: bool = False
                     ) -> tuple[list[tuple[Path, dict[str, Any]]], list[Problem]]:
     """``[(results path, results)]`` of every finished evaluation under ``directory`` (the plans of head
@@ -70,9 +100,11 @@ def collect_results(directory: str | Path, latest_multirun: bool = False
             problems.append(Problem(str(path.parent.relative_to(root)), "results.json unreadable or incomplete"))
         elif data.get("kind") == "eval":
             lacking = [key for key in EVAL_KEYS if key not in data]
-            if lacking:
+            malformed = None if lacking else _malformed(data)
+            if lacking or malformed:
+                why = f"no {', '.join(lacking[:3])}" if lacking else f"its {malformed} is not what ablate.py writes"
                 problems.append(Problem(str(path.parent.relative_to(root)), "results.json is not one of ablate.py's "
-                                        f"evaluations (no {', '.join(lacking[:3])})"))
+                                        f"evaluations ({why})"))
             else:
                 results.append((path, data))
     for job in sorted(p.parent.parent for p in root.rglob(".hydra/overrides.yaml")):
@@ -91,8 +123,12 @@ def finished_results(directory: str | Path, latest_multirun: bool = False
     results, problems = collect_results(directory, latest_multirun)
     if not results:
         listed = "; ".join(f"{p.job}: {p.reason}" for p in problems[:5])
+        others = sorted({str(data.get("kind") or data.get("mode") or "train.py") for data in map(
+            _read, Path(directory).rglob("results.json")) if data and data.get("kind") not in ("eval", "sweep_heads")})
         raise UserError(f"sweep_dir={str(directory)!r} holds no finished evaluation (results.json of ablate.py "
-                        f"mode=eval or sweep_heads)" + (f"; found {listed}" if listed else ""))
+                        f"mode=eval or sweep_heads)" + (f"; found {listed}" if listed else "")
+                        + (f"; it holds other jobs' results ({', '.join(others)}), which mode=report does not read"
+                           if others else ""))
     return results, problems
 
 

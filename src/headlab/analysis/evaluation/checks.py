@@ -68,5 +68,10 @@ def check_sweep_dir(sweep_dir: str | None) -> None:
     if sweep_dir is None:
         raise UserError("mode=report needs sweep_dir=DIR: a directory of ablate.py results (a sweep's "
                         "hydra.sweep.dir), or report.heads=[{features: DIR, ...}] for the per-head table")
+    if not str(sweep_dir).strip():  # (Path("") is the working directory)
+        raise UserError("sweep_dir='' names no directory: give a sweep's hydra.sweep.dir")
+    if Path(sweep_dir).is_file():
+        raise UserError(f"sweep_dir={sweep_dir!r} is a file, not a directory: give the sweep's folder (its "
+                        "hydra.sweep.dir)")
     if not Path(sweep_dir).is_dir():
         raise UserError(f"sweep_dir={sweep_dir!r}: no such directory")
