@@ -381,3 +381,43 @@ def test_an_undefined_metric_shows_n_a_and_is_never_starred(tmp_path):
     assert table.loc["noisy", "p_adjusted"] == table.loc["noisy", "p_value"]  # a family of one: Holm leaves it
     grid = layouts.plan_grid(table.reset_index(), "validation", ["pearson"]).to_string()
     assert "n/a" in grid and "*" not in grid.split("n/a")[0].splitlines()[-1]
+
+
+def test_a_plan_whose_records_are_unreadable_still_counts_in_its_holm_family(tmp_path):
+    """Three plans tested, one job's records truncated: its delta stays (without CI or p) and the other two are
+    adjusted as one of three (they were adjusted as one of two: smaller p than the full sweep's)."""
+    from headlab.reporting.records import write_records
+
+    rng = np.random.default_rng(1)
+    label = rng.integers(0, 2, 80)
+    right = {"baseline": rng.random(80) < 0.9, "a": rng.random(80) < 0.6, "b": rng.random(80) < 0.7,
+             "c": rng.random(80) < 0.8}
+    rows = lambda name: [{"example": i, "split": "validation", "label": int(y), "prediction": int(y if ok else 1 - y)}  # noqa: E731
+                         for i, (y, ok) in enumerate(zip(label, right[name]))]
+    base_records = write_records(tmp_path / "baseline.parquet", rows("baseline"))
+    for name in ("a", "b", "c"):
+        job = tmp_path / "sweep" / name
+        write_records(job / "records.parquet", rows(name))
+        accuracy = {key: float(right[key].mean()) for key in (name, "baseline")}
+        (job / "results.json").write_text(json.dumps({
+            "kind": "eval", "complete": True, "mode": "eval", "group": "adhoc", "model": "m", "task": "t",
+            "checkpoint": {"weights_hash": "w"}, "seed": 0, "plan_name": name,
+            "plan": {"rules": [{"heads": "L0", "policy": "prune"}], "policies": {"L0H0": "prune"}},
+            "policy": "prune", "unit": "sentence", "renormalize": False,
+            "metrics": {"validation": {"accuracy": accuracy[name]}},
+            "baseline": {"validation": {"accuracy": accuracy["baseline"]}},
+            "delta": {"validation": {"accuracy": accuracy[name] - accuracy["baseline"]}},
+            "num_examples": {"validation": 80}, "records": "records.parquet",
+            "baseline_records": {"validation": str(base_records)},
+            "config": {"mode": "eval", "data": {"max_eval_examples": None}}}))
+    whole = headlab.load_sweep(tmp_path / "sweep", resampling=Resampling(400, 400)).set_index("plan")
+    records = tmp_path / "sweep/c/records.parquet"
+    records.write_bytes(records.read_bytes()[:100])
+    cut = headlab.load_sweep(tmp_path / "sweep", resampling=Resampling(400, 400)).set_index("plan")
+    assert cut.loc["c", "note"].startswith("per-example records missing") and np.isnan(cut.loc["c", "p_adjusted"])
+    assert cut.loc["c", "delta"] == whole.loc["c", "delta"]
+    p = whole.loc[["a", "b"], "p_value"].to_numpy()
+    assert (cut.loc[["a", "b"], "p_value"].to_numpy() == p).all()
+    expected = holm(np.append(p, 1.0))[:2]  # c counted, as p = 1
+    assert cut.loc[["a", "b"], "p_adjusted"].to_numpy() == pytest.approx(expected)
+    assert (expected > holm(p)).any()  # (the test can tell a family of two from one of three)

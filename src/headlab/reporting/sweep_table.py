@@ -157,11 +157,21 @@ def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Re
         _add_statistics(frame, resampling)
         frame["p_adjusted"] = np.nan
         for index in families.values():
-            frame.loc[index, "p_adjusted"] = adjust_p_values(frame.loc[index, "p_value"].to_numpy(), correction)
+            frame.loc[index, "p_adjusted"] = _family_adjusted(frame.loc[index], correction)
     frame.attrs["problems"] = [p.__dict__ for p in problems]
     frame.attrs["statistics"] = {**resampling.__dict__, "correction": correction} if statistics else None
     return frame.drop(columns=["_records", "_baseline_records", "_order", "_family"], errors="ignore") \
         .reset_index(drop=True)
+
+
+def _family_adjusted(rows: pd.DataFrame, correction: str) -> np.ndarray:
+    """The adjusted p-values of one family. A plan with a delta but no p-value (its records unreadable, too few
+    examples) was still tested: it counts in the family as p = 1 (else the others' adjusted p would shrink) and
+    keeps no adjusted p itself; a plan whose metric is undefined (delta NaN) is not a test and is left out."""
+    p = rows["p_value"].to_numpy(dtype=np.float64)
+    untested = np.isnan(p) & np.isfinite(rows["delta"].to_numpy(dtype=np.float64))
+    adjusted = adjust_p_values(np.where(untested, 1.0, p), correction)
+    return np.where(untested, np.nan, adjusted)
 
 
 def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
