@@ -421,3 +421,12 @@ def test_a_plan_whose_records_are_unreadable_still_counts_in_its_holm_family(tmp
     expected = holm(np.append(p, 1.0))[:2]  # c counted, as p = 1
     assert cut.loc[["a", "b"], "p_adjusted"].to_numpy() == pytest.approx(expected)
     assert (expected > holm(p)).any()  # (the test can tell a family of two from one of three)
+
+
+def test_the_report_line_counts_its_jobs():
+    from pathlib import Path
+
+    from headlab.reporting.report import Report
+
+    assert Report(pd.DataFrame({"job": ["a", "a"]}), Path("out")).summary() == "report of 1 job -> out"
+    assert Report(pd.DataFrame({"job": ["a", "b"]}), Path("out")).summary() == "report of 2 jobs -> out"

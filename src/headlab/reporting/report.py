@@ -52,6 +52,11 @@ class Report:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
     legend: str = ""  # how a plan grid's cells read (layouts.plan_legend)
 
+    def summary(self) -> str:
+        """``report of N jobs -> FOLDER``: the line a report job ends with."""
+        jobs = self.frame["job"].nunique()
+        return f"report of {jobs} job{'s' if jobs != 1 else ''} -> {self.folder}"
+
 
 def _slug(text: str) -> str:
     """``text`` as part of a file name: safe characters, at most 100 bytes (long sweep folders get a hash)."""

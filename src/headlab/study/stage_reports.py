@@ -56,7 +56,6 @@ def write_stage_reports(study: Study, stage: str) -> list[Report]:
     reports = []
     for folder in report_sources(study, stage):
         report = write_report(folder, resampling, correction, formats)
-        Console().print(f"report of {report.frame['job'].nunique()} jobs -> {report.folder}", markup=False,
-                        soft_wrap=True)
+        Console().print(report.summary(), markup=False, soft_wrap=True)
         reports.append(report)
     return reports

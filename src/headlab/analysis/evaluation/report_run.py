@@ -38,7 +38,7 @@ def run(cfg: Any, output_dir: str | Path | None = None) -> Report | None:
         console.print(f"missing: {problem['job']}: {problem['reason']}", markup=False, soft_wrap=True)
     with tracked_job():
         log_report(cfg, report)
-    console.print(f"report of {report.frame['job'].nunique()} jobs -> {report.folder}", markup=False, soft_wrap=True)
+    console.print(report.summary(), markup=False, soft_wrap=True)
     return report
 
 
