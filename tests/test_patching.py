@@ -213,9 +213,30 @@ BAD = [
     (["patch.path.senders=L2H0", "patch.path.receivers=L1"], "sender L2H0 has no receiver in a later layer"),
     (["patch.path.senders=L0H0", "patch.positions=each"], "path patching acts at every position"),
     (["patch.path.inputs=[attention]"], "patch.path.inputs='attention' is not allowed"),
+    (["patch.path.inputs=query"], "patch.path.inputs=query is one value where a list is expected: write it in "
+                                  "brackets, patch.path.inputs=[query]"),
+    (["patch.path.senders=L9"], "patch.path.senders='L9': layer 9 in selector token 'L9' is out of range"),
+    (["patch.path.senders=L0", "patch.path.receivers=Output"], "patch.path.receivers='Output': unknown selector "
+                                                               "token 'Output'"),
+    (["patch.path.senders=L0", "patch.path.receivers=null"], "patch.path.receivers=None is not a head selector"),
     (["patch.sites=[head,head]"], "patch.sites=['head', 'head'] names a kind twice"),
     ([f"patch.pairs={ROOT / 'src'}"], "is a folder"),
 ]
+
+
+def test_path_selectors_may_be_lists_as_plans_selectors_are():
+    """plans.md writes a union as a list ([L0H1,L2]); patch.path.senders=[L1,L2] failed in OmegaConf's words."""
+    from omegaconf import OmegaConf
+
+    from headlab.analysis.patching.checks import path_heads
+    from headlab.analysis.patching.schema import PatchConfig
+
+    cfg = OmegaConf.merge(OmegaConf.structured(PatchConfig), {"path": {"senders": ["L0H1", "L1H0"],
+                                                                       "receivers": ["L2H3"]}})
+    OmegaConf.to_object(cfg)  # the schema's checks
+    assert path_heads(cfg, 3, 4) == ([(0, 1), (1, 0)], [(2, 3)])
+    cfg.path.senders, cfg.path.receivers = "L0H1,L1H0", "L2H3"
+    assert path_heads(cfg, 3, 4) == ([(0, 1), (1, 0)], [(2, 3)])
 
 
 def pairs_with(tmp_path, change: dict, suffix: str = ".jsonl"):

@@ -152,6 +152,9 @@ def _omegaconf_message(exc: OmegaConfBaseException, outer: BaseException) -> str
     if "Missing mandatory value" in what:
         what = "a value is required here (give KEY=VALUE on the command line)"
     key = getattr(exc, "full_key", None)
+    value = getattr(exc, "value", None)
+    if "is not a ListConfig, list or tuple" in what and key and isinstance(value, str):  # key=a for key=[a]
+        return f"{key}={value} is one value where a list is expected: write it in brackets, {key}=[{value}]"
     message = f"{key}: {what}" if key else what
     if outer is not exc and not isinstance(outer, OmegaConfBaseException):
         message = f"{_one_line(str(outer))}: {message}"

@@ -60,14 +60,28 @@ def path_heads(options: Any, layers: int, heads: int) -> tuple[list[tuple[int, i
     if options.positions != "all" or options.method != "exact":
         raise UserError(f"patch.path: path patching acts at every position and runs every patch exactly; got "
                         f"patch.positions={options.positions}, patch.method={options.method} (use all, exact)")
-    senders = [tuple(map(int, h)) for h in np.argwhere(select_heads(path.senders, layers, heads))]
-    if not senders:
-        raise UserError(f"patch.path.senders={path.senders!r} selects no head")
+    senders = _selected("senders", path.senders, layers, heads)
     if path.receivers == "output":
         return senders, None
-    receivers = [tuple(map(int, h)) for h in np.argwhere(select_heads(path.receivers, layers, heads))]
+    receivers = _selected("receivers", path.receivers, layers, heads)
     for layer, head in senders:
         if not any(receiver_layer > layer for receiver_layer, _ in receivers):
             raise UserError(f"patch.path: sender L{layer}H{head} has no receiver in a later layer "
-                            f"(patch.path.receivers={path.receivers!r}); its paths reach only later heads")
+                            f"(patch.path.receivers={_shown(path.receivers)}); its paths reach only later heads")
     return senders, receivers
+
+
+def _selected(key: str, selector: Any, layers: int, heads: int) -> list[tuple[int, int]]:
+    """The ``(layer, head)`` pairs ``patch.path.<key>`` selects (at least one), its errors naming the key."""
+    also = "; or output (the model's output, the default)" if key == "receivers" else ""
+    try:
+        chosen = [tuple(map(int, h)) for h in np.argwhere(select_heads(selector, layers, heads))]
+    except UserError as error:
+        raise UserError(f"patch.path.{key}={_shown(selector)}: {error}{also}") from None
+    if not chosen:
+        raise UserError(f"patch.path.{key}={_shown(selector)} selects no head")
+    return chosen
+
+
+def _shown(selector: Any) -> str:
+    return repr(selector if isinstance(selector, str) else list(selector))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from headlab.errors import UserError, at_least, one_of, within
 from headlab.reporting.settings import MAX_RESAMPLES, RESAMPLES_WHY
@@ -20,11 +21,17 @@ INPUTS = ("query", "key", "value")  # a receiver head's inputs (path patching)
 class PathConfig:
     """Path patching (docs/patching.md): each sender head's paths to the receivers' inputs, or to the output."""
 
-    senders: str | None = None  # heads whose paths are patched, each in turn (a selector: L0H1,L2); null: none
-    receivers: str = "output"  # heads whose inputs receive the paths (a selector), or output (the model's)
+    senders: Any = None  # heads whose paths are patched, each in turn (a selector: L0H1,L2 or [L0H1,L2]); null: none
+    receivers: Any = "output"  # heads whose inputs receive the paths (a selector), or output (the model's)
     inputs: list[str] = field(default_factory=lambda: list(INPUTS))  # which inputs of the receivers
 
     def __post_init__(self) -> None:
+        for key in ("senders", "receivers"):  # (Any: a selector may be a list, as plans.md's)
+            value = getattr(self, key)
+            if not (isinstance(value, str) or (key == "senders" and value is None) or (
+                    isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value))):
+                raise UserError(f"patch.path.{key}={value!r} is not a head selector: give one such as L0H1,L2 or "
+                                "[L0H1,L2]" + (" (or output)" if key == "receivers" else ""))
         if not self.inputs:
             raise UserError(f"patch.path.inputs is empty; give some of {', '.join(INPUTS)}")
         for name in self.inputs:
