@@ -62,6 +62,79 @@ def test_the_permutation_estimate_over_every_order_is_exact_and_truncation_gives
     assert (truncated.values()[[0, 1]] == 0).all() and np.isinf(truncated.standard_errors()).all()
 
 
+class KnownScores:
+    """What ``shapley_run`` reads of ``CoalitionScores``: per coalition (bit i: group i keeps its heads) and split,
+    the per-example scores; calling it with coalitions returns them (as the real one does once evaluated)."""
+
+    def __init__(self, table: np.ndarray, score: str):
+        self.full, self.score, self.evaluated = len(table) - 1, score, []
+        self.known = {c: {"validation": table[c]} for c in range(len(table))}
+
+    def __call__(self, coalitions):
+        self.evaluated += list(coalitions)
+        return {c: self.known[c] for c in coalitions}
+
+
+def test_a_chain_stops_at_the_first_coalition_no_better_than_the_floor():
+    from headlab.analysis.shapley.shapley_run import _chain
+
+    k = 4
+    means = np.array([bin(c).count("1") for c in range(2 ** k)], dtype=float)  # the groups kept
+    scores = KnownScores(np.repeat(means[:, None], 3, axis=1), "accuracy")
+    assert _chain(scores, [3, 1, 0, 2], 2.0, "validation") == [15, 7, 5]  # 4, 3, then 2 kept: at the floor
+    assert _chain(scores, [3, 1, 0, 2], -1.0, "validation") == [15, 7, 5, 4, 0]  # never: the whole chain
+    losses = KnownScores(np.repeat(-means[:, None], 3, axis=1), "loss")  # higher is worse
+    assert _chain(losses, [0, 1, 2, 3], -3.0, "validation") == [15, 14]  # loss 3 after one removal: the floor
+
+
+@pytest.mark.parametrize("score, floor, refused", [("accuracy", 4.0, True), ("accuracy", 3.9, False),
+                                                   ("loss", -4.0, True), ("loss", -3.9, False)])
+def test_a_floor_the_full_model_does_not_beat_is_refused(score, floor, refused):
+    """With the full model at or below the floor every chain stopped at once: the first group removed took the whole
+    marginal, the others read 0 with a standard error of 0."""
+    from headlab.analysis.shapley.shapley_run import check_floor
+    from headlab.errors import UserError
+
+    means = np.array([bin(c).count("1") for c in range(16)], dtype=float) * (-1 if score == "loss" else 1)
+    scores = KnownScores(np.repeat(means[:, None], 3, axis=1), score)
+    if refused:
+        with pytest.raises(UserError, match=f"shapley.floor={floor:g} is no better than the full model's {score}"):
+            check_floor(scores, floor, "validation")
+    else:
+        check_floor(scores, floor, "validation")
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_intervals_of_whole_number_scores_do_not_move_with_float_rounding(k):
+    """0/1 scores: each per-example value is a multiple of 1/k!. BCa counts the resamples that tie with the observed
+    mean, so values a few ulps off their grid (as a float weighted sum leaves them) moved the interval. On the grid,
+    the interval is scipy's BCa of the whole numbers value * k!, scaled back, whatever the last bits."""
+    from types import SimpleNamespace
+
+    import scipy.stats
+
+    from headlab.analysis.shapley.shapley_run import intervals
+
+    rng = np.random.default_rng(k)
+    scores = (rng.random((2 ** k, 40)) < np.linspace(0.2, 0.9, 2 ** k)[:, None]).astype(float)
+    values = exact_values(scores)  # [k, 40]
+    grid = math.factorial(k)
+    whole = np.rint(values * grid)
+    assert np.abs(whole - values * grid).max() < 1e-9
+    options = SimpleNamespace(resamples=999, confidence=0.95)
+    reference = scipy.stats.bootstrap((whole,), np.mean, axis=-1, vectorized=True, method="BCa", n_resamples=999,
+                                      confidence_level=0.95, random_state=np.random.default_rng(0))
+    noisy = values * (1 + rng.choice([-1, 0, 1], size=values.shape) * 4e-16)  # the last bits of another sum order
+    for per_example in (values, noisy):
+        value, low, high = intervals(per_example, options, 0, grid)
+        np.testing.assert_array_equal(value, whole.mean(1) / grid)
+        np.testing.assert_array_equal(low, reference.confidence_interval.low / grid)
+        np.testing.assert_array_equal(high, reference.confidence_interval.high / grid)
+    _, *unsnapped = intervals(noisy, options, 0)  # (the test can tell: off the grid, BCa's tie count moves the ends)
+    assert not (np.array_equal(unsnapped[0], reference.confidence_interval.low / grid)
+                and np.array_equal(unsnapped[1], reference.confidence_interval.high / grid))
+
+
 @pytest.mark.parametrize(("task", "policy", "per_forward"), [
     ("demo_pairs", "prune", 3), ("demo_qa", "mean", 2), ("demo_pairs", "resample", 4), ("demo_pairs", "uniform", 0)])
 def test_coalitions_as_per_row_plans_equal_separate_evaluations(task, policy, per_forward, tmp_path):
@@ -165,11 +238,9 @@ def test_sampled_shapley_resumes_its_chains_and_keeps_efficiency(trained):
     assert resumed["coalitions_evaluated"] == first["coalitions_evaluated"]  # it once said those after the kill
     _, never = shapley_job(root, "shapley_high_floor", *overrides, "shapley.floor=10")  # a loss never that high
     assert [r["value"] for r in never["values"]] == [r["value"] for r in first["values"]]
-    _, truncated = shapley_job(root, "shapley_floor", *overrides, "shapley.floor=0")  # every loss is above 0
-    assert truncated["coalitions_evaluated"] <= 4 * 8 + 1  # each chain stops after its first pass of 8 removals
-    values = {r["group"]: r["value"] for r in truncated["values"]}
-    assert sum(v != 0 for v in values.values()) <= 4  # ... and counts its first removal only
-    assert abs(truncated["splits"]["validation"]["efficiency_gap"]) > 0
+    # every loss is above 0: each chain would stop at once, crediting its first removal with everything (it did)
+    refused, _ = shapley_job(root, "shapley_floor", *overrides, "shapley.floor=0", check=False)
+    assert_one_error_line(refused, "shapley.floor=0 is no better than the full model's loss on validation")
 
 
 @pytest.mark.slow
@@ -204,7 +275,9 @@ def test_shapley_on_albert_runs_without_a_cached_baseline(tmp_path):
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["shapley.over=types"], "shapley.over=types needs the head types: mask.clusters=PATH"),
     (["shapley.over=layers", "shapley.score=matthews"],
-     "shapley.score='matthews' is not a mean over examples for a classification task"),
+     "shapley.score='matthews' is not a per-example score of task demo_pairs (classification)"),
+    (["shapley.over=layers", "shapley.target_se=inf"], "shapley.target_se=inf must be a number > 0"),
+    (["shapley.over=layers", "shapley.target_se=0.1", "shapley.floor=nan"], "shapley.floor=nan must be a finite"),
     (["mask=prune", "mask.heads=L0"], "mode=shapley builds its own plans"),
     (["shapley.over=layers", "shapley.policy=drop_intra"], "shapley.policy='drop_intra' is not allowed"),
     (["model=minilm", "ckpt_path=null", "allow_random_head=true", "shapley.over=heads"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from headlab.errors import UserError, at_least, one_of, within
@@ -29,8 +30,10 @@ class ShapleyConfig:
     def __post_init__(self) -> None:
         one_of("shapley.over", self.over, OVER)
         one_of("shapley.policy", self.policy, REMOVALS)
-        if self.target_se is not None and not self.target_se > 0:
-            raise UserError(f"shapley.target_se={self.target_se} must be > 0 (or null: exact values only)")
+        if self.target_se is not None and not 0 < self.target_se < math.inf:  # (inf stopped after one pair)
+            raise UserError(f"shapley.target_se={self.target_se} must be a number > 0 (or null: exact values only)")
+        if self.floor is not None and not math.isfinite(self.floor):  # (nan: never applied)
+            raise UserError(f"shapley.floor={self.floor} must be a finite score (or null: no truncation)")
         at_least("shapley.max_permutations", self.max_permutations, 2)
         if self.max_permutations % 2:
             raise UserError(f"shapley.max_permutations={self.max_permutations} must be even: orders are drawn in "

@@ -15,6 +15,7 @@ import numpy as np
 
 from headlab.errors import UserError
 
+WHOLE_SCORES = ("accuracy", "exact_match")  # per-example scores that are whole numbers (0/1, 0/100)
 PER_EXAMPLE = {"classification": ("accuracy", "loss"), "regression": ("loss",),
                "extractive_qa": ("exact_match", "f1", "loss")}
 
@@ -25,8 +26,8 @@ def shapley_score(task: Any, score: str | None) -> str:
     if score is None:
         return task.main_metric if task.main_metric in allowed else "loss"
     if score not in allowed:
-        raise UserError(f"shapley.score={score!r} is not a mean over examples for a {task.type} task; choose one of: "
-                        f"{', '.join(allowed)}")
+        raise UserError(f"shapley.score={score!r} is not a per-example score of task {task.name} ({task.type}); "
+                        f"choose one of: {', '.join(allowed)}")
     return score
 
 

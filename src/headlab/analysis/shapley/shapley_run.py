@@ -22,6 +22,7 @@ coalition met again (the full model, every head removed) is not evaluated again.
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,9 +39,10 @@ from headlab.analysis.jobs.plan_evaluator import Variant
 from headlab.analysis.shapley.coalitions import CoalitionEvaluator, coalition_plan
 from headlab.analysis.shapley.players import player_groups
 from headlab.analysis.shapley.schema import EXACT_LIMIT
-from headlab.analysis.shapley.scores import example_scores, shapley_score
+from headlab.analysis.shapley.scores import WHOLE_SCORES, example_scores, shapley_score
 from headlab.analysis.shapley.values import PermutationEstimate, antithetic_orders, exact_values
 from headlab.core.model_files import model_shape
+from headlab.errors import UserError
 from headlab.files import atomic_file, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
@@ -87,11 +89,17 @@ def exact(scores: CoalitionScores, splits: list[str]) -> dict[str, dict[str, Any
 
 
 def sampled(scores: CoalitionScores, splits: list[str], options: Any, seed: int, progress: Path) -> dict:
-    """Per split: ``values`` and ``se`` from removal chains in antithetic pairs (module docstring)."""
+    """Per split: ``values`` and ``se`` from removal chains in antithetic pairs (module docstring). The first split
+    governs the stop (``target_se``) and the chains' floor."""
     k, first = len(scores.groups), splits[0]
     sizes = {split: len(scores([scores.full])[scores.full][split]) for split in splits}
+    if options.floor is not None:
+        check_floor(scores, options.floor, first)
     estimates = {split: PermutationEstimate(k, sizes[split]) for split in splits}
     generator, done = np.random.default_rng(seed), _load_progress(progress, scores, options.job)
+    if done:
+        Console().print(f"note: resuming from {progress} ({len(done)} antithetic pairs of orders done)", markup=False,
+                        soft_wrap=True)
     while estimates[first].permutations < options.max_permutations:
         orders = antithetic_orders(k, generator)
         key = tuple(orders[0])
@@ -104,14 +112,35 @@ def sampled(scores: CoalitionScores, splits: list[str], options: Any, seed: int,
             _save_progress(progress, scores, done, options.job)
         if options.target_se is not None and estimates[first].standard_errors().max() <= options.target_se:
             break
+    largest = float(estimates[first].standard_errors().max())
+    if options.target_se is not None and largest > options.target_se:
+        Console().print(f"note: shapley.target_se={options.target_se:g} not reached on {first}: the largest standard "
+                        f"error is {largest:.4g} after shapley.max_permutations={options.max_permutations} orders",
+                        markup=False, soft_wrap=True)
     return {split: {"values": e.values(), "se": e.standard_errors(), "permutations": e.permutations}
             for split, e in estimates.items()}
+
+
+def check_floor(scores: CoalitionScores, floor: float, split: str) -> None:
+    """A ``UserError`` when the full model is already no better than ``floor`` on ``split``: every chain would stop
+    before its first removal (the first group removed got the whole marginal, the others 0 with no spread)."""
+    full = float(scores.known[scores.full][split].mean())
+    if _worse(scores.score)(full, floor):
+        side = "above" if scores.score == "loss" else "below"
+        raise UserError(f"shapley.floor={floor:g} is no better than the full model's {scores.score} on {split} "
+                        f"({full:.4f}): every removal chain would stop at once; give a floor {side} it (chance level, "
+                        "say), or null")
+
+
+def _worse(score: str):
+    """``worse(a, b)``: score ``a`` is no better than ``b`` (at or below it; for ``loss``, at or above it)."""
+    return np.greater_equal if score == "loss" else np.less_equal
 
 
 def _chain(scores: CoalitionScores, order: list[int], floor: float | None, split: str, stage: int = 8) -> list[int]:
     """The coalitions of one removal chain, from the full model, ``stage`` removals per pass, stopped once the mean
     score on ``split`` is no better than ``floor`` (at or below it; for ``loss``, at or above it)."""
-    worse = np.greater_equal if scores.score == "loss" else np.less_equal
+    worse = _worse(scores.score)
     chain = [scores.full]
     while len(chain) <= len(order):
         step = len(chain) - 1
@@ -158,16 +187,31 @@ def _save_progress(path: Path, scores: CoalitionScores, done: dict[tuple, list[l
         handle.write(buffer.getvalue())
 
 
-def intervals(per_example: np.ndarray, options: Any, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bootstrap (BCa) confidence intervals of each group's mean per-example value, resampling the examples."""
-    low, high = per_example.mean(1).copy(), per_example.mean(1).copy()
-    varied = per_example.std(1) > 0
-    if varied.any() and per_example.shape[1] > 1:
-        result = scipy.stats.bootstrap((per_example[varied],), np.mean, axis=-1, vectorized=True, method="BCa",
+def intervals(per_example: np.ndarray, options: Any, seed: int, grid: int | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, low, high)``: each group's mean per-example value and its bootstrap (BCa) confidence interval,
+    resampling the examples.
+
+    ``grid``: the values' common denominator when the scores are whole numbers (``WHOLE_SCORES``: 0/1 accuracy,
+    0/100 exact match): k! for exact values (the weights' denominator), the permutations for sampled ones. The
+    values are then resampled as the whole numbers ``value * grid``: their means are exact, so BCa, which counts the
+    resamples that tie with the observed mean, does not move with the last bits of a float sum (it moved intervals
+    by up to a tenth of a point).
+    """
+    scaled, scale = per_example, 1.0
+    if grid is not None:
+        whole = np.rint(per_example * grid)
+        if np.abs(whole - per_example * grid).max(initial=0.0) < 1e-3:  # (a float sum's error is far smaller)
+            scaled, scale = whole, float(grid)
+    values = scaled.mean(1) / scale
+    low, high = values.copy(), values.copy()
+    varied = scaled.std(1) > 0
+    if varied.any() and scaled.shape[1] > 1:
+        result = scipy.stats.bootstrap((scaled[varied],), np.mean, axis=-1, vectorized=True, method="BCa",
                                        n_resamples=options.resamples, confidence_level=options.confidence,
                                        random_state=np.random.default_rng(seed))
-        low[varied], high[varied] = result.confidence_interval.low, result.confidence_interval.high
-    return low, high
+        low[varied], high[varied] = result.confidence_interval.low / scale, result.confidence_interval.high / scale
+    return values, low, high
 
 
 @resumable
@@ -183,12 +227,15 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     found = exact(scores, splits) if method == "exact" else sampled(
         scores, splits, SimpleNamespace(**options, job=identity.hash), cfg.seed, identity.output_dir / "progress.npz")
     empty = scores([0])[0]
+    if method == "exact" and options.floor is not None:
+        Console().print(f"note: shapley.floor={options.floor:g} is not used: it truncates sampled removal orders, and "
+                        f"these {len(groups)} groups' values are exact (every coalition)", markup=False, soft_wrap=True)
     rows, summary = [], {}
     for split in splits:
         per_example = found[split]["values"]  # [groups, examples]
-        low, high = intervals(per_example, options, cfg.seed)
+        grid = math.factorial(len(groups)) if method == "exact" else found[split]["permutations"]
+        values, low, high = intervals(per_example, options, cfg.seed, grid if score in WHOLE_SCORES else None)
         full, none = float(scores.known[scores.full][split].mean()), float(empty[split].mean())
-        values = per_example.mean(1)
         se = found[split].get("se", np.zeros(len(names)))
         for i, name in enumerate(names):
             rows.append({"split": split, "group": name, "heads": len(groups[i]), "value": values[i],
