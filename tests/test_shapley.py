@@ -104,6 +104,22 @@ def test_a_floor_the_full_model_does_not_beat_is_refused(score, floor, refused):
         check_floor(scores, floor, "validation")
 
 
+def test_shares_of_a_full_minus_empty_within_its_noise_come_with_a_warning():
+    """A model whose heads barely move the loss (full - empty = -2e-6) printed shares of 68% and -52%."""
+    from headlab.analysis.shapley.shapley_run import noise_warning
+
+    rng = np.random.default_rng(0)
+    full = rng.normal(0.69, 0.01, 50)
+    noise = full + rng.normal(0, 1e-6, 50)
+    differences = full - noise
+    spread = differences.std(ddof=1) / np.sqrt(50)
+    assert abs(differences.mean()) <= 2 * spread  # (this draw is within its noise)
+    assert noise_warning(full, noise, "loss") == (
+        f"the full model's and the every-group-removed loss are {differences.mean():+.4g} apart, within 2 standard "
+        f"errors ({spread:.3g}): the shares divide by noise")
+    assert noise_warning(full, full + 0.05 + rng.normal(0, 0.01, 50), "loss") is None
+
+
 @pytest.mark.parametrize("k", [3, 4])
 def test_intervals_of_whole_number_scores_do_not_move_with_float_rounding(k):
     """0/1 scores: each per-example value is a multiple of 1/k!. BCa counts the resamples that tie with the observed

@@ -244,6 +244,9 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         summary[split] = {"full": full, "empty": none, "sum": float(values.sum()),
                           "efficiency_gap": float(values.sum() - (full - none)),
                           "permutations": found[split].get("permutations")}
+        warning = noise_warning(scores.known[scores.full][split], empty[split], score)
+        if warning:
+            summary[split]["warning"] = warning
     table = pd.DataFrame(rows)
     result = {"kind": "shapley", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
               "over": options.over, "policy": options.policy, "score": score, "method": method,
@@ -259,8 +262,23 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                             f"{split}: {score} {numbers['empty']:.4f} with every group removed, {numbers['full']:.4f} "
                             f"full; values sum to {numbers['sum']:+.4f} -> {identity.output_dir / 'shapley.csv'}",
                             markup=False, soft_wrap=True)
+            if "warning" in numbers:
+                Console().print(f"warning: {split}: {numbers['warning']}", markup=False, soft_wrap=True)
     job.finish()
     return result
+
+
+def noise_warning(full: np.ndarray, empty: np.ndarray, score: str) -> str | None:
+    """Why the shares (value / (full - empty)) mean nothing, when full and empty differ by less than 2 standard
+    errors of their per-example differences (a model whose heads barely move its score), else None."""
+    differences = full - empty  # [examples]
+    if len(differences) < 2:
+        return None
+    spread = float(differences.std(ddof=1) / np.sqrt(len(differences)))
+    if abs(float(differences.mean())) > 2 * spread:
+        return None
+    return (f"the full model's and the every-group-removed {score} are {float(differences.mean()):+.4g} apart, within "
+            f"2 standard errors ({spread:.3g}): the shares divide by noise")
 
 
 def write_coalitions(scores: CoalitionScores, names: list[str], folder: Path) -> None:
