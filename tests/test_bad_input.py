@@ -41,6 +41,7 @@ def make_files(folder):
     (folder / "empty.jsonl").write_text("\n")
     (folder / "header_only.csv").write_text("sentence1,sentence2,label\n")
     (folder / "blank.txt").write_text("\n  \n\n")
+    (folder / "a_pair.txt").write_text("One sentence.\nA question?\tAn answer.\n")
     (folder / "three_texts.txt").write_text("One\x0csentence.\r\nA question?\u2028\tAn answer.\nx\ty\tz\n")  # 3 lines
     (folder / "features_job").mkdir()  # what mode=cluster reads before anything loads
     (folder / "features_job/features.npz").write_bytes(b"")
@@ -217,6 +218,8 @@ CASES = [
     ("ablate.py", ["mode=features", "features.text_file=/no/such.txt"], "/no/such.txt"),
     ("ablate.py", ["mode=features", "features.text_file=FILES/blank.txt"], "is empty"),
     ("ablate.py", ["mode=features", "features.text_file=FILES/three_texts.txt"], "line 3 has 3 tab-separated texts"),
+    ("ablate.py", ["mode=features", "features.text_file=FILES/a_pair.txt", "features.max_length=4"],  # a text lost
+     "features.max_length=4 is too short for the pairs of features.text_file="),
     ("ablate.py", ["mode=features", "features.split=test"], "'test' is not allowed; choose one of: train, validation"),
     ("ablate.py", ["mode=features", "features.families=[distance,syntax]"], "'syntax'"),
     ("ablate.py", ["mode=features", "features.max_sequences=0"], "features.max_sequences=0"),

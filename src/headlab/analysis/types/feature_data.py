@@ -17,6 +17,7 @@ import torch
 
 from headlab.analysis.types.checks import read_text_lines
 from headlab.core.families import family_for
+from headlab.errors import UserError
 from headlab.tasks.encoding import tokenize_split
 from headlab.tasks.loading import load_task_data
 
@@ -59,6 +60,12 @@ def text_file_sequences(path: str | Path, tokenizer, max_length: int, limit: int
     """The file's lines (a seeded sample of ``limit``), tokenised with [CLS]/[SEP], truncated to ``max_length``."""
     lines = read_text_lines(path)
     chosen = sample(len(lines), limit, seed)
+    pair_line = next((lines[i][0] for i in chosen if len(lines[i][1]) == 2), None)
+    needed = None if pair_line is None else tokenizer.num_special_tokens_to_add(pair=True) + 2
+    if needed is not None and max_length < needed:  # (truncation left a text of the pair without a token)
+        raise UserError(f"features.max_length={max_length} is too short for the pairs of features.text_file="
+                        f"{str(path)!r} (line {pair_line}): a pair needs {needed} tokens, its special tokens and one "
+                        "of each text")
     input_ids, token_type_ids, truncated = [], [], 0
     for texts in (lines[i][1] for i in chosen):
         text, pair = texts[0], texts[1] if len(texts) == 2 else None
