@@ -176,6 +176,35 @@ def test_the_clusters_file_feeds_the_guan_table_2_preset(clustered):
     assert set(result["plan"]["policies"].values()) <= {"prune"}
 
 
+def test_compare_refuses_a_cluster_job_whose_features_job_ran_again(clustered, tmp_path):
+    """mode=compare reads the shifts and roles from each cluster job's features job: run again on other text since,
+    it paired the old labels with the new data (and a compare run before said "already done"). Refused until the
+    cluster job runs again (the same command)."""
+    import shutil
+
+    root, jobs = clustered
+    features = tmp_path / "features"
+    shutil.copytree(root / "features_random", features)
+    cluster = ["ablate.py", "mode=cluster", f"cluster.features={features}", "cluster.stability_fits=2",
+               f"hydra.run.dir={tmp_path / 'cluster'}"]
+    run(*cluster, cwd_tmp=root)
+    compare = ["ablate.py", "mode=compare", f"compare.runs=[{tmp_path / 'cluster'},{jobs['tuned'][0]}]",
+               f"hydra.run.dir={tmp_path / 'compare'}"]
+    run(*compare, cwd_tmp=root)
+    table = pd.read_csv(features / "sieve_roles.csv")
+    table.to_csv(features / "sieve_roles.csv", index=False)  # written again (by a rerun, say)
+    refused = run(*compare, cwd_tmp=root, check=False)
+    assert_one_error_line(refused, f"its features job {str(features)!r} changed after it was clustered "
+                                   "(sieve_roles.csv); run that mode=cluster job again")
+    run(*cluster, cwd_tmp=root)  # its input changed: it runs again
+    again = run(*compare, cwd_tmp=root)
+    assert "already done" not in again.stdout + again.stderr
+    shutil.move(features, tmp_path / "moved")  # the shifts had read NaN without a word
+    gone = run(*compare[:-1], f"hydra.run.dir={tmp_path / 'compare_gone'}", cwd_tmp=root)
+    assert "is gone (moved or deleted): the shifts from or to it are left empty" in gone.stdout
+    assert pd.read_csv(tmp_path / "compare_gone/heads.csv").filter(like="shift/").isna().all().all()
+
+
 def test_clusters_of_other_weights_are_noted_not_refused(clustered):
     """The pre-trained model's types on the fine-tuned checkpoint (and the reverse): allowed, with a note naming
     both weights; clusters of the job's own weights: no note."""

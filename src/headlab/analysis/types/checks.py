@@ -12,7 +12,7 @@ import numpy as np
 from headlab.analysis.types.compare_roles import read_syntax_jobs
 from headlab.core.head_files import load_clusters
 from headlab.errors import UserError, one_of
-from headlab.files import read_json
+from headlab.files import path_stamp, read_json
 from headlab.training.checkpoints import locate_checkpoint
 
 
@@ -129,7 +129,23 @@ def read_clusters_run(source: str | Path) -> dict[str, Any]:
     if not isinstance(clusters, dict) or "labels" not in clusters or "shape" not in clusters:
         raise UserError(f"{str(path)!r} is not a clusters file written by mode=cluster (no labels/shape)")
     labels = load_clusters(path)  # every head of its shape, once, named L{layer}H{head}
+    check_features_unchanged(clusters, source)
     return clusters | {"labels": labels, "path": str(path.absolute())}
+
+
+def check_features_unchanged(clusters: dict[str, Any], source: str | Path) -> None:
+    """A ``UserError`` when the features job a cluster job read was run again (or its files changed) since: the
+    shifts and roles mode=compare reads there would pair these labels with other data. (A clusters file written
+    before the stamp was recorded, or whose features job is gone, is not checked.)"""
+    recorded, folder = clusters.get("features_stamp"), clusters.get("features")
+    if recorded is None or not folder or not Path(folder).is_dir():
+        return
+    now = path_stamp(folder)
+    changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
+    if changed:
+        raise UserError(f"compare.runs entry {str(source)!r}: its features job {folder!r} changed after it was "
+                        f"clustered ({', '.join(changed[:3])}); run that mode=cluster job again (its command) "
+                        "before comparing")
 
 
 def read_runs(runs: list[str], names: list[str] | None) -> list[dict[str, Any]]:

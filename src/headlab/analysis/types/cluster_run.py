@@ -34,7 +34,7 @@ from headlab.analysis.types.checks import UNREADABLE, check_features_file, featu
 from headlab.analysis.types.clusters import Clustering, agreement, distinct, fit_clusters, profiles, refits
 from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.types.features_run import features_table
-from headlab.files import read_json, write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.files import path_stamp, read_json, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots
 from headlab.training.tracking import log_artifacts
 
@@ -154,7 +154,8 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         "stability_split": options.stability_split, "stability_fits": options.stability_fits,
         "centroids": {name: clustering.centroids[i].tolist() for i, name in enumerate(clustering.names)},
         "bins": list(DISTANCE_BINS), "shape": [features.num_layers, features.num_heads],
-        "features": str(path.parent.absolute()), "num_sequences": features.num_sequences})
+        "features": str(path.parent.absolute()), "num_sequences": features.num_sequences,
+        "features_stamp": path_stamp(str(path.parent))})  # mode=compare reads the job's other files too
     title = f"{source['model']} ({source['task']}), {features.num_sequences} sequences"
     images = {
         "embeddings": head_plots.embeddings(embedded, names, table["layer"].tolist(), title,

@@ -98,6 +98,10 @@ def _distance(run: dict[str, Any], heads: list[str]) -> np.ndarray | None:
 def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Compare the head types of ``cfg.compare.runs``; ``cfg`` passed ``check_mode``."""
     runs, syntax = read_inputs(cfg)
+    gone = [run["name"] for run in runs if not (Path(run.get("features") or "") / "heads.parquet").is_file()]
+    if gone:
+        Console().print(f"note: the features job of {', '.join(gone)} is gone (moved or deleted): the shifts from "
+                        "or to it are left empty", markup=False, soft_wrap=True)
     logger = identity.logger(cfg.logger, f"compare-{runs[0]['model']}")
     tables = comparison_tables(runs, syntax)
     output_dir = identity.output_dir
