@@ -80,7 +80,7 @@ def make_files(folder):
             (job / "model/model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 99)
     from safetensors.torch import save_file
 
-    for name, shape in (("job_electra/model", (3, 4)), ("weights_2x2", (2, 2))):  # save_pretrained folders
+    for name, shape in (("job_electra/model", (3, 4)), ("weights_2x2", (2, 2)), ("weights_3x4", (3, 4))):
         (folder / name).mkdir(parents=True)
         (folder / name / "config.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": shape[0],
                                                                "num_attention_heads": shape[1], "hidden_size": 8}))
@@ -255,6 +255,11 @@ CASES = [
      "was trained with model=tiny_electra (this config: model=tiny_random)"),
     ("ablate.py", ["mode=eval", "ckpt_path=FILES/weights_2x2"], "holds a model of 2 layers x 2 heads, but "
      "model=tiny_random has 3 x 4"),
+    # model.config builds a random model: folder weights keep their config.json (the override was recorded, not used)
+    ("ablate.py", ["mode=eval", "ckpt_path=FILES/weights_3x4", "+model.config.layer_norm_eps=0.5"],
+     "weights_3x4' loads weights with their own config.json (layer_norm_eps=1e-12), which model.config does not"),
+    ("ablate.py", ["mode=eval", "model=minilm", "+model.config.hidden_act=relu"],
+     "model.config.hidden_act='relu': model.name_or_path="),
     ("ablate.py", ["mode=eval", "ckpt_path=FILES/job_no_config"], "its model/ has no config.json (not saved whole); "
      "pass its checkpoints/best.ckpt instead"),
     ("train.py", ["model.random_init=false", "model.name_or_path=FILES/job_truncated/model"], "is truncated"),

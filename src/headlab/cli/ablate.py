@@ -9,6 +9,7 @@ from headlab.analysis.modes import ANALYSIS_MODES, check_mode, run_mode
 from headlab.cli.errors import say
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, point_latest, progress_bars_follow
 from headlab.cli.schema import check_config
+from headlab.cli.unread_config import refuse_unread_model_config
 from headlab.study.interrupts import stopping_on_signals
 
 MODES = ("study", *ANALYSIS_MODES)  # what --help lists, in this order
@@ -36,6 +37,7 @@ def _run_ablate(cfg: Any) -> Any:
         log_lightning_once()
         point_latest(job_dir())
         return run_study(cfg, job_dir(), stages)
+    refuse_unread_model_config(cfg)
     check_mode(cfg)
     log_lightning_once()
     progress_bars_follow(cfg.trainer)

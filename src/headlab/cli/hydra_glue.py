@@ -152,6 +152,16 @@ def model_and_task_overrides() -> list[str]:
     return chosen + typed
 
 
+def typed_overrides(prefix: str) -> dict[str, str]:
+    """``{key: value}`` of the command line's overrides whose dotted key starts with ``prefix`` (``+`` / ``~`` off)."""
+    found = {}
+    for override in HydraConfig.get().overrides.task:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key == prefix.rstrip(".") or key.startswith(prefix):
+            found[key] = value
+    return found
+
+
 def job_dir() -> Path:
     """The running Hydra job's output directory (``hydra.run.dir``, or the sweep's subdir)."""
     return Path(HydraConfig.get().runtime.output_dir)

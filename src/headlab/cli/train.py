@@ -9,6 +9,7 @@ from typing import Any
 from headlab.cli.errors import say
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, model_and_task_overrides, progress_bars_follow
 from headlab.cli.schema import check_config
+from headlab.cli.unread_config import refuse_unread_model_config
 from headlab.core.masks import check_mask, plan_from_mask, refuse_substituted
 from headlab.core.model_files import check_fits_positions, check_weights_folder, looks_local, model_shape
 from headlab.errors import UserError
@@ -38,6 +39,7 @@ def check_train_config(cfg: Any) -> None:
         check_hub_dataset(cfg.task.name, cfg.task.dataset, cfg.task.get("subset"), [cfg.task.train_split])
     if not cfg.model.get("random_init") and looks_local(cfg.model.name_or_path):
         check_weights_folder(cfg.model.name_or_path, f"model.name_or_path={cfg.model.name_or_path!r}")
+    refuse_unread_model_config(cfg)
     if cfg.ckpt_path not in (None, "last"):
         check_lightning_checkpoint(Path(cfg.ckpt_path), cfg.model, cfg.task)
     check_epoch_fits_interval(cfg)
