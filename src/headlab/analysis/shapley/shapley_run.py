@@ -42,7 +42,6 @@ from headlab.analysis.shapley.schema import EXACT_LIMIT
 from headlab.analysis.shapley.scores import WHOLE_SCORES, example_scores, shapley_score
 from headlab.analysis.shapley.values import PermutationEstimate, antithetic_orders, exact_values
 from headlab.core.model_files import model_shape
-from headlab.errors import UserError
 from headlab.files import atomic_file, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
@@ -93,8 +92,10 @@ def sampled(scores: CoalitionScores, splits: list[str], options: Any, seed: int,
     governs the stop (``target_se``) and the chains' floor."""
     k, first = len(scores.groups), splits[0]
     sizes = {split: len(scores([scores.full])[scores.full][split]) for split in splits}
-    if options.floor is not None:
-        check_floor(scores, options.floor, first)
+    floor = options.floor
+    if floor is not None and (why := unreachable_floor(scores, floor, first)):
+        Console().print(f"warning: {why}", markup=False, soft_wrap=True)
+        floor = None
     estimates = {split: PermutationEstimate(k, sizes[split]) for split in splits}
     generator, done = np.random.default_rng(seed), _load_progress(progress, scores, options.job)
     if done:
@@ -103,7 +104,7 @@ def sampled(scores: CoalitionScores, splits: list[str], options: Any, seed: int,
     while estimates[first].permutations < options.max_permutations:
         orders = antithetic_orders(k, generator)
         key = tuple(orders[0])
-        chains = done.get(key) or [_chain(scores, order, options.floor, first) for order in orders]
+        chains = done.get(key) or [_chain(scores, order, floor, first) for order in orders]
         for order, chain in zip(orders, chains):
             for split in splits:
                 estimates[split].add_chain(order, np.stack([scores.known[c][split] for c in chain]))
@@ -117,19 +118,19 @@ def sampled(scores: CoalitionScores, splits: list[str], options: Any, seed: int,
         Console().print(f"note: shapley.target_se={options.target_se:g} not reached on {first}: the largest standard "
                         f"error is {largest:.4g} after shapley.max_permutations={options.max_permutations} orders",
                         markup=False, soft_wrap=True)
-    return {split: {"values": e.values(), "se": e.standard_errors(), "permutations": e.permutations}
-            for split, e in estimates.items()}
+    return {split: {"values": e.values(), "se": e.standard_errors(), "permutations": e.permutations,
+                    "floor": floor} for split, e in estimates.items()}
 
 
-def check_floor(scores: CoalitionScores, floor: float, split: str) -> None:
-    """A ``UserError`` when the full model is already no better than ``floor`` on ``split``: every chain would stop
-    before its first removal (the first group removed got the whole marginal, the others 0 with no spread)."""
+def unreachable_floor(scores: CoalitionScores, floor: float, split: str) -> str | None:
+    """Why ``floor`` is not applied, when the full model is already no better than it on ``split``: every chain would
+    stop before its first removal (the first group removed took the whole marginal, the others read 0 with no
+    spread); else None."""
     full = float(scores.known[scores.full][split].mean())
-    if _worse(scores.score)(full, floor):
-        side = "above" if scores.score == "loss" else "below"
-        raise UserError(f"shapley.floor={floor:g} is no better than the full model's {scores.score} on {split} "
-                        f"({full:.4f}): every removal chain would stop at once; give a floor {side} it (chance level, "
-                        "say), or null")
+    if not _worse(scores.score)(full, floor):
+        return None
+    return (f"shapley.floor={floor:g} is not applied: the full model's {scores.score} on {split} ({full:.4f}) is no "
+            "better than it, so every removal chain would stop at once; the values are untruncated")
 
 
 def _worse(score: str):
@@ -243,7 +244,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                          "share": values[i] / (full - none) if full != none else np.nan})
         summary[split] = {"full": full, "empty": none, "sum": float(values.sum()),
                           "efficiency_gap": float(values.sum() - (full - none)),
-                          "permutations": found[split].get("permutations")}
+                          "permutations": found[split].get("permutations"),
+                          "floor_applied": found[split].get("floor")}  # (None: no truncation)
         warning = noise_warning(scores.known[scores.full][split], empty[split], score)
         if warning:
             summary[split]["warning"] = warning
