@@ -404,6 +404,10 @@ def test_error_reporting_leaves_bugs_alone():
     from headlab.errors import UserError
 
     assert user_error_message(KeyError("x")) is None and user_error_message(RuntimeError("shape")) is None
+    # a file that went away under a job (pyarrow names none) is a bug to see in full, not "file None does not exist"
+    assert user_error_message(FileNotFoundError("[Errno 2] Failed to open local file 'x.arrow'")) is None
+    assert user_error_message(FileNotFoundError(2, "No such file or directory", "data.json")) == \
+        "file 'data.json' does not exist"
     try:
         try:
             raise UserError("mask.unit='word' is not allowed;\nchoose one of: sentence, segment")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,49 @@ def test_tokenisation_is_cached(tokenizer, tmp_path):
     other_unit = tokenize_split(raw, task, tokenizer, "segment", tmp_path, "validation")
     assert len(list((tmp_path / "demo_pairs").glob("validation-*.arrow"))) == 2
     assert list(other_unit["sentence_ids"]) != list(first["sentence_ids"])
+
+
+def test_jobs_sharing_a_cache_wait_for_the_one_making_a_file(tokenizer, tmp_path, monkeypatch):
+    """Two jobs of a parallel sweep tokenising one split: the second found the first's file written but its key not
+    yet recorded, removed it, and the first's ``datasets`` read of the file it had just moved in failed
+    (``FileNotFoundError``). Here the first job stops between writing its file and recording the key; the second,
+    started then, must wait and read that file, not make its own."""
+    import headlab.tasks.feature_cache as feature_cache
+
+    task = task_cfg("demo_pairs")
+    raw = load_task_data(task)["validation"].select(range(16))
+    written, release = threading.Event(), threading.Event()
+    record = feature_cache.write_json_atomic
+
+    def first_job_pauses(path, value):
+        if threading.current_thread().name == "first":
+            written.set()
+            release.wait(timeout=30)
+        record(path, value)
+
+    monkeypatch.setattr(feature_cache, "write_json_atomic", first_job_pauses)
+    results = {}
+
+    def job():
+        results[threading.current_thread().name] = tokenize_split(raw, task, tokenizer, "sentence", tmp_path,
+                                                                  "validation")
+
+    first = threading.Thread(target=job, name="first")
+    first.start()
+    assert written.wait(timeout=60)
+    (arrow,) = (tmp_path / "demo_pairs").glob("validation-*.arrow")
+    inode = arrow.stat().st_ino
+    second = threading.Thread(target=job, name="second")
+    second.start()
+    second.join(timeout=2)  # without the lock the second job removes the file and tokenises again by now
+    assert arrow.exists() and arrow.stat().st_ino == inode
+    release.set()
+    first.join(timeout=60)
+    second.join(timeout=60)
+    assert arrow.stat().st_ino == inode and set(results) == {"first", "second"}
+    assert results["second"].cache_files[0]["filename"] == str(arrow)
+    assert list(results["second"]["input_ids"]) == list(results["first"]["input_ids"]) == _direct_ids(
+        tokenizer, raw, task)
 
 
 def test_regression_labels_are_float():

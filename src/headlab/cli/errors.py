@@ -129,7 +129,7 @@ def user_error_message(error: BaseException) -> str | None:
         return f"cannot read the override {error.override!r}: {_one_line(error.message).split(' See ')[0]}; {quoting}"
     if isinstance(error, HydraException) or _is_lightning_misconfiguration(error):
         return _one_line(str(error))
-    if isinstance(error, FileNotFoundError):
+    if isinstance(error, FileNotFoundError) and error.filename:  # without a name it is a bug (a file that went away)
         return f"file {error.filename!r} does not exist"
     for exc in chain:  # Hydra's log file or .hydra/ in a folder the user may not write (a logging ValueError's cause)
         if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and exc.filename:

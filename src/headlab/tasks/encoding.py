@@ -15,7 +15,7 @@ import datasets
 import torch
 
 from headlab.core.units import unit_ids
-from headlab.tasks.feature_cache import FEATURES_VERSION, features_file, record_key, tokenizer_digest
+from headlab.tasks.feature_cache import FEATURES_VERSION, features_file, tokenizer_digest
 from headlab.tasks.squad import tokenize_squad
 
 
@@ -48,11 +48,9 @@ def tokenize_split(
     key = {"version": FEATURES_VERSION, "task": task.name, "type": task.type, "split": split,
            "data": dataset._fingerprint, "tokenizer": digest or tokenizer_digest(tokenizer), "unit": unit,
            "max_length": task.max_length, "layout": layout}
-    path = features_file(cache_dir, task.name, split, key)
-    features = tokenize_squad(dataset, tokenizer, task, unit, training, str(path)) if qa else _encode_split(
-        dataset, task, tokenizer, unit, str(path), split)
-    record_key(path, key)
-    return features
+    with features_file(cache_dir, task.name, split, key) as path:
+        return tokenize_squad(dataset, tokenizer, task, unit, training, str(path)) if qa else _encode_split(
+            dataset, task, tokenizer, unit, str(path), split)
 
 
 def _encode_split(dataset: datasets.Dataset, task: Any, tokenizer, unit: str, path: str, split: str):

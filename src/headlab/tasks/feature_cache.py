@@ -6,15 +6,21 @@ content: the raw data (``datasets``' fingerprint), every setting of the encoding
 added tokens, the inputs it returns, its padding and truncation sides and model maximum length
 (``tokenizer_digest``). Two tokenizers with one name (locally built ones have ``name_or_path=''``; a hub tokenizer
 re-saved or whose files changed under the same path) therefore never share a file. Beside it, ``<...>.key.json``
-records that key's content; a features file whose record is missing or differs is made again.
+records that key's content; a features file whose record is missing or differs is made again. Jobs that share a
+cache (a parallel sweep) take turns on a file under a lock beside it: one makes it while the others wait, then read
+it (without the lock, a second job removed a file the first had just written and was about to read).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from headlab.files import config_hash, write_json_atomic
 
@@ -47,20 +53,19 @@ def tokenizer_digest(tokenizer: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def features_file(cache_dir: str | Path, task_name: str, split: str, key: dict[str, Any]) -> Path:
-    """The features file of ``key`` (the content of the cache key, JSON-able), ready to be read or written: a
-    file whose recorded key is missing or differs is removed first, so ``datasets.map`` makes it again."""
+@contextmanager
+def features_file(cache_dir: str | Path, task_name: str, split: str, key: dict[str, Any]) -> Iterator[Path]:
+    """The features file of ``key`` (the content of the cache key, JSON-able), held under its lock while the caller
+    reads or writes it: a file whose recorded key is missing or differs is removed first, so ``datasets.map`` makes it
+    again, and the key is recorded when the caller's block ends without an error."""
     path = Path(cache_dir) / task_name / f"{split}-{config_hash(key)}.arrow"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and _recorded(path) != _plain(key):
-        path.unlink()
-    return path
-
-
-def record_key(path: Path, key: dict[str, Any]) -> None:
-    """Write ``key`` beside the features file ``path`` (once it is complete)."""
-    if _recorded(path) != _plain(key):
-        write_json_atomic(_key_file(path), _plain(key))
+    with FileLock(path.with_name(f"{path.stem}.lock")):
+        if path.exists() and _recorded(path) != _plain(key):
+            path.unlink()
+        yield path
+        if _recorded(path) != _plain(key):
+            write_json_atomic(_key_file(path), _plain(key))
 
 
 def _key_file(path: Path) -> Path:
