@@ -4,11 +4,15 @@ the tokenised data is cached) is skipped in the same folder; a setting that chan
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from conftest import run
+from omegaconf import OmegaConf
 
-from headlab.files import RESULT_NEUTRAL, without_keys
+from headlab.analysis.jobs.identity import resumable
+from headlab.files import RESULT_NEUTRAL, without_keys, write_json_atomic
 
 NEUTRAL = ["trainer.enable_progress_bar=true", "trainer.enable_model_summary=false", "trainer.log_every_n_steps=7",
            "trainer.profiler=simple", "data.num_workers=1"]
@@ -54,3 +58,26 @@ def test_a_fine_tuning_rerun_with_only_neutral_settings_changed_is_skipped(tmp_p
     other = run("train.py", *args, *NEUTRAL, "optim.lr=0.001", f'hydra.run.dir="{results.parent}"', cwd_tmp=tmp_path,
                 cwd=tmp_path).stdout
     assert "already done" not in other and "settings changed" in other and "optim.lr" in other
+
+
+def test_a_job_run_in_a_folder_of_other_results_removes_them_before_it_writes(tmp_path):
+    """Rerun in its folder with another setting and killed part-way, a job left the earlier run's complete
+    ``results.json`` beside its own first files: the earlier command then read "already done" over a mix of both."""
+    @resumable
+    def job(cfg, identity):
+        (identity.output_dir / "table.csv").write_text(f"min_count {cfg.syntax.min_count}\n")
+        if cfg.syntax.min_count == 1:
+            raise KeyboardInterrupt  # killed after its first file
+        summary = identity.complete({"kind": "syntax", "rows": cfg.syntax.min_count})
+        write_json_atomic(identity.output_dir / "results.json", summary)
+        return summary
+
+    earlier, other = (OmegaConf.create({"mode": "syntax", "seed": 0, "syntax": {"min_count": count}})
+                      for count in (5, 1))
+    assert job(earlier, tmp_path)["rows"] == 5
+    with pytest.raises(KeyboardInterrupt):
+        job(other, tmp_path)
+    assert not (tmp_path / "results.json").exists()  # the folder no longer reads as the earlier run, done
+    assert job(earlier, tmp_path)["rows"] == 5  # run again, not "already done" over the other run's table
+    assert (tmp_path / "table.csv").read_text() == "min_count 5\n"
+    assert json.loads((tmp_path / "results.json").read_text())["complete"]

@@ -68,6 +68,12 @@ def note_why_again(results_path: Path, computed: dict[str, Any], inputs: dict[st
     Console().print(f"note: {reason}: running the job again", markup=False, soft_wrap=True)
 
 
+def retire_results(results_path: Path) -> None:
+    """Remove the ``results.json`` of an earlier run before a job that is not it writes anything in its folder:
+    killed part-way, the folder would read as that run, done, beside a mix of both runs' files."""
+    Path(results_path).unlink(missing_ok=True)
+
+
 MAX_SHOWN = 4  # changed settings named in a note
 
 

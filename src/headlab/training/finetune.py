@@ -27,7 +27,7 @@ from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
 from headlab.files import file_stamp, input_stamps, relative_paths, without_keys, write_json_atomic
 from headlab.files import job_hash as hash_of_job
-from headlab.reporting.results import TrainResult, already_done, note_why_again, refuse_another_job
+from headlab.reporting.results import TrainResult, already_done, note_why_again, refuse_another_job, retire_results
 from headlab.training.batches import check_val_check_interval
 from headlab.training.checkpoints import FINAL_WEIGHTS, PLAN_KEY, check_lightning_checkpoint
 from headlab.training.datamodule import TaskDataModule
@@ -206,6 +206,7 @@ def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> d
                             "hydra.run.dir", markup=False, soft_wrap=True)
         return done
     note_why_again(output_dir / "results.json", computed, inputs, computed_part)
+    retire_results(output_dir / "results.json")
     resume = resume_checkpoint(cfg, checkpoint_dir, job_hash)
     monitor = f"{cfg.task.eval_splits[0]}/{cfg.task.main_metric}"
 

@@ -23,7 +23,13 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
 from headlab.files import input_stamps, job_hash, relative_paths, without_keys
-from headlab.reporting.results import already_done, library_versions, note_why_again, refuse_another_job
+from headlab.reporting.results import (
+    already_done,
+    library_versions,
+    note_why_again,
+    refuse_another_job,
+    retire_results,
+)
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash (and headlab.files.RESULT_NEUTRAL).
@@ -96,6 +102,7 @@ def resumable(run: Callable[[Any, JobIdentity], Result]) -> Callable[[Any, str |
         if done is not None:
             return done
         note_why_again(output_dir / "results.json", hashed_part(resolved), inputs, hashed_part)
+        retire_results(output_dir / "results.json")
         with tracked_job():
             return run(cfg, JobIdentity(output_dir, resolved, this_hash, inputs))
 
