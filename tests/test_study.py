@@ -157,7 +157,8 @@ def test_study_md_numbers_equal_the_stage_files(finished):
         shown = markdown_table(text, f"; `syntax/{name}/syntax.csv`")
         assert list(shown["relation"]) == list(best["relation"])
         assert [float(v) for v in shown["accuracy"]] == pytest.approx(list(100 * best["accuracy"]), abs=0.05 + 1e-9)
-        assert list(shown["head"]) == [f"{h} ({d})" for h, d in zip(best["head"], best["direction"])]
+        assert list(shown["head"]) == [f"{h} ({d})" + (f", 1 of {n} tied" if n > 1 else "")
+                                       for h, d, n in zip(best["head"], best["direction"], best["tied"])]
     assert summary_of(folder)["syntax"]["seed0"]["all"]["accuracy"] == best.set_index("relation").loc["all",
                                                                                                       "accuracy"]
 

@@ -30,6 +30,14 @@ def temporary_beside(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
+def share_files(folder: Path) -> None:
+    """Give the files of ``folder`` the mode a new file gets (0666 less the umask): transformers writes
+    ``model.safetensors`` 0600, which a group sharing the folder could not read."""
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~_umask())
+
+
 def _umask() -> int:
     """The process's umask, read without changing it (Linux); elsewhere set and put back."""
     try:

@@ -111,3 +111,26 @@ def check_weights_folder(folder: str | Path, what: str) -> None:
     if 8 + length + end > size:
         raise UserError(f"{what}: {str(path)!r} is truncated ({size} bytes; its tensors need {8 + length + end}); "
                         "train or save it again")
+
+
+# A tokenizer's vocabulary, in the formats transformers saves (WordPiece, byte-level BPE, SentencePiece, fast).
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "spm.model",
+                    "tokenizer.model")
+
+
+def check_tokenizer_folder(folder: str | Path, what: str) -> None:
+    """A ``UserError`` naming ``what`` when a local model folder has no tokenizer vocabulary: transformers then
+    builds a tokenizer of its special tokens alone, and every word becomes ``[UNK]``."""
+    folder = Path(folder).expanduser()
+    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
+        raise UserError(f"{what}: {str(folder)!r} has no tokenizer (none of {', '.join(VOCABULARY_FILES)}); save the "
+                        "model's tokenizer there too (tokenizer.save_pretrained)")
+
+
+def check_tokenizer_fits(tokenizer: Any, config: dict[str, Any], what: str) -> None:
+    """A ``UserError`` naming ``what`` when the tokenizer has more tokens than the model's embeddings rows: its
+    largest ids would run past them (a tokenizer of another model)."""
+    rows = config.get("vocab_size")
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        raise UserError(f"{what}: its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {rows} "
+                        "(its embeddings): a tokenizer of another model? give the model's own tokenizer")

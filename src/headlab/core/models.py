@@ -27,7 +27,14 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from headlab.core.families import family_for
-from headlab.core.model_files import check_name_or_path, check_weights_folder, hub_error
+from headlab.core.model_files import (
+    check_name_or_path,
+    check_tokenizer_fits,
+    check_tokenizer_folder,
+    check_weights_folder,
+    config_json,
+    hub_error,
+)
 from headlab.core.tiny_tokenizers import tiny_config_fields, tiny_tokenizer
 from headlab.errors import UserError
 
@@ -76,7 +83,16 @@ def load_tokenizer(cfg: Any):
     """The checkpoint's tokenizer; a random model's: the tiny one of its model type (``tiny_tokenizers``)."""
     if cfg.get("random_init"):
         return tiny_tokenizer(dict(cfg.get("config") or {}).get("model_type", "bert"))
-    return from_hub_or_folder(AutoTokenizer, cfg.name_or_path)
+    where = f"model.name_or_path={cfg.name_or_path!r}"
+    if check_name_or_path(cfg.name_or_path):
+        check_tokenizer_folder(cfg.name_or_path, where)
+    try:
+        tokenizer = from_hub_or_folder(AutoTokenizer, cfg.name_or_path)
+    except ValueError as error:  # a tokenizer_config.json / tokenizer.json that is not JSON
+        raise UserError(f"{where}: its tokenizer files cannot be read ({' '.join(str(error).split())}); save the "
+                        "tokenizer again (save_pretrained)") from None
+    check_tokenizer_fits(tokenizer, config_json(cfg), where)
+    return tokenizer
 
 
 def load_model(cfg: Any, head: str | None = None, overrides: dict[str, Any] | None = None):

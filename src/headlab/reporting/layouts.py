@@ -164,13 +164,20 @@ def to_latex(table: pd.DataFrame, caption: str, index: bool = False) -> str:
 
 
 def clark_layout(table: pd.DataFrame) -> pd.DataFrame:
-    """Clark et al.'s Table 1: relation, head (direction), accuracy, baseline (offset), with our CI and p-value."""
+    """Clark et al.'s Table 1: relation, head (direction), accuracy, baseline (offset), with our CI and p-value; a
+    head as right as others says how many (``L0H2 (head->dep), 1 of 26 tied``: it is named as the first of them)."""
     return pd.DataFrame({
         "relation": table["relation"], "words": table["count"],
-        "head": table["head"] + " (" + table["direction"] + ")",
+        "head": [f"{head} ({direction})" + (f", 1 of {tied} tied" if tied > 1 else "")
+                 for head, direction, tied in zip(table["head"], table["direction"], _tied(table))],
         "accuracy": (100 * table["accuracy"]).map("{:.1f}".format),
         "baseline": [f"{100 * a:.1f} ({o:+d})" for a, o in zip(table["baseline_accuracy"], table["baseline_offset"])],
         "difference [CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" if np.isfinite(lo) else
                             f"{100 * d:+.1f} [n/a]"
                             for d, lo, hi in zip(table["difference"], table["ci_low"], table["ci_high"])],
         "p (Holm)": table["p_adjusted"].map(lambda p: "n/a" if np.isnan(p) else f"{p:.3g}")})
+
+
+def _tied(table: pd.DataFrame) -> list[int]:
+    """The heads as right as the one named, per row (1 for a table written before headlab counted them)."""
+    return [int(n) for n in table["tied"]] if "tied" in table else [1] * len(table)

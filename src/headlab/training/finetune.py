@@ -25,7 +25,7 @@ from rich.console import Console
 
 from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
-from headlab.files import file_stamp, input_stamps, relative_paths, without_keys, write_json_atomic
+from headlab.files import file_stamp, input_stamps, relative_paths, share_files, without_keys, write_json_atomic
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_why_again, refuse_another_job, retire_results
 from headlab.training.batches import check_val_check_interval
@@ -227,20 +227,28 @@ def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> d
             logger.log_hyperparams(resolved)
         if trainer.is_global_zero:
             claim_checkpoints(checkpoint_dir, job_hash, resume)
+        resumed_step = checkpoint_step(Path(resume)) if resume is not None and trainer.is_global_zero else None
         trainer.fit(module, datamodule=data, ckpt_path=resume)
-        if resume is not None and trainer.is_global_zero and trainer.global_step == checkpoint_step(Path(resume)):
+        if resumed_step is not None and trainer.global_step == resumed_step:
             Console().print(f"note: {resume} had finished its training (step {trainer.global_step}, trainer.max_* of "
                             "this config): this run trained no step; its weights are that checkpoint's", markup=False,
                             soft_wrap=True)
-        if module.validated_step != trainer.global_step:  # training ended between validations
+        validated_after = module.validated_step != trainer.global_step  # training ended between validations
+        if validated_after:
             trainer.validate(module, datamodule=data, verbose=False)
         trainer.save_checkpoint(checkpoint_dir / "last.ckpt", weights_only=False)  # the metrics' weights, resumable
         final_weights = output_dir / FINAL_WEIGHTS
         # resumed from another directory's state, Lightning keeps that run's best path (not its score): not this run's
         ours = bool(checkpoint.best_model_path) and \
             Path(checkpoint.best_model_path).parent.resolve() == checkpoint_dir.resolve()
-        best, last = kept_checkpoints(checkpoint_dir, checkpoint.best_model_path if ours else None,
-                                      trainer.global_step, final_weights, cfg.keep_training_state)
+        best_path = checkpoint.best_model_path if ours else None
+        best_score = float(checkpoint.best_model_score) if ours and checkpoint.best_model_score is not None else None
+        final_score = module.last_metrics.get(cfg.task.eval_splits[0], {}).get(cfg.task.main_metric)
+        if validated_after and final_score is not None and (best_score is None or final_score > best_score):
+            # the validation after training is no checkpoint callback's: the final weights (last.ckpt) beat the best
+            best_path, best_score = str(checkpoint_dir / "last.ckpt"), final_score
+        best, last = kept_checkpoints(checkpoint_dir, best_path, trainer.global_step, final_weights,
+                                      cfg.keep_training_state)
         result = TrainResult(
             task=cfg.task.name,
             model=cfg.model.name,
@@ -252,7 +260,7 @@ def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> d
             num_evaluated=module.last_counts,
             final_weights=str(final_weights),
             best_checkpoint=best,
-            best_score=float(checkpoint.best_model_score) if ours and checkpoint.best_model_score is not None else None,
+            best_score=best_score,
             last_checkpoint=last,
             resumed_from=resume,
             global_step=trainer.global_step,
@@ -277,6 +285,7 @@ def save_final_weights(model: Any, tokenizer: Any, folder: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
+    share_files(staging)
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
     return folder

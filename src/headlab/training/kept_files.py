@@ -46,10 +46,12 @@ def kept_checkpoints(checkpoint_dir: Path, best: str | None, final_step: int, fi
 def keep_only(checkpoint_dir: Path, record: dict[str, Any]) -> None:
     """Remove the checkpoints ``record`` (a finished run's results) does not name, and the training state of those
     it names unless it kept that state. Idempotent: a run killed halfway through it finishes on its rerun."""
-    named = {record.get("best_checkpoint"), record.get("last_checkpoint")}
+    # by name: the record's paths are absolute, and a job folder moved since would otherwise lose every checkpoint
+    named = {Path(path).name for path in (record.get("best_checkpoint"), record.get("last_checkpoint"))
+             if isinstance(path, str) and Path(path).parent.name == checkpoint_dir.name}
     keep_state = record.get("last_checkpoint") is not None
     for path in sorted(checkpoint_dir.glob("*.ckpt")):
-        if str(path) not in named:
+        if path.name not in named:
             path.unlink()
         elif not keep_state:
             weights_only(path)

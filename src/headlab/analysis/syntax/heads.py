@@ -211,17 +211,25 @@ def head_accuracies(scores: SyntaxScores, relations: Iterable[str]) -> pd.DataFr
 
 
 def best_heads(scores: SyntaxScores, counts: pd.Series,
-               paired: Callable[[np.ndarray, np.ndarray], dict[str, float]]) -> pd.DataFrame:
+               tested: Callable[[np.ndarray, int, np.ndarray], dict[str, float]]) -> pd.DataFrame:
     """Clark et al.'s table: per relation the best head (either direction) and the best offset baseline, with
-    ``paired(head_outcomes, baseline_outcomes)`` (per word; a CI and p-value of the difference) merged in."""
+    ``tested(candidates, chosen, baseline_outcomes)`` merged in (per word: every scored head's outcomes
+    ``[words, heads x directions]``, the chosen one's column; ``best_head_test``: the difference, its interval and
+    p-value)."""
     rows = []
+    scored = np.ones(scores.correct.shape[1:], dtype=bool) if scores.changed is None else \
+        np.broadcast_to(~scores.changed[..., None], scores.correct.shape[1:])  # [layers, heads, 2]
     for relation, count in counts.items():
         words = scores.scope(relation)
         accuracy = scores.accuracy(words)  # [layers, heads, 2]
         layer, head, direction = np.unravel_index(np.nanargmax(accuracy), accuracy.shape)
         offset = max(OFFSETS, key=lambda o: (scores.offsets[o][words].mean(), -abs(o)))
         chosen, base = scores.correct[words, layer, head, direction], scores.offsets[offset][words]
+        candidates = scores.correct[words][:, scored]  # [words, scored heads x directions], C order
+        column = int(scored[:layer].sum() + scored[layer, :head].sum() + scored[layer, head, :direction].sum())
         rows.append({"relation": relation, "count": int(count), "head": head_name(int(layer), int(head)),
                      "direction": DIRECTIONS[direction], "accuracy": float(chosen.mean()),
-                     "baseline_offset": offset, "baseline_accuracy": float(base.mean()), **paired(chosen, base)})
+                     "tied": int((candidates.sum(0) == chosen.sum()).sum()),  # heads as right as the one named
+                     "baseline_offset": offset, "baseline_accuracy": float(base.mean()),
+                     **tested(candidates, column, base)})
     return pd.DataFrame(rows)

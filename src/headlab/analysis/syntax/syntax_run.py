@@ -9,8 +9,8 @@ it comes (the heads the plan changes are not scored). The job directory gets:
 ``syntax.json``            every head x relation x direction accuracy, the offset baselines per relation,
                            the counts and what was skipped
 ``syntax.csv`` / ``.md``   Clark et al.'s table: per relation the best head and direction, its accuracy, the
-                           best offset baseline, the difference with a paired bootstrap CI over words and a
-                           permutation p-value (Holm-adjusted across the rows)
+                           best offset baseline, the difference with an interval and a one-sided p-value that
+                           allow for the head being the best of all (``best_head_test``; Holm across the rows)
 ``syntax_heads_*.png``     per direction, each head's best relation and its accuracy
 ``syntax_examples.png``    the best heads of the top relations on example sentences (Clark et al.'s Fig. 5)
 ``sieve_roles.csv``        Pande et al.'s syntactic roles: per head and role (syntactic, nsubj, obj, amod, advmod)
@@ -30,6 +30,7 @@ import pandas as pd
 from rich.console import Console
 
 from headlab.analysis.jobs.identity import JobIdentity, resumable
+from headlab.analysis.syntax.best_head_test import best_head_test
 from headlab.analysis.syntax.checks import require_scorable, syntax_plan
 from headlab.analysis.syntax.data import EncodedTreebank, encode_treebank
 from headlab.analysis.syntax.heads import (
@@ -55,7 +56,7 @@ from headlab.core.models import load_tokenizer, model_config
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting.head_plots import role_panels
 from headlab.reporting.layouts import clark_layout, to_markdown
-from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
+from headlab.reporting.statistics import adjust_p_values
 from headlab.training.checkpoints import locate_checkpoint, tokenizer_config, weights_model_config
 from headlab.training.progress import ProgressLines, counted_batches
 from headlab.training.tracking import log_artifacts
@@ -68,6 +69,9 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     tokenizer = load_tokenizer(tokenizer_config(checkpoint, cfg.model))
     limit = model_max_length(tokenizer, model_config(weights_model_config(checkpoint, cfg.model)))
     max_length = limit if cfg.syntax.max_length is None else min(cfg.syntax.max_length, limit)
+    if max_length < (cfg.syntax.max_length or 0):
+        Console().print(f"note: syntax.max_length={cfg.syntax.max_length} is more than the model takes: {limit} word "
+                        "pieces", markup=False)
     source = evaluation_source(cfg.syntax)
     sentences = read_evaluation(cfg.syntax)
     encoded = encode_treebank(sentences, tokenizer, max_length, str(source))
@@ -92,8 +96,12 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     counts = relation_counts(scores, cfg.syntax.min_count, cfg.syntax.relations)
     below = relations_below(scores, cfg.syntax.min_count, cfg.syntax.relations)
     accuracies = head_accuracies(scores, counts.index)
-    table = best_heads(scores, counts, paired_difference(cfg.syntax, cfg.seed))
+    table = best_heads(scores, counts, head_test(cfg.syntax, cfg.seed))
     table["p_adjusted"] = adjust_p_values(table["p_value"].to_numpy(), "holm")
+    unscored = [r for r in cfg.syntax.relations or () if r not in counts.index]
+    remarks = resolution_warning(table, cfg.syntax) + unscored_note(unscored, len(encoded.sentences), skipped)
+    for line in remarks:
+        Console(stderr=True, soft_wrap=True).print(line, markup=False)
     out = identity.output_dir
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "syntax.json", syntax_record(scores, accuracies, counts, encoded, table))
@@ -102,8 +110,10 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     if plan is not None:
         title += f", under {plan.describe()} (those heads not scored)"
     left_out = left_out_sentence(below, cfg.syntax.min_count)
-    write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table))
-                      + (f"\n{left_out}\n" if left_out else ""))
+    skipped_line = f"{skipped} sentences skipped ({encoded.too_long} longer than {max_length} word pieces, " \
+        f"{encoded.no_pieces} with a word of no piece)." if skipped else ""
+    after = "".join(f"\n{line}\n" for line in (left_out, skipped_line, *remarks) if line)
+    write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table)) + after)
     options = cfg.syntax
     roles = sieve_roles(scores.sieve, options.sieve_tau, options.sieve_alpha, options.sieve_correction)
     write_frame_atomic(roles, out / "sieve_roles.csv")
@@ -180,21 +190,33 @@ def probe_sentence(probe: dict[str, Any]) -> str:
             f"{100 * probe['right_branching']['uas']:.1f}.")
 
 
-def paired_difference(options: Any, seed: int):
-    """Per relation: the best head's accuracy minus the baseline's, with a paired bootstrap CI over words (BCa) and
-    a paired permutation p-value (``headlab.reporting.statistics``: words are the examples)."""
-    config = Resampling(options.resamples, options.resamples, options.confidence, "bca", seed)
+def head_test(options: Any, seed: int):
+    """Per relation: the best head's accuracy minus the baseline's, with an interval and a one-sided p-value that
+    allow for the head being the best of all (``best_head_test``)."""
+    def tested(candidates: np.ndarray, chosen: int, baseline: np.ndarray) -> dict[str, float]:
+        return best_head_test(candidates, chosen, baseline, options.resamples, options.confidence, seed)
+    return tested
 
-    def paired(head: np.ndarray, baseline: np.ndarray) -> dict[str, float]:
-        if len(head) < 2:  # one word: no interval, no test
-            return {"difference": float(head.mean() - baseline.mean()), "ci_low": np.nan, "ci_high": np.nan,
-                    "p_value": np.nan}
-        ones = np.ones(len(head), dtype=np.int64)
-        result = paired_tests("accuracy", [{"label": ones, "prediction": head.astype(np.int64)}],
-                              {"label": ones, "prediction": baseline.astype(np.int64)}, config)[0]
-        return {"difference": result.delta, "ci_low": result.ci_low, "ci_high": result.ci_high,
-                "p_value": result.p_value}
-    return paired
+
+def resolution_warning(table: pd.DataFrame, options: Any) -> list[str]:
+    """A warning when no row's Holm-adjusted p-value can fall below 1 - confidence: the smallest p-value
+    ``syntax.resamples`` can give is 1 / (resamples + 1), and Holm multiplies the smallest by the number of rows."""
+    rows = int(np.isfinite(table["p_value"]).sum())
+    floor = rows / (options.resamples + 1)
+    if rows == 0 or floor <= 1 - options.confidence:
+        return []
+    needed = int(np.ceil(rows / (1 - options.confidence)))
+    return [f"warning: with syntax.resamples={options.resamples}, no row can reach p (Holm) < "
+            f"{1 - options.confidence:g} (the smallest possible is {rows} rows / {options.resamples + 1} = "
+            f"{floor:.3g}): no relation can show its head beating the baseline; use syntax.resamples={needed} or more"]
+
+
+def unscored_note(unscored: list[str], scored: int, skipped: int) -> list[str]:
+    """A note for relations ``syntax.relations`` names that no scored sentence has (theirs were skipped)."""
+    if not unscored:
+        return []
+    return [f"note: syntax.relations names {', '.join(unscored)}, but none of the {scored} sentences scored has "
+            f"{'it' if len(unscored) == 1 else 'them'} ({skipped} skipped as too long): no row"]
 
 
 def syntax_record(scores: SyntaxScores, accuracies: pd.DataFrame, counts: pd.Series, encoded: EncodedTreebank,

@@ -6,7 +6,8 @@ a gold head (0 is the root, else the 1-based index of another word) and a relati
 ``nmod:poss``). Every tree is checked: heads in range, exactly one root, no cycle; a file that breaks this is a
 ``UserError`` naming the file, the sentence and the word. Relations are stripped of surrounding white space; one
 that is empty or ``_``, holds white space, or differs from another of the file only in case (``nsubj`` and
-``NSUBJ``: two rows that print alike) is a ``UserError`` too. A byte-order mark at the file's start is skipped.
+``NSUBJ``: two rows that print alike) is a ``UserError`` too, as is a root (head 0) under another relation than
+``root`` (other tools' ``ROOT`` is read as ``root``). A byte-order mark at the file's start is skipped.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def read_conllu(path: str | Path, what: str = "syntax.conllu") -> list[Sentence]
 
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{what}={str(path)!r}: no such file; give a CoNLL-U treebank (.conllu)")
+        found = "a folder" if path.is_dir() else "no such file"
+        raise UserError(f"{what}={str(path)!r}: {found}; give a CoNLL-U treebank (.conllu)")
     sentences = []
     labels: dict[str, tuple[str, str]] = {}  # lower-cased relation -> (the relation, where it was first seen)
+    number = 0
     try:
         with path.open(encoding="utf-8-sig") as handle:  # -sig: a byte-order mark is not part of the first line
             for number, tokens in enumerate(conllu.parse_incr(handle), start=1):
@@ -52,7 +55,8 @@ def read_conllu(path: str | Path, what: str = "syntax.conllu") -> list[Sentence]
                     _check_labels_alike(sentence, labels, f"{what}={str(path)!r}")
                     sentences.append(sentence)
     except ParseException as error:
-        raise UserError(f"{what}={str(path)!r} is not CoNLL-U: {error}") from None
+        raise UserError(f"{what}={str(path)!r} is not CoNLL-U: sentence {number + 1} of the file: {error} (a word "
+                        "line is 10 tab-separated columns; HEAD, the 7th, is a word's number or 0)") from None
     except UnicodeDecodeError as error:
         raise UserError(f"{what}={str(path)!r} is not UTF-8 text: {error}") from None
     if not sentences:
@@ -79,7 +83,26 @@ def _sentence(tokens, number: int, path: Path, what: str) -> Sentence | None:
             raise UserError(f"{where}: word {index} ({words[index - 1]['form']!r}) has the relation "
                             f"{str(words[index - 1]['deprel'])!r}; give a dependency relation (DEPREL, the 8th "
                             "column), e.g. nsubj or nmod:poss")
-    return Sentence(str(sent_id), tuple(token["form"] for token in words), heads, relations)
+    return Sentence(str(sent_id), tuple(token["form"] for token in words), heads, _root_named(heads, relations, words,
+                                                                                             where))
+
+
+def _root_named(heads: tuple[int, ...], relations: tuple[str, ...], words, where: str) -> tuple[str, ...]:
+    """``relations`` with the root's (head 0) written ``root``, as every scored row assumes: other tools' ``ROOT``
+    is read so; a root under another relation, or a word called ``root`` with a head, is a ``UserError`` (it would
+    be scored as a word of that relation, or left out)."""
+    named = list(relations)
+    for index, (head, relation) in enumerate(zip(heads, relations)):
+        word = f"word {index + 1} ({words[index]['form']!r})"
+        if head == 0 and relation.lower() != "root":
+            raise UserError(f"{where}: {word} is the root (head 0) but has the relation {relation!r}; the root's "
+                            "relation is root")
+        if head != 0 and relation.lower() == "root":
+            raise UserError(f"{where}: {word} has the relation {relation!r} but head {head}; only the word with "
+                            "head 0 is the root")
+        if head == 0:
+            named[index] = "root"
+    return tuple(named)
 
 
 def _check_labels_alike(sentence: Sentence, labels: dict[str, tuple[str, str]], file: str) -> None:
