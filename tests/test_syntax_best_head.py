@@ -73,3 +73,12 @@ def test_no_interval_where_every_word_differs_alike_and_no_test_of_one_word():
     assert result["p_value"] == pytest.approx(exact_max_t_p(candidates, 0, baseline), abs=0.15)
     single = best_head_test(candidates[:1], 0, baseline[:1], resamples=100, confidence=0.95, seed=0)
     assert single["difference"] == 1.0 and np.isnan(single["p_value"]) and np.isnan(single["ci_low"])
+
+
+def test_the_interval_stays_where_a_difference_of_accuracies_can_lie():
+    """Five words and a head worse than the baseline: difference -0.6 +- q se reached -1.6."""
+    baseline = np.array([True, True, True, True, False])
+    candidates = np.stack([~baseline, np.zeros(5, dtype=bool), baseline], axis=1)
+    result = best_head_test(candidates, 0, baseline, resamples=500, confidence=0.95, seed=0)
+    assert result["difference"] == pytest.approx(-0.6) and result["ci_low"] == -1.0
+    assert -1.0 <= result["ci_low"] <= result["difference"] <= result["ci_high"] <= 1.0

@@ -12,6 +12,7 @@ for the chosen one too. Per word and candidate ``k``: ``d_k = head k right - bas
 * **interval**: the words resampled with replacement ``resamples`` times; ``q`` is the ``confidence`` quantile of
   ``max_k |mean*_k - mean_k| / se_k``; the interval is the chosen head's difference +- ``q se``. None (NaN) when every
   word's difference is the same: there is nothing to resample, and a zero-width interval would read as certainty.
+  The interval is cut to [-1, 1], where a difference of two accuracies lies.
 
 The baseline's offset is the best of five on the same words and is held fixed; that only makes the test stricter.
 """
@@ -70,7 +71,8 @@ def _simultaneous_interval(differences: np.ndarray, chosen: int, resamples: int,
         resampled = (counts @ moving).double() / words  # [size, varied heads]
         largest.append(((resampled - centre).abs() / scale).max(1).values)
     q = float(torch.quantile(torch.cat(largest), confidence))
-    return float(means[chosen] - q * spread[chosen]), float(means[chosen] + q * spread[chosen])
+    low, high = means[chosen] - q * spread[chosen], means[chosen] + q * spread[chosen]
+    return float(max(low, -1.0)), float(min(high, 1.0))  # a difference of two accuracies lies in [-1, 1]
 
 
 def _chunks(total: int) -> list[int]:
