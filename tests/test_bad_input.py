@@ -347,6 +347,10 @@ CASES = [
                    "mask.reference_examples=600"], "has 500 examples; mask.reference_examples=600"),
     ("ablate.py", ["mode=study", "study.robustness.mask.reference_examples=5000"],
      "mask.reference=train (split train) has 3000 examples; mask.reference_examples=5000"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=5"],
+     "head selector 5 is not a string"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "plan=prune_dense"],
+     "plan='prune_dense', but no plans are defined"),
 ]
 
 

@@ -112,6 +112,10 @@ def test_top_and_bottom_selectors_rank_by_importance(tmp_path):
         ("top:3", "needs an importance file"),
         ("bottom:10%", "needs an importance file"),
         ("cluster:", "unknown selector token"),
+        (5, "head selector 5 is not a string"),  # mask.heads=5 as Hydra reads it: a traceback
+        (True, "head selector True is not a string"),
+        ("L1H02", "write numbers without leading zeros \\(L1H2\\)"),  # one head, one spelling (one plan, one job)
+        ("L01-2", "without leading zeros \\(L1-2\\)"),
     ],
 )
 def test_bad_selectors(selector, message):

@@ -430,3 +430,20 @@ def test_the_report_line_counts_its_jobs():
 
     assert Report(pd.DataFrame({"job": ["a", "a"]}), Path("out")).summary() == "report of 1 job -> out"
     assert Report(pd.DataFrame({"job": ["a", "b"]}), Path("out")).summary() == "report of 2 jobs -> out"
+
+
+def test_the_changed_heads_are_listed_in_layer_and_head_order():
+    """Sorted as text they read L2H0,L2H1,L2H10,L2H11,L2H2."""
+    import pathlib
+
+    from headlab.reporting.sweep_table import _job_rows
+
+    policies = {f"L{layer}H{head}": "prune" for layer, head in ((2, 10), (2, 2), (10, 0), (2, 0), (3, 1))}
+    result = {"mode": "eval", "config": {"task": {"main_metric": "accuracy"}}, "plan_name": "p", "group": "g",
+              "model": "m", "task": "t", "checkpoint": {"weights_hash": "w"}, "seed": 0,
+              "plan": {"rules": [{"heads": sorted(policies), "policy": "prune"}], "policies": policies},
+              "policy": "prune", "unit": "sentence", "renormalize": False}
+    result |= {"metrics": {"v": {"a": 1.0}}, "baseline": {"v": {"a": 1.0}}, "delta": {"v": {"a": 0.0}},
+               "num_examples": {"v": 1}, "records": "r", "baseline_records": {"v": "b"}}
+    (row,) = _job_rows(pathlib.Path("/r"), pathlib.Path("/r/job/results.json"), result)
+    assert row["changed"] == "L2H0,L2H2,L2H10,L3H1,L10H0"

@@ -41,8 +41,8 @@ def naive_p(head: np.ndarray, baseline: np.ndarray, rng: np.random.Generator, re
 
 def test_heads_that_know_nothing_are_found_at_the_nominal_rate():
     """Forty heads and a baseline, each right on 30 % of 150 words at random: no head is better. Picked as the best
-    and tested alone, one is "significant" over a third of the time; allowing for the choice, at most about 5 %. The interval
-    covers the true difference, 0, about 95 % of the time."""
+    and tested alone, one is "significant" over a third of the time; allowing for the choice, at most about 5 %. The
+    interval covers the true difference, 0, about 95 % of the time."""
     rng = np.random.default_rng(0)
     trials, found, naive_found, covered = 200, 0, 0, 0
     for trial in range(trials):

@@ -59,6 +59,10 @@ def check_unit(unit: Any) -> str:
 
 def _tokens(selector: str | Sequence[str]) -> list[str]:
     """Split a selector (a string, or a list of strings as Hydra gives ``[a,b]``) into tokens."""
+    if selector is None or isinstance(selector, (bool, int, float)):  # Hydra reads mask.heads=5 as a number
+        raise UserError(f"head selector {selector!r} is not a string: name heads as L<layer>H<head> (e.g. H5 for "
+                        "head 5 of every layer, L0H5, L0-2); valid tokens: all, L3, L2-5, H4, L3H7, cluster:NAME, "
+                        "top:K")
     parts = [selector] if isinstance(selector, str) else list(selector)
     tokens: list[str] = []
     for part in parts:
@@ -80,6 +84,11 @@ def check_selector_syntax(selector: str | Sequence[str]) -> None:
             continue
         match = _RANGE_TOKEN.match(token)
         if token and match and any(match.groups()):
+            padded = [number for number in match.groups() if number and len(number) > 1 and number.startswith("0")]
+            if padded:  # one head, one spelling: L2H03 would name a plan and a job of its own
+                plain = re.sub(r"(?<=[LH-])0+(?=\d)", "", token)
+                raise UserError(f"selector token {token!r} in {selector!r}: write numbers without leading zeros "
+                                f"({plain})")
             continue
         raise UserError(
             f"unknown selector token {token!r} in {selector!r}; valid tokens: all, L3, L2-5, H4, L3H7, "
@@ -192,7 +201,8 @@ class Rule:
                 f"e.g. {{heads: L0H1, policy: prune}}; policies: {', '.join(POLICIES)}"
             )
         heads = rule["heads"]
-        heads = heads if isinstance(heads, str) else tuple(heads)
+        heads = heads if isinstance(heads, str) or heads is None or isinstance(heads, (bool, int, float)) else \
+            tuple(heads)
         check_selector_syntax(heads)
         return cls(heads=heads, policy=check_policy(rule["policy"]))
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from headlab.core.head_names import parse_head_name
 from headlab.errors import UserError
 from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, adjust_p_values, family_level, paired_tests
 from headlab.reporting.sweep_jobs import Problem, finished_results
@@ -72,7 +73,7 @@ def _job_rows(root: Path, path: Path, result: dict[str, Any]) -> list[dict[str, 
         "checkpoint": result["checkpoint"]["weights_hash"],
         "seed": _training_seed(result), "plan": result["plan_name"], "rules": readable_rules(result["plan"]),
         "heads": len(result["plan"]["policies"]),  # the heads whose policy is not keep
-        "changed": ",".join(sorted(result["plan"]["policies"])),  # which heads (plans are nested or not)
+        "changed": ",".join(sorted(result["plan"]["policies"], key=parse_head_name)),  # which heads, L2H2 before L2H10
         "policy": result["policy"], "unit": result["unit"], "renormalize": result["renormalize"],
         "family": family, "layer": int(match[1]) if match else np.nan,
         "head": int(match[2]) if match and match[2] is not None else np.nan,

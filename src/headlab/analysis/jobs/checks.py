@@ -26,6 +26,9 @@ def job_mask(cfg: Any) -> Any:
     """``mask`` with the fields of the named ``plan`` (a preset's plan) laid over it."""
     if cfg.plan is None:
         return cfg.mask
+    if not cfg.plans:
+        raise UserError(f"plan={cfg.plan!r}, but no plans are defined: plan= names one of the plans a preset defines, "
+                        "e.g. experiment=guan2020_table2 plan=prune_dense (docs/plans.md)")
     one_of("plan", cfg.plan, list(cfg.plans))
     fields = OmegaConf.to_container(cfg.plans[cfg.plan], resolve=True)
     if "rules" in fields:  # a plan gives rules, or one policy on heads: the other form is cleared
