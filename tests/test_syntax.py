@@ -502,3 +502,20 @@ def test_a_treebank_without_a_frequent_relation_gets_the_all_row_only(tmp_path):
     assert json.loads((tmp_path / "job/results.json").read_text())["left_out"] == {
         "min_count": 20, "relations": {"amod": 1, "det": 1}}
     assert not list((tmp_path / "job").glob("syntax_heads_*.png"))
+
+
+def test_resamples_too_few_for_any_row_to_pass_are_said():
+    """600 resamples over 32 rows: the smallest p-value, 1/601, times 32 rows is 0.053: no relation can pass (the
+    first version's two-sided floor at 1,000 resamples hid every relation, and nothing said so)."""
+    from omegaconf import OmegaConf
+
+    from headlab.analysis.syntax.syntax_run import resolution_warning, unscored_note
+
+    table = pd.DataFrame({"p_value": [1 / 601] * 32 + [np.nan]})
+    (line,) = resolution_warning(table, OmegaConf.create({"resamples": 600, "confidence": 0.95}))
+    assert line.startswith("warning: with syntax.resamples=600, no row can reach p (Holm) < 0.05")
+    assert line.endswith("use syntax.resamples=640 or more") and 32 / 641 < 0.05
+    assert resolution_warning(table, OmegaConf.create({"resamples": 640, "confidence": 0.95})) == []
+    assert unscored_note([], 5, 0) == []
+    assert unscored_note(["compound"], 3, 1) == ["note: syntax.relations names compound, but none of the 3 sentences "
+                                                 "scored has it (1 sentences skipped): no row"]

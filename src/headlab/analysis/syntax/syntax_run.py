@@ -216,7 +216,7 @@ def unscored_note(unscored: list[str], scored: int, skipped: int) -> list[str]:
     if not unscored:
         return []
     return [f"note: syntax.relations names {', '.join(unscored)}, but none of the {scored} sentences scored has "
-            f"{'it' if len(unscored) == 1 else 'them'} ({skipped} skipped as too long): no row"]
+            f"{'it' if len(unscored) == 1 else 'them'} ({skipped} sentences skipped): no row"]
 
 
 def syntax_record(scores: SyntaxScores, accuracies: pd.DataFrame, counts: pd.Series, encoded: EncodedTreebank,

@@ -83,8 +83,8 @@ def _sentence(tokens, number: int, path: Path, what: str) -> Sentence | None:
             raise UserError(f"{where}: word {index} ({words[index - 1]['form']!r}) has the relation "
                             f"{str(words[index - 1]['deprel'])!r}; give a dependency relation (DEPREL, the 8th "
                             "column), e.g. nsubj or nmod:poss")
-    return Sentence(str(sent_id), tuple(token["form"] for token in words), heads, _root_named(heads, relations, words,
-                                                                                             where))
+    relations = _root_named(heads, relations, words, where)
+    return Sentence(str(sent_id), tuple(token["form"] for token in words), heads, relations)
 
 
 def _root_named(heads: tuple[int, ...], relations: tuple[str, ...], words, where: str) -> tuple[str, ...]:
