@@ -60,12 +60,16 @@ def features_file(cache_dir: str | Path, task_name: str, split: str, key: dict[s
     again, and the key is recorded when the caller's block ends without an error."""
     path = Path(cache_dir) / task_name / f"{split}-{config_hash(key)}.arrow"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(path.with_name(f"{path.stem}.lock")):
-        if path.exists() and _recorded(path) != _plain(key):
-            path.unlink()
-        yield path
-        if _recorded(path) != _plain(key):
-            write_json_atomic(_key_file(path), _plain(key))
+    lock = path.with_name(f"{path.stem}.lock")
+    try:
+        with FileLock(lock):
+            if path.exists() and _recorded(path) != _plain(key):
+                path.unlink()
+            yield path
+            if _recorded(path) != _plain(key):
+                write_json_atomic(_key_file(path), _plain(key))
+    finally:  # no empty lock file stays; a job that waited on it reads the finished file once it holds it
+        lock.unlink(missing_ok=True)
 
 
 def _key_file(path: Path) -> Path:
