@@ -33,9 +33,10 @@ def temporary_beside(path: Path) -> tuple[int, str]:
 def share_files(folder: Path) -> None:
     """Give the files of ``folder`` the mode a new file gets (0666 less the umask): transformers writes
     ``model.safetensors`` 0600, which a group sharing the folder could not read."""
+    mode = 0o666 & ~_umask()
     for path in folder.rglob("*"):
         if path.is_file() and not path.is_symlink():
-            path.chmod(0o666 & ~_umask())
+            path.chmod(mode)
 
 
 def _umask() -> int:

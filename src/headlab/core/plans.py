@@ -201,8 +201,8 @@ class Rule:
                 f"e.g. {{heads: L0H1, policy: prune}}; policies: {', '.join(POLICIES)}"
             )
         heads = rule["heads"]
-        heads = heads if isinstance(heads, str) or heads is None or isinstance(heads, (bool, int, float)) else \
-            tuple(heads)
+        if heads is not None and not isinstance(heads, (str, bool, int, float)):  # a list of selectors
+            heads = tuple(heads)
         check_selector_syntax(heads)
         return cls(heads=heads, policy=check_policy(rule["policy"]))
 
