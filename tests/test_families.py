@@ -288,3 +288,25 @@ def test_segment_units_come_from_token_type_ids_only_where_the_model_takes_them(
     model = tiny_model("distilbert", AutoModelForSequenceClassification)
     with pytest.raises(headlab.UserError, match="token_type_ids, which the batch does not have"):
         headlab.ablation_estimate(model, [labelled], "drop_inter", unit="segment")
+
+
+def test_output_attentions_inside_a_block_is_refused_and_the_model_is_restored(family):
+    """The patched attention returns no weights: ``output_attentions=True`` inside ``ablate`` or
+    ``observe_attention`` is an error naming the observer, not an empty tuple (or DeBERTa's Nones) that reads as a
+    model without attention (checked on the eager implementation, whose stock forward does return them)."""
+    name, model = family
+    rows = model_inputs(batch())
+    plan = plan_of([{"heads": "L1H0", "policy": "uniform"}], model)
+    eager = copy.deepcopy(model)
+    eager.config._attn_implementation = "eager"
+    before = eager(**rows, output_attentions=True)
+    assert len(before.attentions) == model.config.num_hidden_layers, name
+    with pytest.raises(ValueError, match="output_attentions=True inside headlab.ablate or observe_attention"), \
+            headlab.ablate(eager, plan):
+        eager(**rows, output_attentions=True)
+    with pytest.raises(ValueError, match="output_attentions=True inside headlab.ablate or observe_attention"), \
+            headlab.observe_attention(eager, lambda layer, weights: None):
+        eager(**rows, output_attentions=True)
+    after = eager(**rows, output_attentions=True)
+    for one, other in zip(before.attentions, after.attentions, strict=True):
+        torch.testing.assert_close(one, other, rtol=0, atol=0)

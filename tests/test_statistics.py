@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.stats
 from omegaconf import OmegaConf
@@ -265,8 +266,16 @@ def test_labels_must_match_between_the_sides():
     ablated, baseline = classification(40, 0.3)
     ablated = {**ablated, "label": ablated["label"].copy()}
     ablated["label"][5] = 1 - ablated["label"][5]
-    with pytest.raises(UserError, match=r"give example 5 the label .* where the baseline has"):
+    expected = rf"give example 5 the label {ablated['label'][5]:g} where the baseline has {baseline['label'][5]:g}"
+    with pytest.raises(UserError, match=expected):
         paired_tests("accuracy", [ablated], baseline, Resampling(50, 50))
+    # records in another row order (a DataFrame's index no longer 0..n-1): positions are paired, and named
+    frame = pd.DataFrame(ablated).iloc[::-1]
+    first = int(np.flatnonzero(frame["label"].to_numpy() != np.asarray(baseline["label"]))[0])
+    expected = rf"give example {first} the label {frame['label'].iloc[first]:g} where the baseline has " \
+               rf"{baseline['label'][first]:g}"
+    with pytest.raises(UserError, match=expected):
+        paired_tests("accuracy", [frame], baseline, Resampling(50, 50))
 
 
 def test_pearson_of_constant_predictions_is_undefined_not_significant():

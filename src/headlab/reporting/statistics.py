@@ -264,10 +264,11 @@ def check_records(metric: str, runs: Sequence[Columns], baseline: Columns, names
     if "label" in read:
         labels = np.asarray(baseline["label"], dtype=np.float64)
         for name, records in zip(names, runs):
-            differ = np.flatnonzero(np.asarray(records["label"], dtype=np.float64) != labels)
+            theirs = np.asarray(records["label"], dtype=np.float64)  # by position, as the statistics pair them
+            differ = np.flatnonzero(theirs != labels)
             if len(differ):
                 raise UserError(f"the records of {name} give example {_example(records, differ[0])} the label "
-                                f"{records['label'][differ[0]]} where the baseline has {labels[differ[0]]:g} "
+                                f"{theirs[differ[0]]:g} where the baseline has {labels[differ[0]]:g} "
                                 f"({len(differ)} labels differ): these are not the same examples")
 
 

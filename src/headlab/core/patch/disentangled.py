@@ -45,8 +45,9 @@ class RoutedDisentangledSelfAttention(DisentangledSelfAttention):
         query, key, value, bias, scaling = self.scores_inputs(hidden_states, attention_mask, query_states,
                                                               relative_pos, rel_embeddings)
         dropout = self.dropout.p if self.training else 0.0
+        recorded = {"output_attentions": True} if output_attentions else {}  # refused there, with the others'
         out, _ = function(self, query, key, value, bias, dropout=dropout, scaling=scaling, key_mask=attention_mask,
-                          **arguments)
+                          **arguments, **recorded)
         batch, length = out.shape[:2]  # out: [batch, seq, heads, head_dim]
         return out.reshape(batch, length, -1), None  # [batch, seq, heads * head_dim]
 
