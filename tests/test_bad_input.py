@@ -51,6 +51,11 @@ def make_files(folder):
         labels = {f"L{l}H{h}": f"cluster{h % 2}" for l in range(shape[0]) for h in range(shape[1])}
         model = "tiny_random" if name == "clusters_2x2" else name  # the 2 x 2 file names the model: its shape differs
         (folder / name / "clusters.json").write_text(json.dumps({"model": model, "shape": shape, "labels": labels}))
+    (folder / "clusters_roberta").mkdir()  # tiny_random's name and shape, but a RoBERTa's heads (a folder's model)
+    labels = {f"L{l}H{h}": f"cluster{h % 2}" for l in range(3) for h in range(4)}
+    (folder / "clusters_roberta/clusters.json").write_text(json.dumps({
+        "model": "tiny_random", "architecture": "roberta 3x4, hidden 16, vocab 650", "shape": [3, 4],
+        "labels": labels}))
     (folder / "clusters_some").mkdir()  # labels 2 of a 3 x 4 model's heads
     (folder / "clusters_some/clusters.json").write_text(json.dumps({"model": "m", "shape": [3, 4], "labels": {
         "L0H0": "cluster0", "L0H1": "cluster1"}}))
@@ -243,6 +248,15 @@ CASES = [
                    "mask.clusters=FILES/clusters_twice.json"], "has the key 'L0H0' twice"),
     ("train.py", ["mask=prune", "mask.heads=cluster:cluster0", "mask.clusters=FILES/clusters_3x4/clusters.json"],
      "was computed on model clusters_3x4; this job's model is tiny_random"),  # same shape, another model
+    ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:cluster0", "allow_random_head=true",
+                   "mask.clusters=FILES/clusters_roberta/clusters.json"],
+     "was computed on a model of another architecture (roberta 3x4, hidden 16, vocab 650); this job's model "
+     "tiny_random is bert 3x4"),  # the same model.name: model.name_or_path=FOLDER keeps the preset's
+    ("ablate.py", ["mode=demo", "mask=prune", "mask.heads=cluster:cluster0",
+                   "mask.clusters=FILES/clusters_roberta/clusters.json"], "of another architecture (roberta 3x4"),
+    ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4,FILES/clusters_roberta]"],
+     "compare.runs come from different models (clusters_3x4 (architecture not recorded), tiny_random (roberta 3x4"),
+    ("ablate.py", ["mode=features", "mask=prune", "mask.heads=L0H0"], "mode=features takes no mask (given [{"),
     ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:dense", "allow_random_head=true",
                    "mask.clusters=FILES/clusters_spellings.json"], "labels head L0H0 twice ('L0H0' and 'L00H0')"),
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_job"], "features.npz' is not readable"),

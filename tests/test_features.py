@@ -21,7 +21,7 @@ from headlab.errors import UserError
 from tests.reference import bert_forward, params_of
 
 KINDS = TokenKinds.of(tiny_tokenizer())  # the tiny vocabulary's [CLS], [SEP], ",", "." and specials
-C, S, COMMA, PERIOD, PAD = KINDS.cls, KINDS.sep, KINDS.comma, KINDS.period, 0
+C, S, (COMMA,), (PERIOD,), PAD = KINDS.cls, KINDS.sep, KINDS.comma, KINDS.period, 0
 
 
 # ----------------------------------------------------------------------------- references, one sequence at a time
@@ -30,7 +30,7 @@ C, S, COMMA, PERIOD, PAD = KINDS.cls, KINDS.sep, KINDS.comma, KINDS.period, 0
 def ref_distance(ids, attention):
     """[21]: per query, the attention mass of each key's bin; mean over queries."""
     n = len(ids)
-    special = {KINDS.cls: 17, KINDS.sep: 18, KINDS.comma: 19, KINDS.period: 20}
+    special = {KINDS.cls: 17, KINDS.sep: 18, **dict.fromkeys(KINDS.comma, 19), **dict.fromkeys(KINDS.period, 20)}
     out = np.zeros(21)
     for i in range(n):
         for j in range(n):
@@ -54,7 +54,7 @@ def ref_clark(ids, attention):
     mean = lambda f: sum(f(i) for i in rows) / n  # noqa: E731
     keys = lambda i, tokens: sum(attention[i, j] for j in range(n) if ids[j] in tokens)  # noqa: E731
     return {"cls": mean(lambda i: keys(i, {KINDS.cls})), "sep": mean(lambda i: keys(i, {KINDS.sep})),
-            "punct": mean(lambda i: keys(i, {KINDS.comma, KINDS.period})),
+            "punct": mean(lambda i: keys(i, {*KINDS.comma, *KINDS.period})),
             "next": mean(lambda i: attention[i, i + 1] if i + 1 < n else 0.0),
             "prev": mean(lambda i: attention[i, i - 1] if i > 0 else 0.0),
             "entropy": mean(lambda i: entropy(attention[i])),
@@ -302,3 +302,26 @@ def test_js_over_the_first_sequences_only_when_limited():
     assert (first_two.js_sequences, limited.js_sequences) == (2, 4)
     np.testing.assert_allclose(first_two.js, reference(sequences[:2])[3], atol=1e-6)
     np.testing.assert_array_equal(first_two.distance, limited.distance)  # the other families use every sequence
+
+
+@pytest.mark.parametrize(("model_type", "boundary"), [("roberta", "\u0120"), ("xlm-roberta", "\u2581")])
+def test_punctuation_after_a_space_counts_as_punctuation_in_every_vocabulary_kind(model_type, boundary):
+    """Byte-level BPE writes the comma of "city , she" as its own token "Ġ,", SentencePiece may write "▁,": both are
+    commas for the comma and period bins and Clark's punct (they read 0 on such text before)."""
+    tokenizer = tiny_tokenizer(model_type)
+    kinds = TokenKinds.of(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer("the city , she went .")["input_ids"])
+    for mark, ids in ((",", kinds.comma), (".", kinds.period)):
+        spelled = {piece for piece in pieces if piece.lstrip(boundary) == mark}
+        assert spelled and set(tokenizer.convert_tokens_to_ids(sorted(spelled))) <= set(ids), (pieces, ids)
+        assert tokenizer.convert_tokens_to_ids(mark) in ids
+    ids = tokenizer("the city , she went .", return_tensors="pt")["input_ids"]  # [1, seq]
+    n = ids.shape[1]
+    acc = FeatureAccumulator(1, 1, ("distance", "clark"), kinds, torch.device("cpu"))
+    acc.begin(ids, torch.ones_like(ids))
+    acc.layer(0, torch.full((1, 1, n, n), 1.0 / n))  # [batch, heads, seq, seq]: uniform
+    acc.end()
+    features = acc.result()
+    commas, periods = (sum(piece.lstrip(boundary) == mark for piece in pieces) for mark in (",", "."))
+    assert features.clark["punct"][0, 0] == pytest.approx((commas + periods) / n)
+    assert features.distance[0, 0, DISTANCE_BINS.index("comma")] == pytest.approx(commas / n)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, BertConfig, BertModel, ElectraConfig, RobertaConfig
 
 from headlab.core.model_files import config_json, model_shape
-from headlab.core.models import load_tokenizer
+from headlab.core.models import load_model_reporting, load_tokenizer
 from headlab.errors import UserError
 
 
@@ -45,6 +45,7 @@ def test_a_random_model_is_bert_with_its_config_fields():
     ('{"model_type": "bert", "num_attention_heads": 0}', "num_attention_heads=0 is not a positive integer"),
     ("[1, 2]", "is not a model config"),
     ("{not json", "config.json"),
+    ('{"num_hidden_layers": 2}', "has no model_type"),
 ])
 def test_a_bad_config_json_is_a_user_error(tmp_path, content, expected):
     (tmp_path / "config.json").write_text(content)
@@ -70,7 +71,7 @@ def saved_bert(folder, vocab_size=None, tokenizer=True):
 
     words = tiny_tokenizer("bert")
     config = BertConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=8, intermediate_size=16,
-                        vocab_size=vocab_size or len(words))
+                        vocab_size=vocab_size or max(words.get_vocab().values()) + 1)  # its ids skip two numbers
     BertModel(config).save_pretrained(folder)
     if tokenizer:
         words.save_pretrained(folder)
@@ -89,7 +90,12 @@ def test_a_model_folder_without_a_tokenizer_is_refused_not_read_as_unknown_token
 def test_a_tokenizer_larger_than_the_embeddings_is_refused(tmp_path):
     """Its largest ids ran past the embeddings: an IndexError in the first forward, after the data was tokenised."""
     cfg, words = saved_bert(tmp_path / "small", vocab_size=50)
-    with pytest.raises(UserError, match=f"its tokenizer has {len(words)} tokens, more than the model's vocab_size 50"):
+    with pytest.raises(UserError, match="its tokenizer has ids up to 210, past the model's vocab_size 50"):
+        load_tokenizer(cfg)
+    # the tiny WordPiece list names "a" and "i" twice: 209 tokens, ids up to 210; 210 rows still miss the last id
+    assert len(words) == 209
+    cfg, _ = saved_bert(tmp_path / "one_short", vocab_size=210)
+    with pytest.raises(UserError, match="its tokenizer has ids up to 210, past the model's vocab_size 210"):
         load_tokenizer(cfg)
 
 
@@ -113,3 +119,72 @@ def test_final_weights_get_the_mode_of_any_new_file(tmp_path):
     folder = save_final_weights(BertModel.from_pretrained(tmp_path / "source"), words, tmp_path / "model")
     modes = {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}
+
+
+def edit_config(folder, **fields):
+    path = folder / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"num_hidden_layers": 3}, r"lack 32 of the encoder's weights \(encoder.layer.1.attention"),
+    ({"model_type": "distilbert", "dim": 8, "n_layers": 1, "n_heads": 2, "hidden_dim": 16},
+     r"lack 16 of the encoder's weights \(transformer.layer.0.attention.k_lin.bias"),
+])
+def test_weights_that_leave_encoder_parameters_random_are_refused(tmp_path, fields, expected):
+    """transformers loads them with a warning: the layers the weights lack drawn at random, all of them for another
+    model type's names (features and sweeps of noise); the task head alone is a note of the caller's."""
+    cfg, _ = saved_bert(tmp_path / "model")
+    BertConfig.from_pretrained(tmp_path / "model")  # saved whole
+    edit_config(tmp_path / "model", **fields)
+    with pytest.raises(UserError, match=expected + ".*not of the .* its config.json describes"):
+        load_model_reporting(cfg)
+    for head in ("sequence_classification", "question_answering"):  # the same through a task head's names
+        with pytest.raises(UserError, match="of the encoder's weights"):
+            load_model_reporting(cfg, head)
+
+
+def test_weights_of_layers_the_config_lacks_are_refused_and_a_task_head_is_not(tmp_path):
+    cfg, _ = saved_bert(tmp_path / "model")
+    BertModel(BertConfig.from_pretrained(tmp_path / "model", num_hidden_layers=2)).save_pretrained(tmp_path / "model")
+    edit_config(tmp_path / "model", num_hidden_layers=1)
+    with pytest.raises(UserError, match=r"hold 16 weights of layers its config does not have \(encoder.layer.1."):
+        load_model_reporting(cfg)
+    edit_config(tmp_path / "model", num_hidden_layers=2)
+    _, missing = load_model_reporting(cfg, "sequence_classification")
+    assert sorted(missing) == ["classifier.bias", "classifier.weight"]  # the new task head: the caller's note
+
+
+def test_weights_of_another_shape_are_named(tmp_path):
+    cfg, _ = saved_bert(tmp_path / "model")
+    edit_config(tmp_path / "model", vocab_size=300)
+    with pytest.raises(UserError, match=r"1 weight\(s\) of another shape, embeddings.word_embeddings.weight "
+                                        r"\[211, 8\] vs \[300, 8\]"):
+        load_model_reporting(cfg)
+
+
+def test_a_config_whose_fields_do_not_fit_its_model_type_is_a_user_error(tmp_path):
+    cfg, _ = saved_bert(tmp_path / "model")
+    edit_config(tmp_path / "model", model_type="modernbert", classifier_dropout=None)
+    for load in (load_tokenizer, load_model_reporting):
+        with pytest.raises(UserError, match="does not fit its model_type: .*classifier_dropout"):
+            load(cfg)
+
+
+def test_sharded_weights_with_a_shard_missing_or_truncated_are_refused(tmp_path):
+    from transformers import BertModel as Bare
+
+    cfg, _ = saved_bert(tmp_path / "model")
+    Bare.from_pretrained(tmp_path / "model").save_pretrained(tmp_path / "model", max_shard_size="2KB")
+    (tmp_path / "model/model.safetensors").unlink(missing_ok=True)
+    shards = sorted((tmp_path / "model").glob("model-*.safetensors"))
+    assert len(shards) > 2
+    load_model_reporting(cfg)  # whole: loads
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match=f"{shards[1].name}' is truncated"):
+        load_model_reporting(cfg)
+    shards[1].unlink()
+    with pytest.raises(UserError, match=f"1 of the {len(shards)} weight files its index names are missing "
+                                        f"\\({shards[1].name}\\)"):
+        load_model_reporting(cfg)

@@ -318,6 +318,26 @@ def test_a_stage_left_out_with_other_settings_is_said_to_be_stale(finished):
     assert "Not this command's settings" not in (folder / "study.md").read_text()
 
 
+def test_stale_stages_stay_out_of_the_report_and_plans_of_another_clustering_retire(finished, tmp_path):
+    """k = 3 in a copy of the study: with only the clustering rerun, the report leaves out the tables, comparison and
+    robustness (of the k = 4 types: rows ``prune_cluster3`` beside three new types); the whole study then runs, the
+    k = 4 plans moved out of the folders the tables' reports read (they made every later run fail: two settings)."""
+    folder = tmp_path / "study"
+    shutil.copytree(finished[0], folder, symlinks=True)
+    out = study(folder, "study.stages=[cluster,report]", "study.cluster.cluster.k=3").stdout
+    assert "the files of compare, tables, robustness were computed with other settings" in out
+    text = (folder / "study.md").read_text()
+    assert "cluster3" not in text and "_Left out: the tables stage's files were computed with other settings" in text
+    assert "tables" not in summary_of(folder) and "compare" not in summary_of(folder)
+    out = study(folder, "study.cluster.cluster.k=3").stdout
+    assert re.search(r"note: \d+ job folder\(s\) of plans this study no longer has moved to \S+/tables/\.retired "
+                     r"\(table2/seed0/prune_cluster3", out), out
+    assert (folder / "tables/.retired/table2/seed0/prune_cluster3/results.json").is_file()
+    assert not (folder / "tables/table2/seed0/prune_cluster3").exists()
+    text = (folder / "study.md").read_text()
+    assert "cluster3" not in text and "_Left out:" not in text and "prune_cluster2" in text
+
+
 def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     """Fewer stability fits: new clusters, so the comparison, the tables and the robustness stage (their clusters
     file) run again; the fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the

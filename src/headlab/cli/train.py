@@ -29,7 +29,7 @@ def check_train_config(cfg: Any) -> None:
         kept = (" (a finished run keeps it only with keep_training_state=true)"
                 if cfg.ckpt_path.endswith("last.ckpt") else "")
         raise UserError(f"ckpt_path={cfg.ckpt_path!r}: no such checkpoint file{kept} (or use ckpt_path=last / null)")
-    refuse_substituted(plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name), "train.py")
+    refuse_substituted(plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model), "train.py")
     check_fits_positions(cfg.model, cfg.task.max_length)
     if cfg.task.train_split in cfg.task.eval_splits:
         raise UserError(f"task.train_split={cfg.task.train_split} is also in task.eval_splits="

@@ -6,6 +6,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from headlab.core.model_files import architecture
 from headlab.core.plans import SUBSTITUTED, HeadPlan, check_policy, check_rules, check_unit
 from headlab.errors import UserError
 from headlab.files import read_json
@@ -39,22 +40,32 @@ def check_mask(mask: Any) -> None:
         raise UserError(f"mask.renormalize must be true or false, got {mask.renormalize!r}")
 
 
-def plan_from_mask(mask: Any, num_layers: int, num_heads: int, model_name: str | None = None) -> HeadPlan:
-    """The mask's plan for a model of this shape; given ``model_name`` (the config's ``model.name``), a clusters or
-    importance file that names another model (as headlab's jobs write them) is a ``UserError``: heads of a model of
-    the same shape (BERT-base and RoBERTa-base: 12 x 12) are other heads."""
-    if model_name is not None:
+def plan_from_mask(mask: Any, num_layers: int, num_heads: int, model: Any = None) -> HeadPlan:
+    """The mask's plan for a model of this shape; given ``model`` (the job's model config), a clusters or importance
+    file that names another model or architecture (as headlab's jobs write them) is a ``UserError``: heads of a model
+    of the same shape (BERT-base and RoBERTa-base: 12 x 12) are other heads."""
+    if model is not None:
         for key in ("clusters", "importance"):
             source = mask.get(key)
             data = read_json(source, key) if isinstance(source, str) else None
-            written_for = data.get("model") if isinstance(data, dict) else None
-            if written_for is not None and written_for != model_name:
-                raise UserError(f"mask.{key}={source!r} was computed on model {written_for}; this job's model is "
-                                f"{model_name}")
+            if isinstance(data, dict):
+                check_same_model(data, model, f"mask.{key}={source!r}")
     return HeadPlan.from_rules(
         mask_rules(mask), num_layers, num_heads, clusters=mask.get("clusters"), importance=mask.get("importance"),
         estimator=mask.get("importance_estimator"),
     )
+
+
+def check_same_model(data: dict[str, Any], model: Any, what: str) -> None:
+    """A ``UserError`` naming ``what`` when a job's file ``data`` records another ``model`` name or ``architecture``
+    (``model_files.architecture``) than the model config ``model``; a file without them is not checked."""
+    written_for, built = data.get("model"), data.get("architecture")
+    if written_for is not None and written_for != model.name:
+        raise UserError(f"{what} was computed on model {written_for}; this job's model is {model.name}")
+    ours = architecture(model)
+    if built is not None and built != ours:
+        raise UserError(f"{what} was computed on a model of another architecture ({built}); this job's model "
+                        f"{model.name} is {ours} ({model.get('name_or_path') or 'random'}): its heads are other heads")
 
 
 def refuse_substituted(plan: HeadPlan, where: str) -> None:

@@ -66,8 +66,21 @@ def config_json(model_cfg: Any) -> dict[str, Any]:
         config, where = read_json(path, "model config"), repr(str(path))
         if not isinstance(config, dict):
             raise UserError(f"{where} is not a model config (a JSON object)")
+    if "model_type" not in config:
+        raise UserError(f"{where} has no model_type: not a config.json that save_pretrained writes (BERT's says "
+                        "\"model_type\": \"bert\")")
     layers, heads = family_for(config.get("model_type")).shape(config, where)
     return config | {"num_hidden_layers": layers, "num_attention_heads": heads}
+
+
+def architecture(model_cfg: Any) -> str:
+    """What makes a model's heads its own, from ``config.json`` alone: ``bert 6x12, hidden 384, vocab 30522``. Jobs
+    record it beside ``model.name`` (which a folder given by ``model.name_or_path`` does not change), and a clusters,
+    importance or syntax file of another architecture is refused: a fine-tuned model keeps its pre-trained one."""
+    config = config_json(model_cfg)
+    hidden = config.get("hidden_size", config.get("dim"))  # DistilBERT's name
+    return (f"{config['model_type']} {config['num_hidden_layers']}x{config['num_attention_heads']}, hidden {hidden}, "
+            f"vocab {config.get('vocab_size')}")
 
 
 def model_shape(model_cfg: Any) -> tuple[int, int]:
@@ -93,9 +106,25 @@ def check_weights_folder(folder: str | Path, what: str) -> None:
     if not found:
         raise UserError(f"{what}: {str(folder)!r} has no weights file ({' or '.join(WEIGHT_FILES[::2])}); it was not "
                         "saved whole: train or save it again")
-    if found[0] != "model.safetensors":
-        return
-    path = folder / "model.safetensors"
+    if found[0] == "model.safetensors":
+        check_safetensors(folder / "model.safetensors", what)
+    elif found[0] == "model.safetensors.index.json":  # sharded: every shard the index names, each whole
+        index = read_json(folder / found[0], "weights index")
+        shards = sorted(set((index.get("weight_map") or {}).values())) if isinstance(index, dict) else []
+        if not shards:
+            raise UserError(f"{what}: {str(folder / found[0])!r} names no weight files (no weight_map); train or "
+                            "save it again")
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing:
+            raise UserError(f"{what}: {len(missing)} of the {len(shards)} weight files its index names are missing "
+                            f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); copy the whole folder")
+        for name in shards:
+            check_safetensors(folder / name, what)
+
+
+def check_safetensors(path: Path, what: str) -> None:
+    """A ``UserError`` naming ``what`` when a safetensors file is unreadable or truncated (its header, or the tensors
+    it lists, run past the end of the file). Reads the header only."""
     size = path.stat().st_size
     try:
         with path.open("rb") as handle:
@@ -131,6 +160,7 @@ def check_tokenizer_fits(tokenizer: Any, config: dict[str, Any], what: str) -> N
     """A ``UserError`` naming ``what`` when the tokenizer has more tokens than the model's embeddings rows: its
     largest ids would run past them (a tokenizer of another model)."""
     rows = config.get("vocab_size")
-    if isinstance(rows, int) and len(tokenizer) > rows:
-        raise UserError(f"{what}: its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {rows} "
-                        "(its embeddings): a tokenizer of another model? give the model's own tokenizer")
+    ids = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)  # ids may skip numbers
+    if isinstance(rows, int) and ids > rows:
+        raise UserError(f"{what}: its tokenizer has ids up to {ids - 1}, past the model's vocab_size {rows} (its "
+                        "embeddings): a tokenizer of another model? give the model's own tokenizer")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from rich.console import Console
 from transformers import (
     AutoConfig,
@@ -51,6 +53,9 @@ def from_hub_or_folder(loader: Any, name_or_path: str | None, **kwargs: Any) -> 
     local = check_name_or_path(name_or_path)
     try:
         return loader.from_pretrained(name_or_path, **kwargs)
+    except StrictDataclassError as error:  # a config field of the wrong type for its model type
+        raise UserError(f"the config.json of {name_or_path!r} does not fit its model_type: "
+                        f"{' '.join(str(error).split())[:300]}") from None
     except OSError as error:
         if local:
             raise UserError(f"model folder {name_or_path!r} cannot be loaded: {' '.join(str(error).split())}") from None
@@ -84,14 +89,17 @@ def load_tokenizer(cfg: Any):
     if cfg.get("random_init"):
         return tiny_tokenizer(dict(cfg.get("config") or {}).get("model_type", "bert"))
     where = f"model.name_or_path={cfg.name_or_path!r}"
+    config = config_json(cfg)  # its errors first: transformers reads config.json for the tokenizer too
     if check_name_or_path(cfg.name_or_path):
         check_tokenizer_folder(cfg.name_or_path, where)
     try:
         tokenizer = from_hub_or_folder(AutoTokenizer, cfg.name_or_path)
+    except UserError:
+        raise
     except ValueError as error:  # a tokenizer_config.json / tokenizer.json that is not JSON
         raise UserError(f"{where}: its tokenizer files cannot be read ({' '.join(str(error).split())}); save the "
                         "tokenizer again (save_pretrained)") from None
-    check_tokenizer_fits(tokenizer, config_json(cfg), where)
+    check_tokenizer_fits(tokenizer, config, where)
     return tokenizer
 
 
@@ -128,11 +136,51 @@ def load_model_reporting(cfg: Any, head: str | None = None, overrides: dict[str,
                 torch.manual_seed(seed)
             model, info = HEADS[head].from_pretrained(cfg.name_or_path, config=config, output_loading_info=True)
     except RuntimeError as error:  # ignore_mismatched_sizes=False: weights of another shape
-        raise UserError(f"the weights in {cfg.name_or_path!r} do not fit a {head or 'bare'} model with "
-                        f"{dict(overrides or {})}: {' '.join(str(error).split())[:300]}") from None
+        raise UserError(f"the weights in {cfg.name_or_path!r} do not fit a {head or 'bare'} {config.model_type} "
+                        f"model of its config{' with ' + str(dict(overrides)) if overrides else ''}: "
+                        f"{_mismatches(HEADS[head], cfg.name_or_path, config) or ' '.join(str(error).split())[:300]}"
+                        ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    check_encoder_weights(model, info, cfg.name_or_path)
     return model.eval(), list(info["missing_keys"])
+
+
+def _mismatches(loader: Any, name_or_path: str, config: PretrainedConfig) -> str:
+    """The first weights whose shapes differ from the config's, ``name [saved] vs [config]`` (transformers' own
+    message points at a load report that a quiet load does not print): the load again, told to ignore them."""
+    hf_logging.set_verbosity_error()
+    try:
+        _, info = loader.from_pretrained(name_or_path, config=config, output_loading_info=True,
+                                         ignore_mismatched_sizes=True)
+    except Exception:
+        return ""
+    found = [f"{key} {list(saved)} vs {list(wanted)}" for key, saved, wanted in info.get("mismatched_keys", [])]
+    return f"{len(found)} weight(s) of another shape, {'; '.join(found[:3])}{' ...' if len(found) > 3 else ''}" \
+        if found else ""
+
+
+def check_encoder_weights(model: torch.nn.Module, info: dict[str, Any], name_or_path: str) -> None:
+    """A ``UserError`` when the weights lack a parameter of the encoder (its pooler aside), or hold one of a layer the
+    config does not have: weights of another model type or depth, which transformers loads with a warning, the
+    encoder partly random or cut short. A missing task head is the caller's to note (fine-tuning makes one)."""
+    prefix = "" if model.base_model is model else f"{model.base_model_prefix}."
+    encoder = {prefix + name for name, _ in model.base_model.named_parameters(remove_duplicate=False)}
+    missing = sorted(key for key in info["missing_keys"] if key in encoder and "pooler." not in key)
+
+    def pattern(key: str) -> str:  # encoder.layer.3.attention... -> encoder.layer.#.attention...
+        return re.sub(r"\.\d+\.", ".#.", "." + key.removeprefix(prefix) + ".")
+
+    patterns = {pattern(name) for name in encoder}
+    extra = sorted(key for key in info["unexpected_keys"] if pattern(key) in patterns)
+    if missing or extra:
+        config = model.config
+        keys = missing or extra
+        named = f"{', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+        what = f"lack {len(keys)} of the encoder's weights ({named})" if missing else \
+            f"hold {len(keys)} weights of layers its config does not have ({named})"
+        raise UserError(f"the weights in {name_or_path!r} {what}: they are not of the {config.model_type} its "
+                        "config.json describes (another model type or depth?); give the folder its own config.json")
 
 
 def weights_hash(model: torch.nn.Module) -> str:

@@ -35,7 +35,7 @@ def files(report: StudyReport) -> None:
     lines, runs = [], set()
     for path in sorted(report.study.folder.rglob("*")):
         parts = path.relative_to(report.study.folder).parts
-        if not path.is_file() or any(part.startswith(".") for part in parts):
+        if not path.is_file() or any(part.startswith(".") for part in parts) or parts[0] in report.stale:
             continue
         if parts[0] == "wandb":
             runs |= {parts[1]} if parts[1].startswith("offline-run-") else set()
@@ -43,8 +43,9 @@ def files(report: StudyReport) -> None:
         lines.append(report.link(path))
     lines = sorted({*lines, "study.md", "study.json"})  # the report's own files, written after this list
     wandb = [f"wandb/{{{len(runs)} offline runs: upload with wandb sync}}/"] if runs else []
-    report.markdown += [f"{len(lines)} files under `{report.study.folder}`:", "", "```", *collapse(lines), *wandb,
-                        "```"]
+    left_out = f" (not those of {', '.join(sorted(report.stale))}: of other settings)" if report.stale else ""
+    report.markdown += [f"{len(lines)} files under `{report.study.folder}`{left_out}:", "", "```", *collapse(lines),
+                        *wandb, "```"]
 
 
 def collapse(paths: list[str]) -> list[str]:
@@ -68,7 +69,7 @@ def collapse(paths: list[str]) -> list[str]:
 
 def findings(report: StudyReport) -> None:
     """The findings claim by claim, and the caveats: at the top of study.md, at the end of the terminal's summary."""
-    files = study_files(report.study)
+    files = study_files(report.study, report.stale)
     found = study_findings(files)
     report.section("Findings")
     report.markdown += ["Each claim of the papers this study's stages test, with its verdict from this run and the "
@@ -103,7 +104,7 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
                        stale: list[str] | None = None) -> dict[str, Any]:
     """``study.md`` and ``study.json`` (with ``inputs``: what the stages' markers said) in the study folder; the
     summary printed to ``console``. ``stale``: stages left out of this run whose files are of other settings."""
-    report = StudyReport(study)
+    report = StudyReport(study, stale=frozenset(stale or ()))
     cfg = study.cfg
     names = ", ".join(name for name, _ in study.models)
     report.markdown += [f"# headlab study: {cfg.model.name} on {cfg.task.name}", "",
@@ -114,7 +115,7 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
         report.console.append(f"note: {SMOKE}")
     if stale:
         warning = (f"Not this command's settings: the files of {', '.join(stale)} were computed with other settings "
-                   "(or inputs) and were left out of this run; run those stages again to update them.")
+                   "(or inputs): this report leaves them out; run those stages again to update them.")
         report.markdown += ["", f"**{warning}**"]
         report.console.append(f"note: {warning}")
     findings(report)

@@ -25,6 +25,7 @@ class StudyReport:
     images: dict[str, Path] = field(default_factory=dict)  # W&B key -> figure
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
     closing: list[str] = field(default_factory=list)  # the terminal's last lines: findings and caveats
+    stale: frozenset[str] = frozenset()  # stages whose files are of other settings: read as not run
 
     def path(self, *parts: str) -> Path:
         return self.study.folder.joinpath(*parts)
@@ -36,7 +37,17 @@ class StudyReport:
         self.markdown += ["", f"## {title}", ""]
 
     def missing(self, stage: str) -> None:
-        self.markdown.append(f"_Not run: the {stage} stage has no results in this study's folder._")
+        if stage in self.stale:
+            self.markdown.append(f"_Left out: the {stage} stage's files were computed with other settings or inputs; "
+                                 "run that stage again._")
+        else:
+            self.markdown.append(f"_Not run: the {stage} stage has no results in this study's folder._")
+
+    def left_out(self, stage: str) -> bool:
+        """Whether ``stage``'s files are of other settings (said in the report where the section would be)."""
+        if stage in self.stale:
+            self.missing(stage)
+        return stage in self.stale
 
     def sources(self, stage: str, file: str, names: list[str] | None = None) -> list[tuple[str, Path]]:
         """``(name, path)`` of each model's ``<stage>/<name>/<file>`` that exists and is a job of the stage's last
@@ -53,7 +64,9 @@ class StudyReport:
     def stage_jobs(self, stage: str) -> set[str]:
         """The job folders (relative to the study) of ``stage``'s last finished run, from its marker."""
         path = self.path(stage, MARKER)
-        return set(read_json(path, "stage marker").get("key", {}).get("jobs", {})) if path.is_file() else set()
+        if stage in self.stale or not path.is_file():
+            return set()
+        return set(read_json(path, "stage marker").get("key", {}).get("jobs", {}))
 
     def figure(self, path: Path, alt: str) -> None:
         if path.is_file():

@@ -88,7 +88,7 @@ def agreement_lines(report: StudyReport, frame: pd.DataFrame, link: str, granula
 def sweep_table(report: StudyReport, name: str) -> None:
     """The single-head sweep's change of the main metric, layers x heads, with its baseline and data."""
     folder = report.path("sweep", name)
-    if not (folder / "results.json").is_file():
+    if "sweep" in report.stale or not (folder / "results.json").is_file():
         return
     summary = read_json(folder / "results.json", "sweep results")
     limit = summary["config"]["data"]["max_eval_examples"]

@@ -33,6 +33,8 @@ TABLE_TITLES = {
 
 def baseline(report: StudyReport) -> None:
     report.section("Baseline")
+    if report.left_out("finetune"):
+        return
     rows = []
     for name, _ in report.study.models:
         path = report.path("finetune", name, "results.json")
@@ -40,6 +42,8 @@ def baseline(report: StudyReport) -> None:
             results = read_json(path, "results")
             metrics, counts = results["metrics"], results.get("num_evaluated") or {}
             source = report.link(path)
+        elif "tables" in report.stale:
+            continue
         else:  # study.checkpoint: the unablated evaluation of Table 2
             table = stage_report_folder(report.study, "tables", report.path("tables", "table2", name)) / "table.csv"
             if not table.is_file():
@@ -65,6 +69,8 @@ def tables(report: StudyReport) -> None:
     metric = main_metric(report.study)
     for table in TABLES:
         report.section(f"Guan et al. {TABLE_TITLES[table]}")
+        if report.left_out("tables"):
+            continue
         found = False
         for name, _ in report.study.models:
             folder = stage_report_folder(report.study, "tables", report.path("tables", table, name))

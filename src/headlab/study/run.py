@@ -230,6 +230,7 @@ class StudyRun:
     def run_stage(self, stage: str, where: str, number: int) -> None:
         """Run ``stage``'s jobs that are not done (then its reports), unless its marker says all are done."""
         from headlab.reporting.results import read_complete
+        from headlab.study.stage_reports import RETIRED, retire_other_jobs
 
         jobs = stage_jobs(self.study, stage)
         if not jobs:  # the fine-tuning, when study.checkpoint gives the fine-tuned model
@@ -244,6 +245,10 @@ class StudyRun:
         began = time.monotonic()
         self.say(f"{where}: {ABOUT[stage]}, {len(jobs)} job{'s' * (len(jobs) != 1)} (elapsed {self.elapsed()})")
         self.redo_jobs_of(problems, jobs)
+        retired = retire_other_jobs(self.study, stage, [job.folder for job in jobs])
+        if retired:
+            self.say(f"note: {len(retired)} job folder(s) of plans this study no longer has moved to "
+                     f"{self.study.folder / stage / RETIRED} ({', '.join(retired[:3])}{' ...' * (len(retired) > 3)})")
         ran = 0  # jobs run now: a resumed stage's finished jobs are not in its time
         for job in jobs:
             if read_complete(job.folder / "results.json", hashes[self.name(job)]) is None:

@@ -3,6 +3,8 @@ and each single-head sweep (a paired CI and adjusted p-value per head, which Mic
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,26 @@ def write_stage_reports(study: Study, stage: str) -> list[Report]:
         Console().print(report.summary(), markup=False, soft_wrap=True)
         reports.append(report)
     return reports
+
+
+RETIRED = ".retired"  # <stage>/.retired/<table>/<model>/<job>: jobs of plans the study no longer has
+
+
+def retire_other_jobs(study: Study, stage: str, jobs: list[Path]) -> list[str]:
+    """Move the job folders of ``tables/<table>/<model>`` that are not among ``jobs`` (this run's) to
+    ``tables/.retired/``, and return their names: the plans of another clustering (``prune_cluster3`` of k = 4 after
+    k = 3) would stay in the folder the table's report reads, and mix two settings in one table."""
+    if stage != "tables":
+        return []
+    ours, moved, stage_dir = {Path(job).absolute() for job in jobs}, [], study.stage_dir(stage)
+    for folder in (stage_dir / table / name for table in TABLES for name, _ in study.models):
+        found = sorted(path for path in folder.iterdir() if path.is_dir() and (
+            (path / ".hydra").is_dir() or (path / "results.json").is_file())) if folder.is_dir() else []
+        for job in (path for path in found if path.absolute() not in ours):
+            target = stage_dir / RETIRED / job.relative_to(stage_dir)
+            if target.exists():
+                shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(job, target)
+            moved.append(str(job.relative_to(stage_dir)))
+    return moved

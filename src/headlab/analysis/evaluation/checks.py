@@ -57,7 +57,7 @@ def demo_plans(cfg: Any) -> tuple[dict[str, Any], dict[str, HeadPlan]]:
     for mask in masks.values():
         check_mask(mask)
     num_layers, num_heads = model_shape(cfg.model)  # reads the config only
-    plans = {name: plan_from_mask(mask, num_layers, num_heads) for name, mask in masks.items()}
+    plans = {name: plan_from_mask(mask, num_layers, num_heads, cfg.model) for name, mask in masks.items()}
     for plan in plans.values():
         refuse_substituted(plan, "mode=demo")
     return masks, plans

@@ -41,7 +41,7 @@ from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.core.head_names import head_name
 from headlab.core.importance import HeadGradients, normalize_importance, punctuation_ids
 from headlab.core.masks import plan_from_mask
-from headlab.core.model_files import model_shape
+from headlab.core.model_files import architecture, model_shape
 from headlab.core.models import load_tokenizer
 from headlab.core.plans import GRANULARITIES, HeadPlan
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
@@ -105,7 +105,8 @@ def write_importance(cfg: Any, job: EvalJob, gradients: HeadGradients, pruned: l
                 "granularity": options.granularity, "normalize_layer": options.normalize_layer,
                 "normalize_global": options.normalize_global, **gradients.settings, "pruned_by_mask": pruned}
     write_json_atomic(output_dir / "importance.json", {
-        "model": cfg.model.name, "task": cfg.task.name, "checkpoint": job.checkpoint_record(),
+        "model": cfg.model.name, "architecture": architecture(cfg.model), "task": cfg.task.name,
+        "checkpoint": job.checkpoint_record(),
         "importance": listed(written[options.granularity]), "estimators": {k: listed(v) for k, v in written.items()},
         "raw": {k: listed(v) for k, v in raw.items()}, "key_types": {k: listed(v) for k, v in key_types.items()},
         "settings": settings})

@@ -55,7 +55,7 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
     from headlab.core.model_files import check_fits_positions, model_shape
     from headlab.training.checkpoints import locate_checkpoint
 
-    plan = None if per_head else plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
+    plan = None if per_head else plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model)
     check_fits_positions(cfg.model, cfg.task.max_length)
     checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
     note_other_weights(cfg.mask, checkpoint)

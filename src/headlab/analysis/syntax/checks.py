@@ -29,7 +29,7 @@ def check_syntax(cfg: Any) -> None:
 def syntax_plan(cfg: Any) -> HeadPlan | None:
     """The mask's plan (None when every head keeps); a ``UserError`` when it changes every head (none to score)."""
     check_mask(cfg.mask)
-    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model.name)
+    plan = plan_from_mask(cfg.mask, *model_shape(cfg.model), cfg.model)
     refuse_substituted(plan, "mode=syntax")
     if plan.is_identity:
         return None

@@ -51,7 +51,7 @@ from headlab.analysis.syntax.word_attention import DIRECTIONS
 from headlab.analysis.types.feature_data import model_max_length
 from headlab.analysis.types.features_run import encoder, feature_device
 from headlab.analysis.types.sieve_roles import sieve_roles
-from headlab.core.model_files import model_shape
+from headlab.core.model_files import architecture, model_shape
 from headlab.core.models import load_tokenizer, model_config
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting.head_plots import role_panels
@@ -137,7 +137,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + probe_sentence(probe) + "\n")
     best = table.set_index("relation")[["head", "direction", "accuracy", "baseline_accuracy"]].to_dict("index")
     summary = identity.complete({
-        "kind": "syntax", "model": cfg.model.name, "treebank": str(source.path.absolute()),
+        "kind": "syntax", "model": cfg.model.name, "architecture": architecture(cfg.model),
+        "treebank": str(source.path.absolute()),
         "shape": list(model_shape(cfg.model)),
         "num_sentences": len(encoded.sentences), "sentences": sentences_digest(encoded.sentences),
         "num_words": encoded.num_words, "too_long": encoded.too_long,

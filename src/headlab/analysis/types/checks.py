@@ -11,13 +11,19 @@ import numpy as np
 
 from headlab.analysis.types.compare_roles import read_syntax_jobs
 from headlab.core.head_files import load_clusters
+from headlab.core.masks import mask_rules
 from headlab.errors import UserError, one_of
 from headlab.files import path_stamp, read_json
 from headlab.training.checkpoints import locate_checkpoint
 
 
 def check_features(cfg: Any) -> None:
-    """The text file has lines, or the split is one of the task's; the checkpoint exists (no weights read)."""
+    """The text file has lines, or the split is one of the task's; the checkpoint exists (no weights read); no plan:
+    features are the model's own attention."""
+    if mask_rules(cfg.mask):
+        raise UserError(f"mode=features takes no mask (given {mask_rules(cfg.mask)}): features describe the "
+                        "model's own attention (headlab.observe_attention inside headlab.ablate gives the weights "
+                        "downstream of a plan, docs/features.md)")
     if cfg.features.text_file is not None:
         read_text_lines(cfg.features.text_file)
     else:
@@ -160,6 +166,11 @@ def read_runs(runs: list[str], names: list[str] | None) -> list[dict[str, Any]]:
     if len(shapes) > 1:
         described = ", ".join(f"{r['model']} {r['shape'][0]}x{r['shape'][1]}" for r in loaded)
         raise UserError(f"compare.runs come from models of different shapes ({described}): heads cannot be matched")
+    models = {(run["model"], run.get("architecture")) for run in loaded}
+    if len({name for name, _ in models}) > 1 or len({built for _, built in models} - {None}) > 1:
+        described = ", ".join(f"{r['model']} ({r.get('architecture') or 'architecture not recorded'})" for r in loaded)
+        raise UserError(f"compare.runs come from different models ({described}): a head of one is not the same head "
+                        "of another; compare the pre-trained and fine-tuned weights of one model")
     labels = names or _default_names(loaded)
     labels = [label if labels.count(label) == 1 else f"{label} #{i + 1}" for i, label in enumerate(labels)]
     return [run | {"name": label} for run, label in zip(loaded, labels)]

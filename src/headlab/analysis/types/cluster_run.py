@@ -143,7 +143,8 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
     counts = {name: int((table["cluster"] == name).sum()) for name in order}
     separation = None if np.isnan(clustering.separation) else clustering.separation  # NaN: a fit left a cluster empty
     write_json_atomic(output_dir / "clusters.json", {
-        "model": source["model"], "task": source["task"], "checkpoint": source.get("checkpoint"),
+        "model": source["model"], "architecture": source.get("architecture"), "task": source["task"],
+        "checkpoint": source.get("checkpoint"),
         "labels": dict(zip(table["name"], names)), "names": clustering.names, "named": clustering.named,
         "named_by_hand": options.names is not None, "profile_names": clustering.profile_names,
         "separation": separation,
@@ -170,7 +171,8 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         if clustering.silhouette is not None:
             metrics["silhouette"] = clustering.silhouette
         logger.log_metrics(metrics, step=0)
-    return {"kind": "cluster", "group": cfg.group, "model": source["model"], "task": source["task"],
+    return {"kind": "cluster", "group": cfg.group, "model": source["model"],
+            "architecture": source.get("architecture"), "task": source["task"],
             "features": str(path.parent.absolute()), "k": options.k, "method": options.method,
             "named": clustering.named, "counts": counts, "stability": share, "silhouette": clustering.silhouette,
             "separation": separation, "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",

@@ -83,13 +83,17 @@ def _same_checkpoint(syntax: dict[str, Any], run: dict[str, Any]) -> bool:
     ours, theirs = syntax.get("checkpoint") or {}, run.get("checkpoint") or {}
     if syntax.get("model") != run.get("model") or ours.get("kind") != theirs.get("kind"):
         return False
+    if None not in (syntax.get("architecture"), run.get("architecture")) and \
+            syntax["architecture"] != run["architecture"]:
+        return False
     paths = ours.get("path"), theirs.get("path")
     return paths[0] == paths[1] or (None not in paths and Path(paths[0]).resolve() == Path(paths[1]).resolve())
 
 
 def _describe(job: dict[str, Any]) -> str:
     checkpoint = job.get("checkpoint") or {}
-    return f"{job.get('model')} ({checkpoint.get('path') or 'pre-trained weights'})"
+    built = f" {job['architecture']}" if job.get("architecture") else ""
+    return f"{job.get('model')}{built} ({checkpoint.get('path') or 'pre-trained weights'})"
 
 
 def head_roles(run: dict[str, Any], syntax: Path | None, features: bool = True) -> pd.DataFrame:

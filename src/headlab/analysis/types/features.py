@@ -42,12 +42,13 @@ _TINY = 1e-30  # p ln(p + tiny): 0 for p = 0, p ln p to float32 precision otherw
 
 @dataclass(frozen=True)
 class TokenKinds:
-    """Token ids the statistics single out: [CLS], [SEP], ``,``, ``.``, and every special token."""
+    """Token ids the statistics single out: [CLS], [SEP], ``,`` and ``.`` (each alone and after a word boundary:
+    byte-level BPE's ``Ġ,``, SentencePiece's ``▁,``; none when the vocabulary lacks it), and every special token."""
 
     cls: int
     sep: int
-    comma: int | None
-    period: int | None
+    comma: tuple[int, ...]
+    period: tuple[int, ...]
     special: tuple[int, ...]
 
     @classmethod
@@ -56,9 +57,13 @@ class TokenKinds:
             found = tokenizer.convert_tokens_to_ids(token)
             return None if found is None or found == tokenizer.unk_token_id else int(found)
 
+        def spellings(mark: str) -> tuple[int, ...]:
+            found = {token_id(piece) for piece in (mark, "\u0120" + mark, "\u2581" + mark)}
+            return tuple(sorted(found - {None}))
+
         if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise UserError("the tokenizer has no [CLS]/[SEP] tokens: attention features need a BERT-family tokenizer")
-        return cls(tokenizer.cls_token_id, tokenizer.sep_token_id, token_id(","), token_id("."),
+        return cls(tokenizer.cls_token_id, tokenizer.sep_token_id, spellings(","), spellings("."),
                    tuple(sorted(set(tokenizer.all_special_ids))))
 
 
@@ -244,9 +249,10 @@ class FeatureAccumulator:
         window = (WINDOWS * distance + n - 1) // n - 1  # ceil(16 |i-j| / n) - 1, [batch, seq, seq]
         bins = torch.where(distance == 0, 0, 1 + window.clamp(0, WINDOWS - 1))
         kinds = self.kinds
-        for column, token in ((17, kinds.cls), (18, kinds.sep), (19, kinds.comma), (20, kinds.period)):
-            if token is not None:
-                bins = torch.where((input_ids == token)[:, None, :], column, bins)  # a key of that kind
+        for column, tokens in ((17, (kinds.cls,)), (18, (kinds.sep,)), (19, kinds.comma), (20, kinds.period)):
+            if tokens:
+                of_kind = torch.isin(input_ids, torch.tensor(tokens, device=input_ids.device))  # [batch, seq]
+                bins = torch.where(of_kind[:, None, :], column, bins)  # a key of that kind
         bins = bins.masked_fill(~valid[:, None, :], 0)  # padding keys carry no weight
         table = torch.nn.functional.one_hot(bins, _DOCUMENT_COLUMNS).float()
         table[..., _NEXT] = (position[None, :] - position[:, None] == 1).float()  # key j = i + 1

@@ -37,6 +37,7 @@ from headlab.analysis.types.feature_data import (
 )
 from headlab.analysis.types.features import AttentionFeatures, attention_features
 from headlab.analysis.types.sieve_roles import role_matrix, sieve_roles
+from headlab.core.model_files import architecture
 from headlab.core.models import load_model_reporting, load_tokenizer, model_config, note_random_weights
 from headlab.files import atomic_file, write_frame_atomic, write_json_atomic
 from headlab.reporting.head_plots import head_panels, role_panels
@@ -152,7 +153,8 @@ def write_features(cfg: Any, features: AttentionFeatures, sequences: Sequences, 
     source = ({"kind": "text_file", "path": str(Path(options.text_file).absolute())} if options.text_file else
               {"kind": "task", "task": cfg.task.name, "split": options.split})
     role_counts = {} if roles is None else {s: int(r.sum()) for s, r in roles.groupby("sieve", sort=False)["role"]}
-    return {"kind": "features", "group": cfg.group, "model": cfg.model.name, "task": data_name(cfg),
+    return {"kind": "features", "group": cfg.group, "model": cfg.model.name, "architecture": architecture(cfg.model),
+            "task": data_name(cfg),
             "source": source, "num_sequences": features.num_sequences, "js_sequences": features.js_sequences,
             "truncated": sequences.truncated, "families": list(features.families), "shape": [features.num_layers,
                                                                                               features.num_heads],

@@ -19,8 +19,9 @@ from headlab.study.stage_reports import REPORTED, stage_report_settings
 from headlab.study.stages import Study
 
 
-def study_files(study: Study) -> StudyFiles:
-    """The study's stage files, scored with the tables' report settings (the sweep's report, with its own)."""
+def study_files(study: Study, stale: frozenset[str] = frozenset()) -> StudyFiles:
+    """The study's stage files, scored with the tables' report settings (the sweep's report, with its own);
+    ``stale``: stages whose files are of other settings, read as not run."""
     cfg = study.cfg
     reports = {stage: report_settings(stage_report_settings(study, stage))[:2] for stage in REPORTED}
     qa = cfg.task.type == "extractive_qa"
@@ -28,7 +29,7 @@ def study_files(study: Study) -> StudyFiles:
     return StudyFiles(study.folder, [name for name, _ in study.models], str(cfg.task.main_metric), split,
                       100.0 if qa else 1.0, reports["tables"][0], reports, smoke=bool(cfg.study.get("smoke", False)),
                       version=str(cfg.task.get("version", "v1")), answers=(lambda: gold_answers(cfg.task, split))
-                      if qa else None)
+                      if qa else None, stale=stale)
 
 
 def gold_answers(task: Any, split: str) -> dict[str, list[str]] | None:

@@ -30,6 +30,7 @@ class StudyFiles:
     smoke: bool = False  # a smoke run (study=quick): no claim gets a verdict
     version: str = "v1"  # SQuAD's (v2: unanswerable questions)
     answers: Callable[[], Mapping[str, Sequence[str]]] | None = None  # SQuAD: question id -> its gold answers
+    stale: frozenset[str] = frozenset()  # stages whose files are of other settings: no job of theirs counts
     _jobs: dict[str, set[str]] = field(default_factory=dict)
     _answers: Mapping[str, Sequence[str]] | None = None
 
@@ -45,7 +46,7 @@ class StudyFiles:
         """The job folders (relative to the study) of ``stage``'s last finished run."""
         if stage not in self._jobs:
             path = self.folder / stage / MARKER
-            marker = read_json(path, "stage marker") if path.is_file() else {}
+            marker = read_json(path, "stage marker") if path.is_file() and stage not in self.stale else {}
             self._jobs[stage] = set(marker.get("key", {}).get("jobs", {}))
         return self._jobs[stage]
 
