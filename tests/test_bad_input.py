@@ -147,6 +147,7 @@ CASES = [
     ("ablate.py", ["mode=report", "sweep_dir=.", "report.seed=-2"], "report.seed=-2 is not a seed"),
     ("train.py", ["model.seed=-1"], "model.seed=-1 is not a seed"),
     ("ablate.py", ["mode=study", "study.stages=[]"], "study.stages=[] names no stage"),
+    ("ablate.py", ["mode=study", "study.stages=[finetune,features,finetune]"], "study.stages names finetune twice"),
     ("train.py", ["model=nope"], "model/nope"),
     ("train.py", ["model.random_init=false", "model.name_or_path=/no/such/model"], "/no/such/model"),
     ("ablate.py", ["model=tiny_random", "model.name_or_path=FILES", "mode=eval"],  # a folder a random model ignored
@@ -257,6 +258,13 @@ CASES = [
     ("ablate.py", ["mode=compare", "compare.runs=[FILES/clusters_3x4,FILES/clusters_roberta]"],
      "compare.runs come from different models (clusters_3x4 (architecture not recorded), tiny_random (roberta 3x4"),
     ("ablate.py", ["mode=features", "mask=prune", "mask.heads=L0H0"], "mode=features takes no mask (given [{"),
+    ("ablate.py", ["mode=prune_curve", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
+     "mode=prune_curve runs in one process; trainer.strategy=ddp, trainer.devices=2"),  # its processes hung
+    ("ablate.py", ["mode=eval", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                   "trainer.strategy=ddp_spawn"], "trainer.strategy=ddp_spawn: headlab's DDP starts its processes"),
+    ("ablate.py", ["mode=eval", "trainer=ddp", "trainer.accelerator=cpu"],
+     "trainer.devices=-1 is not valid with trainer.accelerator=cpu: give a number of processes > 0 or auto (-1, "
+     "every GPU, is trainer=ddp's default)"),
     ("ablate.py", ["mode=eval", "mask=prune", "mask.heads=cluster:dense", "allow_random_head=true",
                    "mask.clusters=FILES/clusters_spellings.json"], "labels head L0H0 twice ('L0H0' and 'L00H0')"),
     ("ablate.py", ["mode=cluster", "cluster.features=FILES/features_job"], "features.npz' is not readable"),

@@ -188,3 +188,26 @@ def test_sharded_weights_with_a_shard_missing_or_truncated_are_refused(tmp_path)
     with pytest.raises(UserError, match=f"1 of the {len(shards)} weight files its index names are missing "
                                         f"\\({shards[1].name}\\)"):
         load_model_reporting(cfg)
+
+
+def test_a_tokenizer_that_pads_with_another_id_than_the_config_is_refused(tmp_path):
+    """RoBERTa weights with a BERT tokenizer: its [PAD] (0) is RoBERTa's <s>, and its [UNK] (1) RoBERTa's padding."""
+    cfg, _ = saved_bert(tmp_path / "model")
+    edit_config(tmp_path / "model", pad_token_id=1)
+    with pytest.raises(UserError, match=r"its tokenizer pads with id 0 \(\[PAD\]\), its config.json says "
+                                        r"pad_token_id 1"):
+        load_tokenizer(cfg)
+
+
+def test_weights_of_another_architecture_under_the_same_model_name_are_refused(tmp_path):
+    """model.name_or_path=FOLDER keeps the preset's name: a RoBERTa checkpoint evaluated as a BERT folder's model
+    loaded the checkpoint and recorded the folder; the shapes agree, the architectures do not."""
+    from headlab.training.checkpoints import check_same_shape
+
+    cfg, _ = saved_bert(tmp_path / "bert")
+    RobertaConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=8, intermediate_size=16,
+                  vocab_size=211).save_pretrained(tmp_path / "roberta")
+    with pytest.raises(UserError, match=r"holds a roberta 1x2, hidden 8, vocab 211 model, but model=None "
+                                        rf"\({tmp_path / 'bert'}\) is bert 1x2, hidden 8, vocab 211"):
+        check_same_shape(tmp_path / "roberta", cfg, str(tmp_path / "roberta"))
+    check_same_shape(tmp_path / "bert", cfg, str(tmp_path / "bert"))  # its own: passes

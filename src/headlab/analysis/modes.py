@@ -48,6 +48,9 @@ def function_at(reference: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+ONE_PROCESS = ("prune_curve", "shapley", "patch", "demo")  # modes that run their model in one process only
+
+
 def check_mode(cfg: Any) -> None:
     """``cfg.mode``'s check (the groups' types and ranges were checked by ``check_config``)."""
     function_at(ANALYSIS_MODES[cfg.mode].check)(cfg)

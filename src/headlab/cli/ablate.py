@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from headlab.analysis.modes import ANALYSIS_MODES, check_mode, run_mode
+from headlab.analysis.modes import ANALYSIS_MODES, ONE_PROCESS, check_mode, run_mode
 from headlab.cli.errors import say
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, point_latest, progress_bars_follow
 from headlab.cli.schema import check_config
+from headlab.cli.trainer_schema import several_processes
 from headlab.cli.unread_config import refuse_unread_model_config
+from headlab.errors import UserError
 from headlab.study.interrupts import stopping_on_signals
 
 MODES = ("study", *ANALYSIS_MODES)  # what --help lists, in this order
@@ -38,6 +40,11 @@ def _run_ablate(cfg: Any) -> Any:
         point_latest(job_dir())
         return run_study(cfg, job_dir(), stages)
     refuse_unread_model_config(cfg)
+    if cfg.mode in ONE_PROCESS and several_processes(cfg.trainer):  # a prune curve's processes waited forever
+        raise UserError(f"mode={cfg.mode} runs in one process; trainer.strategy={cfg.trainer.strategy}, "
+                        f"trainer.devices={cfg.trainer.devices}, trainer.num_nodes={cfg.trainer.num_nodes} would "
+                        "start several: use trainer=cpu or trainer=gpu (DDP takes mode=eval, sweep_heads, "
+                        "importance, features and syntax)")
     check_mode(cfg)
     log_lightning_once()
     progress_bars_follow(cfg.trainer)

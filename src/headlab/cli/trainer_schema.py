@@ -19,6 +19,14 @@ STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unuse
               "single_device", "single_tpu", "single_xla", "xla", "xla_debug")  # Lightning's registry (a test checks)
 
 
+SPAWNED = ("ddp_spawn", "ddp_fork", "ddp_notebook")  # DDP whose processes are not started from the command line
+
+
+def several_processes(trainer: Any) -> bool:
+    """Whether a ``trainer`` config starts more than one process (DDP, several devices or nodes)."""
+    return "ddp" in str(trainer.strategy) or trainer.num_nodes > 1 or str(trainer.devices) not in ("1", "auto")
+
+
 def check_devices(accelerator: str, devices: Any) -> None:
     """``trainer.devices`` by Lightning's rules (checked when its Trainer is built, after the imports): on CPU a
     number of processes > 0 or ``auto``; on an accelerator also -1 (all), a list of device indices or ``"0,1"``."""
@@ -34,7 +42,8 @@ def check_devices(accelerator: str, devices: Any) -> None:
     else:
         valid = isinstance(devices, int) and (devices > 0 or (devices == -1 and accelerator != "cpu"))
     if not valid:
-        allowed = ("a number of processes > 0 or auto" if accelerator == "cpu" else
+        allowed = ("a number of processes > 0 or auto" + (" (-1, every GPU, is trainer=ddp's default)" if given == -1
+                                                           else "") if accelerator == "cpu" else
                    "a number of devices > 0, -1 (all), auto, a list of device indices or '0,1'")
         raise UserError(f"trainer.devices={given!r} is not valid with trainer.accelerator={accelerator}: "
                         f"give {allowed}")
@@ -79,6 +88,9 @@ class TrainerConfig:
         one_of("trainer.precision", self.precision, PRECISIONS)
         one_of("trainer.accelerator", self.accelerator, ACCELERATORS)
         one_of("trainer.strategy", self.strategy, STRATEGIES)
+        if str(self.strategy).startswith(SPAWNED):
+            raise UserError(f"trainer.strategy={self.strategy}: headlab's DDP starts its processes from the command "
+                            "line (Lightning's ddp); use trainer=ddp (trainer.strategy=ddp)")
         check_devices(self.accelerator, self.devices)
         at_least("trainer.num_nodes", self.num_nodes, 1)
         at_least("trainer.max_steps", self.max_steps, -1)

@@ -157,8 +157,13 @@ def check_tokenizer_folder(folder: str | Path, what: str) -> None:
 
 
 def check_tokenizer_fits(tokenizer: Any, config: dict[str, Any], what: str) -> None:
-    """A ``UserError`` naming ``what`` when the tokenizer has more tokens than the model's embeddings rows: its
-    largest ids would run past them (a tokenizer of another model)."""
+    """A ``UserError`` naming ``what`` when the tokenizer's ids run past the model's embeddings rows, or it pads with
+    another id than the config's ``pad_token_id``: a tokenizer of another model."""
+    padding, pads = config.get("pad_token_id"), tokenizer.pad_token_id
+    if isinstance(padding, int) and isinstance(pads, int) and padding != pads:
+        raise UserError(f"{what}: its tokenizer pads with id {pads} ({tokenizer.pad_token}), its config.json says "
+                        f"pad_token_id {padding} (the model's padding, RoBERTa's first position): a tokenizer of "
+                        "another model? give the model's own tokenizer")
     rows = config.get("vocab_size")
     ids = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)  # ids may skip numbers
     if isinstance(rows, int) and ids > rows:

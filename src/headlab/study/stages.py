@@ -104,6 +104,10 @@ def check_stages(cfg: Any, done: set[str]) -> list[str]:
     for stage in stages:
         if stage not in STAGES:
             raise UserError(f"study.stages: {stage!r} is not a stage; stages: {', '.join(STAGES)}")
+    twice = sorted({stage for stage in stages if stages.count(stage) > 1})
+    if twice:
+        raise UserError(f"study.stages names {', '.join(twice)} twice: each stage runs once, in the study's order "
+                        f"({', '.join(STAGES)})")
     for stage in stages:
         for need in NEEDS[stage]:
             if need in stages or need in done or (need == "finetune" and cfg.study.checkpoint is not None):

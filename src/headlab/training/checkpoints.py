@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from headlab.core.model_files import check_weights_folder, config_json, model_shape
+from headlab.core.model_files import architecture, check_weights_folder, config_json, model_shape
 from headlab.errors import UserError
 from headlab.files import read_json
 
@@ -69,6 +69,7 @@ def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> C
             fix = f"pass its checkpoints/{saved[0]} instead" if saved else "train it again"
             raise UserError(f"ckpt_path={ckpt_path!r}: {what}; {fix}")
         check_weights_folder(weights, f"ckpt_path={ckpt_path!r}")
+        check_same_shape(weights, model_cfg, ckpt_path)  # a folder of another model under the same model.name
         return Checkpoint("job", str(weights))
     if (path / "config.json").is_file():
         check_weights_folder(path, f"ckpt_path={ckpt_path!r}")
@@ -95,6 +96,12 @@ def check_same_shape(folder: Path, model_cfg: Any, ckpt_path: str) -> None:
         raise UserError(f"ckpt_path={ckpt_path!r} holds a model of {shape[0]} layers x {shape[1]} heads, but "
                         f"model={model_cfg.get('name')} has {expected[0]} x {expected[1]}: give the model config the "
                         "weights were saved from")
+    if not model_cfg.get("random_init"):  # (a random model's config names only the fields it sets)
+        theirs, ours = architecture(OmegaConf.create({"name_or_path": str(folder)})), architecture(model_cfg)
+        if theirs != ours:
+            raise UserError(f"ckpt_path={ckpt_path!r} holds a {theirs} model, but model={model_cfg.get('name')} "
+                            f"({model_cfg.get('name_or_path')}) is {ours}: give the model config the weights were "
+                            "fine-tuned from (the job records it as that model)")
 
 
 def check_lightning_checkpoint(path: Path, model_cfg: Any, task_cfg: Any) -> dict[str, Any]:

@@ -56,16 +56,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-try:  # the outputs a forward records (output_attentions=True): transformers 5's context variable
-    from transformers.utils.output_capturing import _active_collector
-except ImportError:  # pragma: no cover - another transformers 5 layout: nothing refused
-    _active_collector = None
-
 from headlab.core.families import family_of
 from headlab.core.model_parts import depth_of, self_attention_modules
 from headlab.core.patch import disentangled
 from headlab.core.patch.forward_masks import ForwardMasks, edit_count
 from headlab.core.patch.layer_states import LayerState, RowsState
+from headlab.core.patch.recorded_weights import refuse_recorded_weights
 from headlab.core.patch.sdpa_masks import heads_of, mask_heads, padding_mask_function, validity, with_bias
 from headlab.core.patch.substitution import DeviceMeans, substitute
 from headlab.core.plans import HeadPlan
@@ -228,7 +224,7 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
            scaling, kwargs: dict) -> tuple[torch.Tensor, None]:
     """``headlab_attention`` of the call at ``depth`` (None: not controlled)."""
     if controller is not None and not torch.compiler.is_compiling():
-        _refuse_recorded_weights(kwargs)
+        refuse_recorded_weights(kwargs)
     if controller is not None and controller.observer is not None:  # observe_attention: its weights give the output
         weights = controller.observer(depth, query, key, attention_mask, scaling)
         if controller.active is None:
@@ -250,18 +246,6 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
     if layer.substituted:  # mean / resample heads: computed as pruned, their context replaced now
         out = substitute(out, layer.substituted, depth, controller.means, kwargs, rows)
     return out, None
-
-
-def _refuse_recorded_weights(kwargs: dict) -> None:
-    """``output_attentions=True`` inside a block: refused, not answered with an empty tuple (transformers records
-    what the attention function returns, DeBERTa what its module returns; the planned routes materialise no weights,
-    and a ``mean`` or ``resample`` head has none at all)."""
-    collector = _active_collector.get() if _active_collector is not None else None
-    if kwargs.get("output_attentions") or (collector and "attentions" in collector):
-        raise ValueError(
-            "output_attentions=True inside headlab.ablate or observe_attention: the patched attention returns no "
-            "weights; observe_attention's observer receives each head's softmax weights (docs/features.md)"
-        )
 
 
 def _planned(layer: LayerState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):
