@@ -62,7 +62,7 @@ def check_same_model(data: dict[str, Any], model: Any, what: str) -> None:
     written_for, built = data.get("model"), data.get("architecture")
     if written_for is not None and written_for != model.name:
         raise UserError(f"{what} was computed on model {written_for}; this job's model is {model.name}")
-    ours = architecture(model)
+    ours = None if built is None else architecture(model)
     if built is not None and built != ours:
         raise UserError(f"{what} was computed on a model of another architecture ({built}); this job's model "
                         f"{model.name} is {ours} ({model.get('name_or_path') or 'random'}): its heads are other heads")
