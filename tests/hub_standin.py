@@ -115,8 +115,9 @@ def write_model(hub: Path, repo: str, architecture: str, layers: int, heads: int
                    cls_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
                    sep_token_id=tokenizer.sep_token_id)
     if roberta:
-        config = transformers.RobertaConfig(**shape, max_position_embeddings=514, type_vocab_size=1,
-                                            pad_token_id=1, bos_token_id=0, eos_token_id=2)
+        # the tokenizer's ids (transformers 5 numbers a BPE built from vocab.json / merges.txt <pad> 0, <unk> 1,
+        # <s> 2, </s> 3, whatever vocab.json says), so that the config pads with the tokenizer's <pad>
+        config = transformers.RobertaConfig(**shape, max_position_embeddings=514, type_vocab_size=1, **special)
     elif kind == "XLMRoberta":
         config = transformers.XLMRobertaConfig(**shape, max_position_embeddings=514, type_vocab_size=1, **special)
     elif kind == "Electra":
