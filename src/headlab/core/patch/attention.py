@@ -223,7 +223,7 @@ def call_depth(module: torch.nn.Module) -> tuple[Controller | None, int | None]:
 def attend(controller: Controller | None, depth: int | None, module, query, key, value, attention_mask, dropout,
            scaling, kwargs: dict) -> tuple[torch.Tensor, None]:
     """``headlab_attention`` of the call at ``depth`` (None: not controlled)."""
-    if controller is not None and not torch.compiler.is_compiling():
+    if (depth == 0 or "output_attentions" in kwargs) and not torch.compiler.is_compiling():  # once a forward
         refuse_recorded_weights(kwargs)
     if controller is not None and controller.observer is not None:  # observe_attention: its weights give the output
         weights = controller.observer(depth, query, key, attention_mask, scaling)
