@@ -9,10 +9,10 @@ from headlab.analysis.modes import ANALYSIS_MODES, ONE_PROCESS, check_mode, run_
 from headlab.cli.errors import say
 from headlab.cli.hydra_glue import job_dir, log_lightning_once, point_latest, progress_bars_follow
 from headlab.cli.schema import check_config
-from headlab.cli.trainer_schema import several_processes
 from headlab.cli.unread_config import refuse_unread_model_config
 from headlab.errors import UserError
 from headlab.study.interrupts import stopping_on_signals
+from headlab.training.processes import several_processes
 
 MODES = ("study", *ANALYSIS_MODES)  # what --help lists, in this order
 RERUN = "run the same command to go on from there (finished jobs are skipped, a job resumes from what it saved)"

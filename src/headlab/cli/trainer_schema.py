@@ -22,11 +22,6 @@ STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unuse
 SPAWNED = ("ddp_spawn", "ddp_fork", "ddp_notebook")  # DDP whose processes are not started from the command line
 
 
-def several_processes(trainer: Any) -> bool:
-    """Whether a ``trainer`` config starts more than one process (DDP, several devices or nodes)."""
-    return "ddp" in str(trainer.strategy) or trainer.num_nodes > 1 or str(trainer.devices) not in ("1", "auto")
-
-
 def check_devices(accelerator: str, devices: Any) -> None:
     """``trainer.devices`` by Lightning's rules (checked when its Trainer is built, after the imports): on CPU a
     number of processes > 0 or ``auto``; on an accelerator also -1 (all), a list of device indices or ``"0,1"``."""

@@ -23,6 +23,7 @@ from headlab.study.interrupts import stopping_on_signals
 from headlab.study.schema import check_statistics
 from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
+from headlab.training.processes import several_processes
 
 LOCK_FILE = ".study.lock"
 REPORT_FORMAT = 6  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
@@ -86,7 +87,7 @@ def check_whole_model_one_process(cfg: Any) -> None:
         raise UserError("mode=study analyses the whole model and makes its own plans (Tables 2 and 3, the sweep): "
                         "leave mask and plan out, or give a mode that takes one (mode=eval)")
     trainer = cfg.trainer
-    if "ddp" in str(trainer.strategy) or trainer.num_nodes > 1 or str(trainer.devices) not in ("1", "auto"):
+    if several_processes(trainer):
         raise UserError(f"mode=study runs its stages in one process on one device; trainer.devices="
                         f"{trainer.devices}, trainer.strategy={trainer.strategy} would start processes that each run "
                         "the study: use trainer=gpu (one GPU), or run the stages' own commands with trainer=ddp")
