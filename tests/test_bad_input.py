@@ -341,6 +341,11 @@ CASES = [
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.permutations=200000"],
      "report.permutations=200000 is out of range; it must be in [1, 100000]"),
     ("ablate.py", ["mode=syntax", "syntax.resamples=1000000"], "syntax.resamples=1000000 is out of range"),
+    # the verdicts' settings, and the unit of sampling
+    ("ablate.py", ["mode=study", "study.findings.margin=0"], "study.findings.margin=0.0 must be above 0 and below 100"),
+    ("ablate.py", ["mode=syntax", "syntax.unit=token"], "syntax.unit='token' is not allowed; choose one of: sentence"),
+    ("ablate.py", ["mode=cluster", "cluster.stability_repeats=-1"], "cluster.stability_repeats=-1 must be 0 (none)"),
+    ("ablate.py", ["mode=eval", "task.cluster_field=question"], "lacks column(s) ['question']"),
     ("ablate.py", ["mode=shapley", "shapley.resamples=1000000"], "shapley.resamples=1000000 is out of range"),
     # the reference set of mean / resample heads, counted in its data file before anything is tokenised or loaded
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=mean", "mask.heads=L0", "mask.reference_examples=600"],

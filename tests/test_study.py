@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -193,7 +194,8 @@ def test_the_findings_and_caveats_come_first_and_read_the_stage_files(finished):
     """Findings and caveats open study.md, close the terminal's summary and sit in study.json; study=quick is a smoke
     run: study.md says so at its top and every claim reads 'not tested (quick run)', its numbers kept; the tiny
     model's clusters are not Guan et al.'s types, which the reason adds; Michel et al.'s count is the sweep report's
-    heads with a significant loss; the prune curve shows the last step that kept the threshold."""
+    heads whose CI lies above the margin (removable) and below it (costly); the prune curve shows the last step that
+    kept the threshold."""
     folder, out = finished
     text, summary = (folder / "study.md").read_text(), summary_of(folder)
     assert text.index("## Findings") < text.index("## Caveats") < text.index("## Baseline")
@@ -208,9 +210,10 @@ def test_the_findings_and_caveats_come_first_and_read_the_stage_files(finished):
     assert "not Guan et al.'s four types" in findings["guan_table2_diagonal_vs_vertical_prune"]["summary"]
     table = pd.read_csv(folder / f"sweep/seed0/{REPORT}/table.csv")
     rows = table[(table["metric"] == "f1") & (table["split"] == "validation")]
-    costly = int(((rows["delta"] < 0) & (rows["p_adjusted"] < 0.05)).sum())
+    removable, costly = int((rows["ci_low"] > -1.0).sum()), int((rows["ci_high"] < -1.0).sum())  # margin 1 point
     (michel,) = findings["michel_single_heads"]["evidence"]
-    assert michel["costly"] == costly and michel["value"] == pytest.approx(1 - costly / len(rows))
+    assert (michel["removable"], michel["costly"]) == (removable, costly)
+    assert michel["value"] == pytest.approx(removable / len(rows))
     assert michel["file"] == f"sweep/seed0/{REPORT}/table.csv"
     assert any(caveat.startswith("**One seed.**") for caveat in summary["caveats"])
     final = json.loads((folder / "prune_curve/seed0/final_mask.json").read_text())
@@ -508,21 +511,40 @@ def test_the_robustness_section_equals_its_jobs_files(finished):
         assert pairs[f"{a} vs {b}"] == ("n/a" if np.isnan(expected) else f"{expected:.4f}")
     sentences = [line for line in section.splitlines() if line.startswith("- ")]
     assert summary_of(folder)["robustness"]["seed0"]["conclusions"] == [s[2:] for s in sentences]
-    # an ordering is stated only where the prune intervals of the table do not overlap (read back from its cells)
-    cells = {row["type"]: row for row in table.to_dict("records")}
-
-    def interval(type_: str, column: str) -> list[float]:
-        return [float(x) for x in re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", cells[type_][column]).groups()]
-
+    # an ordering is stated only where the paired interval under prune excludes 0 (recomputed here: scipy's BCa of
+    # the per-example differences; per-example Shapley values by brute force over the coalitions)
+    scores = pd.read_parquet(folder / "robustness/shapley_prune/seed0/coalitions.parquet")
+    scores = scores[scores["split"] == "validation"].pivot(index="example", columns="removed", values="score")
+    types = list(table["type"])
     loss = json.loads((folder / "robustness/shapley_prune/seed0/results.json").read_text())["score"] == "loss"
-    costs, helps, tied = [], [], []
-    for a, b in itertools.combinations(cells, 2):
-        for column, found, larger in (("removed alone, prune", costs, loss), ("Shapley, prune", helps, not loss)):
-            (value_a, low_a, high_a), (value_b, low_b, high_b) = interval(a, column), interval(b, column)
-            if low_a > high_b or low_b > high_a:
-                found.append((a, b) if (value_a > value_b) == larger else (b, a))
-            elif found is costs:
-                tied.append(f"{a} and {b}")
+
+    def separated(difference: np.ndarray) -> int:
+        if np.all(difference == difference[0]):
+            return int(np.sign(difference[0]))
+        ci = scipy.stats.bootstrap((difference,), np.mean, method="BCa", n_resamples=2000,
+                                   rng=np.random.default_rng(0)).confidence_interval
+        return 1 if ci.low > 0 else -1 if ci.high < 0 else 0
+
+    def phi(t: str) -> np.ndarray:
+        total = np.zeros(len(scores))
+        others = [o for o in types if o != t]
+        for size in range(len(types)):
+            for kept in itertools.combinations(others, size):
+                value = lambda k: scores[",".join(sorted(set(types) - set(k))) or "none"].to_numpy()  # noqa: E731
+                total += (math.factorial(size) * math.factorial(len(types) - size - 1) / math.factorial(len(types))
+                          * (value((*kept, t)) - value(kept)))
+        return total
+
+    costs, helps, unseparated = [], [], []
+    for a, b in itertools.combinations(types, 2):
+        side = separated((scores[a] - scores[b]).to_numpy() * (1 if loss else -1))
+        if side:
+            costs.append((a, b) if side > 0 else (b, a))
+        else:
+            unseparated.append(f"{a} and {b}")
+        side = separated((phi(a) - phi(b)) * (-1 if loss else 1))
+        if side:
+            helps.append((a, b) if side > 0 else (b, a))
     stated = [re.match(r"- removing (\S+) heads costs more \S+ than removing (\S+) heads", s).groups()
               for s in sentences[:-1]]
     assert sorted(stated) == sorted(costs) and sentences[-1].startswith("- the types by Shapley value")
@@ -530,13 +552,18 @@ def test_the_robustness_section_equals_its_jobs_files(finished):
         order = re.search(r"\(prune: ([^)]*)\)", sentences[-1]).group(1).split(", ")
         assert sorted(order) == sorted(f"{a} > {b}" for a, b in helps)
     else:
-        assert "no two are separated by their intervals under prune" in sentences[-1]
-    assert (f"Tied under prune (their removed-alone intervals overlap), so no conclusion: {'; '.join(tied)}."
-            in section) == bool(tied)
+        assert "no two are separated by their paired intervals under prune" in sentences[-1]
+    assert (f"so no conclusion: {'; '.join(unseparated)}." in section) == bool(unseparated)
     held = sum(s.endswith(": holds under prune, mean, resample") for s in sentences)
-    stated = len(sentences) - (not helps)  # a ranking whose every pair ties states nothing
+    stated = len(sentences) - (not helps)  # a ranking whose every pair is not separated states nothing
     assert (f"robustness seed0: {held} of {stated} conclusions hold under prune, mean, resample" if stated else
-            "robustness seed0: no conclusion: every pair of types ties under prune") in out
+            "robustness seed0: no conclusion: no two types are separated under prune") in out
+
+
+def examples(*means: float, n: int = 200, seed: int = 0) -> list[np.ndarray]:
+    """Per-example changes of a score (n examples each), one array per mean, with shared noise (paired)."""
+    noise = np.random.default_rng(seed).normal(0, 0.3, n)
+    return [mean + noise + np.random.default_rng(seed + 1 + i).normal(0, 0.02, n) for i, mean in enumerate(means)]
 
 
 def test_robustness_counts_the_conclusions_that_hold_by_their_verdicts_not_by_words():
@@ -545,59 +572,53 @@ def test_robustness_counts_the_conclusions_that_hold_by_their_verdicts_not_by_wo
     from headlab.study.report_robustness import conclusions
 
     methods, score = ["prune", "mean"], "accuracy"
-    values = {("prune", "ties"): (0.3, 0.25, 0.35), ("prune", "flips"): (0.1, 0.05, 0.15),
-              ("mean", "ties"): (0.2, 0.15, 0.25), ("mean", "flips"): (0.05, 0.0, 0.1)}
-    agree = {("prune", "ties"): (-0.5, -0.6, -0.4), ("prune", "flips"): (-0.1, -0.15, -0.05),
-             ("mean", "ties"): (-0.4, -0.5, -0.3), ("mean", "flips"): (-0.2, -0.25, -0.15)}
-    sentences, held, _ = conclusions(["flips", "ties"], agree, values, methods, score)
+    ties, flips = examples(-0.5, -0.1)
+    helpful, useless = examples(0.3, 0.1, seed=5)
+    agree = {(m, "ties"): ties for m in methods} | {(m, "flips"): flips for m in methods}
+    phis = {(m, "ties"): helpful for m in methods} | {(m, "flips"): useless for m in methods}
+    sentences, held, _ = conclusions(["flips", "ties"], agree, phis, methods, score)
     assert held == 2 and sentences[0].startswith("removing ties heads costs more accuracy than removing flips")
     assert sentences[0].endswith("holds under prune, mean")
-    turned = agree | {("mean", "ties"): (-0.1, -0.12, -0.08)}  # under mean removing flips costs more: it flips
-    sentences, held, _ = conclusions(["flips", "ties"], turned, values, methods, score)
-    assert held == 1 and "flips under mean (-0.1 [-0.12, -0.08] vs -0.2 [-0.25, -0.15])" in sentences[0]
+    turned = agree | {("mean", "ties"): examples(-0.05, seed=9)[0] + ties - ties.mean()}  # flips costs more: a flip
+    sentences, held, _ = conclusions(["flips", "ties"], turned, phis, methods, score)
+    assert held == 1 and "flips under mean (" in sentences[0]
 
 
-def test_robustness_states_only_the_orderings_that_the_intervals_separate():
-    """Orderings from the intervals, not the point estimates (which once ranked ties alphabetically and said 'holds'
-    of every type at +0 [+0, +0]): equal values state nothing and nothing holds; overlapping intervals are ties, left
-    out under the first method and said as ties under the others; intervals separated the other way flip."""
-    from headlab.study.report_robustness import conclusions
+def test_two_types_whose_paired_difference_is_significant_are_separated():
+    """Per-example changes that vary a lot between examples but move together: the two types' own intervals overlap
+    (the old rule said 'tie'), while their paired difference, +0.05 on every example but a little noise, excludes 0:
+    the ordering is stated. Zero changes state nothing and are listed as not separated."""
+    from headlab.study.report_robustness import _mean_interval, conclusions
 
-    methods, types = ["prune", "mean", "resample"], ["a", "b", "c"]
-    zero = {(m, t): (0.0, 0.0, 0.0) for m in methods for t in types}
-    sentences, held, tied = conclusions(types, zero, zero, methods, "f1")
-    assert held == 0 and tied == ["a and b", "a and c", "b and c"]
-    assert sentences == ["the types by Shapley value: no two are separated by their intervals under prune (every pair "
-                         "ties), so no order is stated"]
-    # removed alone: a and b overlap; both cost more than c under prune (a, b: below c's interval)
-    prune = {"a": (-0.5, -0.6, -0.4), "b": (-0.45, -0.55, -0.35), "c": (0.0, -0.05, 0.05)}
-    removed = {("prune", t): v for t, v in prune.items()} | {("mean", t): v for t, v in prune.items()} | {
-        ("mean", "c"): (-0.9, -1.0, -0.8),  # below both: both flip
-        ("resample", "a"): (-0.5, -0.6, -0.4), ("resample", "b"): (-0.2, -0.3, -0.1),
-        ("resample", "c"): (-0.15, -0.25, -0.05)}  # a still below c; b and c overlap: a tie
-    # Shapley: a and b overlap, both above c under prune; mean puts c above both, resample overlaps both
-    shapley = {"a": (0.3, 0.25, 0.35), "b": (0.28, 0.2, 0.33), "c": (0.0, -0.02, 0.02)}
-    values = {(m, t): v for m in methods for t, v in shapley.items()} | {
-        ("mean", "c"): (0.5, 0.45, 0.55), ("resample", "c"): (0.29, 0.27, 0.31)}
-    sentences, held, tied = conclusions(types, removed, values, methods, "f1")
-    assert tied == ["a and b"] and held == 0
-    assert sentences == [
-        "removing a heads costs more f1 than removing c heads (prune: -0.5 [-0.6, -0.4] vs +0 [-0.05, +0.05]): holds "
-        "under prune, resample; flips under mean (-0.5 [-0.6, -0.4] vs -0.9 [-1, -0.8])",
-        "removing b heads costs more f1 than removing c heads (prune: -0.45 [-0.55, -0.35] vs +0 [-0.05, +0.05]): "
-        "holds under prune; ties under resample (-0.2 [-0.3, -0.1] vs -0.15 [-0.25, -0.05]); flips under mean (-0.45 "
-        "[-0.55, -0.35] vs -0.9 [-1, -0.8])",
-        "the types by Shapley value, most helpful first, where their intervals separate them (prune: a > c, b > c): "
-        "holds under prune; ties under resample (a > c, b > c); flips under mean (a > c, b > c)"]
-    same = {(m, t): v for m in methods for t, v in prune.items()}
-    sentences, held, _ = conclusions(types, same, {(m, t): v for m in methods for t, v in shapley.items()}, methods,
-                                     "f1")
-    assert held == len(sentences) == 3 and all(s.endswith(": holds under prune, mean, resample") for s in sentences)
-    # the loss: a larger change costs more and a helpful type has a lower value; the same intervals read the other way
-    sentences, held, _ = conclusions(types, same, {(m, t): v for m in methods for t, v in shapley.items()}, methods,
-                                     "loss")
-    assert held == 3 and sentences[0].startswith("removing c heads costs more loss than removing a heads")
-    assert "(prune: c > b, c > a)" in sentences[-1]  # most helpful first: c, then b (+0.28), then a (+0.3)
+    methods, types = ["prune", "mean"], ["a", "b"]
+    shared = np.random.default_rng(3).choice([-1.0, 0.0, 1.0], 300)
+    a, b = shared - 0.05 + np.random.default_rng(4).normal(0, 0.01, 300), shared
+    assert _mean_interval(a, 0.95)[2] > _mean_interval(b, 0.95)[1]  # their own intervals overlap
+    changes = {(m, "a"): a for m in methods} | {(m, "b"): b for m in methods}
+    zero = {(m, t): np.zeros(300) for m in methods for t in types}
+    sentences, held, unseparated = conclusions(types, changes, zero, methods, "accuracy")
+    assert unseparated == [] and held == 1
+    assert re.match(r"removing a heads costs more accuracy than removing b heads, by \+0\.04\d+ \[\+0\.04",
+                    sentences[0])
+    sentences, held, unseparated = conclusions(types, zero, zero, methods, "accuracy")
+    assert held == 0 and unseparated == ["a and b"]
+    assert sentences == ["the types by Shapley value: no two are separated by their paired intervals under prune, so "
+                         "no order is stated"]
+
+
+def test_a_reversal_is_a_flip_only_when_it_and_the_interaction_exclude_0():
+    """Under prune removing a costs clearly more than b; under mean b costs more, the reversal and the interaction
+    (prune's difference minus mean's, per example) both excluding 0: it flips. A reversal inside the noise is not
+    separated, not a flip."""
+    from headlab.study.report_robustness import _relation
+
+    n = 400
+    prune_diff = 0.2 + np.random.default_rng(1).normal(0, 0.1, n)
+    mean_diff = -0.05 + np.random.default_rng(2).normal(0, 0.1, n)
+    assert _relation({"prune": prune_diff, "mean": mean_diff}, "prune", "mean", 0.95)[0] == -1
+    noisy = -0.05 + np.random.default_rng(5).normal(0, 2, n)
+    assert _relation({"prune": prune_diff, "mean": noisy}, "prune", "mean", 0.95)[0] == 0
+    assert _relation({"prune": prune_diff, "mean": prune_diff + 0.01}, "prune", "mean", 0.95)[0] == 1
 
 
 def test_the_robustness_stage_work_grows_with_the_types_coalitions_and_the_draws():

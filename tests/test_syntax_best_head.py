@@ -82,3 +82,36 @@ def test_the_interval_stays_where_a_difference_of_accuracies_can_lie():
     result = best_head_test(candidates, 0, baseline, resamples=500, confidence=0.95, seed=0)
     assert result["difference"] == pytest.approx(-0.6) and result["ci_low"] == -1.0
     assert -1.0 <= result["ci_low"] <= result["difference"] <= result["ci_high"] <= 1.0
+
+
+def test_words_are_resampled_by_their_sentence():
+    """Each sentence's words doubled, with the sentence as the unit: the same p-value and interval as the words once
+    (sums and sizes double together); the p-value equals every flip of the 10 sentences' signs enumerated; and words
+    that move together within a sentence get a wider interval by sentence than word by word."""
+    rng = np.random.default_rng(4)
+    sentences = np.repeat(np.arange(10), rng.integers(1, 4, 10))
+    candidates, baseline = rng.random((len(sentences), 4)) < 0.6, rng.random(len(sentences)) < 0.4
+    chosen = int(candidates.mean(0).argmax())
+    once = best_head_test(candidates, chosen, baseline, 3000, 0.95, 0, sentences)
+    twice = best_head_test(np.repeat(candidates, 2, axis=0), chosen, np.repeat(baseline, 2), 3000, 0.95, 0,
+                           np.repeat(sentences, 2))
+    assert once["units"] == twice["units"] == 10
+    assert (twice["p_value"], twice["ci_low"], twice["ci_high"]) == pytest.approx(
+        (once["p_value"], once["ci_low"], once["ci_high"]), abs=1e-9)
+
+    d = candidates.astype(float) - baseline.astype(float)[:, None]
+    sums = np.stack([d[sentences == s].sum(0) for s in range(10)])  # [sentences, heads]
+    norms = np.sqrt((sums ** 2).sum(0))
+    t = lambda signs, k: 0.0 if norms[k] == 0 else float((signs * sums[:, k]).sum() / norms[k])  # noqa: E731
+    observed = t(np.ones(10), chosen)
+    flips = [np.array(s) for s in itertools.product((-1.0, 1.0), repeat=10)]
+    exact = sum(max(t(s, k) for k in range(4)) >= observed - 1e-12 for s in flips) / len(flips)
+    many = best_head_test(candidates, chosen, baseline, 40_000, 0.95, 0, sentences)["p_value"]
+    assert many == pytest.approx(exact, abs=4 * np.sqrt(exact * (1 - exact) / 40_000) + 1e-4)
+
+    together = np.repeat(np.arange(40), 5)  # 40 sentences of 5 words, each sentence right or wrong as a whole
+    right = np.repeat(rng.random((40, 3)) < 0.6, 5, axis=0)
+    base = np.repeat(rng.random(40) < 0.5, 5)
+    by_sentence = best_head_test(right, 0, base, 3000, 0.95, 0, together)
+    by_word = best_head_test(right, 0, base, 3000, 0.95, 0)
+    assert by_sentence["ci_high"] - by_sentence["ci_low"] > 1.8 * (by_word["ci_high"] - by_word["ci_low"])

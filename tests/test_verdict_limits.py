@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,28 +16,24 @@ import pandas as pd
 import pytest
 import scipy.stats
 from sklearn.metrics import f1_score, matthews_corrcoef
-from test_findings import RESAMPLING, files_of, job, records, sweep_report, table2
+from test_findings import files_of, guan_finding, job, records, sweep_report, table2
 
-from headlab.reporting.report import report_folder, write_report
 from headlab.study.findings import finding_lines, study_findings
 from headlab.study.findings.caveats import ceiling, floor
 from headlab.study.findings.chance import chance_level
-from headlab.study.findings.guan import plan_claims, plan_finding
 from headlab.study.findings.limits import baseline_limits
-from headlab.study.findings.verdicts import HOLDS, INCONCLUSIVE, NOT_TESTED, checked_verdict
+from headlab.study.findings.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_TESTED, checked_verdict
 from headlab.tasks.metrics import squad_scores
 
 GOLDS = {f"q{i}": ["Paris", "paris "] if i < 10 else [f"Name{i} Smith"] for i in range(40)}
 
 
-def claim(files, key: str):
-    return next(spec for spec in plan_claims(files) if spec[0].key == key)
-
-
 def stable_clusters(folder: Path) -> None:
-    """The cluster stage of seed0: all 144 heads stable (a claim of the attention, not of the score: it holds)."""
-    job(folder, "cluster/seed0", {"stability": 1.0, "counts": {"a": 134, "b": 10},
-                                  "config": {"cluster": {"stability_fits": 10}}})
+    """The cluster stage of seed0: all 144 heads stable in every run of the procedure (a claim of the attention, not
+    of the score: it holds)."""
+    path = job(folder, "cluster/seed0", {"stability": 1.0, "stability_repeats": [1.0] * 20,
+                                         "counts": {"a": 134, "b": 10}, "config": {"cluster": {"stability_fits": 10}}})
+    (path / "clusters.json").write_text(json.dumps({"named": True}))
 
 
 def brute_force_chance(golds: list[list[str]], metric: str) -> float:
@@ -210,74 +206,137 @@ def test_a_smoke_runs_claims_read_not_tested_quick_run(tmp_path):
         "not tested (quick run; the syntax stage did not score the pre-trained model)")
 
 
-def eval_job(folder: Path, name: str, f1: np.ndarray, base: np.ndarray, baseline_records: Path | None) -> Path:
-    """An ``ablate.py mode=eval`` job as the tables stage writes it (results.json and records.parquet)."""
-    plan = name.rsplit("/", 1)[1]
-    policies = {} if plan == "baseline" else {f"L0H{len(plan) % 4}": plan.split("_")[0]}
-    path = job(folder, name)
-    records(path, f1)
-    metrics = {"f1": 100 * f1.mean(), "exact_match": 100 * (f1 == 1).mean()}
-    before = {"f1": 100 * base.mean(), "exact_match": 100 * (base == 1).mean()}
-    (path / "results.json").write_text(json.dumps({
-        "kind": "eval", "complete": True, "mode": "eval", "group": "study", "model": "m", "task": "demo_qa",
-        "checkpoint": {"weights_hash": "w"}, "seed": 0, "plan_name": plan,
-        "plan": {"rules": [{"heads": "L0", "policy": "prune"}] if policies else [], "policies": policies},
-        "policy": "prune" if policies else "keep", "unit": "sentence", "renormalize": False,
-        "metrics": {"validation": metrics}, "baseline": {"validation": before},
-        "delta": {"validation": {k: metrics[k] - before[k] for k in metrics}}, "num_examples": {"validation": len(f1)},
-        "records": "records.parquet", "baseline_records": {"validation": str(baseline_records or path /
-                                                                             "records.parquet")},
-        "config": {"mode": "eval", "task": {"main_metric": "f1"}, "data": {"max_eval_examples": 24}}}))
-    return path
+def classification_records(path: Path, label: np.ndarray, prediction: np.ndarray, cluster: np.ndarray) -> None:
+    pd.DataFrame({"split": "validation", "example": np.arange(len(label)), "id": [f"e{i}" for i in range(len(label))],
+                  "label": label, "prediction": prediction, "loss": 0.5, "cluster": cluster}).to_parquet(
+        path / "records.parquet")
 
 
-def test_a_finding_against_the_baseline_prints_its_table_rows_interval_and_p(tmp_path):
-    """Table 2 of 24 questions, each plan changing one to three of them (token F1s off any grid, as the quick study's):
-    the finding "prune_vertical - baseline" prints the interval of its row of the plan grid and the row's p-value
-    (they printed +0.00 and +0.56 as their lows for the same comparison)."""
-    rng = np.random.default_rng(0)
-    base = np.where(rng.random(24) < 0.5, 0.0, rng.choice([1 / 7, 2 / 9, 0.4, 2 / 3, 1.0], 24))
-    base_path = eval_job(tmp_path, "tables/table2/seed0/baseline", base, base, None) / "records.parquet"
-    for plan in ("prune_vertical", "prune_diagonal", "prune_dense", "uniform_dense", "uniform_vertical"):
-        f1 = base.copy()
-        changed = rng.choice(24, rng.integers(1, 4), replace=False)
-        f1[changed] = rng.choice([0.0, 1 / 7, 2 / 9, 2 / 3, 1.0], len(changed))
-        eval_job(tmp_path, f"tables/table2/seed0/{plan}", f1, base, base_path)
-    report = write_report(tmp_path / "tables/table2/seed0", RESAMPLING, "holm").folder
-    assert report == report_folder(tmp_path / "tables/table2/seed0", RESAMPLING, "holm")
-    files = files_of(tmp_path)
-    for key, plan in (("guan_table2_vertical_prune_cheap", "prune_vertical"),
-                      ("guan_table2_dense_uniform_cheap", "uniform_dense")):
-        (evidence,) = plan_finding(files, *claim(files, key)).evidence
-        row = pd.read_parquet(report / "table.parquet").query("plan == @plan and metric == 'f1'").iloc[0]
-        assert [evidence.values[k] for k in ("value", "low", "high", "p_value")] == [
-            row["delta"], row["ci_low"], row["ci_high"], row["p_value"]]
-        cell = re.search(rf"\| {plan} .*?\((\S+ \[[^]]+\])\)", (report / "plans_validation.md").read_text()).group(1)
-        assert f"{plan} - baseline: {cell} (95% CI; p {row['p_value']:.3g}, adjusted {row['p_adjusted']:.3g};" \
-               in evidence.numbers
-        assert evidence.file == str((report / "table.csv").relative_to(tmp_path))
+def test_a_cost_is_a_share_of_the_headroom_with_its_paired_bootstrap(tmp_path):
+    """Row 5 on accuracy (chance: the majority class, 0.55): (plan - baseline) / (baseline - chance), its BCa CI equal
+    to scipy's paired bootstrap of that ratio (each example its own cluster: the same resamples), against the paper's
+    bound -1.5 / 82.85; the same records with a question of two pairs per cluster give a wider interval."""
+    rng = np.random.default_rng(4)
+    label = (rng.random(200) < 0.55).astype(int)
+    base = np.where(rng.random(200) < 0.85, label, 1 - label)
+    plan = np.where(rng.random(200) < 0.97, base, 1 - base)
+    for name, prediction in (("baseline", base), ("prune_vertical", plan)):
+        classification_records(job(tmp_path, f"tables/table2/seed0/{name}"), label, prediction, np.arange(200))
+    files = files_of(tmp_path, metric="accuracy", scale=1.0)
+    (evidence,) = guan_finding(files, "guan_table2_vertical_prune_cheap").evidence
+    chance = max(label.mean(), 1 - label.mean())
+
+    def share(a, b, y, axis=-1):
+        return ((a == y).mean(axis) - (b == y).mean(axis)) / ((b == y).mean(axis) - chance)
+
+    reference = scipy.stats.bootstrap((plan, base, label), share, paired=True, vectorized=True, n_resamples=2000,
+                                      batch=500, method="BCa", rng=np.random.default_rng(0)).confidence_interval
+    assert evidence.values["value"] == pytest.approx(share(plan, base, label), abs=1e-12)
+    assert (evidence.values["low"], evidence.values["high"]) == pytest.approx((reference.low, reference.high),
+                                                                              abs=1e-9)
+    assert evidence.values["boundary"] == pytest.approx(-1.5 / 82.85)
+    assert evidence.values["paper"] == pytest.approx((81.42 - 82.85) / 82.85)
+    expected = HOLDS if reference.low > -1.5 / 82.85 else INCONCLUSIVE if reference.high > -1.5 / 82.85 else FAILS
+    assert evidence.verdict == expected
+    for name, prediction in (("baseline", base), ("prune_vertical", plan)):
+        classification_records(tmp_path / f"tables/table2/seed0/{name}", label, prediction, np.arange(200) // 2)
+    (pairs,) = guan_finding(files_of(tmp_path, metric="accuracy", scale=1.0),
+                            "guan_table2_vertical_prune_cheap").evidence
+    assert pairs.values["units"] == 100 and pairs.values["value"] == evidence.values["value"]
 
 
-@pytest.mark.parametrize(("low", "high", "p", "expected", "why"), [
-    (0.56, 5.54, 0.46, INCONCLUSIVE, "the 95% CI excludes 0 while the permutation p = 0.46 is not below 0.05"),
-    (-0.5, 5.54, 0.01, INCONCLUSIVE, "the 95% CI contains 0 while the permutation p = 0.01 is below 0.05"),
-    (0.56, 5.54, 0.01, HOLDS, ""),
-    (-0.5, 5.54, 0.46, HOLDS, ""),  # no difference either way: above -1.5 all the same
-    (-9.0, -2.0, 0.3, INCONCLUSIVE, "excludes 0 while the permutation p = 0.3 is not below 0.05")])
-def test_an_interval_and_a_p_value_that_disagree_about_0_are_inconclusive(tmp_path, low, high, p, expected, why):
-    """"Pruning the vertical heads costs less than 1.5 points" from its row of Table 2 (written here): the CI alone
-    would decide, but where it and the permutation p disagree about a difference from 0 the verdict is inconclusive,
-    with the reason (the quick study's +1.67 [+0.56, +5.54] at p = 0.46 held)."""
-    for plan in ("baseline", "prune_vertical"):
-        records(job(tmp_path, f"tables/table2/seed0/{plan}"), np.full(24, 0.5))  # equal: recomputed, they'd hold
-    report = report_folder(tmp_path / "tables/table2/seed0", RESAMPLING, "holm")
-    report.mkdir(parents=True)
-    pd.DataFrame({"plan": ["baseline", "prune_vertical"], "split": "validation", "metric": "f1", "heads": [0, 4],
-                  "delta": [0.0, 1.67], "ci_low": [np.nan, low], "ci_high": [np.nan, high], "p_value": [np.nan, p],
-                  "p_adjusted": [np.nan, p], "n": 24, "note": ""}).to_csv(report / "table.csv", index=False)
-    files = files_of(tmp_path)
-    finding = plan_finding(files, *claim(files, "guan_table2_vertical_prune_cheap"))
-    (evidence,) = finding.evidence
-    assert finding.verdict == expected and why in evidence.note and (evidence.note == "") == (not why)
-    assert checked_verdict(low, high, -1.5, p, 0.95) == (expected, evidence.note)
-    assert why in "\n".join(finding_lines(finding))
+def test_the_papers_own_tables_hold_their_claims():
+    """Each Table 2 and 3 claim applied to the paper's own numbers: every ordering is in the paper's direction (its
+    rows cited in the claim's source) and each cost lies within the paper's bound (1.43 of 82.85 EM under 1.5; 8.17
+    under 10), on exact match and on F1."""
+    from headlab.study.findings.guan_tables import PAPER, ROWS, orderings, paper_bound
+
+    for column in (0, 1):
+        for o in orderings():
+            assert PAPER[o.kept][column] > PAPER[o.removed][column], o.claim.key
+            assert f"rows {ROWS[o.removed]} vs {ROWS[o.kept]}: EM {PAPER[o.removed][0]:.2f} vs " \
+                   f"{PAPER[o.kept][0]:.2f}" in o.claim.source
+        for plan in ("prune_vertical", "uniform_dense"):
+            bound, own = paper_bound(plan, "f1" if column else "accuracy")
+            assert own == pytest.approx((PAPER[plan][column] - PAPER["baseline"][column]) / PAPER["baseline"][column])
+            assert own > bound
+    assert paper_bound("prune_vertical", "accuracy")[1] == pytest.approx(-0.01726, abs=1e-5)
+    assert paper_bound("uniform_dense", "exact_match")[1] == pytest.approx(-0.09861, abs=1e-5)
+
+
+@pytest.mark.parametrize(("low", "high", "p", "permutations", "expected", "why"), [
+    (0.56, 5.54, 0.46, 2000, INCONCLUSIVE, "the CI excludes 0 while the permutation p = 0.46 is not below 0.05"),
+    (-0.5, 5.54, 0.01, 2000, INCONCLUSIVE, ""),  # the CI alone leaves it open
+    (0.56, 5.54, 0.001, 2000, HOLDS, ""),
+    (-9.0, -2.0, 0.001, 2000, FAILS, ""),
+    (0.0031, 5.54, 0.0488, 2000, INCONCLUSIVE, "within 3 Monte Carlo standard errors"),
+    (0.0031, 5.54, 0.0488, 0, HOLDS, ""),  # an exact test has no Monte Carlo error
+    (0.0031, 5.54, 0.0488, 100_000, INCONCLUSIVE, "within 3 Monte Carlo standard errors"),
+    (0.0031, 5.54, 0.0488, 1_000_000, HOLDS, "")])
+def test_a_verdict_needs_its_interval_and_p_value_to_agree_beyond_monte_carlo_noise(low, high, p, permutations,
+                                                                                  expected, why):
+    """The CI decides unless it and the permutation p disagree about 0, or p lies within 3 Monte Carlo standard
+    errors (sqrt(p (1 - p) / B)) of alpha: the dense_vertical_uniform claim's p = 0.0488 at 2000 permutations (SE
+    0.0048) or 100,000 (SE 0.0007) decides nothing; at 1,000,000 (SE 0.0002) or exact it does."""
+    found, note = checked_verdict(low, high, 0.0, p, 0.05, permutations)
+    assert found == expected and why in note and (note == "") == (not why)
+    if "Monte Carlo" in why:
+        assert f"({math.sqrt(p * (1 - p) / permutations):.2g}, {permutations} permutations)" in note
+
+
+def test_a_holm_adjusted_p_scales_its_monte_carlo_error():
+    """A raw p of 0.02 Holm-adjusted to 0.04 (x 2): its error doubles, so 0.04 at 2000 permutations (SE 2 x 0.0031)
+    is within 3 errors of 0.05."""
+    assert checked_verdict(0.1, 1.0, 0.0, 0.04, 0.05, 2000, raw_p=0.02)[0] == INCONCLUSIVE
+    assert checked_verdict(0.1, 1.0, 0.0, 0.02, 0.05, 2000, raw_p=0.01)[0] == HOLDS
+
+
+@pytest.mark.parametrize(("prediction", "marked"), [("constant", True), ("varied", False)])
+def test_a_collapsed_plan_is_marked_in_the_claims_that_rest_on_it(tmp_path, prediction, marked):
+    """prune_dense predicting one class for every example (the default study's 0.5000): the dense-vs-diagonal claim
+    says the plan is collapsed, and study.json lists it; a plan whose predictions vary is not marked."""
+    rng = np.random.default_rng(1)
+    label = rng.integers(0, 2, 120)
+    diagonal = np.where(rng.random(120) < 0.6, label, 1 - label)
+    dense = np.ones(120, int) if prediction == "constant" else np.where(rng.random(120) < 0.5, label, 1 - label)
+    for name, values in (("prune_diagonal", diagonal), ("prune_dense", dense)):
+        classification_records(job(tmp_path, f"tables/table2/seed0/{name}"), label, values, np.arange(120))
+    (evidence,) = guan_finding(files_of(tmp_path, metric="accuracy", scale=1.0),
+                               "guan_table2_diagonal_vs_dense_prune").evidence
+    assert ("prune_dense is collapsed: it predicts 1 for every one of its 120 examples" in evidence.note) == marked
+    assert evidence.values["collapsed"] == (["prune_dense"] if marked else [])
+
+
+def test_an_inconclusive_ordering_says_what_would_decide_it(tmp_path):
+    """A difference of +4 points with a CI of half-width about 8: the note gives the half-width and the examples at
+    which an interval of that shape around +4 would clear 0 (n x (half / 4)^2), and study.json holds both."""
+    rng = np.random.default_rng(2)
+    diagonal = rng.uniform(0.2, 0.8, 60)
+    vertical = np.clip(diagonal + rng.normal(0.04, 0.3, 60), 0, 1)
+    table2(tmp_path, vertical, diagonal)
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    assert evidence.verdict == INCONCLUSIVE
+    half = (evidence.values["high"] - evidence.values["low"]) / 2
+    needed = math.ceil(60 * (half / abs(evidence.values["value"])) ** 2)
+    assert evidence.values["half_width"] == pytest.approx(half) and evidence.values["needed"] == needed
+    assert f"half-width {half:.2f}; an effect of this size would be decided at about {needed:,} examples (this run: " \
+           "60)" in evidence.note
+
+
+@pytest.mark.parametrize(("examples", "expected"), [(40, INCONCLUSIVE), (4000, HOLDS)])
+def test_a_cost_of_a_plan_that_changed_nothing_holds_only_with_enough_examples(tmp_path, examples, expected):
+    """prune_vertical predicting exactly what the baseline predicts: a zero-width bootstrap interval, which proves
+    nothing at 40 examples (the Clopper-Pearson bound of 40 unchanged units at 95%, its table's only bounded cost,
+    1 - 0.025^(1/40) = 8.8% of accuracy, is far past the paper's bound as a share of the headroom), and holds at
+    4000 (0.09%)."""
+    rng = np.random.default_rng(5)
+    label = (rng.random(examples) < 0.5).astype(int)
+    base = np.where(rng.random(examples) < 0.85, label, 1 - label)
+    for name in ("baseline", "prune_vertical"):
+        classification_records(job(tmp_path, f"tables/table2/seed0/{name}"), label, base, np.arange(examples))
+    (evidence,) = guan_finding(files_of(tmp_path, metric="accuracy", scale=1.0),
+                               "guan_table2_vertical_prune_cheap").evidence
+    headroom = (base == label).mean() - max(label.mean(), 1 - label.mean())
+    bound = (1 - 0.025 ** (1 / examples)) / headroom
+    assert evidence.values["high"] == 0.0 and evidence.values["low"] == pytest.approx(-bound)
+    assert evidence.verdict == expected

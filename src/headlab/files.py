@@ -258,7 +258,7 @@ def installed(path: Path) -> bool:
 # Settings that cannot change what a job computes (how it shows progress or logs, where and with how many worker
 # processes it reads its data): left out of every job's hash, as the logger is, so changing them reruns nothing.
 RESULT_NEUTRAL = ("trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps",
-                  "trainer.profiler", "data.num_workers", "data.cache_dir")
+                  "trainer.profiler", "data.num_workers", "data.cache_dir", "model.pretraining")
 
 
 def without_keys(config: dict[str, Any], keys: tuple[str, ...] = RESULT_NEUTRAL) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class ModelConfig:
 
     name: str = MISSING
     name_or_path: str | None = None
+    pretraining: str | None = None  # how the checkpoint was trained, for a study's caveats (changes no result)
     random_init: bool = False
     seed: int = 0  # random_init: seed of the weights
     config: dict[str, Any] = field(default_factory=dict)  # random_init: BertConfig fields
@@ -108,6 +109,9 @@ class ClassificationTaskConfig(TaskConfig):
     text_fields: list[str] = field(default_factory=lambda: ["sentence"])  # one field, or two for pairs
     label_field: str = "label"
     num_labels: int = 2
+    # rows sharing this column's value were drawn together (a question's pairs): the statistics resample them as one
+    # unit (headlab.reporting.sampled_units); null: each row is its own
+    cluster_field: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,7 +121,8 @@ class ClassificationTaskConfig(TaskConfig):
         at_least("task.num_labels", self.num_labels, 1 if self.type == "regression" else 2)
         if self.data_files:
             for split in dict.fromkeys([self.train_split, *self.eval_splits]):
-                check_text_file(self.data_files[split], self.name, list(self.text_fields), self.label_field)
+                check_text_file(self.data_files[split], self.name, list(self.text_fields), self.label_field,
+                                self.cluster_field)
         if "f1" in self.metrics and self.num_labels != 2:
             raise UserError(f"task {self.name}: metric f1 is binary (F1 of class 1); task.num_labels={self.num_labels}")
 

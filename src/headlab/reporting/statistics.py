@@ -15,7 +15,9 @@ run, the delta = metric(ablated) - metric(baseline), with
 
 The runs of a sweep share resamples: one matrix product per batch serves every run
 (``headlab.reporting.metric_sums``), which is what makes a 72-plan report cheap (BENCHMARKS.md).
-``value_interval``: one run's metric with its own bootstrap CI, drawn the same way (a study's baseline).
+Where the examples were drawn in clusters (the records' ``cluster`` column, ``headlab.reporting.sampled_units``), the
+bootstrap draws whole clusters, BCa's jackknife leaves a cluster out and the permutation test swaps whole clusters.
+``headlab.reporting.value_intervals``: one run's metric with its own bootstrap CI, drawn the same way.
 Corrections across plans: Holm or Benjamini-Hochberg (as ``statsmodels.stats.multitest``, in numpy).
 """
 
@@ -32,6 +34,7 @@ from scipy.special import ndtr, ndtri
 
 from headlab.errors import UserError
 from headlab.reporting.metric_sums import Columns, RankMetric, SumMetric, columns_read, metric_for
+from headlab.reporting.sampled_units import SampledUnits, sampled_units
 from headlab.reporting.settings import CI_KINDS, CI_METHODS, CORRECTIONS
 
 
@@ -75,12 +78,15 @@ class PairedResult:
     ci_high: float
     p_value: float
     n: int
+    units: int = 0  # what was resampled: the examples' clusters (``n`` when each example is its own)
 
 
 class _Deltas:
-    """``delta(weights or swaps)`` of every run at once: ``[batch, runs]``."""
+    """``delta(weights or swaps)`` of every run at once: ``[batch, runs]``; resampled by ``units`` (``n`` of them:
+    the examples, or the clusters of examples that were drawn together)."""
 
-    def __init__(self, metric: SumMetric | RankMetric, runs: Sequence[Columns], baseline: Columns):
+    def __init__(self, metric: SumMetric | RankMetric, runs: Sequence[Columns], baseline: Columns,
+                 units: SampledUnits | None = None):
         self.metric, self.runs = metric, len(runs)
         if isinstance(metric, SumMetric):
             self.base = metric.features(baseline)  # [n, k]
@@ -91,14 +97,16 @@ class _Deltas:
         else:
             self.base = np.stack(metric.columns(baseline))  # [2, n]: prediction, label
             self.features = np.stack([np.stack(metric.columns(run)) for run in runs])  # [runs, 2, n]
-        self.n = self.base.shape[-1] if isinstance(metric, RankMetric) else len(self.base)
+        self.size = self.base.shape[-1] if isinstance(metric, RankMetric) else len(self.base)  # examples
+        self.units = units or SampledUnits(self.size)
+        self.n = self.units.count  # what a resample draws
 
     def observed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ablated values [runs], baseline value [], deltas [runs])."""
         if isinstance(self.metric, RankMetric):
             ablated, base = self.metric.statistic(*np.moveaxis(self.features, 1, 0)), self.metric.statistic(*self.base)
             return ablated, base, ablated - base
-        count, k = np.asarray(float(self.n)), self.base.shape[1]
+        count, k = np.asarray(float(self.size)), self.base.shape[1]
         sums = self._columns().sum(0)  # one reduction: a run equal to the baseline has its very sums
         runs, base_sums = sums[:-k].reshape(self.runs, k), sums[-k:]
         ablated, base = self.metric.observed(runs, count), self.metric.observed(base_sums, count)
@@ -108,22 +116,27 @@ class _Deltas:
 
     def _columns(self) -> np.ndarray:
         """``[n, runs * k + k]``: every run's features, then the baseline's."""
-        return np.concatenate([self.features.reshape(self.n, -1), self.base], axis=1)
+        return np.concatenate([self.features.reshape(self.size, -1), self.base], axis=1)
 
     def _delta(self, runs: np.ndarray, base: np.ndarray, count: np.ndarray) -> np.ndarray:
         """Deltas of a metric that is not a mean from sums ``runs`` ``[..., runs, k]`` and ``base`` ``[..., k]``."""
         return self.metric.finish(runs, count[..., None]) - self.metric.finish(base, count)[..., None]
 
     def resampled(self, index: np.ndarray) -> np.ndarray:
-        """Deltas of bootstrap resamples ``index`` ``[batch, n]`` (example indices): ``[batch, runs]``."""
+        """Deltas of bootstrap resamples ``index`` ``[batch, n]`` (unit indices): ``[batch, runs]``."""
         if isinstance(self.metric, RankMetric):
-            base = self.metric.statistic(*self.base[:, index])  # [batch]
-            runs = self.metric.statistic(*np.moveaxis(self.features[:, :, index], 1, 0))  # [runs, batch]
-            return runs.T - base[:, None]
-        batch = len(index)
-        rows = (np.arange(batch)[:, None] * self.n + index).ravel()
-        weights = np.bincount(rows, minlength=batch * self.n).reshape(batch, self.n).astype(np.float64)
-        return self._weighted(weights, np.full(batch, float(self.n)))
+            if self.units.groups is not None:  # resamples of different sizes: one at a time
+                return np.stack([self._ranked(np.repeat(np.arange(self.size), w.astype(np.int64)))
+                                 for w in self.units.weights(index)])
+            return self._ranked(index)
+        weights = self.units.weights(index)  # [batch, size]
+        return self._weighted(weights, weights.sum(1))
+
+    def _ranked(self, index: np.ndarray) -> np.ndarray:
+        """A rank metric's deltas on example indices ``index`` ``[..., m]``: ``[..., runs]``."""
+        base = self.metric.statistic(*self.base[:, index])  # [...]
+        runs = self.metric.statistic(*np.moveaxis(self.features[:, :, index], 1, 0))  # [runs, ...]
+        return np.moveaxis(runs, 0, -1) - base[..., None]
 
     def _weighted(self, weights: np.ndarray, count: np.ndarray) -> np.ndarray:
         k = self.base.shape[1]
@@ -133,21 +146,22 @@ class _Deltas:
         return self._delta(sums[:, :-k].reshape(len(weights), self.runs, k), sums[:, -k:], count)
 
     def jackknife(self) -> np.ndarray:
-        """Deltas with each example left out in turn: ``[n, runs]``."""
+        """Deltas with each unit left out in turn: ``[n, runs]``."""
         if isinstance(self.metric, RankMetric):
-            keep = ~np.eye(self.n, dtype=bool)
-            return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
-        k, count = self.base.shape[1], np.full(self.n, float(self.n - 1))
-        if self.metric.linear:  # the sums of the differences without each example
-            left_out = self.differences.sum(0) - self.differences  # [n, runs * k]
+            every = np.arange(self.size)
+            return np.stack([self._ranked(np.setdiff1d(every, members)) for members in self.units.members()])
+        k, count = self.base.shape[1], self.size - self.units.sizes  # [n]
+        if self.metric.linear:  # the sums of the differences without each unit
+            left_out = self.differences.sum(0) - self.units.sums(self.differences)  # [n, runs * k]
             return self.metric.finish(left_out.reshape(self.n, self.runs, k), count[:, None])
         total = self._columns()
-        left_out = total.sum(0) - total  # [n, runs * k + k]
+        left_out = total.sum(0) - self.units.sums(total)  # [n, runs * k + k]
         return self._delta(left_out[:, :-k].reshape(self.n, self.runs, k), left_out[:, -k:], count)
 
     def swapped(self, swaps: np.ndarray) -> np.ndarray:
-        """Deltas with the examples where ``swaps`` ``[batch, n]`` is True swapped between the sides:
+        """Deltas with the units where ``swaps`` ``[batch, n]`` is True swapped between the sides:
         ``[batch, runs]``."""
+        swaps = self.units.examples(swaps)  # [batch, size]
         if isinstance(self.metric, RankMetric):
             out = []
             for run in self.features:  # [2, n]
@@ -155,7 +169,7 @@ class _Deltas:
                 baseline = np.where(swaps[None], run[:, None], self.base[:, None])
                 out.append(self.metric.statistic(*ablated) - self.metric.statistic(*baseline))
             return np.stack(out, axis=1)
-        k, count = self.base.shape[1], np.full(len(swaps), float(self.n))
+        k, count = self.base.shape[1], np.full(len(swaps), float(self.size))
         moved = -(swaps.astype(np.float64) @ self.differences).reshape(len(swaps), self.runs, k)  # base - run
         if self.metric.linear:  # sum(run - base) + 2 moved, in one exact step on a lattice
             return self.metric.finish(self.differences.sum(0).reshape(self.runs, k) + 2 * moved, count[:, None])
@@ -277,71 +291,35 @@ def _example(records: Columns, position: int) -> object:
     return np.asarray(records["example"])[position] if "example" in records else position
 
 
+def record_count(records: Columns) -> int:
+    return len(records[next(iter(records.keys()))]) if len(records) else 0
+
+
 def paired_tests(metric: str, runs: Sequence[Columns], baseline: Columns, config: Resampling = DEFAULT_RESAMPLING,
                  names: Sequence[str] | None = None) -> list[PairedResult]:
     """Each run's delta against ``baseline`` on ``metric``, with CI and p-value; the runs' records and the
     baseline's list the same examples in the same order (``check_records``; ``names``: the runs', for its errors).
     Where the metric is undefined (Pearson's r of constant predictions) the delta and p-value are NaN."""
-    n = len(baseline[next(iter(baseline.keys()))]) if len(baseline) else 0
+    n = record_count(baseline)
     if n < 2:
         raise UserError(f"a paired bootstrap needs at least 2 examples; the records have {n}")
     for run in runs:
-        size = len(run[next(iter(run.keys()))])
+        size = record_count(run)
         if size != n:
             raise UserError(f"paired statistics need the same examples on both sides: {size} vs {n} records")
     check_records(metric, runs, baseline, names)
+    units = sampled_units([baseline, *runs], n)
+    if units.count < 2:
+        raise UserError(f"a paired bootstrap needs at least 2 clusters of examples; the records have {units.count}")
     everything = pd.concat([pd.DataFrame(dict(c)) for c in (*runs, baseline)], ignore_index=True)
-    deltas = _Deltas(metric_for(metric, everything), runs, baseline)
+    deltas = _Deltas(metric_for(metric, everything), runs, baseline, units)
     ablated, base, observed = deltas.observed()
     undefined = ~np.isfinite(observed)  # the metric is undefined on a side (Pearson's r of constant predictions)
     magnitude = np.fmax(np.abs(ablated), np.abs(base))
     ci = np.where(undefined[:, None], np.nan, confidence_intervals(deltas, observed, config, magnitude))
     p = np.where(undefined, np.nan, permutation_p_values(deltas, observed, config))
-    return [PairedResult(metric, float(a), float(base), float(d), float(lo), float(hi), float(q), n)
+    return [PairedResult(metric, float(a), float(base), float(d), float(lo), float(hi), float(q), n, units.count)
             for a, d, (lo, hi), q in zip(ablated, observed, ci, p)]
-
-
-class _Values:
-    """One run's ``metric`` (no baseline) on resamples and jackknife samples: what ``confidence_intervals`` reads."""
-
-    def __init__(self, metric: SumMetric | RankMetric, records: Columns):
-        self.metric = metric
-        self.features = metric.features(records) if isinstance(metric, SumMetric) else np.stack(metric.columns(records))
-        self.n = len(self.features) if isinstance(metric, SumMetric) else self.features.shape[1]
-
-    def observed(self) -> np.ndarray:
-        if isinstance(self.metric, RankMetric):
-            return np.array([self.metric.statistic(*self.features)], dtype=np.float64)
-        return self.metric.observed(self.features.sum(0)[None], np.array([float(self.n)]))
-
-    def resampled(self, index: np.ndarray) -> np.ndarray:
-        if isinstance(self.metric, RankMetric):
-            return self.metric.statistic(*self.features[:, index])[:, None]
-        batch = len(index)
-        rows = (np.arange(batch)[:, None] * self.n + index).ravel()
-        weights = np.bincount(rows, minlength=batch * self.n).reshape(batch, self.n).astype(np.float64)
-        return self.metric.finish(weights @ self.features, np.full(batch, float(self.n)))[:, None]
-
-    def jackknife(self) -> np.ndarray:
-        if isinstance(self.metric, RankMetric):
-            keep = ~np.eye(self.n, dtype=bool)
-            return np.stack([self.resampled(np.flatnonzero(row)[None])[0] for row in keep])
-        return self.metric.finish(self.features.sum(0) - self.features, np.full(self.n, float(self.n - 1)))[:, None]
-
-
-def value_interval(metric: str, records: Columns, config: Resampling = DEFAULT_RESAMPLING
-                   ) -> tuple[float, float, float]:
-    """``(value, low, high)``: ``metric`` on ``records`` with its bootstrap CI over the examples, drawn as the paired
-    deltas' (the same resamples for the same seed, ``config.method``): a baseline's own interval."""
-    n = len(records[next(iter(records.keys()))]) if len(records) else 0
-    if n < 2:
-        raise UserError(f"a bootstrap needs at least 2 examples; the records have {n}")
-    values = _Values(metric_for(metric, pd.DataFrame(dict(records))), records)
-    observed = values.observed()
-    if not np.isfinite(observed).all():
-        return float(observed[0]), float("nan"), float("nan")
-    low, high = confidence_intervals(values, observed, config)[0]
-    return float(observed[0]), float(low), float(high)
 
 
 def paired_ci(ablated: Columns, baseline: Columns, metric: str = "accuracy", *, resamples: int = 10_000,

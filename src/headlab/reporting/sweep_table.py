@@ -81,6 +81,7 @@ def _job_rows(root: Path, path: Path, result: dict[str, Any]) -> list[dict[str, 
     }
     return [{**job, "split": split, "metric": metric, "value": value, "baseline": result["baseline"][split][metric],
              "delta": result["delta"][split][metric], "n": result["num_examples"][split],
+             "units": result["num_examples"][split],  # what the statistics resampled: clusters of examples, if any
              "_records": path.parent / result["records"], "_baseline_records": result["baseline_records"][split]}
             for split, metrics in result["metrics"].items() for metric, value in metrics.items()]
 
@@ -211,7 +212,8 @@ def _add_statistics(frame: pd.DataFrame, resampling: Resampling) -> None:
             continue
         names = [f"plan {frame.at[i, 'plan']!r} ({frame.at[i, 'job']})" for i in usable]
         for index, result in zip(usable, _family_tests(frame, metric, usable, runs, base, resampling, names)):
-            frame.loc[index, ["ci_low", "ci_high", "p_value"]] = [result.ci_low, result.ci_high, result.p_value]
+            frame.loc[index, ["ci_low", "ci_high", "p_value", "units"]] = [result.ci_low, result.ci_high,
+                                                                           result.p_value, result.units]
             if not np.isfinite(result.delta):
                 frame.loc[index, ["value", "delta", "p_value"]] = [result.value, np.nan, np.nan]
                 why = ("no question of its group among the examples" if metric.startswith(("has_ans_", "no_ans_"))

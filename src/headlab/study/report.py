@@ -16,6 +16,7 @@ from rich.console import Console
 from headlab.files import write_json_atomic, write_text_atomic
 from headlab.study.findings import finding_lines, findings_json, study_files, study_findings
 from headlab.study.findings.caveats import study_caveats
+from headlab.study.findings.claims_table import claims_table
 from headlab.study.findings.verdicts import RULE
 from headlab.study.report_base import StudyReport
 from headlab.study.report_heads import importance, prune_curve, syntax
@@ -76,12 +77,14 @@ def findings(report: StudyReport) -> None:
                         "stage files its numbers come from (the rule below the list).", ""]
     for finding in found:
         report.markdown += finding_lines(finding)
-    report.markdown += ["", RULE]
+    report.markdown += ["", RULE, "", "**The claims**, each as its paper states it:", "", claims_table()]
     report.numbers["findings"] = findings_json(found)
     report.closing += ["findings (verdict: claim, source; numbers in study.md):",
                        *(f"  {finding.counted().replace('`', '')}: {finding.claim.text} ({finding.claim.source})"
                          for finding in found)]
-    caveats = study_caveats(files, study_command(report.study))
+    model = report.study.cfg.model
+    caveats = study_caveats(files, study_command(report.study), model.name,
+                            model.get("pretraining"))
     report.section("Caveats")
     report.markdown += [line for caveat in caveats for line in (caveat, "")] or ["None found by the checks."]
     report.numbers["caveats"] = caveats

@@ -10,15 +10,20 @@ values under ``prune``, ``mean`` and ``resample``; this section reads them:
 * the single-head sweeps: Spearman correlation of the heads' changes between methods, and the heads whose rank
   moves most;
 * one sentence per conclusion: each ordering of two types by what removing them costs, and the types' order by
-  Shapley value, under prune, and whether it holds, ties or flips under mean and resample. An ordering is stated
-  only where the intervals of Table 2 separate the two values (removed alone: the pairs; Shapley: the order);
-  under another method it holds where they are separated the same way, ties where they overlap, flips where they
-  are separated the other way. Pairs tied under prune are listed in one line, not as conclusions.
+  Shapley value, under prune, and whether it holds, is not separated or flips under mean and resample. Every
+  comparison is the **paired** difference of the two types on the same examples (what removing one costs minus what
+  removing the other costs; the difference of their per-example Shapley values), with its bootstrap interval: an
+  ordering is stated only where that interval under prune excludes 0, "holds" under another method where its
+  interval excludes 0 the same way, "flips" only where it excludes 0 the other way **and** the method x type
+  interaction (the difference under prune minus the difference under the other method, per example) excludes 0,
+  and "not separated" otherwise: an interval across 0 is not evidence of a tie. Pairs not separated under prune are
+  listed in one line, not as conclusions.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -76,16 +81,18 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
     results = {policy: read_json(folder / "results.json", "shapley results") for policy, folder in shapley.items()}
     first = next(iter(results.values()))
     score, split = first["score"], next(iter(first["splits"]))
+    confidence = first["config"]["shapley"]["confidence"]
     types = list(first["players"])
-    removed, values = {}, {}
+    removed, values, changes, phis = {}, {}, {}, {}
     for policy, folder in shapley.items():
         scores = pd.read_parquet(folder / "coalitions.parquet")
         scores = scores[scores["split"] == split]
-        full = scores[scores["removed"] == "none"].sort_values("example")["score"].to_numpy()
-        confidence = results[policy]["config"]["shapley"]["confidence"]
+        table = scores.pivot(index="example", columns="removed", values="score").sort_index()  # [examples, coalitions]
+        for type_, phi in example_shapley(table, types).items():
+            phis[policy, type_] = phi
         for type_ in types:
-            alone = scores[scores["removed"] == type_].sort_values("example")["score"].to_numpy()
-            removed[policy, type_] = _mean_interval(alone - full, confidence)
+            changes[policy, type_] = (table[type_] - table["none"]).to_numpy()
+            removed[policy, type_] = _mean_interval(changes[policy, type_], confidence)
         for row in results[policy]["values"]:
             if row["split"] == split:
                 values[policy, row["group"]] = (row["value"], row["ci_low"], row["ci_high"])
@@ -93,86 +100,123 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
              **{f"removed alone, {policy}": _cell(removed[policy, type_]) for policy in shapley},
              **{f"Shapley, {policy}": _cell(values[policy, type_]) for policy in shapley}} for type_ in types]
     links = ", ".join(f"`{report.link(folder / 'shapley.csv')}`" for folder in shapley.values())
+    examples = len(next(iter(changes.values())))
     report.markdown += [f"{name}: Guan et al.'s Table 2 under each method (the change of the per-example {score} when "
                         f"a type's heads are removed alone, with a {confidence:.0%} paired bootstrap interval over "
-                        f"the examples of {split}) and each type's exact Shapley value (its share of full minus every "
-                        f"type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
-    sentences, held, tied = conclusions(types, removed, values, list(shapley), score)
+                        f"the {examples} examples of {split}) and each type's exact Shapley value (its share of full "
+                        f"minus every type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
+    sentences, held, unseparated = conclusions(types, changes, phis, list(shapley), score, confidence)
     if limited:
-        sentences, held, tied = [], 0, []
+        sentences, held, unseparated = [], 0, []
         report.markdown += [f"No conclusion is drawn from these: {limited}.", ""]
     first = next(iter(shapley))
     report.markdown += [*(f"- {sentence}" for sentence in sentences), ""]
-    if tied:
-        report.markdown += [f"Tied under {first} (their removed-alone intervals overlap), so no conclusion: "
-                            f"{'; '.join(tied)}.", ""]
-    report.markdown += [f"(An ordering is stated only where the two values' intervals above do not overlap under "
-                        f"{first}; under another method it holds where they are separated the same way, ties where "
-                        "they overlap and flips where they are separated the other way.)", ""]
-    numbers |= {"score": score, "split": split,
+    if unseparated:
+        report.markdown += [f"Not separated under {first} (the paired interval of what removing one costs minus what "
+                            f"removing the other costs contains 0), so no conclusion: {'; '.join(unseparated)}.", ""]
+    report.markdown += [f"(Each comparison is the paired difference of two types on the same {examples} examples, "
+                        f"with its {confidence:.0%} bootstrap interval: an ordering is stated where it excludes 0 "
+                        f"under {first}; under another method it holds where it excludes 0 the same way, flips where "
+                        "it excludes 0 the other way and the method x type interaction excludes 0 too, and is not "
+                        "separated otherwise. The findings' Table 2 claims read the tables stage's examples, with "
+                        "their own intervals; these read the robustness stage's.)", ""]
+    numbers |= {"score": score, "split": split, "examples": examples,
                 "removed_alone": {f"{p}/{t}": removed[p, t][0] for p, t in removed},
                 "shapley": {f"{p}/{t}": values[p, t][0] for p, t in values}, "conclusions": sentences,
-                "tied": tied}
+                "not_separated": unseparated}
     stated = sum(not sentence.endswith(NO_ORDER) for sentence in sentences)
     report.console.append(f"robustness {name}: {held} of {stated} conclusions hold under {', '.join(shapley)}"
                           if stated else f"robustness {name}: no conclusion: {limited}" if limited else
-                          f"robustness {name}: no conclusion: every pair of types ties under {first} "
-                          "(their intervals overlap)")
+                          f"robustness {name}: no conclusion: no two types are separated under {first} (every "
+                          "paired interval contains 0)")
 
 
-NO_ORDER = "so no order is stated"  # ends the sentence of a ranking whose every pair ties (not a conclusion)
+def example_shapley(table: pd.DataFrame, types: list[str]) -> dict[str, np.ndarray]:
+    """Each type's exact Shapley value per example, from the scores of every coalition (``table``: a column per
+    removed set, ``none`` and ``a,b``): sum over the sets S of the other types kept of |S|! (n - |S| - 1)! / n! x
+    (v(S + type) - v(S)), v(K) the score with every type outside K removed. Their means are the stage's values."""
+    def column(kept: frozenset) -> np.ndarray:
+        gone = [t for t in sorted(types) if t not in kept]
+        return table[",".join(gone) if gone else "none"].to_numpy()
+
+    n = len(types)
+    out = {}
+    for type_ in types:
+        others = [t for t in types if t != type_]
+        phi = np.zeros(len(table))
+        for size in range(n):
+            weight = math.factorial(size) * math.factorial(n - size - 1) / math.factorial(n)
+            for kept in itertools.combinations(others, size):
+                phi += weight * (column(frozenset(kept) | {type_}) - column(frozenset(kept)))
+        out[type_] = phi
+    return out
 
 
-def conclusions(types: list[str], removed: dict, values: dict, methods: list[str],
-                score: str) -> tuple[list[str], int, list[str]]:
-    """The orderings the first method's intervals separate, one sentence each with its verdict under every method
-    (each pair of types by what removing them costs: the ``removed alone`` intervals; the types by Shapley value: the
-    Shapley intervals); how many hold under every method; and the pairs whose removed-alone intervals overlap under
-    the first method (ties: no conclusion). ``removed`` and ``values``: ``{(method, type): (value, low, high)}``."""
+NO_ORDER = "so no order is stated"  # ends the sentence of a ranking whose every pair is not separated
+
+
+def conclusions(types: list[str], changes: dict, phis: dict, methods: list[str], score: str,
+                confidence: float = 0.95) -> tuple[list[str], int, list[str]]:
+    """The orderings the first method separates, one sentence each with its verdict under every method (each pair of
+    types by what removing them costs; the types by Shapley value); how many hold under every method; and the pairs
+    not separated under the first method (no conclusion). ``changes`` and ``phis``: ``{(method, type): per-example
+    array}`` of the score's change when the type is removed alone, and of the type's Shapley value."""
     loss, first = score == "loss", methods[0]
-    sentences, held, tied = [], 0, []
+    sentences, held, unseparated = [], 0, []
     for a, b in itertools.combinations(types, 2):
-        side = _side(removed[first, a], removed[first, b], larger=loss)  # 1: removing a costs more
+        costs = {m: (changes[m, a] - changes[m, b]) * (1 if loss else -1) for m in methods}  # > 0: a costs more
+        side = _side(_mean_interval(costs[first], confidence))
         if not side:
-            tied.append(f"{a} and {b}")
+            unseparated.append(f"{a} and {b}")
             continue
-        a, b = (a, b) if side > 0 else (b, a)
-        shown = {m: f"{_cell(removed[m, a])} vs {_cell(removed[m, b])}" for m in methods}
-        verdict, holds = _verdict(methods, {m: [(_side(removed[m, a], removed[m, b], larger=loss), shown[m])]
-                                            for m in methods})
-        sentences.append(f"removing {a} heads costs more {score} than removing {b} heads ({first}: {shown[first]}): "
-                         f"{verdict}")
+        if side < 0:
+            a, b, costs = b, a, {m: -d for m, d in costs.items()}
+        verdict, holds = _verdict(methods, {m: [_relation(costs, first, m, confidence)] for m in methods})
+        sentences.append(f"removing {a} heads costs more {score} than removing {b} heads, by "
+                         f"{_cell(_mean_interval(costs[first], confidence))} ({first}): {verdict}")
         held += holds
-    helpful = not loss  # a type that helps has a positive value, a negative one for the loss
-    ranked = sorted(types, key=lambda t: -values[first, t][0] if helpful else values[first, t][0])
-    order = [(a, b) if side > 0 else (b, a) for i, a in enumerate(ranked) for b in ranked[i + 1:]
-             if (side := _side(values[first, a], values[first, b], larger=helpful))]
+    helps = {m: {(a, b): (phis[m, a] - phis[m, b]) * (-1 if loss else 1) for a, b in itertools.permutations(types, 2)}
+             for m in methods}  # > 0: a is more helpful than b
+    order = [(a, b) for a, b in itertools.combinations(types, 2)
+             if _side(_mean_interval(helps[first][a, b], confidence))]
+    order = [(a, b) if _side(_mean_interval(helps[first][a, b], confidence)) > 0 else (b, a) for a, b in order]
     if not order:
-        sentences.append(f"the types by Shapley value: no two are separated by their intervals under {first} (every "
-                         f"pair ties), {NO_ORDER}")
-        return sentences, held, tied
-    verdict, holds = _verdict(methods, {m: [(_side(values[m, a], values[m, b], larger=helpful), f"{a} > {b}")
-                                            for a, b in order] for m in methods})
-    sentences.append(f"the types by Shapley value, most helpful first, where their intervals separate them ({first}: "
-                     f"{', '.join(f'{a} > {b}' for a, b in order)}): {verdict}")
-    return sentences, held + holds, tied
+        sentences.append(f"the types by Shapley value: no two are separated by their paired intervals under {first}, "
+                         f"{NO_ORDER}")
+        return sentences, held, unseparated
+    relations = {m: [_relation({k: helps[k][a, b] for k in methods}, first, m, confidence, f"{a} > {b}")
+                     for a, b in order] for m in methods}
+    verdict, holds = _verdict(methods, relations)
+    sentences.append(f"the types by Shapley value, most helpful first, where their paired intervals separate them "
+                     f"({first}: {', '.join(f'{a} > {b}' for a, b in order)}): {verdict}")
+    return sentences, held + holds, unseparated
 
 
-def _side(a: tuple[float, float, float], b: tuple[float, float, float], larger: bool) -> int:
-    """1 when the interval of ``a`` lies wholly past that of ``b`` on the stated side (above it when ``larger``,
-    below it otherwise), -1 when wholly past it on the other side, 0 when they overlap (a tie)."""
-    (_, low_a, high_a), (_, low_b, high_b) = a, b
-    side = 1 if low_a > high_b else -1 if low_b > high_a else 0
-    return side if larger else -side
+def _relation(differences: dict[str, np.ndarray], first: str, method: str, confidence: float,
+              shown: str | None = None) -> tuple[int, str]:
+    """``(side, shown)`` of the claim "the difference is above 0" under ``method``: 1 when its interval lies above 0,
+    -1 when it lies below and the interaction with ``first`` (their per-example difference) excludes 0 too (a flip),
+    0 otherwise (not separated)."""
+    found = _mean_interval(differences[method], confidence)
+    side = _side(found)
+    if side < 0 and not _side(_mean_interval(differences[first] - differences[method], confidence)):
+        side = 0  # the other way, but not differently from the first method: no evidence of a flip
+    return side, shown or _cell(found)
+
+
+def _side(value: tuple[float, float, float]) -> int:
+    """1 when the interval lies above 0, -1 when below, 0 when it contains 0."""
+    _, low, high = value
+    return 1 if low > 0 else -1 if high < 0 else 0
 
 
 def _verdict(methods: list[str], relations: dict[str, list[tuple[int, str]]]) -> tuple[str, bool]:
-    """``holds under`` the methods that separate every relation as the first does, then ``ties under`` / ``flips
-    under`` the methods whose intervals overlap / separate it the other way, with those relations; and whether it
-    holds under every method. ``relations``: per method, ``(side, shown)`` of each relation (``_side``)."""
+    """``holds under`` the methods that separate every relation as the first does, then ``not separated under`` /
+    ``flips under`` the methods that do not separate it / reverse it (``_relation``), with those relations; and
+    whether it holds under every method. ``relations``: per method, ``(side, shown)`` of each relation."""
     held = [m for m in methods if all(side > 0 for side, _ in relations[m])]
     parts = [f"holds under {', '.join(held)}"]
-    for word, wanted in (("ties", 0), ("flips", -1)):
+    for word, wanted in (("not separated", 0), ("flips", -1)):
         chosen = [f"{m} ({', '.join(shown for side, shown in relations[m] if side == wanted)})" for m in methods
                   if any(side == wanted for side, _ in relations[m])]
         if chosen:

@@ -26,9 +26,10 @@ from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages
 from headlab.training.processes import several_processes
 
 LOCK_FILE = ".study.lock"
-REPORT_FORMAT = 6  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
+REPORT_FORMAT = 7  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
 # orderings only where intervals separate them; 6: no verdict at a floor or ceiling or in a smoke run, the findings
-# read the tables' intervals): a finished study's report is rewritten
+# read the tables' intervals; 7: the papers' claims at their scale, equivalence, Holm per table, rank tests): a
+# finished study's report is rewritten
 
 
 def study_group(folder: Path) -> str:
@@ -318,13 +319,17 @@ class StudyRun:
         return {"report": config_hash(OmegaConf.to_container(stage_report_settings(self.study, stage), resolve=True))}
 
     def inputs_key(self) -> dict[str, Any]:
-        """The report's inputs: every other stage's marker (its jobs' hashes and its files' digests)."""
+        """The report's inputs: every other stage's marker (its jobs' hashes and its files' digests), the findings'
+        settings."""
+        from omegaconf import OmegaConf
+
         markers = {}
         for stage in STAGES[:-1]:
             marker = self.marker(stage)
             markers[stage] = None if marker is None else [marker.get("key"), marker.get("files")]
         return {"stages": config_hash(markers), "format": REPORT_FORMAT,
-                "smoke": bool(self.study.cfg.study.get("smoke", False))}
+                "smoke": bool(self.study.cfg.study.get("smoke", False)),
+                "findings": OmegaConf.to_container(self.study.cfg.study.findings, resolve=True)}
 
     def is_done(self, stage: str, key: dict[str, Any], check_files: bool = True) -> bool:
         """The stage's marker holds ``key``, each of its jobs' results are complete for its hash, and (unless

@@ -12,6 +12,18 @@ from headlab.study.stages import STAGE_MODES, STAGES
 
 
 @dataclass
+class FindingsConfig:
+    """How the findings read the stages' numbers (docs/study.md, "How a claim gets its verdict")."""
+
+    margin: float = 1.0  # points of a 0-100 score (0.01 of a GLUE metric): a loss below it counts as none
+
+    def __post_init__(self) -> None:
+        if not 0 < self.margin < 100:
+            raise UserError(f"study.findings.margin={self.margin} must be above 0 and below 100 (points of a 0-100 "
+                            "score: 1 is one point of accuracy, 0.01 of a GLUE metric in [0, 1])")
+
+
+@dataclass
 class StudyConfig:
     """Which stages run, on which fine-tuned models, and each stage's settings.
 
@@ -34,6 +46,7 @@ class StudyConfig:
     robustness: dict[str, Any] = field(default_factory=dict)
     importance: dict[str, Any] = field(default_factory=dict)
     prune_curve: dict[str, Any] = field(default_factory=dict)
+    findings: FindingsConfig = field(default_factory=FindingsConfig)
 
 
 # study.<stage>.<key>...=VALUE, as written (no +, ++ or ~ before it)

@@ -57,8 +57,10 @@ def _csv_rows(path: Path) -> list[list[str]]:
         return list(csv.reader(file, **options))
 
 
-def check_text_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str) -> None:
-    """The file's columns and texts, for the suffixes in ``CHECKED`` (others are left to ``datasets``)."""
+def check_text_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str,
+                    cluster_field: str | None = None) -> None:
+    """The file's columns (``cluster_field`` too, when given) and texts, for the suffixes in ``CHECKED`` (others are
+    left to ``datasets``)."""
     path = Path(path)
     if path.suffix not in CHECKED:
         return
@@ -69,7 +71,8 @@ def check_text_file(path: str | Path, task_name: str, text_fields: list[str], la
     if not rows:
         raise UserError(f"data file {str(path)!r} has no rows; task {task_name} needs rows with "
                         f"{', '.join([*text_fields, label_field])}")
-    error = missing_columns(path, task_name, [*text_fields, label_field], columns)
+    error = missing_columns(path, task_name, [*text_fields, label_field, *([cluster_field] if cluster_field else [])],
+                            columns)
     if error:
         raise error
     for field in text_fields:

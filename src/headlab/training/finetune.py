@@ -25,7 +25,15 @@ from rich.console import Console
 
 from headlab.core.models import apply_runtime_options, load_tokenizer
 from headlab.errors import UserError
-from headlab.files import file_stamp, input_stamps, relative_paths, share_files, without_keys, write_json_atomic
+from headlab.files import (
+    RESULT_NEUTRAL,
+    file_stamp,
+    input_stamps,
+    relative_paths,
+    share_files,
+    without_keys,
+    write_json_atomic,
+)
 from headlab.files import job_hash as hash_of_job
 from headlab.reporting.results import TrainResult, already_done, note_why_again, refuse_another_job, retire_results
 from headlab.training.batches import check_val_check_interval
@@ -185,11 +193,14 @@ def started_from(ckpt_path: str | None, output_dir: Path | None, job_hash: str) 
     return None if owner == job_hash else {"trained_by": owner, "file": file_stamp(path)}
 
 
+TRAINING_NEUTRAL = ("task.cluster_field",)  # read by the statistics of evaluations, not by training
+
+
 def computed_part(resolved: dict[str, Any]) -> dict[str, Any]:
     """What of a resolved fine-tuning config is hashed: no runtime keys or ``RESULT_NEUTRAL`` settings, paths in a
     study's folder relative to it (a study's folder may move)."""
-    return relative_paths(without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS}),
-                          resolved.get("paths_root"))
+    return relative_paths(without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS},
+                                       (*RESULT_NEUTRAL, *TRAINING_NEUTRAL)), resolved.get("paths_root"))
 
 
 def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> dict[str, Any]:

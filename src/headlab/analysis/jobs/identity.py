@@ -22,7 +22,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
-from headlab.files import input_stamps, job_hash, relative_paths, without_keys
+from headlab.files import RESULT_NEUTRAL, input_stamps, job_hash, relative_paths, without_keys
 from headlab.reporting.results import (
     already_done,
     library_versions,
@@ -39,6 +39,10 @@ SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("p
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",),
                  "syntax": ("syntax",), "study": ("study",), "shapley": ("shapley",), "patch": ("patch",)}
 
+# The modes whose per-example records carry ``task.cluster_field`` (what the statistics resample); the others'
+# hashes leave it out
+CLUSTERED_MODES = ("eval", "sweep_heads", "prune_curve", "shapley", "patch", "study")
+
 # Config keys that name files or job directories a job reads (as far as its mode reads that section): what
 # researchers write and may write again. ``model.name_or_path`` too, when it is a folder outside the installed
 # packages (``files.input_stamps``: reinstalling a package would otherwise run every job again).
@@ -52,7 +56,8 @@ Result = dict[str, Any]
 def computed_config(resolved: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved config that changes what its mode computes (no ``RESULT_NEUTRAL`` setting)."""
     unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
-    return without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread})
+    neutral = (*RESULT_NEUTRAL, *([] if resolved["mode"] in CLUSTERED_MODES else ["task.cluster_field"]))
+    return without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread}, neutral)
 
 
 def hashed_part(resolved: dict[str, Any]) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from headlab.training.modules import gather_rows, question_losses
 from headlab.training.stays_on_device import StaysOnDevice
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-RECORDS_VERSION = 3  # in the cached baselines' key: raised when records change (2: QA losses without the padding;
-                     # 3: batches of rows of similar lengths, which pad less and so move the last bits)
+RECORDS_VERSION = 4  # in the cached baselines' key: raised when records change (2: QA losses without the padding;
+                     # 3: batches of rows of similar lengths, which pad less and so move the last bits; 4: clusters)
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class PlanEvaluator(StaysOnDevice):
         self.task, self.variants = task, list(variants)
         self.splits = list(task.eval_splits)
         self.ids = {split: example_ids(examples[split]) for split in self.splits}
+        cluster_field = task.get("cluster_field")  # each example's unit of sampling (a question of its pairs)
+        self.clusters = {split: [str(v) for v in column_values(examples[split], cluster_field)]
+                         for split in self.splits} if cluster_field else None
         if task.type == "extractive_qa":  # contexts and gold answer texts, read once
             self.contexts = {split: column_values(examples[split], "context") for split in self.splits}
             self.golds = {split: [a["text"] for a in column_values(examples[split], "answers")]
@@ -156,8 +159,12 @@ class PlanEvaluator(StaysOnDevice):
     def _records(self, rows: list[tuple], split: str) -> list[dict[str, Any]]:
         ids = self.ids[split]
         if self.task.type != "extractive_qa":
-            return [{"example": i, "id": ids[i], "label": label, "prediction": prediction, "loss": loss}
-                    for i, label, prediction, loss in rows]
+            records = [{"example": i, "id": ids[i], "label": label, "prediction": prediction, "loss": loss}
+                       for i, label, prediction, loss in rows]
+            if self.clusters is not None:
+                for record in records:
+                    record["cluster"] = self.clusters[split][record["example"]]
+            return records
         records = []
         for i, text, loss in rows:
             golds = self.golds[split][i]

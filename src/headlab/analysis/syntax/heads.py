@@ -49,6 +49,7 @@ class SyntaxScores:
     relations: np.ndarray  # str [words]
     changed: np.ndarray | None = None  # bool [layers, heads]: heads the plan changes (no accuracy)
     sieve: dict[str, np.ndarray] = field(default_factory=dict)  # role -> [sentences, layers, heads] (syntax_sieves)
+    sentences: np.ndarray | None = None  # int [words]: each word's sentence (the unit a treebank samples)
 
     def accuracy(self, words: np.ndarray) -> np.ndarray:
         """``[layers, heads, 2]`` share of ``words`` each head predicts right; NaN for the heads the plan changes."""
@@ -143,7 +144,7 @@ def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, t
         for scores in outcomes.sieve.values():
             scores[:, changed] = np.nan
     return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations), changed,
-                        outcomes.sieve)
+                        outcomes.sieve, np.asarray(encoded.sentence))
 
 
 def word_maps(model, encoded: EncodedTreebank, sentences: list[int], layer: int, head: int,
@@ -211,11 +212,11 @@ def head_accuracies(scores: SyntaxScores, relations: Iterable[str]) -> pd.DataFr
 
 
 def best_heads(scores: SyntaxScores, counts: pd.Series,
-               tested: Callable[[np.ndarray, int, np.ndarray], dict[str, float]]) -> pd.DataFrame:
+               tested: Callable[[np.ndarray, int, np.ndarray, np.ndarray | None], dict[str, float]]) -> pd.DataFrame:
     """Clark et al.'s table: per relation the best head (either direction) and the best offset baseline, with
-    ``tested(candidates, chosen, baseline_outcomes)`` merged in (per word: every scored head's outcomes
-    ``[words, heads x directions]``, the chosen one's column; ``best_head_test``: the difference, its interval and
-    p-value)."""
+    ``tested(candidates, chosen, baseline_outcomes, sentences)`` merged in (per word: every scored head's outcomes
+    ``[words, heads x directions]``, the chosen one's column, the words' sentences; ``best_head_test``: the
+    difference, its interval and p-value)."""
     rows = []
     scored = np.ones(scores.correct.shape[1:], dtype=bool) if scores.changed is None else \
         np.broadcast_to(~scores.changed[..., None], scores.correct.shape[1:])  # [layers, heads, 2]
@@ -231,5 +232,6 @@ def best_heads(scores: SyntaxScores, counts: pd.Series,
                      "direction": DIRECTIONS[direction], "accuracy": float(chosen.mean()),
                      "tied": int((candidates.sum(0) == chosen.sum()).sum()),  # heads as right as the one named
                      "baseline_offset": offset, "baseline_accuracy": float(base.mean()),
-                     **tested(candidates, column, base)})
+                     **tested(candidates, column, base,
+                              None if scores.sentences is None else scores.sentences[words])})
     return pd.DataFrame(rows)

@@ -29,7 +29,8 @@ class SyntaxConfig:
     max_sentences: int | None = None  # the treebank's first N sentences (null: all)
     max_length: int | None = None  # word pieces per sentence with [CLS] and [SEP] (null: the model's maximum)
     batch_size: int = 32
-    resamples: int = 10_000  # paired bootstrap of the best head against the best offset baseline, over words
+    resamples: int = 10_000  # paired bootstrap of the best head against the best offset baseline
+    unit: str = "sentence"  # what that bootstrap and its sign flips resample: sentence (as sampled) | word
     confidence: float = 0.95
     examples: int = 2  # sentences drawn with the best heads' attention in syntax_examples.png
     sieve: str = "pande"  # the syntactic sieve score: pande (their code's, over dependency pairs) | relatives
@@ -56,6 +57,7 @@ class SyntaxConfig:
             raise UserError(f"syntax.confidence={self.confidence} must be in (0, 1)")
         if self.examples < 0:
             raise UserError(f"syntax.examples={self.examples} must be at least 0")
+        one_of("syntax.unit", self.unit, ("sentence", "word"))
         one_of("syntax.sieve", self.sieve, SIEVES)
         one_of("syntax.sieve_direction", self.sieve_direction, SIEVE_DIRECTIONS)
         if self.sieve == "relatives" and self.sieve_direction != "l2r":

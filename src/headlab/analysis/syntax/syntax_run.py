@@ -194,8 +194,10 @@ def probe_sentence(probe: dict[str, Any]) -> str:
 def head_test(options: Any, seed: int):
     """Per relation: the best head's accuracy minus the baseline's, with an interval and a one-sided p-value that
     allow for the head being the best of all (``best_head_test``)."""
-    def tested(candidates: np.ndarray, chosen: int, baseline: np.ndarray) -> dict[str, float]:
-        return best_head_test(candidates, chosen, baseline, options.resamples, options.confidence, seed)
+    def tested(candidates: np.ndarray, chosen: int, baseline: np.ndarray, sentences: np.ndarray | None
+               ) -> dict[str, float]:
+        units = sentences if options.get("unit", "sentence") == "sentence" else None
+        return best_head_test(candidates, chosen, baseline, options.resamples, options.confidence, seed, units)
     return tested
 
 

@@ -100,11 +100,21 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     names = None if options.names is None else list(options.names)
     clustering = fit_clusters(points, options.k, options.method, cfg.seed, names)
     per_sequence = features.distance_sequences.reshape(features.num_sequences, -1, len(DISTANCE_BINS))
+    # the centroids' noise for naming: fits on halves of the sequences (features recomputed), whatever the split of
+    # the stability
     fitted, centroids = refits(per_sequence, clustering.labels, options.k, options.method, cfg.seed,
-                               options.stability_fits, options.stability_split)
-    share, clustering = agreement(fitted), distinct(clustering, centroids)
+                               options.stability_fits, "sequences")
+    clustering = distinct(clustering, centroids)
+
+    def stable_share(seed: int) -> float:
+        return agreement(refits(per_sequence, clustering.labels, options.k, options.method, seed,
+                                options.stability_fits, options.stability_split)[0])
+
+    share = agreement(fitted) if options.stability_split == "sequences" else stable_share(cfg.seed)
+    repeats = [stable_share(cfg.seed + REPEAT * r)  # the whole procedure again, other halves and seeds
+               for r in range(1, options.stability_repeats + 1)]
     summary = identity.complete(write_clusters(cfg, features, clustering, share, path, source, identity.output_dir,
-                                               logger))
+                                               logger, repeats))
     write_json_atomic(identity.output_dir / "results.json", summary)
     counts = ", ".join(f"{name} {count}" for name, count in summary["counts"].items())
     silhouette = "" if clustering.silhouette is None else f", silhouette {clustering.silhouette:.3f}"
@@ -120,8 +130,11 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     return summary
 
 
+REPEAT = 1000  # repeat r of the stability procedure draws its halves and fits with seed + REPEAT * r
+
+
 def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering, share: float, path: Path,
-                   source: dict[str, Any], output_dir: Path, logger) -> dict[str, Any]:
+                   source: dict[str, Any], output_dir: Path, logger, repeats: list[float]) -> dict[str, Any]:
     """Every file of the module docstring; returns the summary for ``results.json`` (without the config)."""
     options, formats = cfg.cluster, tuple(cfg.report.formats)
     names = clustering.label_names()
@@ -153,6 +166,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         "method": options.method, "k": options.k, "seed": cfg.seed, "counts": counts,
         "counts_per_layer": per_layer.to_dict("records"), "stability": share, "silhouette": clustering.silhouette,
         "stability_split": options.stability_split, "stability_fits": options.stability_fits,
+        "stability_repeats": repeats,
         "centroids": {name: clustering.centroids[i].tolist() for i, name in enumerate(clustering.names)},
         "bins": list(DISTANCE_BINS), "shape": [features.num_layers, features.num_heads],
         "features": str(path.parent.absolute()), "num_sequences": features.num_sequences,
@@ -175,8 +189,9 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
             "architecture": source.get("architecture"), "task": source["task"],
             "features": str(path.parent.absolute()), "k": options.k, "method": options.method,
             "named": clustering.named, "counts": counts, "stability": share, "silhouette": clustering.silhouette,
-            "separation": separation, "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
-                                                 *(p.name for p in images.values())]}
+            "stability_repeats": repeats, "separation": separation,
+            "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
+                      *(p.name for p in images.values())]}
 
 
 def summarize_sweep(sweep_dir: str | Path) -> pd.DataFrame | None:

@@ -11,16 +11,17 @@
   (name them by hand with ``names=``).
 - ``distinct``: the profile names stay only when the clusters are distinct beyond the noise of the fits: every two
   centroids lie further apart than ``t * sqrt(s_i^2 + s_j^2)``, ``s_i`` the root mean square distance of the
-  stability fits' centroid i (a fit's features averaged over the heads of its aligned label i) from the full
-  fit's: the standard error of centroid i by half-sampling (McCarthy 1969); ``t`` Student's 97.5% quantile with
-  ``fits`` degrees of freedom. Each centroid's own spread counts, not that of the difference: conservative on
-  purpose, so that four centroids of one profile (a model whose heads are alike) are not named.
+  centroid i of fits on random halves of the sequences (a fit's features, recomputed from its half, averaged over
+  the heads of its aligned label i) from the full fit's: the standard error of centroid i by half-sampling
+  (McCarthy 1969); ``t`` Student's 97.5% quantile with ``fits`` degrees of freedom. Each centroid's own spread
+  counts, not that of the difference: conservative on purpose, so that four centroids of one profile (a model
+  whose heads are alike) are not named.
 - ``silhouette``: the heads' mean silhouette coefficient (Rousseeuw 1987; scikit-learn, Euclidean), for choosing k
   next to the stability (Guan et al.: "stable clustering results with 3 or 5 clusters", four read best).
 - ``stability``: Guan et al.'s Table 1 (after Von Luxburg 2010): ``fits`` fits on random halves of the
   sequences (the heads' features recomputed from those sequences) or of the heads (predicting the rest),
   each fit's labels aligned to the full fit's by the Hungarian method; the share of heads whose label is
-  the same in every fit.
+  the same in every fit; repeated with other seeds (``cluster.stability_repeats``), the spread of the procedure.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ class ClusterConfig:
     names: list[str] | None = None  # name the clusters by hand (k names, in the order cluster0..k-1)
     stability_fits: int = 10  # Guan et al. Table 1: fits on random halves
     stability_split: str = "sequences"  # halves of the sequences (features recomputed) | of the heads
+    stability_repeats: int = 0  # the whole procedure again with other seeds: the spread of its stability
     perplexity: float = 30.0  # t-SNE (capped below the number of heads)
     min_stability: float | None = 0.9  # a note when the stability is lower (Guan et al. Table 1: 94-96%)
 
@@ -66,6 +67,8 @@ class ClusterConfig:
             raise UserError(f"cluster.k={self.k} must be at least 2")
         if self.stability_fits < 2:
             raise UserError(f"cluster.stability_fits={self.stability_fits} must be at least 2")
+        if self.stability_repeats < 0:
+            raise UserError(f"cluster.stability_repeats={self.stability_repeats} must be 0 (none) or more")
         if not self.perplexity > 0:
             raise UserError(f"cluster.perplexity={self.perplexity} must be > 0")
         if self.min_stability is not None and not 0 <= self.min_stability <= 1:

@@ -29,7 +29,7 @@ def study_files(study: Study, stale: frozenset[str] = frozenset()) -> StudyFiles
     return StudyFiles(study.folder, [name for name, _ in study.models], str(cfg.task.main_metric), split,
                       100.0 if qa else 1.0, reports["tables"][0], reports, smoke=bool(cfg.study.get("smoke", False)),
                       version=str(cfg.task.get("version", "v1")), answers=(lambda: gold_answers(cfg.task, split))
-                      if qa else None, stale=stale)
+                      if qa else None, stale=stale, margin=float(cfg.study.findings.margin))
 
 
 def gold_answers(task: Any, split: str) -> dict[str, list[str]] | None:

@@ -73,9 +73,23 @@ def samples(files: StudyFiles) -> list[str]:
             report = files.report(*parts, model)
             if report is None:
                 continue
-            n = int(pd.read_csv(report / "table.csv")["n"].max())
-            lines.append(f"{what} ({model}): {n} examples per CI" +
+            table = pd.read_csv(report / "table.csv")
+            n, units = int(table["n"].max()), int(table["units"].max()) if "units" in table else 0
+            clusters = f" ({units} clusters of them resampled)" if units and units != n else ""
+            lines.append(f"{what} ({model}): {n} examples per CI{clusters}" +
                          (f" (fewer than {SMALL}: wide, and BCa's corrections unreliable)" if n < SMALL else ""))
+    for model in files.models:
+        job = files.job("robustness", "shapley_prune", model)
+        if job is not None and (job / "coalitions.parquet").is_file():
+            n = pd.read_parquet(job / "coalitions.parquet", columns=["example"])["example"].nunique()
+            lines.append(f"the robustness stage ({model}): {n} examples")
+        job = files.job("prune_curve", model)
+        if job is not None:
+            timing = read_json(job / "results.json", "prune curve results").get("timing") or {}
+            examples = timing.get("examples") or read_json(job / "results.json", "prune curve results").get(
+                "config", {}).get("data", {}).get("max_eval_examples")
+            if examples:
+                lines.append(f"the prune curve ({model}): {examples} examples per point")
     for model, job in files.model_jobs("syntax", ["pretrained", *files.models]):
         table = pd.read_csv(job / "syntax.csv")
         small = table[(table["relation"] != "all") & (table["count"] < SMALL)]
@@ -140,13 +154,39 @@ def intervals(files: StudyFiles) -> list[str]:
     return [f"**Intervals and p-values.** The tables' CIs are per comparison ({resampling.confidence:g} each) while "
             f"their stars are {adjusted}-adjusted across the plans of a table: a CI that excludes 0 need not come "
             "with a star. `study.tables.report.ci=simultaneous` makes the intervals Bonferroni-adjusted too, so that "
-            "the two agree. A finding against the unablated model reads its table row (the same CI and p-value); one "
-            "between two plans has its own, per claim."]
+            "the two agree. The findings compute their own: each table's orderings with simultaneous CIs and "
+            "Holm-adjusted p-values across that table's claims, each cost with its own CI."]
 
 
-def study_caveats(files: StudyFiles, command: str) -> list[str]:
-    """Every caveat that applies to this run, one paragraph each."""
+def pretraining(files: StudyFiles, model: str, how: str | None) -> list[str]:
+    """The checkpoint and how it was pre-trained, when that is not the papers' masked language modelling."""
+    if not how or how.lower().startswith("masked"):
+        return []
+    return [f"**Model.** The study's model is {model}: {how}. Guan et al., Clark et al., Michel et al. and Pande et "
+            "al. studied BERTs pre-trained by masked language modelling, so every claim about the pre-trained model "
+            "(its head types, their stability, syntax, roles) describes this model's pre-training, not BERT's, and "
+            "what fine-tuning changes starts from it."]
+
+
+def stability(files: StudyFiles) -> list[str]:
+    """A head-type stability below ``cluster.min_stability`` (the note the cluster stage printed)."""
+    lines = []
+    for model, job in files.model_jobs("cluster", ["pretrained", *files.models]):
+        result = read_json(job / "results.json", "cluster results")
+        threshold = result.get("config", {}).get("cluster", {}).get("min_stability")
+        if threshold is not None and result["stability"] < threshold:
+            lines.append(f"{model}'s {result['stability']:.1%} (`{files.link(job / 'results.json')}`)")
+    if not lines:
+        return []
+    return [f"**Stability.** The head types' stability is below cluster.min_stability: {'; '.join(lines)} (Guan et "
+            "al. report 94-96%): heads change type between fits on halves, so the tables' plans by type remove "
+            "partly different heads under another fit."]
+
+
+def study_caveats(files: StudyFiles, command: str, model: str = "", how: str | None = None) -> list[str]:
+    """Every caveat that applies to this run, one paragraph each (``model``, ``how``: the checkpoint and how it was
+    pre-trained)."""
     limits = baseline_limits(files)
-    return [*floor(files, limits), *ceiling(files, limits), *samples(files), *seeds(files, command),
-            *type_names(files), *intervals(files)]
+    return [*pretraining(files, model, how), *floor(files, limits), *ceiling(files, limits), *samples(files),
+            *seeds(files, command), *type_names(files), *stability(files), *intervals(files)]
 

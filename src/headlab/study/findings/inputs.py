@@ -27,6 +27,7 @@ class StudyFiles:
     resampling: Resampling  # the tables' report settings: CIs of the findings use the same
     reports: dict[str, tuple[Resampling, str]] = field(default_factory=dict)  # stage -> its reports' settings
     alpha: float = 0.05
+    margin: float = 1.0  # points of a 0-100 score: a "no loss" claim's equivalence margin (study.findings.margin)
     smoke: bool = False  # a smoke run (study=quick): no claim gets a verdict
     version: str = "v1"  # SQuAD's (v2: unanswerable questions)
     answers: Callable[[], Mapping[str, Sequence[str]]] | None = None  # SQuAD: question id -> its gold answers

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from headlab.files import read_json
-from headlab.reporting.statistics import value_interval
+from headlab.reporting.value_intervals import value_interval
 from headlab.study.findings.chance import chance_level
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import interval
