@@ -512,7 +512,8 @@ def test_the_robustness_section_equals_its_jobs_files(finished):
     sentences = [line for line in section.splitlines() if line.startswith("- ")]
     assert summary_of(folder)["robustness"]["seed0"]["conclusions"] == [s[2:] for s in sentences]
     # an ordering is stated only where the paired interval under prune excludes 0 (recomputed here: scipy's BCa of
-    # the per-example differences; per-example Shapley values by brute force over the coalitions)
+    # the per-example differences, Bonferroni over the pairs; per-example Shapley values by brute force over the
+    # coalitions)
     scores = pd.read_parquet(folder / "robustness/shapley_prune/seed0/coalitions.parquet")
     scores = scores[scores["split"] == "validation"].pivot(index="example", columns="removed", values="score")
     types = list(table["type"])
@@ -521,8 +522,9 @@ def test_the_robustness_section_equals_its_jobs_files(finished):
     def separated(difference: np.ndarray) -> int:
         if np.all(difference == difference[0]):
             return int(np.sign(difference[0]))
+        pairs = math.comb(len(types), 2)  # Bonferroni over each family of pairs
         ci = scipy.stats.bootstrap((difference,), np.mean, method="BCa", n_resamples=2000,
-                                   rng=np.random.default_rng(0)).confidence_interval
+                                   confidence_level=1 - 0.05 / pairs, rng=np.random.default_rng(0)).confidence_interval
         return 1 if ci.low > 0 else -1 if ci.high < 0 else 0
 
     def phi(t: str) -> np.ndarray:
@@ -610,15 +612,16 @@ def test_a_reversal_is_a_flip_only_when_it_and_the_interaction_exclude_0():
     """Under prune removing a costs clearly more than b; under mean b costs more, the reversal and the interaction
     (prune's difference minus mean's, per example) both excluding 0: it flips. A reversal inside the noise is not
     separated, not a flip."""
-    from headlab.study.report_robustness import _relation
+    from headlab.study.report_robustness import _mean_interval, _relation
 
     n = 400
+    interval = lambda values: _mean_interval(values, 0.95)  # noqa: E731
     prune_diff = 0.2 + np.random.default_rng(1).normal(0, 0.1, n)
     mean_diff = -0.05 + np.random.default_rng(2).normal(0, 0.1, n)
-    assert _relation({"prune": prune_diff, "mean": mean_diff}, "prune", "mean", 0.95)[0] == -1
+    assert _relation({"prune": prune_diff, "mean": mean_diff}, "prune", "mean", interval)[0] == -1
     noisy = -0.05 + np.random.default_rng(5).normal(0, 2, n)
-    assert _relation({"prune": prune_diff, "mean": noisy}, "prune", "mean", 0.95)[0] == 0
-    assert _relation({"prune": prune_diff, "mean": prune_diff + 0.01}, "prune", "mean", 0.95)[0] == 1
+    assert _relation({"prune": prune_diff, "mean": noisy}, "prune", "mean", interval)[0] == 0
+    assert _relation({"prune": prune_diff, "mean": prune_diff + 0.01}, "prune", "mean", interval)[0] == 1
 
 
 def test_the_robustness_stage_work_grows_with_the_types_coalitions_and_the_draws():

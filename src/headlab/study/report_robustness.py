@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -83,16 +84,18 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
     score, split = first["score"], next(iter(first["splits"]))
     confidence = first["config"]["shapley"]["confidence"]
     types = list(first["players"])
-    removed, values, changes, phis = {}, {}, {}, {}
+    removed, values, changes, phis, clusters = {}, {}, {}, {}, None
     for policy, folder in shapley.items():
         scores = pd.read_parquet(folder / "coalitions.parquet")
         scores = scores[scores["split"] == split]
         table = scores.pivot(index="example", columns="removed", values="score").sort_index()  # [examples, coalitions]
+        if "cluster" in scores:  # the examples' unit of sampling (a question's pairs)
+            clusters = scores.drop_duplicates("example").set_index("example")["cluster"].loc[table.index].to_numpy()
         for type_, phi in example_shapley(table, types).items():
             phis[policy, type_] = phi
         for type_ in types:
             changes[policy, type_] = (table[type_] - table["none"]).to_numpy()
-            removed[policy, type_] = _mean_interval(changes[policy, type_], confidence)
+            removed[policy, type_] = _mean_interval(changes[policy, type_], confidence, clusters)
         for row in results[policy]["values"]:
             if row["split"] == split:
                 values[policy, row["group"]] = (row["value"], row["ci_low"], row["ci_high"])
@@ -105,7 +108,7 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                         f"a type's heads are removed alone, with a {confidence:.0%} paired bootstrap interval over "
                         f"the {examples} examples of {split}) and each type's exact Shapley value (its share of full "
                         f"minus every type removed; {links}):", "", to_markdown(pd.DataFrame(rows)), ""]
-    sentences, held, unseparated = conclusions(types, changes, phis, list(shapley), score, confidence)
+    sentences, held, unseparated = conclusions(types, changes, phis, list(shapley), score, confidence, clusters)
     if limited:
         sentences, held, unseparated = [], 0, []
         report.markdown += [f"No conclusion is drawn from these: {limited}.", ""]
@@ -114,8 +117,11 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
     if unseparated:
         report.markdown += [f"Not separated under {first} (the paired interval of what removing one costs minus what "
                             f"removing the other costs contains 0), so no conclusion: {'; '.join(unseparated)}.", ""]
-    report.markdown += [f"(Each comparison is the paired difference of two types on the same {examples} examples, "
-                        f"with its {confidence:.0%} bootstrap interval: an ordering is stated where it excludes 0 "
+    pairs = math.comb(len(types), 2)
+    unit = "examples" if clusters is None else f"examples ({len(set(clusters))} clusters of them resampled whole)"
+    report.markdown += [f"(Each comparison is the paired difference of two types on the same {examples} {unit}, "
+                        f"with its bootstrap interval at {1 - (1 - confidence) / pairs:.2%}, simultaneous over the "
+                        f"{pairs} pairs: an ordering is stated where it excludes 0 "
                         f"under {first}; under another method it holds where it excludes 0 the same way, flips where "
                         "it excludes 0 the other way and the method x type interaction excludes 0 too, and is not "
                         "separated otherwise. The findings' Table 2 claims read the tables stage's examples, with "
@@ -156,35 +162,38 @@ NO_ORDER = "so no order is stated"  # ends the sentence of a ranking whose every
 
 
 def conclusions(types: list[str], changes: dict, phis: dict, methods: list[str], score: str,
-                confidence: float = 0.95) -> tuple[list[str], int, list[str]]:
+                confidence: float = 0.95, clusters: np.ndarray | None = None) -> tuple[list[str], int, list[str]]:
     """The orderings the first method separates, one sentence each with its verdict under every method (each pair of
     types by what removing them costs; the types by Shapley value); how many hold under every method; and the pairs
     not separated under the first method (no conclusion). ``changes`` and ``phis``: ``{(method, type): per-example
-    array}`` of the score's change when the type is removed alone, and of the type's Shapley value."""
+    array}`` of the score's change when the type is removed alone, and of the type's Shapley value; ``clusters``:
+    the examples' units of sampling (resampled whole). Each family of pairs (costs; Shapley values) gets
+    Bonferroni-simultaneous intervals, ``1 - (1 - confidence) / pairs`` each."""
     loss, first = score == "loss", methods[0]
+    confidence = 1 - (1 - confidence) / max(math.comb(len(types), 2), 1)
+    interval = lambda values: _mean_interval(values, confidence, clusters)  # noqa: E731
     sentences, held, unseparated = [], 0, []
     for a, b in itertools.combinations(types, 2):
         costs = {m: (changes[m, a] - changes[m, b]) * (1 if loss else -1) for m in methods}  # > 0: a costs more
-        side = _side(_mean_interval(costs[first], confidence))
+        side = _side(interval(costs[first]))
         if not side:
             unseparated.append(f"{a} and {b}")
             continue
         if side < 0:
             a, b, costs = b, a, {m: -d for m, d in costs.items()}
-        verdict, holds = _verdict(methods, {m: [_relation(costs, first, m, confidence)] for m in methods})
+        verdict, holds = _verdict(methods, {m: [_relation(costs, first, m, interval)] for m in methods})
         sentences.append(f"removing {a} heads costs more {score} than removing {b} heads, by "
-                         f"{_cell(_mean_interval(costs[first], confidence))} ({first}): {verdict}")
+                         f"{_cell(interval(costs[first]))} ({first}): {verdict}")
         held += holds
     helps = {m: {(a, b): (phis[m, a] - phis[m, b]) * (-1 if loss else 1) for a, b in itertools.permutations(types, 2)}
              for m in methods}  # > 0: a is more helpful than b
-    order = [(a, b) for a, b in itertools.combinations(types, 2)
-             if _side(_mean_interval(helps[first][a, b], confidence))]
-    order = [(a, b) if _side(_mean_interval(helps[first][a, b], confidence)) > 0 else (b, a) for a, b in order]
+    order = [(a, b) for a, b in itertools.combinations(types, 2) if _side(interval(helps[first][a, b]))]
+    order = [(a, b) if _side(interval(helps[first][a, b])) > 0 else (b, a) for a, b in order]
     if not order:
         sentences.append(f"the types by Shapley value: no two are separated by their paired intervals under {first}, "
                          f"{NO_ORDER}")
         return sentences, held, unseparated
-    relations = {m: [_relation({k: helps[k][a, b] for k in methods}, first, m, confidence, f"{a} > {b}")
+    relations = {m: [_relation({k: helps[k][a, b] for k in methods}, first, m, interval, f"{a} > {b}")
                      for a, b in order] for m in methods}
     verdict, holds = _verdict(methods, relations)
     sentences.append(f"the types by Shapley value, most helpful first, where their paired intervals separate them "
@@ -192,14 +201,15 @@ def conclusions(types: list[str], changes: dict, phis: dict, methods: list[str],
     return sentences, held + holds, unseparated
 
 
-def _relation(differences: dict[str, np.ndarray], first: str, method: str, confidence: float,
-              shown: str | None = None) -> tuple[int, str]:
-    """``(side, shown)`` of the claim "the difference is above 0" under ``method``: 1 when its interval lies above 0,
-    -1 when it lies below and the interaction with ``first`` (their per-example difference) excludes 0 too (a flip),
-    0 otherwise (not separated)."""
-    found = _mean_interval(differences[method], confidence)
+def _relation(differences: dict[str, np.ndarray], first: str, method: str,
+              interval: Callable[[np.ndarray], tuple[float, float, float]], shown: str | None = None
+              ) -> tuple[int, str]:
+    """``(side, shown)`` of the claim "the difference is above 0" under ``method``: 1 when its ``interval`` lies
+    above 0, -1 when it lies below and the interaction with ``first`` (their per-example difference) excludes 0 too
+    (a flip), 0 otherwise (not separated)."""
+    found = interval(differences[method])
     side = _side(found)
-    if side < 0 and not _side(_mean_interval(differences[first] - differences[method], confidence)):
+    if side < 0 and not _side(interval(differences[first] - differences[method])):
         side = 0  # the other way, but not differently from the first method: no evidence of a flip
     return side, shown or _cell(found)
 
@@ -252,12 +262,22 @@ def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], num
         f"{row['methods']} {number(row['spearman'])}" for row in pairs))
 
 
-def _mean_interval(differences: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    """The mean per-example change and its BCa bootstrap interval (resampling the examples; seed 0)."""
+def _mean_interval(differences: np.ndarray, confidence: float, clusters: np.ndarray | None = None
+                   ) -> tuple[float, float, float]:
+    """The mean per-example change and its BCa bootstrap interval (seed 0), resampling the examples, or their
+    ``clusters`` (the examples' unit of sampling: the mean of the drawn clusters' sums over their sizes)."""
     mean = float(differences.mean())
     if len(differences) < 2 or np.all(differences == differences[0]):
         return mean, mean, mean
-    result = scipy.stats.bootstrap((differences,), np.mean, method="BCa", confidence_level=confidence,
+    if clusters is None:
+        data, statistic = (differences,), np.mean
+    else:
+        _, groups = np.unique(clusters, return_inverse=True)
+        data = (np.bincount(groups, weights=differences), np.bincount(groups).astype(np.float64))  # sums, sizes
+        statistic = lambda sums, sizes, axis=-1: sums.sum(axis) / sizes.sum(axis)  # noqa: E731
+        if len(data[0]) < 2:
+            return mean, mean, mean
+    result = scipy.stats.bootstrap(data, statistic, paired=True, method="BCa", confidence_level=confidence,
                                    n_resamples=2000, random_state=np.random.default_rng(0))
     return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
 

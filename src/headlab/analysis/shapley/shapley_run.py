@@ -45,6 +45,7 @@ from headlab.core.model_files import model_shape
 from headlab.files import atomic_file, write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
+from headlab.tasks.batches import column_values
 from headlab.training.tracking import log_artifacts
 
 
@@ -284,7 +285,11 @@ def noise_warning(full: np.ndarray, empty: np.ndarray, score: str) -> str | None
 
 
 def write_coalitions(scores: CoalitionScores, names: list[str], folder: Path) -> None:
-    """Every coalition evaluated: its removed groups and mean score per split, and the per-example scores."""
+    """Every coalition evaluated: its removed groups and mean score per split, and the per-example scores (with each
+    example's cluster, ``task.cluster_field``, where the task names one: what a bootstrap of them resamples)."""
+    field = scores.job.cfg.task.get("cluster_field")
+    clusters = {split: [str(v) for v in column_values(scores.job.data.eval_examples[split], field)]
+                for split in scores.job.data.eval_splits} if field else {}
     rows, examples = [], []
     for coalition, by_split in sorted(scores.known.items(), key=lambda item: (-bin(item[0]).count("1"), -item[0])):
         removed = [name for i, name in enumerate(names) if not (coalition >> i) & 1]
@@ -292,7 +297,7 @@ def write_coalitions(scores: CoalitionScores, names: list[str], folder: Path) ->
         for split, values in by_split.items():
             rows.append({"split": split, "removed": label, "groups_removed": len(removed), "score": values.mean()})
             examples.append(pd.DataFrame({"split": split, "removed": label, "example": np.arange(len(values)),
-                                          "score": values}))
+                                          "score": values, **({"cluster": clusters[split]} if field else {})}))
     write_frame_atomic(pd.DataFrame(rows), folder / "coalitions.csv")
     write_frame_atomic(pd.concat(examples, ignore_index=True), folder / "coalitions.parquet")
 

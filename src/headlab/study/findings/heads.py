@@ -158,7 +158,7 @@ def importance_pruning(files: StudyFiles) -> Finding:
         numbers = (f"mean share of the baseline kept over {len(steps)} steps: importance {ours:.4f}, {orders} random "
                    f"orders {others.min():.4f}-{others.max():.4f}; rank p {above:.3g} (importance above them), "
                    f"{below:.3g} (below them); boundary p <= {alpha:.2g}; the orders are resampled, not the "
-                   "examples: a statement about these examples)")
+                   "examples: a statement about these examples")
         note = ""
         if outcome == INCONCLUSIVE and 1 / (orders + 1) > level:
             note = (f"with {orders} random orders the smallest rank p-value is 1/{orders + 1} = {1 / (orders + 1):.3g},"
