@@ -57,7 +57,9 @@ def head_attention(scores, valid, units, policy, renormalize):
     if policy == "keep":
         return softmax_over(full)
     same = [[bool(units[i] == units[j]) for j in range(n)] for i in range(n)]
-    keep = [[full[i][j] and (same[i][j] == (policy == "drop_inter")) for j in range(n)] for i in range(n)]
+    shared = [int(u) == -2 for u in units]  # a special token: in every unit, neither policy takes its pairs
+    keep = [[full[i][j] and (shared[i] or shared[j] or same[i][j] == (policy == "drop_inter")) for j in range(n)]
+            for i in range(n)]
     if renormalize:
         return softmax_over(keep)
     probs = softmax_over(full)

@@ -29,7 +29,8 @@ def test_settings_that_cannot_change_a_result_are_no_part_of_its_hash():
     config = {"trainer": {"enable_progress_bar": True, "max_steps": 4, "profiler": None},
               "data": {"num_workers": 2, "cache_dir": "c", "batch_size": 8}, "seed": 0}
     assert without_keys(config) == {"trainer": {"max_steps": 4}, "data": {"batch_size": 8}, "seed": 0}
-    assert all(key.split(".")[0] in ("trainer", "data") for key in RESULT_NEUTRAL)
+    assert all(key.split(".")[0] in ("trainer", "data", "model") for key in RESULT_NEUTRAL)
+    assert without_keys({"model": {"name": "m", "pretraining": "masked LM"}}) == {"model": {"name": "m"}}
 
 
 def test_an_evaluation_rerun_with_only_neutral_settings_changed_is_skipped(tmp_path):

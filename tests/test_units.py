@@ -48,7 +48,6 @@ def test_unit_ids_sentence_and_segment(tokenizer):
         tokens = enc.tokens(row)
         # Expected from the definition, token by token.
         expected_sentence, expected_segment = [], []
-        segment, sentence_in_segment, first_unit = 0, 0, 0
         units_in_first = len(split_sentences(texts[row]))
         for position in range(len(tokens)):
             if not enc["attention_mask"][row, position]:
@@ -56,35 +55,39 @@ def test_unit_ids_sentence_and_segment(tokenizer):
                 expected_segment.append(-1)
                 continue
             seq = enc.sequence_ids(row)[position]
-            if seq is not None:
-                segment = seq
-                text = (texts if seq == 0 else pairs)[row]
-                start = enc["offset_mapping"][row, position, 0].item()
-                sentence_in_segment = sum(a <= start for a, _ in split_sentences(text)) - 1
-                first_unit = 0 if seq == 0 else units_in_first
-            expected_sentence.append(first_unit + sentence_in_segment if position else 0)
-            expected_segment.append(segment if position else 0)
+            if seq is None:  # a special token: in every unit
+                expected_sentence.append(-2)
+                expected_segment.append(-2)
+                continue
+            text = (texts if seq == 0 else pairs)[row]
+            start = enc["offset_mapping"][row, position, 0].item()
+            sentence_in_segment = sum(a <= start for a, _ in split_sentences(text)) - 1
+            first_unit = 0 if seq == 0 else units_in_first
+            expected_sentence.append(first_unit + sentence_in_segment)
+            expected_segment.append(seq)
         assert ids[row].tolist() == expected_sentence, tokens
         assert seg[row].tolist() == expected_segment
-    # Hand-checked row 0: [CLS] he left . [SEP]? no: "he left ." = unit 0, "she stayed ." = unit 1, its [SEP] closes it.
+    # Hand-checked row 0: "he left ." = unit 0, "she stayed ." = unit 1; [CLS] and [SEP] in every unit (-2).
     row0 = dict(zip(enc.tokens(0), ids[0].tolist()))
-    assert row0["[CLS]"] == 0 and row0["he"] == 0 and row0["she"] == 1
-    assert ids[0].tolist()[enc.tokens(0).index("[SEP]")] == 1
-    assert ids[0].tolist()[-1] == 3  # the last [SEP] closes "it was 3.5 million!" (unit 3)
+    assert row0["[CLS]"] == -2 and row0["he"] == 0 and row0["she"] == 1
+    assert ids[0].tolist()[enc.tokens(0).index("[SEP]")] == -2
+    assert ids[0].tolist()[-1] == -2 and 3 in ids[0].tolist()  # "it was 3.5 million!" is unit 3
     assert ids[1].tolist()[-1] == -1  # padding
-    # Segments equal BERT's token_type_ids on real tokens.
-    real = enc["attention_mask"].bool()
-    assert torch.equal(seg[real], enc["token_type_ids"][real])
+    # Segments equal BERT's token_type_ids on the text's tokens.
+    text = enc["attention_mask"].bool() & (seg != -2)
+    assert torch.equal(seg[text], enc["token_type_ids"][text])
 
 
 def test_single_text_and_single_sentence_segment(tokenizer):
     texts = ["One sentence only", "Two here. Yes."]
     enc = tokenizer(texts, padding=True, return_offsets_mapping=True)
     ids = unit_ids(enc, texts)
-    assert set(ids[0].tolist()) == {0}
+    real = sum(enc["attention_mask"][0])
+    assert ids[0].tolist()[:real] == [-2] + [0] * (real - 2) + [-2]  # [CLS] and [SEP] in every unit
     tokens, real = enc.tokens(1), sum(enc["attention_mask"][1])
     first_dot = tokens.index(".")  # [CLS] t ##w ##o here . | yes . [SEP] [PAD]...
-    assert ids[1].tolist() == [0] * (first_dot + 1) + [1] * (real - first_dot - 1) + [-1] * (len(tokens) - real)
+    assert ids[1].tolist() == [-2] + [0] * first_dot + [1] * (real - first_dot - 2) + [-2] + [-1] * (
+        len(tokens) - real)
 
 
 def test_overflowing_features_use_their_sample(tokenizer):
@@ -148,16 +151,47 @@ def test_each_token_gets_the_unit_of_its_characters(kind):
     for row in range(2):
         segments = [texts[row], pairs[row]]
         first = [0, len(split_sentences(texts[row]))]  # units are numbered across the segments
-        expected, last = [], 0
+        expected = []
         for segment, (start, end) in zip(encoding.sequence_ids(row), encoding["offset_mapping"][row]):
-            if segment is not None:
-                text = segments[segment]
-                characters = [i for i in range(start, end) if not text[i].isspace()] or [end]
-                spans = split_sentences(text)
-                found = {n for n, (a, b) in enumerate(spans) for i in characters if a <= i < b}
-                assert len(found) == 1, (kind, text[start:end])
-                last = first[segment] + found.pop()
-            expected.append(last)  # [CLS] the first unit, a later special token the unit it closes
+            if segment is None:
+                expected.append(-2)  # a special token: in every unit
+                continue
+            text = segments[segment]
+            characters = [i for i in range(start, end) if not text[i].isspace()] or [end]
+            spans = split_sentences(text)
+            found = {n for n, (a, b) in enumerate(spans) for i in characters if a <= i < b}
+            assert len(found) == 1, (kind, text[start:end])
+            expected.append(first[segment] + found.pop())
         mask = encoding["attention_mask"][row]
         assert ids[row].tolist() == [unit if m else -1 for unit, m in zip(expected, mask)], kind
     assert ids.max() == 3  # two sentences in each segment of the first row
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_a_head_that_only_attends_to_cls_loses_nothing_under_drop_inter(tokenizer, renormalize):
+    """Two sentences; a head whose every query attends to [CLS] alone. [CLS] is in every unit (-2), so drop_inter
+    leaves that head's attention as it was (its inter-sentence cost is nothing: it cannot make a claim that its type
+    carries information across sentences hold), while a head attending to the other sentence loses it. The keys
+    headlab's masks drop (``dropped_keys``), applied here by the definition in float64 (the patch's SDPA path
+    against a float64 reference: ``test_attention``)."""
+    from headlab.core.patch.sdpa_masks import dropped_keys, unit_relation
+
+    texts = ["He left. She stayed there."]
+    enc = tokenizer(texts, return_offsets_mapping=True, return_tensors="pt")
+    ids = unit_ids(enc, texts)  # [1, seq]
+    seq = ids.shape[1]
+    keep = ~dropped_keys("drop_inter", unit_relation(ids, torch.zeros(1, 1, seq, 4)))[0, 0]  # [seq, seq]
+    assert keep[:, 0].all() and keep[:, -1].all() and keep[0].all()  # [CLS], [SEP]: every pair kept
+    first, second = ids[0].tolist().index(0), ids[0].tolist().index(1)
+
+    def patched(scores: torch.Tensor) -> torch.Tensor:
+        if renormalize:
+            return scores.masked_fill(~keep, float("-inf")).softmax(-1)
+        return scores.softmax(-1) * keep
+
+    on_cls = torch.full((seq, seq), -30.0, dtype=torch.float64)
+    on_cls[:, 0] = 30.0  # every query's score: [CLS] alone
+    assert torch.allclose(patched(on_cls), on_cls.softmax(-1), atol=1e-12)
+    elsewhere = torch.full((seq, seq), -30.0, dtype=torch.float64)
+    elsewhere[:, second] = 30.0  # every query attends to a token of the second sentence
+    assert patched(elsewhere)[first, second] < 1e-12 < elsewhere.softmax(-1)[first, second]

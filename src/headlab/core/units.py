@@ -1,13 +1,16 @@
 """Unit ids for ``drop_intra`` / ``drop_inter`` (DESIGN.md section 2).
 
 ``unit_ids`` maps a fast-tokenizer encoding and the original texts to ``sentence_ids``
-(``LongTensor [batch, seq]``): tokens of one unit share an id, padding is -1.
+(``LongTensor [batch, seq]``): tokens of one unit share an id, padding is -1, special tokens ``SHARED``.
 
 * ``unit="segment"``: one unit per segment (question vs context, sentence1 vs sentence2).
 * ``unit="sentence"``: the sentences of each segment, found by ``split_sentences`` on the
   original text and mapped to tokens through the tokenizer's character offsets.
-* Special tokens: the first ([CLS]) belongs to the first unit; every later one ([SEP])
-  belongs to the unit it closes, i.e. the unit of the token before it.
+* Special tokens ([CLS], [SEP], <s>, </s>) get the id ``SHARED`` (-2): they belong to every unit, so
+  ``drop_intra`` and ``drop_inter`` keep every attention to or from them. Guan et al.'s intra / inter distinction is
+  about the text's sentences; many heads park their attention on [CLS] or [SEP], and with [CLS] in the first unit
+  ``drop_inter`` cut the second sentence's attention to it, so a head that only attends to [CLS] read as carrying
+  information across sentences.
 
 The sentence rule (dependency-free, deterministic): a sentence ends after a run of
 ``.``, ``?`` or ``!`` (plus any closing quotes or brackets) that is followed by whitespace
@@ -28,6 +31,9 @@ import torch
 
 from headlab.core.plans import check_unit
 from headlab.errors import UserError
+
+SHARED = -2  # the unit id of special tokens: in every unit (padding is -1, in none)
+UNITS_VERSION = 2  # in the cached features' and the jobs' keys: raised when the unit ids change (2: SHARED)
 
 ABBREVIATIONS = frozenset(
     """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al inc ltd co corp no nos fig figs vol
@@ -127,15 +133,15 @@ def _row_ids(sequence_ids, offsets, mask, sentence_starts, unit) -> torch.Tensor
     for starts in sentence_starts[:-1]:
         first_unit.append(first_unit[-1] + (max(len(starts), 1) if unit == "sentence" else 1))
     ids = []
-    current = 0  # unit of the last content token; [CLS] belongs to the first unit
     for position, (segment, (start, _)) in enumerate(zip(sequence_ids, offsets)):
         if mask is not None and not mask[position]:
             ids.append(-1)
             continue
-        if segment is not None:
-            local = 0
-            if unit == "sentence" and sentence_starts[segment]:
-                local = max(bisect.bisect_right(sentence_starts[segment], start) - 1, 0)
-            current = first_unit[segment] + local
-        ids.append(current)
+        if segment is None:  # a special token: in every unit
+            ids.append(SHARED)
+            continue
+        local = 0
+        if unit == "sentence" and sentence_starts[segment]:
+            local = max(bisect.bisect_right(sentence_starts[segment], start) - 1, 0)
+        ids.append(first_unit[segment] + local)
     return torch.tensor(ids, dtype=torch.long)

@@ -14,7 +14,7 @@ from typing import Any
 import datasets
 import torch
 
-from headlab.core.units import unit_ids
+from headlab.core.units import UNITS_VERSION, unit_ids
 from headlab.tasks.feature_cache import FEATURES_VERSION, features_file, tokenizer_digest
 from headlab.tasks.squad import tokenize_squad
 
@@ -47,6 +47,7 @@ def tokenize_split(
               {"text_fields": list(task.text_fields), "label_field": task.label_field})
     key = {"version": FEATURES_VERSION, "task": task.name, "type": task.type, "split": split,
            "data": dataset._fingerprint, "tokenizer": digest or tokenizer_digest(tokenizer), "unit": unit,
+           "units": UNITS_VERSION,
            "max_length": task.max_length, "layout": layout}
     with features_file(cache_dir, task.name, split, key) as path:
         return tokenize_squad(dataset, tokenizer, task, unit, training, str(path)) if qa else _encode_split(

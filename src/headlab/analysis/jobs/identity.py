@@ -22,6 +22,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
+from headlab.core.units import UNITS_VERSION
 from headlab.files import RESULT_NEUTRAL, input_stamps, job_hash, relative_paths, without_keys
 from headlab.reporting.results import (
     already_done,
@@ -69,7 +70,8 @@ def hashed_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The resolved config, the stamps of its inputs and the hash of what the job computes (config and inputs)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     inputs = input_stamps(computed_config(resolved), INPUT_KEYS)  # the files where they are now
-    return resolved, inputs, job_hash(hashed_part(resolved), inputs)
+    # the unit ids' rule (headlab.core.units) decides what drop_* computes: a job of an earlier rule runs again
+    return resolved, inputs, job_hash({**hashed_part(resolved), "units": UNITS_VERSION}, inputs)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 
 from headlab.core.patch.sdpa_masks import (
+    UnitPairs,
     additive,
     dropped_keys,
     heads_dropped_keys,
-    same_unit,
     unit_bias,
     unit_hides,
     unit_mask,
+    unit_relation,
     validity,
 )
 
@@ -72,20 +73,20 @@ class ForwardMasks:
         cache = self.cache(attention_mask, sentence_ids, query)
         key = (policy, renormalize, query.dtype)
         if key not in cache:
-            same = self._same_unit(cache, sentence_ids, query)
+            relation = self._unit_relation(cache, sentence_ids, query)
             if attention_mask is None or attention_mask.dtype == torch.bool:
-                cache[key] = unit_bias(dropped_keys(policy, same), renormalize, attention_mask, query.dtype)
+                cache[key] = unit_bias(dropped_keys(policy, relation), renormalize, attention_mask, query.dtype)
             else:  # a caller's additive bias: -inf filled into it
-                mask, has_key = unit_mask(policy, renormalize, *validity(attention_mask, query), same)
+                mask, has_key = unit_mask(policy, renormalize, *validity(attention_mask, query), relation)
                 cache[key] = mask, None if has_key is None else has_key.to(query.dtype)
         return cache[key]
 
     @staticmethod
-    def _same_unit(cache: dict, sentence_ids, query) -> torch.Tensor:
-        """``sdpa_masks.same_unit`` of this forward, made once."""
-        if "same unit" not in cache:
-            cache["same unit"] = same_unit(sentence_ids, query)
-        return cache["same unit"]
+    def _unit_relation(cache: dict, sentence_ids, query) -> UnitPairs:
+        """``sdpa_masks.unit_relation`` of this forward, made once."""
+        if "unit relation" not in cache:
+            cache["unit relation"] = unit_relation(sentence_ids, query)
+        return cache["unit relation"]
 
     def joint_mask(self, joint, renormalize: bool, attention_mask, sentence_ids, query, key_mask=None) -> tuple:
         """(mask, ``has_key`` ``[batch, heads, seq, 1]`` factor or None) of a layer in one SDPA call
@@ -104,7 +105,7 @@ class ForwardMasks:
             if per_layer:
                 cache[key] = self._joint_hides(joint.kinds, renormalize, key_mask, sentence_ids, query)
             else:
-                dropped = heads_dropped_keys(joint.intra, joint.inter, self._same_unit(cache, sentence_ids, query))
+                dropped = heads_dropped_keys(joint.intra, joint.inter, self._unit_relation(cache, sentence_ids, query))
                 cache[key] = unit_bias(dropped, renormalize, attention_mask, query.dtype)
         masks, has_keys = cache[key]
         if not per_layer:

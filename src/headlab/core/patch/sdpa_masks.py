@@ -7,17 +7,21 @@ each once (``ForwardMasks`` keeps them), as SDPA's additive mask (``unit_bias``)
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from transformers.masking_utils import bidirectional_mask_function, prepare_padding_mask, sdpa_mask
 
+from headlab.core.units import SHARED
 
-def unit_mask(policy: str, renormalize: bool, valid, bias, same) -> tuple:
+
+def unit_mask(policy: str, renormalize: bool, valid, bias, relation) -> tuple:
     """(SDPA mask, ``has_key`` ``[batch, 1, seq, 1]`` or None) of a ``drop_*`` policy; the same for every layer.
 
     renormalize: the allowed keys (a query with none attends anywhere; ``has_key`` zeroes it afterwards).
     Otherwise ``[allowed | other valid keys]`` ``[batch, 1, seq, 2 seq]`` for the doubled keys.
     """
-    allowed = ~same if policy == "drop_intra" else same
+    allowed = ~dropped_keys(policy, relation)
     keep = allowed & valid
     if renormalize:
         has_key = keep.any(-1, keepdim=True)
@@ -26,15 +30,16 @@ def unit_mask(policy: str, renormalize: bool, valid, bias, same) -> tuple:
     return torch.cat([with_bias(keep, bias), with_bias(rest, bias)], dim=-1), None  # [batch, 1, seq, 2 seq]
 
 
-def dropped_keys(policy: str, same) -> torch.Tensor:
-    """``[batch, 1, seq, seq]``: the keys ``policy`` takes from each query (its own unit's for ``drop_intra``)."""
-    return same if policy == "drop_intra" else ~same
+def dropped_keys(policy: str, relation) -> torch.Tensor:
+    """``[batch, 1, seq, seq]``: the keys ``policy`` takes from each query (its own unit's for ``drop_intra``, the
+    other units' for ``drop_inter``; never a special token's, nor a special token's own: ``unit_relation``)."""
+    return relation.intra if policy == "drop_intra" else relation.inter
 
 
-def heads_dropped_keys(intra, inter, same) -> torch.Tensor:
+def heads_dropped_keys(intra, inter, relation) -> torch.Tensor:
     """``[batch, heads, seq, seq]``: per head the keys its policy takes from each query (``dropped_keys``), none for
     the heads of neither policy; ``intra`` / ``inter``: ``[1, heads, 1, 1]`` marks of each policy's heads or None."""
-    parts = [marks & dropped_keys(policy, same) for policy, marks in (("drop_intra", intra), ("drop_inter", inter))
+    parts = [marks & dropped_keys(policy, relation) for policy, marks in (("drop_intra", intra), ("drop_inter", inter))
              if marks is not None]
     return parts[0] if len(parts) == 1 else parts[0] | parts[1]
 
@@ -65,7 +70,7 @@ def unit_hides(policy: str, renormalize: bool, key_mask, sentence_ids, query) ->
     """(the keys each query of ``policy`` may not use, as one or two boolean masks ``[batch, 1, seq, seq]``,
     ``has_key`` in the query's dtype or None): ``unit_mask``'s masks as where to fill a bias (its first and second
     halves without renormalising), for a bias that differs per layer; ``key_mask``: the keys each query sees."""
-    allowed = ~same_unit(sentence_ids, query) if policy == "drop_intra" else same_unit(sentence_ids, query)
+    allowed = ~dropped_keys(policy, unit_relation(sentence_ids, query))
     keep = allowed & key_mask
     if renormalize:
         has_key = keep.any(-1, keepdim=True)
@@ -113,10 +118,21 @@ def mask_heads(mask: torch.Tensor | None, heads: slice | torch.Tensor) -> torch.
     return heads_of(mask, heads) if mask is not None and mask.dim() == 4 and mask.shape[1] > 1 else mask
 
 
-def same_unit(sentence_ids, query) -> torch.Tensor:
-    """``[batch, 1, seq, seq]``: True where query and key tokens belong to the same unit."""
+class UnitPairs(NamedTuple):
+    """Which (query, key) pairs each ``drop_*`` policy takes: ``[batch, 1, seq, seq]`` booleans."""
+
+    intra: torch.Tensor  # of one unit, neither a special token
+    inter: torch.Tensor  # of two units, neither a special token
+
+
+def unit_relation(sentence_ids, query) -> UnitPairs:
+    """The pairs of one unit and of two, leaving out every pair with a special token (id ``SHARED``: in every unit,
+    so neither policy takes its pairs). Booleans: an int8 relation made Inductor emit C++ that does not compile."""
     sentence_ids = checked_unit_ids(sentence_ids, query)
-    return (sentence_ids[:, :, None] == sentence_ids[:, None, :]).unsqueeze(1)
+    same = (sentence_ids[:, :, None] == sentence_ids[:, None, :]).unsqueeze(1)  # [batch, 1, seq, seq]
+    text = sentence_ids != SHARED  # [batch, seq]
+    both = (text[:, :, None] & text[:, None, :]).unsqueeze(1)
+    return UnitPairs(same & both, both & ~same)
 
 
 def checked_unit_ids(sentence_ids, query) -> torch.Tensor:

@@ -34,8 +34,8 @@ ROWS = [
      "(with and without renormalising)", "0", "CI and Holm-adjusted permutation p", "as for Table 2"),
     ("`guan_table3[_renormalized]_dense_vertical_inter`", "Guan, Table 3: the dense&vertical heads' inter-sentence "
      "attention (15, EM 77.95) against their intra-sentence attention (14, EM 80.28)", "metric(drop_intra "
-     "dense&vertical) - metric(drop_inter dense&vertical); drop_inter also cuts the second sentence's attention to "
-     "[CLS] (docs/plans.md)", "as above", "0", "as above", "as above"),
+     "dense&vertical) - metric(drop_inter dense&vertical); attention to or from [CLS] and [SEP] is neither intra "
+     "nor inter (docs/plans.md)", "as above", "0", "as above", "as above"),
     ("`guan_table3[_renormalized]_diagonal_local_only`", "Guan, Table 3: \"even with only diagonal head handling "
      "intra-sentence information (16), the model has a decent accuracy of 71.80%\" (against 14.83 with only "
      "dense&vertical, 18)", "metric(row 16) - metric(row 18)", "as above", "0", "as above", "as above"),
