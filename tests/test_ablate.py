@@ -110,7 +110,9 @@ def test_compiled_evaluation_gives_eager_per_example_losses(trained):
         assert list(compiled["prediction"]) == list(eager["prediction"])
         np.testing.assert_allclose(compiled["loss"], eager["loss"], rtol=0, atol=1e-6)  # measured: 6e-8
     baseline, ablated = records["eager"]
-    assert np.abs(ablated["loss"] - baseline["loss"]).min() > 1e-4  # measured: 2e-4 to 3e-4
+    # every example moved well past the comparison's tolerance (measured: 7e-6 to 2e-5 since drop_* keep the
+    # attention of [CLS], the classifier's token; 2e-4 to 3e-4 before)
+    assert np.abs(ablated["loss"] - baseline["loss"]).min() > 5e-6
 
 
 def test_baseline_is_computed_once_per_checkpoint(trained):

@@ -673,7 +673,8 @@ def test_robustness_draws_no_conclusion_for_a_model_that_cannot_show_one(tmp_pat
     rng = np.random.default_rng(0)
     full = rng.uniform(0.8, 1.0, 30)
     rows = [{"split": "validation", "removed": removed, "example": i, "score": score}
-            for removed, scores in (("none", full), ("a", full - 0.5), ("b", full - 0.01 * rng.random(30)))
+            for removed, scores in (("none", full), ("a", full - 0.5), ("b", full - 0.01 * rng.random(30)),
+                                    ("a,b", full - 0.55))
             for i, score in enumerate(scores)]
     pd.DataFrame(rows).to_parquet(folder / "coalitions.parquet")
     values = [{"split": "validation", "group": "a", "value": 0.5, "ci_low": 0.45, "ci_high": 0.55},

@@ -91,7 +91,7 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
         table = scores.pivot(index="example", columns="removed", values="score").sort_index()  # [examples, coalitions]
         if "cluster" in scores:  # the examples' unit of sampling (a question's pairs)
             clusters = scores.drop_duplicates("example").set_index("example")["cluster"].loc[table.index].to_numpy()
-        for type_, phi in example_shapley(table, types).items():
+        for type_, phi in (example_shapley(table, types) or {}).items():  # none: not every coalition was scored
             phis[policy, type_] = phi
         for type_ in types:
             changes[policy, type_] = (table[type_] - table["none"]).to_numpy()
@@ -137,10 +137,16 @@ def types_table(report: StudyReport, name: str, shapley: dict[str, Path], number
                           "paired interval contains 0)")
 
 
-def example_shapley(table: pd.DataFrame, types: list[str]) -> dict[str, np.ndarray]:
+def example_shapley(table: pd.DataFrame, types: list[str]) -> dict[str, np.ndarray] | None:
     """Each type's exact Shapley value per example, from the scores of every coalition (``table``: a column per
     removed set, ``none`` and ``a,b``): sum over the sets S of the other types kept of |S|! (n - |S| - 1)! / n! x
-    (v(S + type) - v(S)), v(K) the score with every type outside K removed. Their means are the stage's values."""
+    (v(S + type) - v(S)), v(K) the score with every type outside K removed. Their means are the stage's values.
+    None when a coalition was not scored (a sampled estimate's job)."""
+    wanted = {",".join(sorted(gone)) or "none" for size in range(len(types) + 1)
+              for gone in itertools.combinations(types, size)}
+    if not wanted <= set(table.columns):
+        return None
+
     def column(kept: frozenset) -> np.ndarray:
         gone = [t for t in sorted(types) if t not in kept]
         return table[",".join(gone) if gone else "none"].to_numpy()
@@ -185,6 +191,10 @@ def conclusions(types: list[str], changes: dict, phis: dict, methods: list[str],
         sentences.append(f"removing {a} heads costs more {score} than removing {b} heads, by "
                          f"{_cell(interval(costs[first]))} ({first}): {verdict}")
         held += holds
+    if any((m, t) not in phis for m in methods for t in types):
+        sentences.append(f"the types by Shapley value: not every coalition was scored (a sampled estimate), so no "
+                         f"paired comparison of their values, {NO_ORDER}")
+        return sentences, held, unseparated
     helps = {m: {(a, b): (phis[m, a] - phis[m, b]) * (-1 if loss else 1) for a, b in itertools.permutations(types, 2)}
              for m in methods}  # > 0: a is more helpful than b
     order = [(a, b) for a, b in itertools.combinations(types, 2) if _side(interval(helps[first][a, b]))]

@@ -20,7 +20,7 @@ from rich.console import Console
 from headlab.errors import UserError
 from headlab.files import config_hash, folder_lock, read_json, short_name, write_json_atomic
 from headlab.study.interrupts import stopping_on_signals
-from headlab.study.schema import check_statistics
+from headlab.study.schema import FindingsConfig, check_statistics
 from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
 from headlab.training.processes import several_processes
@@ -50,6 +50,7 @@ TRAIN_SPLIT_STAGES = {"finetune", "robustness", "importance", "prune_curve"}  # 
 def check_study(cfg: Any, folder: str | Path) -> list[str]:
     """Everything about ``study`` that needs no weights; returns the stages to run, in order."""
     check_seeds(cfg)
+    FindingsConfig(margin=float(cfg.study.findings.margin))  # its checks: the study section is not instantiated
     check_whole_model_one_process(cfg)
     stages = check_stages(cfg, done_stages(Path(folder)))
     check_statistics(cfg)

@@ -231,8 +231,9 @@ def ordering_evidence(files: StudyFiles, o: Ordering, model: str, result, p: flo
                                     unit_name(result.units, result.n), digits)
         notes.append(note)
         values |= more
-    notes += [c for c in (collapsed(files, o.table, model, plan) for plan in (o.kept, o.removed)) if c]
-    values["collapsed"] = [plan for plan in (o.kept, o.removed) if collapsed(files, o.table, model, plan)]
+    marks = {plan: collapsed(files, o.table, model, plan) for plan in (o.kept, o.removed)}
+    notes += [mark for mark in marks.values() if mark]
+    values["collapsed"] = [plan for plan, mark in marks.items() if mark]
     file = f"tables/{o.table}/{model}/{{{o.kept},{o.removed}}}/records.parquet"
     return Evidence(model, outcome, numbers, file, values, note="; ".join(notes))
 
