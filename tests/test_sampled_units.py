@@ -178,3 +178,15 @@ def test_two_seeds_whose_mean_difference_is_0_are_rarely_pooled_into_a_verdict()
         found = pooled_difference("accuracy", pairs, Resampling(resamples=400, confidence=0.99, seed=1))
         decided += found.low > 0 or found.high < 0
     assert decided <= 1
+
+
+def test_a_data_file_row_without_its_cluster_is_refused(tmp_path):
+    """task.cluster_field names a column a row leaves empty: one line naming the row, before anything runs (those
+    rows would otherwise all share the cluster 'None')."""
+    from headlab.tasks.local_files import check_text_file
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"question": "q1", "sentence": "s", "label": 0}\n{"question": "", "sentence": "t", "label": 1}\n')
+    check_text_file(path, "t", ["question", "sentence"], "label", None)
+    with pytest.raises(UserError, match=r"row 2 has no value in 'question'"):
+        check_text_file(path, "t", ["sentence"], "label", "question")

@@ -79,6 +79,11 @@ def check_text_file(path: str | Path, task_name: str, text_fields: list[str], la
         empty = next((number for number, row in enumerate(rows, start=1) if not isinstance(row.get(field), str)), None)
         if empty is not None:
             raise no_text(path, task_name, empty, field, text_fields)
+    missing = next((number for number, row in enumerate(rows, start=1) if row.get(cluster_field) in (None, "")),
+                   None) if cluster_field else None
+    if missing is not None:  # its rows would all read as one cluster ("None"): every interval too narrow or wide
+        raise UserError(f"data file {str(path)!r} row {missing} has no value in {cluster_field!r} "
+                        f"(task.cluster_field: the rows sampled together share one; every row needs it)")
 
 
 def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str,
