@@ -346,6 +346,46 @@ def test_sweep_heads_equals_separate_eval_jobs(trained):
     np.testing.assert_allclose(redone, summary["tables"]["validation"]["loss"]["delta"], rtol=1e-6)
 
 
+def test_random_head_sets_are_uniform_draws_evaluated_as_eval_jobs(trained):
+    """sweep.family=random: per size, draws sets of that many distinct heads, each head equally likely; each set's
+    records are those of a mode=eval job of the same heads, and a rerun finds every size done."""
+    root, _ = trained
+    args = ["mode=sweep_heads", "mask.policy=uniform", "sweep.family=random", "sweep.sizes=[5,2]", "sweep.draws=3",
+            f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'random'}"]
+    out = run("ablate.py", *args, cwd_tmp=root).stdout
+    assert "size 5 done: 3 plans [uniform]" in out and "size 2 done: 3 plans [uniform]" in out
+    summary = results(root / "random")
+    assert summary["family"] == "random" and list(summary["sets"]) == ["5", "2"]
+    heads = {size: [tuple(s["heads"]) for s in sets] for size, sets in summary["sets"].items()}
+    assert all(len(set(h)) == int(size) for size, draws in heads.items() for h in draws)
+    assert len(set(heads["5"])) == 3  # three different sets
+    chosen = summary["sets"]["2"][1]
+    run("ablate.py", "mode=eval", "mask=uniform", f"mask.heads=[{','.join(chosen['heads'])}]",
+        f"ckpt_path={root / 'train'}", f"hydra.run.dir={root / 'one_set'}", cwd_tmp=root)
+    a = pd.read_parquet(root / f"random/{chosen['plan']}/records.parquet")
+    b = pd.read_parquet(root / "one_set/records.parquet")
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=0, atol=1e-6)
+    assert chosen["metrics"]["validation"]["accuracy"] == results(root / "one_set")["metrics"]["validation"]["accuracy"]
+    (root / "random/results.json").unlink()  # a killed job: its summary and one set of size 2 not written
+    (root / f"random/{chosen['plan']}/results.json").unlink()
+    again = run("ablate.py", *args, cwd_tmp=root).stdout
+    assert "size 5: already done" in again and "size 2 done: 3 plans" in again
+    assert results(root / "random")["sets"] == summary["sets"]
+    # the draws: uniform over heads, without replacement, each size its own stream (a size added keeps the others')
+    from headlab.analysis.evaluation.sweep_plans import random_plans
+
+    many = random_plans("prune", 3, 4, (3,), 4000, 0)
+    counts = np.zeros(12)
+    for _, _, plan in many:
+        for layer, head in plan.heads_with("prune"):
+            counts[layer * 4 + head] += 1
+    assert all(len(plan.heads_with("prune")) == 3 for _, _, plan in many)
+    assert np.abs(counts / 4000 - 0.25).max() < 0.03  # each head in 3 of 12 sets; 4000 draws: SD 0.007
+    alone = random_plans("prune", 3, 4, (2,), 3, 0)
+    beside = random_plans("prune", 3, 4, (5, 2), 3, 0)
+    assert [p.heads_with("prune") for _, _, p in alone] == [p.heads_with("prune") for _, s, p in beside if s == 2]
+
+
 def test_sweep_heads_on_albert_runs_whole_forwards_equal_to_eval_jobs(tmp_path):
     """ALBERT's depths share one layer's modules, so no forward starts at a layer: each plan runs a whole forward,
     the same computation as a ``mode=eval`` job's (equal to the bit), and each depth's prune its own."""

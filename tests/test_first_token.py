@@ -10,7 +10,10 @@ from families import batch, tiny_model
 from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
 from headlab.core.model_parts import replay_self_attention, self_attention_output
-from headlab.core.patch.first_token import last_layer_at_first_token, reads_first_token
+from headlab.core.patch.ablate import ablate
+from headlab.core.patch.first_token import last_layer_at_first_token, plan_at_first_token, reads_first_token
+from headlab.core.plans import HeadPlan
+from headlab.core.units import SHARED
 
 CLASSIFIERS = ["bert", "roberta", "xlm-roberta", "electra"]
 
@@ -54,6 +57,37 @@ def test_replayed_contexts_of_the_last_layer(name):
         plain = model(**inputs).logits
     torch.testing.assert_close(first, whole, rtol=1e-12, atol=1e-12)
     assert (whole - plain).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta"])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_a_plans_last_layer_at_the_first_token(name, renormalize):
+    """Every policy the first token can run, in the last layer and below, gives the whole patched forward's logits;
+    ``drop_*`` leave a special first token's row alone, so the same plan on a word first must not be run there."""
+    model, inputs = classifier(name), batch()
+    inputs["sentence_ids"][:, 0] = SHARED  # [CLS]
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    last = f"L{layers - 1}"
+    plan = HeadPlan.from_rules([{"heads": f"{last}H0", "policy": "prune"}, {"heads": f"{last}H1", "policy": "uniform"},
+                                {"heads": f"{last}H2", "policy": "drop_intra"},
+                                {"heads": f"{last}H3", "policy": "drop_inter"},
+                                {"heads": "L0H1", "policy": "drop_inter"}, {"heads": "L0H0", "policy": "uniform"}],
+                               layers, heads)
+    assert plan_at_first_token(plan)
+    with torch.no_grad():
+        plain = model(**{k: v for k, v in inputs.items() if k != "sentence_ids"}).logits
+        with ablate(model, plan, renormalize):
+            whole = model(**inputs).logits
+            with last_layer_at_first_token(model, inputs["attention_mask"], plan=plan):
+                first = model(**inputs).logits
+            with last_layer_at_first_token(model, inputs["attention_mask"]):
+                unplanned = model(**inputs).logits  # the last layer's heads all kept
+    torch.testing.assert_close(first, whole, rtol=1e-12, atol=1e-12)
+    assert (whole - plain).abs().max() > 1e-6 and (unplanned - whole).abs().max() > 1e-6
+    mean = HeadPlan.from_rules([{"heads": f"{last}H0", "policy": "mean"}], layers, heads)
+    assert not plan_at_first_token(mean)
+    with pytest.raises(ValueError, match="mean or resample"):
+        last_layer_at_first_token(model, inputs["attention_mask"], plan=mean).__enter__()
 
 
 def test_heads_that_read_more_than_the_first_token_are_refused():

@@ -39,7 +39,7 @@ from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
 ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "patch", "features",
                 "cluster", "compare", "syntax", "report", "demo")
-SWEEP_FAMILIES = ("single_head", "all_but_one", "layer")
+SWEEP_FAMILIES = ("single_head", "all_but_one", "layer", "random")
 MAX_DRAWS = 100  # mask.resamples
 DRAWS_WHY = (f"a forward takes the batch once per draw (with every layer's source heads at once), and {MAX_DRAWS} "
              "draws already average out which source an example takes to a tenth of one draw's spread (1/sqrt(draws))")
@@ -256,12 +256,24 @@ class DemoConfig:
 class SweepConfig:
     """``mode=sweep_heads``: which family of plans, each under ``mask.policy``."""
 
-    family: str = "single_head"  # single_head: each head alone; all_but_one: per layer, all heads but one; layer
+    family: str = "single_head"  # single_head: each head alone; all_but_one: per layer, all heads but one; layer;
+                                 # random: sets of heads drawn at random (sizes, draws, seed)
     heads_per_batch: int = 0  # plans per batched forward (0: all of a layer's on GPU, one on CPU)
+    sizes: list[int] = field(default_factory=list)  # family random: how many heads a set has (a control of a type's)
+    draws: int = 20  # family random: sets drawn per size
+    seed: int = 0  # family random: the draws' seed (each size's own stream)
 
     def __post_init__(self) -> None:
         one_of("sweep.family", self.family, SWEEP_FAMILIES)
         at_least("sweep.heads_per_batch", self.heads_per_batch, 0)
+        at_least("sweep.draws", self.draws, 1)
+        if self.family == "random" and not self.sizes:
+            raise UserError("sweep.family=random needs sweep.sizes=[N, ...]: how many heads each random set has")
+        if self.family != "random" and self.sizes:
+            raise UserError(f"sweep.sizes={list(self.sizes)} is read by sweep.family=random only; got "
+                            f"sweep.family={self.family}")
+        for size in self.sizes:
+            at_least("sweep.sizes", size, 1)
 
 
 @dataclass

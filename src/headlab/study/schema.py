@@ -42,6 +42,7 @@ class StudyConfig:
     compare: dict[str, Any] = field(default_factory=dict)
     syntax: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, Any] = field(default_factory=dict)
+    controls: dict[str, Any] = field(default_factory=dict)
     sweep: dict[str, Any] = field(default_factory=dict)
     robustness: dict[str, Any] = field(default_factory=dict)
     importance: dict[str, Any] = field(default_factory=dict)

@@ -9,6 +9,7 @@
     tables/table2/seed0/<plan>/          mode=eval of each plan of Guan et al.'s Table 2 (prune, uniform by type)
     tables/table3/seed0/<plan>/          ... of Table 3 (drop_intra / drop_inter by type), renormalize=false
     tables/table3_renormalized/seed0/    ... and renormalize=true; each table's report/ beside its plans
+    controls/prune/seed0/                mode=sweep_heads, family random: sets of each type's size (controls/uniform/)
     sweep/seed0/                         mode=sweep_heads: every head pruned alone
     robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/): on its examples
     robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, shapley_resample/)
@@ -30,10 +31,11 @@ from headlab.errors import UserError
 from headlab.files import read_json
 from headlab.study.configs import analysis_config, train_config
 
-STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "sweep", "robustness", "importance",
-          "prune_curve", "report")
+STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "sweep", "robustness",
+          "importance", "prune_curve", "report")
 NEEDS = {"finetune": (), "features": ("finetune",), "cluster": ("features",), "compare": ("cluster",),
-         "syntax": ("finetune",), "tables": ("finetune", "cluster"), "sweep": ("finetune",),
+         "syntax": ("finetune",), "tables": ("finetune", "cluster"), "controls": ("finetune", "cluster"),
+         "sweep": ("finetune",),
          "robustness": ("finetune", "cluster"),
          "importance": ("finetune",), "prune_curve": ("finetune",), "report": ()}
 ABOUT = {
@@ -43,6 +45,7 @@ ABOUT = {
     "compare": "head types of the pre-trained vs the fine-tuned model",
     "syntax": "the best head per dependency relation of a treebank vs offset baselines (Clark et al.)",
     "tables": "Guan et al.'s Tables 2 and 3: plans by head type, paired CIs and p-values",
+    "controls": "random head sets of each type's size under prune and uniform (the types' controls)",
     "sweep": "every head pruned alone",
     "robustness": "Table 2, the single-head sweep and the head types' Shapley values under prune, mean and resample",
     "importance": "gradient head importance and its agreement with the sweep",
@@ -50,12 +53,13 @@ ABOUT = {
     "report": "study.md",
 }
 STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "syntax": "syntax",
-               "tables": "eval", "sweep": "sweep_heads", "robustness": "shapley", "importance": "importance",
-               "prune_curve": "prune_curve"}  # ablate.py modes
+               "tables": "eval", "controls": "sweep_heads", "sweep": "sweep_heads", "robustness": "shapley",
+               "importance": "importance", "prune_curve": "prune_curve"}  # ablate.py modes
 TABLES = ("table2", "table3", "table3_renormalized")
 MARKER = "stage.json"  # <study>/<stage>/stage.json: the stage's jobs (their hashes) and files when it last finished
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
 REMOVALS = ("prune", "mean", "resample")  # the robustness stage's ways to take a head away
+CONTROL_POLICIES = ("prune", "uniform")  # Table 2's: a type's removal beside random sets of its size
 PRESETS = {"table2": "guan2020_table2", "table3": "guan2020_table3", "table3_renormalized": "guan2020_table3"}
 
 
@@ -121,8 +125,8 @@ def check_stages(cfg: Any, done: set[str]) -> list[str]:
 def stage_jobs(study: Study, stage: str) -> list[Job]:
     """The jobs of ``stage`` (the report stage has none: ``headlab.study.report`` writes it)."""
     return {"finetune": _finetune, "features": _features, "cluster": _cluster, "compare": _compare,
-            "syntax": _syntax, "tables": _tables, "sweep": _sweep, "robustness": _robustness, "importance": _importance,
-            "prune_curve": _prune_curve, "report": lambda _: []}[stage](study)
+            "syntax": _syntax, "tables": _tables, "controls": _controls, "sweep": _sweep, "robustness": _robustness,
+            "importance": _importance, "prune_curve": _prune_curve, "report": lambda _: []}[stage](study)
 
 
 def _finetune(study: Study) -> list[Job]:
@@ -198,6 +202,20 @@ def table_plans(table: str, types: list[str]) -> dict[str, Any]:
         return {"baseline": {"rules": []}, **{f"prune_{t}": rule(t, "prune") for t in types},
                 **{f"uniform_{t}": rule(t, "uniform") for t in types}}
     return {f"{policy}_{t}": rule(t, policy) for t in types for policy in ("drop_intra", "drop_inter")}
+
+
+def _controls(study: Study) -> list[Job]:
+    """Per model and policy of Table 2, random head sets of each of the model's types' sizes (``sweep.family=random``,
+    ``sweep.draws`` per size): what a type's ablation costs beside as many heads taken at random."""
+    jobs = []
+    for name, ckpt in study.models:
+        counts = read_json(study.stage_dir("cluster") / name / "clusters.json", "clusters")["counts"]
+        sizes = sorted({int(count) for count in counts.values() if count})
+        for policy in CONTROL_POLICIES:
+            jobs.append(Job(study.stage_dir("controls") / policy / name, study.analysis(
+                "controls", "sweep_heads", ckpt, **{"mask.policy": policy, "sweep.family": "random",
+                                                    "sweep.sizes": sizes}), "sweep_heads"))
+    return jobs
 
 
 def _sweep(study: Study) -> list[Job]:

@@ -24,6 +24,10 @@ def check_eval(cfg: Any) -> None:
 def check_sweep_heads(cfg: Any) -> None:
     """The sweep's policy and family against the model's shape, the checkpoint, the baseline folder."""
     warn_about_plan(cfg, check_evaluation(cfg, per_head=True))
+    if cfg.sweep.family == "random":  # each size against the model's heads
+        from headlab.analysis.evaluation.sweep_plans import random_plans
+
+        random_plans(cfg.mask.policy, *model_shape(cfg.model), tuple(cfg.sweep.sizes), 1, cfg.sweep.seed)
 
 
 def check_report(cfg: Any) -> None:

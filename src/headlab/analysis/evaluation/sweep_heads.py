@@ -33,6 +33,7 @@ from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
 from headlab.core.families import family_of
+from headlab.core.head_names import head_name
 from headlab.core.model_files import model_shape
 from headlab.core.model_parts import (
     encoder_layers,
@@ -182,24 +183,28 @@ def _every_head_plan(layer: int, variants: list[Variant]) -> HeadPlan:
 def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Every plan of ``cfg.sweep.family`` under ``cfg.mask.policy``; ``cfg`` passed ``check_mode``."""
     num_layers, num_heads = model_shape(cfg.model)
-    plans = family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads)
+    plans = sweep_family(cfg, num_layers, num_heads)
     plan_hash = lambda name: config_hash([identity.hash, name])  # noqa: E731  each plan's results belong to this job
     console = Console()
     job, output_dir = EvalJob(cfg, identity, plans=[plan for _, _, plan in plans]), identity.output_dir
-    shared = family_of(job.model).shared  # depths share modules (ALBERT): no forward from a layer, whole ones instead
+    # a layer's plans replay it (not across layers: random sets; nor where depths share modules, ALBERT: whole forwards)
+    replays = cfg.sweep.family != "random" and not family_of(job.model).shared
+    what = "size" if cfg.sweep.family == "random" else "layer"
     results, baseline, inputs = {}, None, LayerInputs()
-    for layer in range(num_layers):
-        variants = [Variant(name, plan, cfg.mask.renormalize) for name, l, plan in plans if l == layer]
+    groups = list(dict.fromkeys(group for _, group, _ in plans))
+    for group in groups:
+        variants = [Variant(name, plan, cfg.mask.renormalize) for name, g, plan in plans if g == group]
         finished = {v.name: read_complete(output_dir / v.name / "results.json", plan_hash(v.name))
                     for v in variants}
         if all(finished.values()):
-            console.print(f"layer {layer}: already done", markup=False, soft_wrap=True)
+            console.print(f"{what} {group}: already done", markup=False, soft_wrap=True)
             results |= finished
             continue
-        if job.trainer.is_global_zero:  # progress over heads; Lightning's bar shows the layer's batches
-            console.print(f"layer {layer} (0-{num_layers - 1}): {len(variants)} plans; {len(results)} of "
-                          f"{len(plans)} plans done", markup=False)
-        replay = None if shared else (lambda chosen, extra, layer=layer: LayerSweepEvaluator(
+        if job.trainer.is_global_zero:  # progress over plans; Lightning's bar shows the pass's batches
+            span = f" ({groups[0]}-{groups[-1]})" if what == "layer" else ""
+            console.print(f"{what} {group}{span}: {len(variants)} plans; {len(results)} of {len(plans)} plans done",
+                          markup=False)
+        replay = None if not replays else (lambda chosen, extra, layer=group: LayerSweepEvaluator(
             job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
             extra[0] if extra else None, job.substitutes, inputs))
         records, baseline = job.evaluate(variants, replay)
@@ -210,11 +215,13 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
             results[variant.name] = result.__dict__
             done.append(result)
             job.log_metrics(result, prefix=f"{variant.name}/")
-        if job.trainer.is_global_zero:  # one line per layer, not a line and a path per plan
-            console.print(layer_line(layer, done, cfg.task.main_metric), markup=False, soft_wrap=True)
-    summary = sweep_summary(cfg, plans, results, num_layers, num_heads, identity)
+        if job.trainer.is_global_zero:  # one line per group, not a line and a path per plan
+            console.print(group_line(f"{what} {group}", done, cfg.task.main_metric), markup=False, soft_wrap=True)
+    summary = (random_summary if cfg.sweep.family == "random" else sweep_summary)(
+        cfg, plans, results, num_layers, num_heads, identity)
     if job.trainer.is_global_zero:
-        write_tables(summary, cfg.task.main_metric, output_dir)
+        if cfg.sweep.family != "random":
+            write_tables(summary, cfg.task.main_metric, output_dir)
         write_json_atomic(output_dir / "results.json", summary)
         console.print(f"sweep of {len(plans)} plans ({cfg.sweep.family}, {cfg.mask.policy}) -> "
                       f"{output_dir / 'results.json'}", markup=False, soft_wrap=True)
@@ -222,14 +229,20 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     return summary
 
 
-def layer_line(layer: int, done: list, metric: str) -> str:
+def sweep_family(cfg: Any, num_layers: int, num_heads: int) -> list[tuple[str, int, HeadPlan]]:
+    """The plans of ``cfg.sweep`` (``sweep_plans.family_plans``)."""
+    return family_plans(cfg.sweep.family, cfg.mask.policy, num_layers, num_heads, tuple(cfg.sweep.sizes),
+                        cfg.sweep.draws, cfg.sweep.seed)
+
+
+def group_line(group: str, done: list, metric: str) -> str:
     """``layer L done: N plans [policy]; split metric delta from D (plan) to D (plan)`` over the plans just run."""
     parts = []
     for split in done[0].delta:
         deltas = sorted((result.delta[split][metric], result.plan_name) for result in done)
         (low, low_plan), (high, high_plan) = deltas[0], deltas[-1]
         parts.append(f"{split} {metric} delta from {low:+.4f} ({low_plan}) to {high:+.4f} ({high_plan})")
-    return f"layer {layer} done: {len(done)} plans [{done[0].policy}]; " + "; ".join(parts)
+    return f"{group} done: {len(done)} plans [{done[0].policy}]; " + "; ".join(parts)
 
 
 def sweep_summary(cfg, plans, results, num_layers, num_heads, identity: JobIdentity) -> dict[str, Any]:
@@ -251,6 +264,20 @@ def sweep_summary(cfg, plans, results, num_layers, num_heads, identity: JobIdent
             "family": cfg.sweep.family, "policy": cfg.mask.policy, "unit": cfg.mask.unit,
             "renormalize": cfg.mask.renormalize, "checkpoint": first["checkpoint"], "seed": cfg.seed,
             "plans": [name for name, _, _ in plans], "tables": tables, "config_hash": identity.hash,
+            "config": identity.resolved, "inputs": identity.inputs, "versions": first["versions"], "complete": True}
+
+
+def random_summary(cfg, plans, results, num_layers, num_heads, identity: JobIdentity) -> dict[str, Any]:
+    """The job's ``results.json`` of the random family: per size, each set's heads, metrics and deltas."""
+    first = next(iter(results.values()))
+    sets = {str(size): [{"plan": name, "heads": [head_name(l, h) for l, h in plan.heads_with(cfg.mask.policy)],
+                         "metrics": results[name]["metrics"], "delta": results[name]["delta"]}
+                        for name, group, plan in plans if group == size] for size in dict.fromkeys(cfg.sweep.sizes)}
+    return {"kind": "sweep_heads", "group": cfg.group, "task": cfg.task.name, "model": cfg.model.name,
+            "family": "random", "policy": cfg.mask.policy, "unit": cfg.mask.unit, "renormalize": cfg.mask.renormalize,
+            "checkpoint": first["checkpoint"], "seed": cfg.seed, "sizes": list(cfg.sweep.sizes),
+            "draws": cfg.sweep.draws, "draw_seed": cfg.sweep.seed, "plans": [name for name, _, _ in plans],
+            "baseline": first["baseline"], "sets": sets, "shape": [num_layers, num_heads], "config_hash": identity.hash,
             "config": identity.resolved, "inputs": identity.inputs, "versions": first["versions"], "complete": True}
 
 

@@ -1,4 +1,4 @@
-"""The plan families of ``mode=sweep_heads``: plans that each change the heads of one layer only.
+"""The plan families of ``mode=sweep_heads``: plans that each change the heads of one layer only, or random head sets.
 
 =============  ==================================================================  ==========
 family         plans (each under ``mask.policy``)                                  count
@@ -6,7 +6,13 @@ family         plans (each under ``mask.policy``)                               
 single_head    ``L{l}H{h}``: one head (Michel et al. 2019; Kovaleva et al. 2019)   L x H
 all_but_one    ``L{l}H{h}``: every head of layer l except h (Michel et al. 2019)   L x H
 layer          ``L{l}``: every head of layer l (Kovaleva et al. 2019)              L
+random         ``random{n}_{d}``: n heads drawn uniformly, without replacement,    sizes x draws
+               from all L x H (the control of a head type of n heads)
 =============  ==================================================================  ==========
+
+A plan's group is what one pass over the data runs together: its layer, or for ``random`` its size. Each size draws
+from its own stream (``numpy.random.default_rng([seed, n])``): adding a size or more draws keeps the sets drawn
+before.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from headlab.core.head_names import head_name
 from headlab.core.plans import POLICIES, HeadPlan, Rule, check_unit
 from headlab.errors import UserError
 
-FAMILIES = ("single_head", "all_but_one", "layer")
+FAMILIES = ("single_head", "all_but_one", "layer", "random")
 
 
 def check_sweep_mask(mask: Any) -> None:
@@ -36,10 +42,13 @@ def check_sweep_mask(mask: Any) -> None:
     check_unit(mask.unit)
 
 
-def family_plans(family: str, policy: str, num_layers: int, num_heads: int) -> list[tuple[str, int, HeadPlan]]:
-    """``(name, layer, plan)`` of every plan of ``family``, layer by layer."""
+def family_plans(family: str, policy: str, num_layers: int, num_heads: int, sizes: tuple[int, ...] = (),
+                 draws: int = 0, seed: int = 0) -> list[tuple[str, int, HeadPlan]]:
+    """``(name, group, plan)`` of every plan of ``family``, group by group (a layer; for ``random`` a size)."""
     if family not in FAMILIES:
         raise UserError(f"unknown sweep.family {family!r}; valid: {', '.join(FAMILIES)}")
+    if family == "random":
+        return random_plans(policy, num_layers, num_heads, sizes, draws, seed)
     plans = []
     for layer in range(num_layers):
         if family == "layer":
@@ -53,4 +62,25 @@ def family_plans(family: str, policy: str, num_layers: int, num_heads: int) -> l
             policies[layer, heads] = policy
             selector = ",".join(head_name(layer, h) for h in heads) if family == "all_but_one" else name
             plans.append((name, layer, HeadPlan(policies, [Rule(selector, policy)])))
+    return plans
+
+
+def random_plans(policy: str, num_layers: int, num_heads: int, sizes: tuple[int, ...], draws: int,
+                 seed: int) -> list[tuple[str, int, HeadPlan]]:
+    """``(random{n}_{d}, n, plan)``: ``draws`` sets of ``n`` heads per size, each under ``policy``."""
+    total = num_layers * num_heads
+    too_big = [n for n in sizes if n > total]
+    if too_big:
+        raise UserError(f"sweep.sizes={list(sizes)}: {too_big[0]} heads is more than the model's {total} "
+                        f"({num_layers} layers x {num_heads} heads)")
+    plans = []
+    for size in dict.fromkeys(sizes):
+        generator = np.random.default_rng([seed, size])
+        for draw in range(draws):
+            chosen = sorted(generator.choice(total, size=size, replace=False).tolist())
+            policies = np.full((num_layers, num_heads), "keep", dtype=object)
+            for index in chosen:
+                policies[index // num_heads, index % num_heads] = policy
+            selector = ",".join(head_name(index // num_heads, index % num_heads) for index in chosen)
+            plans.append((f"random{size}_{draw:02d}", size, HeadPlan(policies, [Rule(selector, policy)])))
     return plans

@@ -17,7 +17,9 @@ import torch
 
 from headlab.core.losses import example_losses, span_losses
 from headlab.core.patch.ablate import ablate
+from headlab.core.patch.first_token import last_layer_at_first_token, plan_at_first_token, reads_first_token
 from headlab.core.plans import HeadPlan
+from headlab.core.units import SHARED
 from headlab.tasks.batches import column_values
 from headlab.tasks.metrics import squad_scores
 from headlab.tasks.squad import AnswerCollector, best_spans
@@ -68,6 +70,9 @@ class PlanEvaluator(StaysOnDevice):
         self.task_type = task.type  # read per batch (an OmegaConf attribute costs ~70 us)
         self.task_spans = (task.n_best, task.max_answer_length) if task.type == "extractive_qa" else None
         self.uses_units = any(v.uses_units for v in self.variants)
+        # a head that reads [CLS] alone: the last layer at that position only, for the plans it can run
+        # (``core/patch/first_token.py``); ``drop_*`` in the last layer also needs [CLS] to be a special token
+        self.first_token = task.type != "extractive_qa" and reads_first_token(model)
         self.substitutes = substitutes  # JobSubstitutes: what mean / resample heads take (None: no such head)
         self.resampled = any(v.plan.counts()["resample"] for v in self.variants)
         self.means = None  # the reference set's means, on the model's device once validation starts
@@ -90,6 +95,7 @@ class PlanEvaluator(StaysOnDevice):
         split = self.splits[dataloader_idx]
         inputs = self.model_inputs(batch)
         sources = self.substitutes.sources(self.model, batch, split) if self.resampled else None  # one forward
+        special_first = not self.uses_units or bool((inputs["sentence_ids"][:, 0] == SHARED).all())
         for variant in self.variants:
             draws = 1
             if self.resampled and variant.plan.counts()["resample"]:  # the batch once per draw, with its sources
@@ -100,9 +106,18 @@ class PlanEvaluator(StaysOnDevice):
                 outer = inputs
             patched = nullcontext() if variant.plan.is_identity else ablate(self.model, variant.plan,
                                                                             variant.renormalize, means=self.means)
-            with patched:
+            with patched, self._first_token(variant, outer["attention_mask"], special_first):
                 out = self.model(**outer)
             self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch, draws))
+
+    def _first_token(self, variant: Variant, key_mask: torch.Tensor, special_first: bool) -> Any:
+        """The last layer at the first token under ``variant`` where it gives the same output, else nothing."""
+        plan = variant.plan
+        last = plan.num_layers - 1
+        drops = any(plan.policy_of(last, h).startswith("drop_") for h in range(plan.num_heads))
+        if not self.first_token or not plan_at_first_token(plan) or (drops and not special_first):
+            return nullcontext()
+        return last_layer_at_first_token(self.model, key_mask, plan=plan)
 
     def _batch_rows(self, out: Any, batch: dict[str, torch.Tensor], draws: int = 1) -> Any:
         """What one batch contributes: per-example columns (classification) or per-feature spans and losses (QA).
