@@ -51,11 +51,32 @@ def records(path: Path, f1: np.ndarray) -> None:
 
 
 def table2(folder: Path, vertical: np.ndarray, diagonal: np.ndarray, model: str = "seed0",
-           baseline: np.ndarray | None = None) -> None:
+           baseline: np.ndarray | None = None, controlled: bool = True) -> None:
+    """Table 2's baseline, prune_vertical and prune_diagonal; ``controlled``: with 20 random sets of the diagonal
+    type's size that cost nothing (the control a Table 2 ordering needs, passed)."""
     for plan, f1 in (("baseline", np.ones_like(vertical) if baseline is None else baseline),
                      ("prune_vertical", vertical), ("prune_diagonal", diagonal)):
         records(job(folder, f"tables/table2/{model}/{plan}", {"metrics": {"validation": {"f1": 100 * f1.mean()}}}),
                 f1)
+    if controlled:
+        random_sets(folder, model, "prune", 7, [np.ones_like(diagonal)] * 20)
+
+
+def random_sets(folder: Path, model: str, policy: str, size: int, sets: list[np.ndarray],
+                counts: dict | None = None) -> None:
+    """A controls job: ``sets`` (each set's per-example F1) of ``size`` heads under ``policy``; the model's clusters
+    give the diagonal type ``size`` heads (``counts``: all of them)."""
+    clusters = folder / "cluster" / model / "clusters.json"
+    if not clusters.is_file():
+        job(folder, f"cluster/{model}", {"stability": 0.97, "stability_repeats": [0.97] * 20,
+                                         "config": {"cluster": {"stability_fits": 10, "stability_split": "heads"}}})
+        clusters.write_text(json.dumps({"names": ["diagonal", "vertical"],
+                                        "counts": counts or {"diagonal": size, "vertical": 3}}))
+    names = [f"random{size}_{d:02d}" for d in range(len(sets))]
+    path = job(folder, f"controls/{policy}/{model}", {"sets": {str(size): [{"plan": n} for n in names]}})
+    for name, f1 in zip(names, sets):
+        (path / name).mkdir(exist_ok=True)
+        records(path / name, f1)
 
 
 def guan_finding(files: StudyFiles, key: str = "guan_table2_diagonal_vs_vertical_prune"):
@@ -91,6 +112,33 @@ def test_a_table2_claim_is_the_paired_difference_of_two_plans(tmp_path, shift, e
     assert evidence.values["high"] == pytest.approx(100 * reference.confidence_interval.high, abs=1e-9)
     assert evidence.verdict == finding.verdict == expected
     assert "tables/table2/seed0/{prune_vertical,prune_diagonal}/records.parquet" in evidence.file
+
+
+@pytest.mark.parametrize("draws", [20, 18])
+def test_a_type_must_cost_more_than_random_sets_of_its_size(tmp_path, draws):
+    """An ordering that holds stays inconclusive unless the removed type costs more than as many random heads: its
+    percentile and rank p against a count by hand; on the controls' examples only (the tables' first 40 of 80)."""
+    rng = np.random.default_rng(5)
+    diagonal = rng.uniform(0.2, 0.4, 80)
+    table2(tmp_path, np.clip(diagonal + 0.5, 0, 1), diagonal, controlled=False)
+    finding = guan_finding(files_of(tmp_path))
+    assert finding.verdict == INCONCLUSIVE and "controls stage did not run" in finding.evidence[0].note
+    # the random sets: every one costs less than the type (a higher F1), on the first 40 examples
+    cheap = [np.clip(diagonal[:40] + rng.uniform(0.05, 0.3), 0, 1) for _ in range(draws)]
+    random_sets(tmp_path, "seed0", "prune", 7, cheap)
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    control = evidence.values["control"]
+    assert control["value"] == pytest.approx(100 * diagonal[:40].mean()) and control["examples"] == 40
+    assert control["percentile"] == 100.0 and control["p_value"] == pytest.approx(1 / (draws + 1))
+    assert evidence.verdict == (HOLDS if draws >= 19 else INCONCLUSIVE)  # 1/19 > 0.05: 18 sets cannot decide
+    # half of them cost more than the type: the 50th percentile, p = (1 + 10) / 21, not shown to matter
+    mixed = [np.clip(diagonal[:40] + (0.1 if d % 2 else -0.1), 0, 1) for d in range(20)]
+    random_sets(tmp_path, "seed0", "prune", 7, mixed)
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    assert evidence.values["control"]["percentile"] == 50.0
+    assert evidence.values["control"]["p_value"] == pytest.approx(11 / 21)
+    assert evidence.verdict == INCONCLUSIVE and "not shown to matter" in evidence.note
+    assert "at the 50th percentile of the costs of 20 random sets of 7 heads" in evidence.note
 
 
 def test_a_plan_the_clusters_lack_is_not_tested_and_a_missing_stage_says_so(tmp_path):
@@ -448,6 +496,9 @@ def test_a_claim_about_a_type_whose_centroid_contradicts_the_papers_description_
                      ("prune_vertical", dense), ("prune_diagonal", dense - 0.3)):
         records(job(tmp_path, f"tables/table2/seed0/{plan}", {"metrics": {"validation": {"f1": 100 * f1.mean()}}}),
                 f1)
+    counts = {"dense": 4, "diagonal": 7, "dense_vertical": 5, "vertical": 3}
+    random_sets(tmp_path, "seed0", "uniform", 5, [np.ones(60)] * 20, counts)
+    random_sets(tmp_path, "seed0", "prune", 7, [np.ones(60)] * 20, counts)
     clusters = job(tmp_path, "cluster/seed0")
     profiles = {"dense": {"short": 0.2, "long": 0.6, "special": 0.2},
                 "diagonal": {"short": 0.6, "long": 0.1, "special": 0.3},
@@ -457,7 +508,7 @@ def test_a_claim_about_a_type_whose_centroid_contradicts_the_papers_description_
     uniform, diagonal = "guan_table2_dense_vertical_uniform", "guan_table2_diagonal_vs_vertical_prune"
     for long, expected in ((0.3, HOLDS), (0.12, HOLDS), (0.07, NOT_TESTED)):  # diagonal's long share is 0.1
         profiles["dense_vertical"]["long"] = long
-        (clusters / "clusters.json").write_text(json.dumps({"named": True, "profiles": profiles}))
+        (clusters / "clusters.json").write_text(json.dumps({"named": True, "profiles": profiles, "counts": counts}))
         (evidence,) = guan_finding(files, uniform).evidence
         assert evidence.verdict == expected and evidence.values["value"] == pytest.approx(30.0)  # numbers kept
         assert guan_finding(files, diagonal).verdict == HOLDS
@@ -465,7 +516,8 @@ def test_a_claim_about_a_type_whose_centroid_contradicts_the_papers_description_
         assert ("not tested" in caveat[0]) == (expected == NOT_TESTED) if caveat else long == 0.3
     assert "dense_vertical by -0.030 falls short of Guan et al.'s description" in evidence.note
     assert "`cluster/seed0/clusters.json`" in evidence.note
-    (clusters / "clusters.json").write_text(json.dumps({"named": True, "named_by_hand": True, "profiles": profiles}))
+    (clusters / "clusters.json").write_text(json.dumps({"named": True, "named_by_hand": True, "profiles": profiles,
+                                                         "counts": counts}))
     assert guan_finding(files, uniform).verdict == HOLDS  # names given by hand are the researcher's
 
 

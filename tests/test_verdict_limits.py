@@ -33,7 +33,7 @@ def stable_clusters(folder: Path) -> None:
     of the score: it holds)."""
     path = job(folder, "cluster/seed0", {"stability": 1.0, "stability_repeats": [1.0] * 20,
                                          "counts": {"a": 134, "b": 10}, "config": {"cluster": {"stability_fits": 10}}})
-    (path / "clusters.json").write_text(json.dumps({"named": True}))
+    (path / "clusters.json").write_text(json.dumps({"named": True, "counts": {"diagonal": 7, "vertical": 3}}))
 
 
 def brute_force_chance(golds: list[list[str]], metric: str) -> float:
@@ -165,7 +165,8 @@ def test_one_model_at_its_floor_loses_its_verdict_only(tmp_path):
     finding = next(f for f in study_findings(files) if f.claim.key == "guan_table2_diagonal_vs_vertical_prune")
     assert finding.counted() == "mixed: holds in 1 of 2 seeds, not tested in 1"
     lines = finding_lines(finding)
-    assert lines[1].endswith(": holds") and "seed1's baseline is at its floor" in lines[2]
+    assert ": holds (control: prune of the 7 diagonal heads" in lines[1]
+    assert "seed1's baseline is at its floor" in lines[2]
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -72,6 +72,12 @@ def _interval_of(values: _Values, config: Resampling) -> tuple[float, float, flo
     return float(observed[0]), float(low), float(high)
 
 
+def metric_value(metric: str, records: Columns) -> float:
+    """``metric`` of ``records`` (the value ``value_interval`` gives, without the interval)."""
+    units = sampled_units([records], record_count(records))
+    return float(_Values(metric_for(metric, pd.DataFrame(dict(records))), [records], units).observed()[0])
+
+
 def value_interval(metric: str, records: Columns, config: Resampling = DEFAULT_RESAMPLING
                    ) -> tuple[float, float, float]:
     """``(value, low, high)``: ``metric`` on ``records`` with its bootstrap CI over the examples (their clusters,

@@ -73,8 +73,8 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, 
         return (models + 1) * (cfg.syntax.max_sentences or SYNTAX_SENTENCES)
     if stage == "tables":
         return models * plans * n_eval
-    if stage == "controls":  # random sets of each type's size, under prune and uniform
-        return models * 2 * types * cfg.sweep.draws * n_eval
+    if stage == "controls":  # random sets of the sizes of three types (Table 2's: diagonal twice, dense_vertical)
+        return models * 3 * cfg.sweep.draws * n_eval
     if stage == "sweep":
         return models * SWEEP_PASSES * sizes.layers * sizes.heads * n_eval
     if stage == "robustness":  # sweeps and Shapley under prune, mean and resample (each draw: sources + ablated)

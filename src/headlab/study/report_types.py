@@ -9,7 +9,9 @@ from headlab.analysis.types.clusters import name_margins
 from headlab.files import read_json
 from headlab.reporting.head_plots import centroid_profiles
 from headlab.reporting.layouts import to_markdown
+from headlab.study.findings import study_files
 from headlab.study.findings.caveats import NARROW
+from headlab.study.findings.controls import controls_of
 from headlab.study.report_base import StudyReport, main_metric
 from headlab.study.stage_reports import stage_report_folder
 from headlab.study.stages import TABLES
@@ -96,6 +98,41 @@ def tables(report: StudyReport) -> None:
                                 "cluster0 of one seed is not cluster0 of another)."]
         if not found:
             report.missing("tables")
+
+
+def controls(report: StudyReport) -> None:
+    """Each type's removal beside random head sets of its size (``findings/controls.py``)."""
+    report.section("Controls: each type's removal beside random head sets of its size")
+    if report.left_out("controls"):
+        return
+    files = study_files(report.study, report.stale)
+    types = sorted({t for name, _ in report.study.models for t in _types(report, name)})
+    found = controls_of(files, types)
+    if not found:
+        report.missing("controls")
+        return
+    digits = 2 if files.scale == 100 else 4
+    metric = main_metric(report.study)
+    rows = [{"model": c.model, "policy": c.policy, "type": c.type, "heads": c.size, metric: f"{c.value:.{digits}f}",
+             "random sets": f"{len(c.random)}: {min(c.random):.{digits}f} to {max(c.random):.{digits}f}",
+             "percentile": f"{c.percentile:.0f}", "rank p": f"{c.p_value:.3g}", "examples": c.examples,
+             "source": f"`{c.file}`"} for c in found]
+    report.markdown += [f"A type's removal costs more the more heads it has. Each type's {metric} with its heads "
+                        "removed, beside as many heads drawn at random (uniformly, without replacement) under the "
+                        "same policy on the same examples; the percentile is the share of the random sets it costs "
+                        "more than, the rank p-value (1 + #{random costs at least as much}) / (R + 1). A Table 2 "
+                        "ordering holds only when the type it removes also costs more than the random sets.", "",
+                        to_markdown(pd.DataFrame(rows))]
+    report.numbers["controls"] = [{"model": c.model, "policy": c.policy, "type": c.type, "heads": c.size,
+                                   "value": c.value, "random": list(c.random), "percentile": c.percentile,
+                                   "p_value": c.p_value, "examples": c.examples, "file": c.file} for c in found]
+    report.console += [f"control {c.model}: {c.policy}_{c.type} at the {c.percentile:.0f}th percentile of "
+                       f"{len(c.random)} random sets of {c.size} heads (rank p {c.p_value:.3g})" for c in found]
+
+
+def _types(report: StudyReport, model: str) -> list[str]:
+    path = report.path("cluster", model, "clusters.json")
+    return list(read_json(path, "clusters")["names"]) if path.is_file() else []
 
 
 def grid_heading(title: str, model: str, split: str, grids: int) -> str:

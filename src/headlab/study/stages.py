@@ -9,7 +9,8 @@
     tables/table2/seed0/<plan>/          mode=eval of each plan of Guan et al.'s Table 2 (prune, uniform by type)
     tables/table3/seed0/<plan>/          ... of Table 3 (drop_intra / drop_inter by type), renormalize=false
     tables/table3_renormalized/seed0/    ... and renormalize=true; each table's report/ beside its plans
-    controls/prune/seed0/                mode=sweep_heads, family random: sets of each type's size (controls/uniform/)
+    controls/prune/seed0/                mode=sweep_heads, family random: sets of the size of each type Table 2 says
+                                         matters (controls/uniform/)
     sweep/seed0/                         mode=sweep_heads: every head pruned alone
     robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/): on its examples
     robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, shapley_resample/)
@@ -60,6 +61,7 @@ MARKER = "stage.json"  # <study>/<stage>/stage.json: the stage's jobs (their has
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
 REMOVALS = ("prune", "mean", "resample")  # the robustness stage's ways to take a head away
 CONTROL_POLICIES = ("prune", "uniform")  # Table 2's: a type's removal beside random sets of its size
+CONTROLLED = {"prune": ("diagonal",), "uniform": ("diagonal", "dense_vertical")}  # the types Table 2 says matter
 PRESETS = {"table2": "guan2020_table2", "table3": "guan2020_table3", "table3_renormalized": "guan2020_table3"}
 
 
@@ -205,16 +207,20 @@ def table_plans(table: str, types: list[str]) -> dict[str, Any]:
 
 
 def _controls(study: Study) -> list[Job]:
-    """Per model and policy of Table 2, random head sets of each of the model's types' sizes (``sweep.family=random``,
-    ``sweep.draws`` per size): what a type's ablation costs beside as many heads taken at random."""
+    """Per model and policy of Table 2, ``sweep.draws`` random head sets of the size of each type Table 2's orderings
+    say matters (``CONTROLLED``; every type's when the clusters are not Guan et al.'s): what that type's removal costs
+    beside as many heads taken at random."""
     jobs = []
     for name, ckpt in study.models:
-        counts = read_json(study.stage_dir("cluster") / name / "clusters.json", "clusters")["counts"]
-        sizes = sorted({int(count) for count in counts.values() if count})
+        clusters = read_json(study.stage_dir("cluster") / name / "clusters.json", "clusters")
+        counts = clusters["counts"]
         for policy in CONTROL_POLICIES:
-            jobs.append(Job(study.stage_dir("controls") / policy / name, study.analysis(
-                "controls", "sweep_heads", ckpt, **{"mask.policy": policy, "sweep.family": "random",
-                                                    "sweep.sizes": sizes}), "sweep_heads"))
+            types = CONTROLLED[policy] if sorted(counts) == sorted(GUAN_TYPES) else list(counts)
+            sizes = sorted({int(counts[t]) for t in types if counts.get(t)})
+            if sizes:
+                jobs.append(Job(study.stage_dir("controls") / policy / name, study.analysis(
+                    "controls", "sweep_heads", ckpt, **{"mask.policy": policy, "sweep.family": "random",
+                                                        "sweep.sizes": sizes}), "sweep_heads"))
     return jobs
 
 

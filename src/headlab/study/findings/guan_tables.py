@@ -11,8 +11,9 @@
   CI, against the paper's stated bound as a share of its headroom (1.5 and 10 points over its baseline, whose
   chance is 0; its own losses, 1.43 and 8.17, lie within them).
 
-A plan whose predictions are constant (the model answers one class whatever the input) is **collapsed**: the
-claims that rest on it say so.
+A Table 2 ordering says the type it removes matters: it holds only when that type's removal also costs more than
+random head sets of its size (``controls``). A plan whose predictions are constant (the model answers one class
+whatever the input) is **collapsed**: the claims that rest on it say so.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from headlab.reporting.pooled import pooled_difference
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.reporting.value_intervals import headroom_interval
 from headlab.study.findings.chance import chance_level
+from headlab.study.findings.controls import TypeControl, type_control
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import (
+    HOLDS,
     INCONCLUSIVE,
     NOT_TESTED,
     POOLED,
@@ -205,6 +208,11 @@ def pooled_evidence(files: StudyFiles, o: Ordering, level: float) -> Evidence:
     outcome = verdict(found.low, found.high, 0.0)
     note = "" if outcome != INCONCLUSIVE else f"half-width {(found.high - found.low) / 2:.{digits}f}; more seeds " \
         "narrow it where the seeds differ, more examples where each seed's own interval is wide"
+    if o.family == "table2" and outcome == HOLDS:
+        gated = [controlled(files, model, o.removed, HOLDS, [], {}) for model in files.models]
+        if INCONCLUSIVE in gated:
+            outcome, note = INCONCLUSIVE, (f"the pooled ordering holds, but {o.removed} does not cost more than "
+                                           "random sets of its size on every seed (each seed's control beside it)")
     return Evidence(POOLED, outcome, numbers, f"tables/{o.table}/{{{','.join(files.models)}}}", {
         "value": found.value, "low": found.low, "high": found.high, "boundary": 0.0, "confidence": level,
         "seeds": list(found.seeds), "between_seeds_sd": found.between}, note=note)
@@ -234,8 +242,33 @@ def ordering_evidence(files: StudyFiles, o: Ordering, model: str, result, p: flo
     marks = {plan: collapsed(files, o.table, model, plan) for plan in (o.kept, o.removed)}
     notes += [mark for mark in marks.values() if mark]
     values["collapsed"] = [plan for plan, mark in marks.items() if mark]
+    if o.family == "table2" and outcome != NOT_TESTED:
+        outcome = controlled(files, model, o.removed, outcome, notes, values)
     file = f"tables/{o.table}/{model}/{{{o.kept},{o.removed}}}/records.parquet"
     return Evidence(model, outcome, numbers, file, values, note="; ".join(notes))
+
+
+def controlled(files: StudyFiles, model: str, removed: str, outcome: str, notes: list[str], values: dict) -> str:
+    """A Table 2 ordering's verdict once ``removed``'s type is set beside random sets of its size (``controls``):
+    "holds" needs the type to cost more than them too. The control's numbers go into ``notes`` and ``values``."""
+    control = type_control(files, model, removed)
+    alpha = 1 - files.resampling.confidence
+    if isinstance(control, TypeControl):
+        digits = 2 if files.scale == 100 else 4
+        notes.append("control: " + control.describe(digits))
+        values["control"] = {"percentile": control.percentile, "p_value": control.p_value,
+                             "draws": len(control.random), "size": control.size, "examples": control.examples,
+                             "value": control.value}
+        if outcome == HOLDS and control.p_value > alpha:
+            notes.append(f"the ordering holds, but {removed} costs no more than as many heads taken at random "
+                         f"(rank p {control.p_value:.3g} > {alpha:.3g}): the type is not shown to matter")
+            return INCONCLUSIVE
+        return outcome
+    if outcome == HOLDS:
+        notes.append(f"the ordering holds, but {control}: the type is not shown to matter more than as many random "
+                     "heads")
+        return INCONCLUSIVE
+    return outcome
 
 
 def ordering_finding(files: StudyFiles, o: Ordering, evidence: list[Evidence]) -> Finding:

@@ -1,0 +1,92 @@
+"""Each head type's removal beside random head sets of its size (the controls stage).
+
+A type's removal costs more the more heads it has (Guan et al.'s dense type has three times the vertical one's), so
+"removing this type costs more than that one" does not say the type matters. The control: ``sweep.draws`` random
+sets of as many heads as the type, under the same policy, on the same examples. The type's **percentile** is the
+share of the random sets it costs more than (ties count half); its **rank p-value** of costing more than heads taken
+at random is ``(1 + #{random set costs at least as much}) / (R + 1)``, an exact test given the examples (so fewer than
+19 sets cannot decide at 0.05). A Table 2 ordering says the type it removes matters: it holds only when that type
+also costs more than the random sets (both at alpha; both must hold, so neither is adjusted for the other).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from headlab.files import read_json
+from headlab.reporting.value_intervals import metric_value
+from headlab.study.findings.inputs import StudyFiles
+
+TYPE_POLICIES = ("prune", "uniform")  # Table 2's plans: {policy}_{type}
+
+
+@dataclass(frozen=True)
+class TypeControl:
+    """What removing one type cost beside random sets of its size, on the random sets' examples."""
+
+    model: str
+    policy: str
+    type: str
+    size: int  # the type's heads
+    value: float  # the main metric with the type removed, on the controls' examples
+    random: tuple[float, ...]  # the main metric with each random set removed
+    examples: int
+    file: str  # the controls job, relative to the study
+
+    @property
+    def percentile(self) -> float:
+        """The share (in %) of the random sets the type costs more than, ties counting half."""
+        random = np.asarray(self.random)
+        return 100.0 * (np.sum(random > self.value) + 0.5 * np.sum(random == self.value)) / len(random)
+
+    @property
+    def p_value(self) -> float:
+        """Rank p-value of "the type costs more than random sets of its size"."""
+        return (1 + int(np.sum(np.asarray(self.random) <= self.value))) / (len(self.random) + 1)
+
+    def describe(self, digits: int) -> str:
+        low, high = min(self.random), max(self.random)
+        return (f"{self.policy} of the {self.size} {self.type} heads: {self.value:.{digits}f} on the controls' "
+                f"{self.examples} examples, at the {self.percentile:.0f}th percentile of the costs of "
+                f"{len(self.random)} random sets of {self.size} heads ({low:.{digits}f} to {high:.{digits}f}; "
+                f"rank p {self.p_value:.3g})")
+
+
+def type_control(files: StudyFiles, model: str, plan: str) -> TypeControl | str:
+    """The control of Table 2's ``plan`` (``prune_diagonal``) on ``model``, or why there is none."""
+    policy, _, type_name = plan.partition("_")
+    if policy not in TYPE_POLICIES:
+        return f"{plan} is no type's removal under {' or '.join(TYPE_POLICIES)}"
+    job, tables = files.job("controls", policy, model), files.job("tables", "table2", model, plan)
+    clusters = files.job("cluster", model)
+    if job is None or tables is None or clusters is None:
+        return f"no random-set control of {plan} (the controls stage did not run on {model})"
+    size = int((read_json(clusters / "clusters.json", "clusters").get("counts") or {}).get(type_name, 0))
+    sets = read_json(job / "results.json", "random head sets").get("sets", {}).get(str(size))
+    if not size or not sets:
+        return f"no random-set control of {plan}: the controls have no sets of {size} heads"
+    frames = [files.records(job / s["plan"]) for s in sets]
+    ids = list(frames[0]["id"])
+    removed = files.records(tables).set_index("id")
+    missing = [i for i in ids if i not in removed.index]
+    if missing:
+        return (f"no random-set control of {plan}: the controls' example {missing[0]!r} is not among the tables' "
+                "(give the controls stage the tables' examples or fewer)")
+    own = removed.loc[ids].reset_index()
+    return TypeControl(model, policy, type_name, size, metric_value(files.metric, own),
+                       tuple(metric_value(files.metric, frame) for frame in frames), len(ids),
+                       files.link(job))
+
+
+def controls_of(files: StudyFiles, types: list[str]) -> list[TypeControl]:
+    """Every control the study ran: per model, policy and type."""
+    found = []
+    for model in files.models:
+        for policy in TYPE_POLICIES:
+            for name in types:
+                control = type_control(files, model, f"{policy}_{name}")
+                if isinstance(control, TypeControl):
+                    found.append(control)
+    return found
