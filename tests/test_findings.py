@@ -352,14 +352,28 @@ def test_a_head_that_changed_nothing_is_removable_only_with_enough_examples(tmp_
     assert evidence.verdict == expected
 
 
-def prune_curve(folder: Path, importance: float, levels: list[float], split: str | None = None) -> None:
-    rows = []
+def prune_curve(folder: Path, importance: float, levels: list[float], split: str | None = None, n: int = 60,
+                noise: float | None = 0.05) -> dict:
+    """``prune_curve.csv`` (3 steps, each curve at its level) and, for the pruned split, ``records.parquet``: per
+    example F1 around each level (sd ``noise``; None: 0 or 1, 1 with the level's probability), the baseline F1 1.
+    Returns the records' F1 arrays by (order, seed, step)."""
+    rows, f1s, rng = [], {}, np.random.default_rng(11)
     for name, seed, level in (("importance", None, importance), *(("random", s, v) for s, v in enumerate(levels))):
         rows += [{"order": name, "seed": seed, "step": s, "relative": 1.0 if s == 0 else level,
                   **({"split": split} if split else {})} for s in range(4)]
+        f1s |= {(name, seed, s): (rng.random(n) < level).astype(float) if noise is None else
+                np.clip(level + rng.normal(0, noise, n), 0, 1) for s in range(1, 4)}
     path = folder / "prune_curve/seed0"
     frame = pd.read_csv(path / "prune_curve.csv") if (path / "prune_curve.csv").is_file() else pd.DataFrame()
     pd.concat([frame, pd.DataFrame(rows)]).to_csv(path / "prune_curve.csv", index=False)
+    if split in (None, "validation"):
+        f1s[("baseline", None, 0)] = np.ones(n)
+        parts = []
+        for (order, seed, step), f1 in f1s.items():
+            records(path, f1)
+            parts.append(pd.read_parquet(path / "records.parquet").assign(order=order, seed=seed, step=step))
+        pd.concat(parts).astype({"seed": "Int64"}).to_parquet(path / "records.parquet")
+    return f1s
 
 
 @pytest.mark.parametrize(("importance", "orders", "expected"), [
@@ -377,6 +391,37 @@ def test_the_prune_curve_is_ranked_among_its_random_orders(tmp_path, importance,
     assert evidence.verdict == expected
     if orders < 19:
         assert "orders are needed" in evidence.note
+
+
+def test_the_prune_curves_area_difference_gets_a_paired_bootstrap_ci(tmp_path):
+    """The area difference (importance's mean share of the baseline over the steps minus the random orders' mean) and
+    its BCa CI equal scipy's paired bootstrap of the same statistic; above every random order on these examples but
+    with a CI that reaches 0 (few, noisy examples), the finding is inconclusive, with the reason."""
+    job(tmp_path, "prune_curve/seed0")
+    levels = list(np.linspace(0.3, 0.7, 19))
+    f1s = prune_curve(tmp_path, 0.95, levels)
+    (evidence,) = importance_pruning(files_of(tmp_path)).evidence
+    keys = [("baseline", None, 0), *(("importance", None, s) for s in range(1, 4)),
+            *(("random", r, s) for r in range(19) for s in range(1, 4))]
+
+    def difference(*columns, axis):
+        means = np.stack([c.mean(axis) for c in columns], -1)  # [..., sets]
+        shares = means[..., 1:] / means[..., :1]
+        return shares[..., :3].mean(-1) - shares[..., 3:].reshape(*shares.shape[:-1], 19, 3).mean((-1, -2))
+
+    reference = scipy.stats.bootstrap([f1s[k] for k in keys], difference, paired=True, vectorized=True,
+                                      n_resamples=2000, batch=500, method="BCa", rng=np.random.default_rng(0))
+    value = difference(*[f1s[k] for k in keys], axis=-1)
+    assert evidence.values["value"] == pytest.approx(value, abs=1e-12)
+    assert (evidence.values["low"], evidence.values["high"]) == pytest.approx(
+        (reference.confidence_interval.low, reference.confidence_interval.high), abs=1e-9)
+    assert evidence.verdict == HOLDS and evidence.values["low"] > 0
+    # above every order again, on 6 noisy examples: the rank decides, the CI reaches 0
+    (tmp_path / "prune_curve/seed0/prune_curve.csv").unlink()
+    prune_curve(tmp_path, 0.45, list(np.linspace(0.3, 0.44, 19)), n=6, noise=None)
+    (evidence,) = importance_pruning(files_of(tmp_path)).evidence
+    assert evidence.values["p_value"] == pytest.approx(1 / 20) and evidence.values["low"] < 0
+    assert evidence.verdict == INCONCLUSIVE and "the area difference's CI reaches 0" in evidence.note
 
 
 def test_the_prune_curve_reads_the_split_it_pruned_by(tmp_path):

@@ -91,14 +91,27 @@ def test_prune_curve_follows_recomputed_importance_and_its_final_mask_reproduces
     timing = final["timing"]
     assert timing["examples"] == 40 and len(timing["seconds"]["full"]) == 2 and timing["speedup"] > 0
 
+    # every curve's per-example records: each set's metric is the curve's, the random point's those of mode=eval
+    records = pd.read_parquet(out / "records.parquet")
+    assert len(records) == 40 * (1 + 3 + 2 * 3)  # the baseline, 3 importance steps, 2 random orders of 3 steps
+    for (order, seed, step), part in records.groupby(["order", "seed", "step"], dropna=False):
+        row = table[(table["order"] == ("importance" if order == "baseline" else order)) & (table["step"] == step)
+                    & (table["seed"].isna() if pd.isna(seed) else table["seed"] == seed)]
+        assert (part["label"] == part["prediction"]).mean() == pytest.approx(row["accuracy"].iloc[0], abs=1e-12)
+    mine = records[(records["order"] == "random") & (records["seed"] == 4) & (records["step"] == 2)]
+    assert list(mine["loss"]) == pytest.approx(list(pd.read_parquet(tmp_path / "random_eval/records.parquet")["loss"]),
+                                               abs=1e-6)
+
     # a rerun is skipped; a job killed after step 1 resumes there and ends the same
     assert "already done" in run("ablate.py", *args, cwd_tmp=root).stdout
     progress = json.loads((out / "steps.json").read_text())
     (out / "results.json").unlink()
     (out / "steps.json").write_text(json.dumps({**progress, "steps": progress["steps"][:1], "stopped": None}))
+    (out / "steps/step1.parquet").unlink()  # a step saved without its records (an older job): evaluated again
     assert "resuming after step 1" in run("ablate.py", *args, cwd_tmp=root).stdout
     again = json.loads((out / "results.json").read_text())
     assert again["steps"] == results["steps"] and again["random"] == results["random"]
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "records.parquet"), records)
 
 
 def test_lowest_heads_skip_pruned_heads_and_keep_the_layer_floor():

@@ -65,6 +65,12 @@ def test_a_multirun_ends_with_its_report_and_the_statistics_equal_scipy(trained,
         rows = table[table["metric"] == metric]
         np.testing.assert_allclose(rows["p_adjusted"], holm(rows["p_value"].to_numpy()))
     pd.testing.assert_frame_equal(result, table, check_dtype=False)
+    # chance on the baseline's examples: the majority class's share; F1 of all 1; a loss has none
+    share = float(np.mean(base["label"] == 1))
+    chance = table.groupby("metric")["chance"].agg(["min", "max"])
+    assert chance.loc["accuracy", "min"] == chance.loc["accuracy", "max"] == max(share, 1 - share)
+    assert chance.loc["f1", "max"] == pytest.approx(2 * share / (1 + share))
+    assert np.isnan(chance.loc["loss", "max"])
 
     # report.ci=simultaneous: each of the 3 plans' intervals at Bonferroni's level 1 - 0.05 / 3, as scipy computes it.
     # A plan whose resampled deltas never vary (scipy: NaN) has the point as its interval.
@@ -190,7 +196,13 @@ def test_two_fine_tuning_seeds_aggregate_and_plots_come_as_pdf_on_request(traine
     assert cell in readable and "| plan" in header and "| accuracy" in header and "demo_pairs" not in readable
     pdfs = list(report.glob("*.pdf"))
     assert pdfs and all(p.read_bytes().startswith(b"%PDF") and p.stat().st_size > 1000 for p in pdfs)
-    assert {p.stem for p in pdfs} == {p.stem for p in report.glob("*bars_*.png")} and len(pdfs) == 4
+    # a figure per seed and metric (accuracy, f1), and the loss's where a plan scores at or below chance in the main
+    # metric (accuracy): there it cannot tell plans apart, the loss still can
+    at_chance = {checkpoint: bool(((rows["value"] <= rows["chance"]) & (rows["metric"] == "accuracy")).any())
+                 for checkpoint, rows in table.groupby("checkpoint")}
+    assert {p.stem for p in pdfs} == {p.stem for p in report.glob("*bars_*.png")}
+    assert len(pdfs) == sum(3 if chance else 2 for chance in at_chance.values())
+    assert sum(at_chance.values()) == len([p for p in pdfs if p.stem.endswith("_loss")])
 
 
 @pytest.mark.parametrize(("values", "percent", "shown"), [([87.14, 41.0], True, ["87.14", "41.00"]),  # SQuAD's

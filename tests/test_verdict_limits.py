@@ -20,9 +20,9 @@ from test_findings import files_of, guan_finding, job, records, sweep_report, ta
 
 from headlab.study.findings import finding_lines, study_findings
 from headlab.study.findings.caveats import ceiling, floor
-from headlab.study.findings.chance import chance_level
 from headlab.study.findings.limits import baseline_limits
 from headlab.study.findings.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_TESTED, checked_verdict
+from headlab.tasks.chance import chance_level
 from headlab.tasks.metrics import squad_scores
 
 GOLDS = {f"q{i}": ["Paris", "paris "] if i < 10 else [f"Name{i} Smith"] for i in range(40)}

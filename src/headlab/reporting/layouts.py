@@ -81,7 +81,7 @@ def _rules(readable: str) -> list[tuple[str, list[str]]]:
 
 def plan_grid(frame: pd.DataFrame, split: str, metrics: list[str]) -> pd.DataFrame:
     """One row per plan of ``frame`` (one checkpoint's evaluation jobs, in the frame's order) on ``split``."""
-    rows = frame[(frame["split"] == split) & (frame["family"] == "")]
+    rows = frame[(frame["split"] == split) & frame["family"].isin(["", "random"])]  # plans by name, not by head
     plans = list(dict.fromkeys(rows["plan"]))
     tokens = list(dict.fromkeys(t for r in dict.fromkeys(rows["rules"]) for _, ts in _rules(r) for t in ts))
     table = []

@@ -58,9 +58,10 @@ def head_heatmap(delta: np.ndarray, significant: np.ndarray, metric: str, title:
     return _save(figure, path, formats)
 
 
-def plan_bars(rows: pd.DataFrame, metric: str, title: str, path: Path, formats: Sequence[str] = ("png",)
-              ) -> list[Path]:
-    """One bar per plan: its delta with the CI as an error bar; ``*`` above significant ones."""
+def plan_bars(rows: pd.DataFrame, metric: str, title: str, path: Path, formats: Sequence[str] = ("png",),
+              chance: float | None = None) -> list[Path]:
+    """One bar per plan: its delta with the CI as an error bar; ``*`` above significant ones; ``chance``: the delta
+    at which a plan scores what a model that learned nothing does (chance - baseline), a dotted line."""
     rows = rows.reset_index(drop=True)
     figure, axes = plt.subplots(figsize=(max(4.0, 0.6 * len(rows) + 1.5), 4.0))
     low = (rows["delta"] - rows["ci_low"]).clip(lower=0).fillna(0)
@@ -78,6 +79,9 @@ def plan_bars(rows: pd.DataFrame, metric: str, title: str, path: Path, formats: 
         low, high = axes.get_ylim()
         axes.set_ylim(low, max(high, max(stars) + 0.12 * (high - low)))
     axes.axhline(0.0, color="black", linewidth=0.8)
+    if chance is not None and np.isfinite(chance):
+        axes.axhline(chance, color="grey", linestyle=":", linewidth=1.0, label=f"chance ({chance:+.4g})")
+        axes.legend(loc="lower left", fontsize=8)
     axes.set_xticks(range(len(rows)), rows["plan"], rotation=45, ha="right")
     axes.set_ylabel(f"{metric} delta (ablated - baseline)")
     axes.set_title(title)
@@ -134,8 +138,9 @@ def estimate_scatter(estimate: np.ndarray, measured: np.ndarray, xlabel: str, yl
 
 
 def prune_curve(rows: pd.DataFrame, metric: str, threshold: float, title: str, path: Path,
-                formats: Sequence[str] = ("png",)) -> list[Path]:
-    """The metric against heads pruned: the importance order, each random order (thin) and their mean."""
+                formats: Sequence[str] = ("png",), chance: float | None = None) -> list[Path]:
+    """The metric against heads pruned: the importance order, each random order (thin) and their mean; ``chance``:
+    what a model that learned nothing scores, a dotted line."""
     figure, axes = plt.subplots(figsize=(5.5, 4.0))
     random = rows[rows["order"] == "random"]
     for _, group in random.groupby("seed"):
@@ -147,10 +152,12 @@ def prune_curve(rows: pd.DataFrame, metric: str, threshold: float, title: str, p
     ordered = rows[rows["order"] == "importance"].sort_values("heads_pruned")
     axes.plot(ordered["heads_pruned"], ordered[metric], marker="o", label="by importance")
     axes.axhline(threshold, color="#b2182b", linestyle=":", linewidth=0.8, label="stop threshold")
+    if chance is not None and np.isfinite(chance):
+        axes.axhline(chance, color="black", linestyle=":", linewidth=0.8, label=f"chance ({chance:.4g})")
     axes.set_xlabel("heads pruned")
     axes.set_ylabel(metric)
     axes.set_title(title)
-    axes.legend()
+    axes.legend(loc="lower left", fontsize=8)  # the curves start high at the left: that corner stays free
     return _save(figure, path, formats)
 
 

@@ -122,11 +122,14 @@ def _files_of_earlier_report(path: Path) -> set[str]:
 def _section(report: Report, frame: pd.DataFrame, prefix: str, title: str, formats: tuple[str, ...]) -> None:
     main = [m for m in dict.fromkeys(frame["main_metric"]) if m in set(frame["metric"])]
     metrics = list(dict.fromkeys([*main, *(m for m in frame["metric"] if m != "loss")])) or ["loss"]  # main first
+    if "loss" not in metrics and "loss" in set(frame["metric"]) and at_chance(frame, main):
+        metrics.append("loss")  # plans that tie at chance in the metric still differ in how sure they are
     for split in dict.fromkeys(frame["split"]):
-        grid_rows = frame[(frame["split"] == split) & (frame["family"] == "")]
+        planned = frame["family"].isin(["", "random"])  # plans by name (random head sets too), not by head
+        grid_rows = frame[(frame["split"] == split) & planned]
         if len(grid_rows):
             _plan_grid(report, grid_rows, split, metrics, f"{prefix}", f"{title}, {split}", formats)
-        sweeps = frame[(frame["split"] == split) & (frame["family"] != "")]
+        sweeps = frame[(frame["split"] == split) & ~planned]
         for sweep, rows in sweeps.groupby(sweeps["job"].map(lambda job: str(Path(job).parent)), sort=False):
             first = rows.iloc[0]
             name = f"{prefix}{_slug(sweep) or _slug(first['family'] + '_' + first['policy'])}_{split}"
@@ -149,11 +152,24 @@ def _plan_grid(report, rows, split, metrics, prefix, title, formats) -> None:
         mine = rows[(rows["metric"] == metric) & (rows["heads"] > 0)]
         if len(mine):
             _images(report, plots.plan_bars(mine, metric, f"{title}: {metric}",
-                                            report.folder / f"{prefix}bars_{split}_{metric}", formats))
+                                            report.folder / f"{prefix}bars_{split}_{metric}", formats,
+                                            chance_delta(mine)))
         nested = mine[mine["policy"].isin([p for p, plans in mine.groupby("policy") if is_dose_series(plans)])]
         if len(nested):  # a curve only where each plan adds heads to the last: a dose and its response
             _images(report, plots.heads_curve(nested, metric, f"{title}: {metric}",
                                               report.folder / f"{prefix}curve_{split}_{metric}", formats))
+
+
+def at_chance(frame: pd.DataFrame, metrics: list[str]) -> bool:
+    """Whether some plan scores at or below chance in one of ``metrics`` (``load_sweep``'s ``chance``)."""
+    rows = frame[frame["metric"].isin(metrics) & (frame["heads"] > 0)]
+    return "chance" in rows and bool((rows["value"] <= rows["chance"]).any())
+
+
+def chance_delta(rows: pd.DataFrame) -> float | None:
+    """Chance minus the baseline on the rows' baseline examples (``load_sweep``'s ``chance``; None where unknown)."""
+    chance = rows["chance"].iloc[0] if "chance" in rows else np.nan
+    return None if not np.isfinite(chance) else float(chance - rows["baseline"].iloc[0])
 
 
 def is_dose_series(plans: pd.DataFrame) -> bool:

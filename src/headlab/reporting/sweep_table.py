@@ -6,7 +6,9 @@ when the checkpoint is a train.py job, else the job's), ``plan``, ``rules`` (rea
 the plan changes) and ``changed`` (which: comma-separated head names), ``policy``, ``unit``, ``renormalize``,
 ``family`` / ``layer`` / ``head`` (plans of a ``sweep_heads`` job), ``split``, ``metric``, ``value``,
 ``baseline``, ``delta``, ``ci_low``, ``ci_high``,
-``p_value``, ``p_adjusted``, ``n`` (examples), ``note`` (why a statistic is missing).
+``p_value``, ``p_adjusted``, ``n`` (examples), ``note`` (why a statistic is missing), ``chance`` (what a model that
+learned nothing scores on the baseline's examples, ``headlab.tasks.chance``; NaN where the records cannot say:
+a loss, SQuAD without its gold answers).
 
 The statistics (``headlab.reporting.statistics``) pair each job's per-example records with its
 baseline's; jobs sharing a baseline (checkpoint, task, split, data settings) share resamples. Every
@@ -27,6 +29,7 @@ from headlab.core.head_names import parse_head_name
 from headlab.errors import UserError
 from headlab.reporting.statistics import DEFAULT_RESAMPLING, Resampling, adjust_p_values, family_level, paired_tests
 from headlab.reporting.sweep_jobs import Problem, finished_results
+from headlab.tasks.chance import chance_level
 
 STAT_COLUMNS = ["ci_low", "ci_high", "p_value", "p_adjusted"]
 # Config keys (dotted prefixes) that may differ between the jobs of one table: the plan, what names the job, the
@@ -160,10 +163,24 @@ def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Re
         frame["p_adjusted"] = np.nan
         for index in families.values():
             frame.loc[index, "p_adjusted"] = _family_adjusted(frame.loc[index], correction)
+    frame["chance"] = _chance(frame)
     frame.attrs["problems"] = [p.__dict__ for p in problems]
     frame.attrs["statistics"] = {**resampling.__dict__, "correction": correction} if statistics else None
     return frame.drop(columns=["_records", "_baseline_records", "_order", "_family"], errors="ignore") \
         .reset_index(drop=True)
+
+
+def _chance(frame: pd.DataFrame) -> pd.Series:
+    """Each row's chance level on its baseline's examples (NaN where the records cannot give it)."""
+    chance = pd.Series(np.nan, index=frame.index)
+    for (path, split, metric), rows in frame.groupby(["_baseline_records", "split", "metric"]).groups.items():
+        try:
+            table = pd.read_parquet(path)
+        except (OSError, ValueError):
+            continue
+        found = chance_level(metric, table[table["split"] == split] if "split" in table else table)
+        chance[rows] = np.nan if found is None else found[0]
+    return chance
 
 
 def _family_adjusted(rows: pd.DataFrame, correction: str) -> np.ndarray:

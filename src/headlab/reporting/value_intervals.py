@@ -110,3 +110,30 @@ def headroom_interval(metric: str, ablated: Columns, baseline: Columns, chance: 
     everything = pd.concat([pd.DataFrame(dict(c)) for c in (ablated, baseline)], ignore_index=True)
     with np.errstate(divide="ignore", invalid="ignore"):  # a resample at chance: an infinite share, not a warning
         return _interval_of(_Values(metric_for(metric, everything), [ablated, baseline], units, share), config)
+
+
+def area_difference_interval(metric: str, baseline: Columns, ours: Sequence[Columns],
+                             others: Sequence[Sequence[Columns]], config: Resampling = DEFAULT_RESAMPLING
+                             ) -> tuple[float, float, float]:
+    """``(value, low, high)`` of a prune curve's area against random orders': the mean over steps of
+    ``metric(ours[s]) / metric(baseline)`` minus the same mean of each of ``others`` (random orders, each a list of
+    steps as long as ``ours``), averaged over them, with its paired bootstrap CI (every set resampled alike, by the
+    records' units)."""
+    n, steps = record_count(baseline), len(ours)
+    if any(len(order) != steps for order in others) or not steps or not others:
+        raise UserError(f"an area difference needs every random order at the curve's {steps} steps")
+    sets = [baseline, *ours, *(s for order in others for s in order)]
+    check_records(metric, sets[1:], baseline)
+    units = sampled_units(sets, n)
+    if units.count < 2:
+        raise UserError(f"a paired bootstrap needs at least 2 examples; the records have {units.count}")
+
+    def difference(values: np.ndarray) -> np.ndarray:  # [..., 1 + steps + orders * steps]
+        base = values[..., :1]
+        mine = (values[..., 1 : 1 + steps] / base).mean(-1)
+        theirs = (values[..., 1 + steps :] / base).reshape(*values.shape[:-1], len(others), steps).mean((-1, -2))
+        return mine - theirs
+
+    everything = pd.concat([pd.DataFrame(dict(c)) for c in sets], ignore_index=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _interval_of(_Values(metric_for(metric, everything), sets, units, difference), config)

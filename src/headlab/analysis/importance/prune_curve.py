@@ -18,6 +18,9 @@ pruned (``headlab.prune_heads``) against the full model on the eval batches, alt
 ``prune_curve.png``            the main metric against heads pruned: importance, each random order, their mean
 ``final_mask.json``            the final mask (``rules`` as ``mask.rules`` takes them), its metrics, timing
 ``steps.json``                 progress after every step (scores, heads, metrics): a killed job resumes there
+``records.parquet``            per example of the first eval split: the baseline's (``order`` baseline, step 0),
+                               each importance step's (``steps/step<N>.parquet`` as it runs) and each random
+                               order's records: what the area difference's paired bootstrap CI resamples
 ``results.json``               the summary; a complete one for the same config makes a rerun skip the job
 =============================  ==============================================================================
 """
@@ -108,6 +111,8 @@ class PruneCurve:
         self.steps: list[dict[str, Any]] = saved.get("steps", [])
         self.baseline: dict[str, dict[str, float]] | None = saved.get("baseline")
         self.stopped: str | None = saved.get("stopped")
+        self.records: dict[str, pd.DataFrame] = {}  # the last evaluation's, per mask
+        self.random_records: dict[tuple[int, int], pd.DataFrame] = {}  # (seed, step) -> records
         if self.steps:
             Console().print(f"resuming after step {len(self.steps)} ({self.path})", markup=False, soft_wrap=True)
 
@@ -129,6 +134,11 @@ class PruneCurve:
         """Score, prune, evaluate, until the metric falls below the threshold or no head may go."""
         if self.baseline is not None:
             self.note_baseline()
+        for step in self.steps:  # a step saved without its records (killed between the two): evaluated again
+            if not self.step_records(step["step"]).is_file():
+                self.evaluate({"curve": step["pruned"]})
+                if self.job.is_global_zero:
+                    write_frame_atomic(self.records["curve"], self.step_records(step["step"]))
         while self.stopped is None:
             pruned = self.steps[-1]["pruned"] if self.steps else []
             scores = self._scores(pruned)
@@ -140,12 +150,19 @@ class PruneCurve:
                 metrics = self.evaluate({"curve": heads})["curve"]
                 self.steps.append({"step": len(self.steps) + 1, "heads_pruned": len(heads), "new": new,
                                    "pruned": heads, "scores": scores.tolist(), "metrics": metrics})
+                if self.job.is_global_zero:  # before steps.json names the step: a resumed curve finds its records
+                    write_frame_atomic(self.records["curve"], self.step_records(len(self.steps)))
                 self._announce(self.steps[-1])
                 if metrics[self.split][self.metric] < self.threshold:
                     self.stopped = f"{self.metric} below {self.options.stop_below:g} x the baseline"
             if self.job.is_global_zero:
                 write_json_atomic(self.path, {"config_hash": self.job.job_hash, "baseline": self.baseline,
                                               "steps": self.steps, "stopped": self.stopped})
+
+    def step_records(self, step: int) -> Path:
+        folder = self.job.output_dir / "steps"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"step{step}.parquet"
 
     def _scores(self, pruned: list[str]) -> np.ndarray:
         """``[layers, heads]`` scores of the estimator under the mask pruning ``pruned`` (lowest go first)."""
@@ -164,6 +181,7 @@ class PruneCurve:
         variants = [Variant(name, prune_plan(heads, self.shape, self.policy)) for name, heads in masks.items()]
         records, baseline = self.job.evaluate(variants)
         task = self.job.cfg.task
+        self.records = {v.name: records[(v.name, self.split)] for v in variants}  # the main split's, per mask
         if self.baseline is None:
             self.baseline = {split: metrics_from_records(rows, task) for split, rows in baseline.items()}
             self.note_baseline()
@@ -176,6 +194,8 @@ class PruneCurve:
         masks = {f"random{seed}_{count}": random_heads(seed, self.shape, count, self.options.min_heads_per_layer)
                  for seed in self.options.random_seeds for count in counts}
         metrics = self.evaluate(masks) if masks else {}
+        self.random_records = {(seed, i + 1): self.records[f"random{seed}_{count}"]
+                               for seed in self.options.random_seeds for i, count in enumerate(counts)}
         return {seed: [{"step": i + 1, "heads_pruned": count, "pruned": masks[f"random{seed}_{count}"],
                         "metrics": metrics[f"random{seed}_{count}"]} for i, count in enumerate(counts)]
                 for seed in self.options.random_seeds}
@@ -250,6 +270,17 @@ def curve_table(curve: PruneCurve, random: dict[int, list[dict[str, Any]]]) -> p
     return pd.DataFrame(rows).astype({"seed": "Int64"})
 
 
+def curve_records(curve: PruneCurve) -> pd.DataFrame:
+    """Every curve's per-example records of the main split: the baseline (step 0), each importance step, each random
+    order's steps; ``order``, ``seed`` and ``step`` say which."""
+    parts = [curve.job.baseline_records(curve.split).assign(order="baseline", seed=pd.NA, step=0)]
+    parts += [pd.read_parquet(curve.step_records(step["step"])).assign(order="importance", seed=pd.NA,
+                                                                       step=step["step"]) for step in curve.steps]
+    parts += [records.assign(order="random", seed=seed, step=step)
+              for (seed, step), records in curve.random_records.items()]
+    return pd.concat(parts, ignore_index=True).astype({"seed": "Int64"})
+
+
 @resumable
 def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """The prune curve of ``cfg.ckpt_path`` on ``cfg.task``; ``cfg`` passed ``check_mode``."""
@@ -275,12 +306,13 @@ def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, f
     output_dir, formats = job.output_dir, tuple(cfg.report.formats)
     table = curve_table(curve, random)
     write_frame_atomic(table, output_dir / "prune_curve.csv")
+    write_frame_atomic(curve_records(curve), output_dir / "records.parquet")
     write_text_atomic(output_dir / "prune_curve.md", to_markdown(table.round(4)))
     main = table[table["split"] == curve.split]
     image = plots.prune_curve(main, curve.metric, curve.threshold,
                               f"{cfg.model.name} on {cfg.task.name}: heads removed ({curve.policy}) by "
                               f"{cfg.prune_curve.estimator} importance",
-                              output_dir / "prune_curve", formats)[0]
+                              output_dir / "prune_curve", formats, job.chance(curve.split))[0]
     rules = [{"heads": final["pruned"], "policy": curve.policy}] if final["pruned"] else []
     override = (f"'mask.rules=[{{heads: [{','.join(final['pruned'])}], policy: {curve.policy}}}]'" if rules
                 else "mask=none")
@@ -297,7 +329,8 @@ def write_prune_curve(cfg: Any, job: EvalJob, curve: PruneCurve, random: dict, f
                "baseline": curve.baseline,
                "steps": [{k: v for k, v in step.items() if k != "scores"} for step in curve.steps],
                "random": random, "final": final_record,
-               "files": ["prune_curve.csv", "prune_curve.md", image.name, "final_mask.json", "steps.json"]}
+               "files": ["prune_curve.csv", "prune_curve.md", image.name, "final_mask.json", "steps.json",
+                         "records.parquet"]}
     summary = job.identity.complete(summary)
     write_json_atomic(output_dir / "results.json", summary)
     _print_final(curve, final_record, output_dir)

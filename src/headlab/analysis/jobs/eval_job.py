@@ -126,6 +126,26 @@ class EvalJob:
         self._baseline = cached
         return cached
 
+    def baseline_records(self, split: str) -> Any:
+        """The cached baseline's records of ``split`` (a DataFrame), None before it is computed."""
+        return (self._cached_baselines() or {}).get(split)
+
+    def chance(self, split: str) -> float | None:
+        """What a model that learned nothing scores in the main metric on the cached baseline's ``split``
+        (``headlab.tasks.chance``; SQuAD's from the split's gold answers); None where it is unknown."""
+        from headlab.tasks.chance import chance_level
+
+        records = self.baseline_records(split)
+        if records is None:
+            return None
+        golds = None
+        if "exact_match" in records:
+            examples = self.data.eval_examples[split]
+            answers = dict(zip(map(str, examples["id"]), (a["text"] for a in examples["answers"])))
+            golds = [answers.get(str(i), []) for i in records["id"]]
+        found = chance_level(self.cfg.task.main_metric, records, golds, self.cfg.task.get("version", "v1"))
+        return None if found is None else found[0]
+
     def _write_baseline(self, split: str, records: list[dict[str, Any]]) -> None:
         summary, path = self._baseline_paths(split)
         write_records(path, records)

@@ -62,8 +62,10 @@ ROWS = [
      "equivalence count", "neither more than half removable nor half or more costly"),
     ("`michel_importance_pruning`", "Michel, Section 5 / Figure 4: pruning by importance keeps the score longer than "
      "random pruning", "mean share of the baseline kept over the curve's steps, importance order", "rank among R "
-     "random orders: p = (1 + #{random >= importance}) / (R + 1), of these examples", "p <= 0.05 (needs R >= 19)",
-     "exact Monte Carlo rank test (the other tail: does not hold)", "the rank is in the middle, or R < 19"),
+     "random orders: p = (1 + #{random >= importance}) / (R + 1), of these examples; the area difference's paired "
+     "bootstrap CI by clusters, of other examples", "p <= 0.05 (needs R >= 19) and the CI above 0",
+     "exact Monte Carlo rank test and the CI (the other tail of both: does not hold)", "the rank is in the middle, "
+     "R < 19, or the CI reaches 0"),
     ("`pande_local_syntactic`", "Pande, question 1: \"overlap between local and syntactic heads is very high, ~42% to "
      "89%\"", "odds ratio of local and syntactic roles over the heads", "conditional-MLE CI", "1", "CI against the "
      "boundary", "the CI reaches 1"),

@@ -26,7 +26,6 @@ from headlab.files import read_json
 from headlab.reporting.pooled import pooled_difference
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.reporting.value_intervals import headroom_interval
-from headlab.study.findings.chance import chance_level
 from headlab.study.findings.controls import TypeControl, type_control
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import (
@@ -45,6 +44,7 @@ from headlab.study.findings.verdicts import (
     unit_name,
     verdict,
 )
+from headlab.tasks.chance import chance_level
 
 GUAN = "Guan et al. 2020"
 # Guan et al.'s Tables 2 and 3 (BERT-large on SQuAD v1.1 dev): plan -> (exact match, F1)

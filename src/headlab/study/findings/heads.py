@@ -12,6 +12,7 @@ sweep and prune-curve stages.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,7 @@ from scipy.stats.contingency import odds_ratio
 
 from headlab.files import read_json
 from headlab.reporting.statistics import family_level
+from headlab.reporting.value_intervals import area_difference_interval
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import (
     FAILS,
@@ -153,23 +155,50 @@ def importance_pruning(files: StudyFiles) -> Finding:
         above = (1 + int((others >= ours).sum())) / (orders + 1)
         below = (1 + int((others <= ours).sum())) / (orders + 1)
         level = alpha * (1 + 1e-9)  # an exact Monte Carlo test: rank 1 of 20 is p = 1/20, significant at 0.05
-        outcome = HOLDS if above <= level else FAILS if below <= level else INCONCLUSIVE
-        low, high = ours - others.max(), ours - others.min()
+        ranked = HOLDS if above <= level else FAILS if below <= level else INCONCLUSIVE
+        area = area_interval(files, job, list(steps))
+        value, low, high = area if area else (ours - float(others.mean()), math.nan, math.nan)
+        outcome = ranked if ranked == verdict(low, high, 0.0) else INCONCLUSIVE
         numbers = (f"mean share of the baseline kept over {len(steps)} steps: importance {ours:.4f}, {orders} random "
                    f"orders {others.min():.4f}-{others.max():.4f}; rank p {above:.3g} (importance above them), "
-                   f"{below:.3g} (below them); boundary p <= {alpha:.2g}; the orders are resampled, not the "
-                   "examples: a statement about these examples")
-        note = ""
-        if outcome == INCONCLUSIVE and 1 / (orders + 1) > level:
-            note = (f"with {orders} random orders the smallest rank p-value is 1/{orders + 1} = {1 / (orders + 1):.3g},"
-                    f" above {alpha:.2g}: at least {round(1 / alpha) - 1} orders are needed (prune_curve.random_seeds)")
+                   f"{below:.3g} (below them), boundary p <= {alpha:.2g}, a statement about these examples; the "
+                   f"area difference {interval(value, low, high, 4)} ({100 * files.resampling.confidence:.4g}% "
+                   "paired bootstrap CI, examples resampled by their clusters: whether it carries over to others)")
+        notes = []
+        if ranked == INCONCLUSIVE and 1 / (orders + 1) > level:
+            notes.append(f"with {orders} random orders the smallest rank p-value is 1/{orders + 1} = "
+                         f"{1 / (orders + 1):.3g}, above {alpha:.2g}: at least {round(1 / alpha) - 1} orders are "
+                         "needed (prune_curve.random_seeds)")
+        if area is None:
+            notes.append("the prune curve has no per-example records (a job from before they were written): its area "
+                         "difference has no CI; run the prune_curve stage again")
+        elif ranked != INCONCLUSIVE and outcome == INCONCLUSIVE:
+            notes.append(f"the rank among the orders decides, but the area difference's CI reaches 0: on other "
+                         f"examples the order might not matter (half-width {(high - low) / 2:.4f})")
         evidence.append(Evidence(model, outcome, numbers, files.link(job / "prune_curve.csv"),
-                                 {"value": ours - float(others.mean()), "low": low, "high": high, "p_value": above,
-                                  "p_below": below, "boundary": alpha, "random_orders": orders}, note=note))
+                                 {"value": value, "low": low, "high": high, "p_value": above, "p_below": below,
+                                  "boundary": alpha, "random_orders": orders}, note="; ".join(notes)))
     if evidence:
         return Finding(PRUNING, tuple(evidence))
     return not_tested(PRUNING, "the prune_curve stage did not run" if not files.jobs("prune_curve") else
                       "the prune curve has no random order (prune_curve.random_seeds=[])")
+
+
+def area_interval(files: StudyFiles, job: Path, steps: list[int]) -> tuple[float, float, float] | None:
+    """The area difference (importance minus the random orders' mean, over ``steps``) with its paired bootstrap CI,
+    from the curve's ``records.parquet``; None without it."""
+    path = job / "records.parquet"
+    if not path.is_file():
+        return None
+    records = pd.read_parquet(path)
+    part = lambda order, seed, step: records[(records["order"] == order) & (records["step"] == step) & (  # noqa: E731
+        records["seed"].isna() if seed is None else records["seed"] == seed)].drop(
+        columns=["order", "seed", "step"]).reset_index(drop=True)
+    seeds = sorted(records.loc[records["order"] == "random", "seed"].dropna().unique())
+    return area_difference_interval(files.metric, part("baseline", None, 0),
+                                    [part("importance", None, step) for step in steps],
+                                    [[part("random", seed, step) for step in steps] for seed in seeds],
+                                    files.resampling)
 
 
 def sieve_roles(files: StudyFiles, stage: str, model: str) -> pd.DataFrame | None:

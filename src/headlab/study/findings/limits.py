@@ -4,7 +4,7 @@ The baseline is each fine-tuned model unablated on the tables' examples (``table
 in a study that ran no tables, on the single-head sweep's (``sweep``, then ``robustness``: the baseline records its
 jobs name): its main metric with a bootstrap CI over those examples (the tables' report settings: the same
 resamples, seed and method as the tables' deltas). The model is **at its floor** when that CI reaches chance
-(``low <= chance``, ``headlab.study.findings.chance``: what a model that learned nothing scores) and **at its
+(``low <= chance``, ``headlab.tasks.chance``: what a model that learned nothing scores) and **at its
 ceiling** when it reaches the metric's maximum (``high >= maximum``: 100 for SQuAD's scores, 1 for GLUE's). A loss
 has neither. A model with none of these baselines gets no ablation verdict either: nothing says it learned its task.
 """
@@ -19,9 +19,9 @@ import pandas as pd
 
 from headlab.files import read_json
 from headlab.reporting.value_intervals import value_interval
-from headlab.study.findings.chance import chance_level
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import interval
+from headlab.tasks.chance import chance_level
 
 BOUNDED = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman")  # metrics whose maximum is the scale
 
