@@ -7,6 +7,7 @@
     python benchmarks/eval_speed.py pruned [--shape minilm|bert-base] [--task demo_qa] [--examples 200] [--rounds 5]
     python benchmarks/eval_speed.py by_length [--task qnli_articles] [--examples 1000] [--batch 64] [--rounds 5]
     python benchmarks/eval_speed.py collate [--task demo_qa] [--examples 200] [--batch 32] [--rounds 5]
+    python benchmarks/eval_speed.py plans_at_cls [--task qnli_articles] [--policy prune] [--heads 11] [--plans 5]
 
 ``throughput``: what ``mode=eval`` runs once the baseline is cached (``Trainer.validate`` of a
 ``PlanEvaluator`` under a keep plan: forward, predictions, per-example losses and records, gathered)
@@ -30,6 +31,9 @@ default, ``TaskDataModule(by_length=True)``) against the same rows batched in fi
 seconds / file-order seconds; the padded tokens of each side are printed.
 ``collate``: the DataLoader's work per batch, ``PaddedRows`` (one gather per column) against the ``Collator`` over the
 rows the HF dataset returns (what the loaders did before); the ratio is padded-rows seconds / collator seconds.
+``plans_at_cls``: ``--plans`` random sets of ``--heads`` heads under ``--policy`` evaluated as ``mode=eval`` runs them
+(one ``PlanEvaluator`` pass; a classification head reading [CLS] alone: each plan's last layer at [CLS] only)
+against the same pass with the whole last layer. The ratio is [CLS]-only seconds / whole-layer seconds.
 ``--only SIDE[,SIDE...]`` times those sides (one: no ratio), e.g. ``sweep --only sweep_heads``;
 ``sweep --only sweep_heads,sweep_whole_layers`` times the sweep against itself without its two savings (each layer's
 pass recomputing the layers below it, and the whole last layer although a classification head reads only [CLS]).
@@ -66,7 +70,7 @@ from torch.utils.data import DataLoader
 
 from headlab.analysis.evaluation.layer_inputs import LayerInputs
 from headlab.analysis.evaluation.sweep_heads import LayerSweepEvaluator
-from headlab.analysis.evaluation.sweep_plans import family_plans
+from headlab.analysis.evaluation.sweep_plans import family_plans, random_plans
 from headlab.analysis.importance.prune_curve import prune_plan, random_heads
 from headlab.analysis.importance.scoring import HeadScorer
 from headlab.analysis.jobs.plan_evaluator import MODEL_INPUTS, PlanEvaluator, Variant
@@ -83,7 +87,8 @@ from headlab.training.modules import task_head
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = {"throughput": ("headlab", "plain"), "sweep": ("sweep_heads", "separate", "sweep_whole_layers"),
          "importance": ("importance", "evaluation"), "pruned": ("pruned", "full", "masked"),
-         "by_length": ("by_length", "file_order"), "collate": ("padded_rows", "collator")}  # (--only: some of them)
+         "by_length": ("by_length", "file_order"), "collate": ("padded_rows", "collator"),
+         "plans_at_cls": ("cls_only", "whole_last_layer")}  # (--only: some of them)
 OPTIONAL = ("sweep_whole_layers",)  # timed only when --only names them
 
 
@@ -259,6 +264,23 @@ def by_length(args) -> None:
            target="< 1", higher_is_better=False)
 
 
+def plans_at_cls(args) -> None:
+    cfg, data, model, trainer = setup(args)
+    shape = model.config.num_hidden_layers, model.config.num_attention_heads
+    drawn = random_plans(args.policy, *shape, (args.heads,), args.plans, 0)
+    variants = [Variant(name, plan) for name, _, plan in drawn]
+
+    def evaluated(first_token: bool):
+        evaluator = PlanEvaluator(model, cfg.task, variants, data.eval_examples)
+        evaluator.first_token = evaluator.first_token and first_token
+        trainer.validate(evaluator, datamodule=data, verbose=False)
+
+    evaluated(True)  # warm-up
+    sides = {"cls_only": lambda: evaluated(True), "whole_last_layer": lambda: evaluated(False)}
+    report(args, sides, lambda s: s, "s", f"{args.plans} random sets of {args.heads} heads under {args.policy}, "
+           f"{args.examples} examples, batch {args.batch}", "< 1", higher_is_better=False)
+
+
 def report(args, sides: dict, value, unit: str, what: str, target: str, higher_is_better: bool) -> None:
     names = args.only.split(",") if args.only else [name for name in sides if name not in OPTIONAL]
     alone = len(names) == 1
@@ -282,12 +304,15 @@ def report(args, sides: dict, value, unit: str, what: str, target: str, higher_i
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["throughput", "sweep", "importance", "pruned", "by_length", "collate"])
+    parser.add_argument("what", choices=["throughput", "sweep", "importance", "pruned", "by_length", "collate",
+                                         "plans_at_cls"])
     parser.add_argument("--shape", default="minilm", choices=["minilm", "bert-base", "tiny", "dispatch"])
     parser.add_argument("--task", default="demo_qa", choices=["demo_qa", "demo_pairs", "qnli_articles"])
     parser.add_argument("--examples", type=int, default=None, help="eval examples (default 200 / 32)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--policy", default="prune", choices=["prune", "uniform", "drop_intra", "drop_inter"])
+    parser.add_argument("--heads", type=int, default=11, help="plans_at_cls: heads per random set")
+    parser.add_argument("--plans", type=int, default=5, help="plans_at_cls: random sets")
     parser.add_argument("--per-forward", type=int, default=0, help="sweep: plans per batched forward (0: a layer's)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5 / 3)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
@@ -309,7 +334,7 @@ def main() -> None:
     if args.examples < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--examples, --batch and --rounds must be positive")
     {"throughput": throughput, "sweep": sweep, "importance": importance, "pruned": pruned,
-     "by_length": by_length, "collate": collate}[args.what](args)
+     "by_length": by_length, "collate": collate, "plans_at_cls": plans_at_cls}[args.what](args)
 
 
 if __name__ == "__main__":
