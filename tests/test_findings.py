@@ -436,13 +436,16 @@ def test_the_prune_curve_reads_the_split_it_pruned_by(tmp_path):
 
 
 def sieve_roles(folder: Path, stage: str, model: str, roles: dict[str, list[bool]], layers: int = 4,
-                uncorrected: set[int] = frozenset()) -> None:
+                uncorrected: set[int] = frozenset(), positional: set[int] | None = None) -> None:
     """``sieve_roles.csv``: a head with a role has p 0.001; one in ``uncorrected`` p 0.01 without the role (below
-    0.05 alone, not after the correction across heads); the others p 0.5."""
+    0.05 alone, not after the correction across heads); the others p 0.5. ``positional``: the syntax stage's offset
+    control, the heads whose roles their offset pattern explains (p_offset 0.5, the others' 0.001)."""
     path = job(folder, f"{stage}/{model}")
     heads = len(next(iter(roles.values())))
     rows = [{"layer": i // (heads // layers), "head": i % (heads // layers), "name": f"h{i}", "sieve": sieve,
-             "role": flags[i], "p": 0.001 if flags[i] else 0.01 if i in uncorrected and sieve != "local" else 0.5}
+             "role": flags[i], "p": 0.001 if flags[i] else 0.01 if i in uncorrected and sieve != "local" else 0.5,
+             **({} if positional is None else {"p_offset": 0.5 if i in positional else 0.001,
+                                               "beyond_offset": i not in positional})}
             for sieve, flags in roles.items() for i in range(heads)]
     pd.DataFrame(rows).to_csv(path / "sieve_roles.csv", index=False)
 
@@ -464,6 +467,24 @@ def test_pandes_claims(tmp_path, local, syntactic, expected_overlap, expected_la
              [len(syntactic - local), 40 - len(local | syntactic)]]
     assert overlap.evidence[0].values["table"] == table
     assert overlap.verdict == expected_overlap and layers.verdict == expected_layers
+
+
+def test_a_role_its_offset_pattern_explains_is_no_syntactic_role(tmp_path):
+    """The syntactic heads of the first case above, but those in layers 1 and 3 attend by position alone (the syntax
+    stage's offset control): they count as syntactic in neither claim, so layers 1 and 3 fall short and the
+    overlap table loses them."""
+    local = {i for i in range(40) if i % 4 == 0}
+    syntactic = {0, 4, 8, 10, 12, 16, 20, 24, 28, 30, 32, 36}
+    positional = {i for i in syntactic if i // 10 in (1, 3)}
+    sieve_roles(tmp_path, "features", "pretrained", {"local": [i in local for i in range(40)]})
+    sieve_roles(tmp_path, "syntax", "pretrained", {"syntactic": [i in syntactic for i in range(40)]},
+                positional=positional)
+    overlap, layers = pande_findings(files_of(tmp_path, models=()))
+    counted = syntactic - positional
+    assert overlap.evidence[0].values["table"] == [[len(local & counted), len(local - counted)],
+                                                   [len(counted - local), 40 - len(local | counted)]]
+    assert layers.verdict == FAILS and layers.evidence[0].values["per_layer"] == [3, 0, 3, 0]
+    assert layers.evidence[0].values["uncorrected"] == 2  # without the correction, still beyond no offset
 
 
 def test_a_layer_count_that_depends_on_the_correction_is_inconclusive(tmp_path):

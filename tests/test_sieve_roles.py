@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from headlab.analysis.types.sieve_roles import role_matrix, sieve_roles
@@ -74,3 +75,65 @@ def test_the_multi_label_table_has_one_row_per_head_and_a_column_per_sieve():
     assert list(table.columns) == ["layer", "head", "name", "local", "delimiter"]
     assert len(table) == 6 and table.loc[table["name"] == "L0H1", "local"].item()
     assert not table["delimiter"].any()  # constant scores at 1: no spread, no role
+
+
+def test_offset_means_are_each_offsets_mean_over_the_sentences_word_pairs():
+    import torch
+
+    from headlab.analysis.syntax.sieves import offset_means
+
+    rng = np.random.default_rng(4)
+    scores = torch.tensor(rng.uniform(0, 5, (2, 3, 7, 7)), dtype=torch.float64)  # [batch, heads, d, h]
+    words = torch.tensor([[0, 1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0, 0]], dtype=torch.bool)  # [CLS] w w w ... [SEP]
+    found = offset_means(scores, words).numpy()
+    for b in range(2):
+        slots = [i for i in range(7) if words[b, i]]
+        for head in range(3):
+            for d in slots:
+                for h in slots:
+                    if d == h:
+                        continue
+                    same = [scores[b, head, i, j].item() for i in slots for j in slots if i != j and j - i == h - d]
+                    assert found[b, head, d, h] == pytest.approx(np.mean(same), rel=1e-12), (b, head, d, h)
+
+
+def test_a_head_that_attends_by_position_alone_has_nothing_beyond_its_offset():
+    """One sentence, its gold tree; head 0 attends to the next word only (a positional head: every arc at offset +1
+    scores as every other pair at +1), head 1 to each word's gold head. Both attend along arcs far above uniform;
+    the offset control leaves the positional head 0 and the syntactic one well above."""
+    import torch
+
+    from headlab.analysis.syntax.sieves import dependency_pairs, mean_over_pairs, offset_means, pande_pair_scores
+
+    gold = [0, 2, 0, 2, 3, 4, 4, 2]  # slot 1..7: each word's head (0: ROOT); slot 0 [CLS], slot 8 [SEP]
+    slots = len(gold) + 1
+    heads = torch.tensor([[*gold, 0]])  # [1, slots]
+    words = torch.tensor([[0] + [1] * (len(gold) - 1) + [0]], dtype=torch.bool)  # slots 1..7 are words
+    attention = torch.zeros(1, 2, slots, slots, dtype=torch.float64)
+    for i in range(1, len(gold)):
+        attention[0, 0, i, i + 1] = 1.0  # the next slot ([SEP] after the last word)
+        attention[0, 1, i, gold[i] if gold[i] else i] = 1.0  # the gold head (the root: itself)
+    attention[0, :, 0, 0] = attention[0, :, len(gold), len(gold)] = 1.0
+    pairs = dependency_pairs(heads, [["x"] * (len(gold) - 1)], words)["syntactic"]
+    pieces = torch.ones(1, slots)
+    scores = pande_pair_scores(attention, pieces, torch.tensor([float(slots)]), "l2r")
+    plain = mean_over_pairs(scores, pairs)[0]
+    beyond = mean_over_pairs(scores - offset_means(scores, words), pairs)[0]
+    assert (plain > 1.0).all()  # both above uniform on the arcs
+    assert beyond[0].item() == 0.0 and beyond[1].item() > 1.0
+
+
+def test_the_offset_control_is_a_one_sided_t_test_above_0_corrected_as_the_roles():
+    from headlab.analysis.types.sieve_roles import with_offset_control
+
+    rng = np.random.default_rng(6)
+    sieve = {"syntactic": rng.normal(4.0, 1.0, (30, 2, 3)), "nsubj": rng.normal(4.0, 1.0, (30, 2, 3))}
+    beyond = {name: rng.normal(0.0, 1.0, (30, 2, 3)) for name in sieve}
+    beyond["syntactic"][:, 0, 1] += 1.5  # one head beyond its offset pattern
+    table = with_offset_control(sieve_roles(sieve), beyond)
+    expected = np.array([one_sided_p(beyond[row.sieve][:, row.layer, row.head], 0.0) for row in table.itertuples()])
+    np.testing.assert_allclose(table["p_offset"], expected, rtol=1e-10)
+    np.testing.assert_allclose(table["p_offset_adjusted"], holm(expected), rtol=1e-10)
+    held = table[table["beyond_offset"]]
+    assert list(zip(held["sieve"], held["layer"], held["head"])) == [("syntactic", 0, 1)]
+    assert table["role"].all()  # every head above tau: the roles themselves are unchanged

@@ -25,6 +25,7 @@ from headlab.analysis.syntax.sieves import (
     SYNTACTIC_SIEVES,
     dependency_pairs,
     mean_over_pairs,
+    offset_means,
     pande_pair_scores,
     sieve_members,
     sieve_scores,
@@ -49,6 +50,7 @@ class SyntaxScores:
     relations: np.ndarray  # str [words]
     changed: np.ndarray | None = None  # bool [layers, heads]: heads the plan changes (no accuracy)
     sieve: dict[str, np.ndarray] = field(default_factory=dict)  # role -> [sentences, layers, heads] (syntax_sieves)
+    beyond_offset: dict[str, np.ndarray] = field(default_factory=dict)  # role -> the same, less the offset pattern's
     sentences: np.ndarray | None = None  # int [words]: each word's sentence (the unit a treebank samples)
 
     def accuracy(self, words: np.ndarray) -> np.ndarray:
@@ -78,6 +80,8 @@ class WordOutcomes:
         self.encoded, self.device, self.kind, self.direction = encoded, device, sieve, direction
         self.correct = np.zeros((encoded.num_words, layers, heads, len(DIRECTIONS)), dtype=bool)
         self.sieve = {role: np.full((len(encoded.sentences), layers, heads), np.nan) for role in SYNTACTIC_SIEVES}
+        self.beyond_offset = {role: np.full_like(scores, np.nan) for role, scores in self.sieve.items()} \
+            if sieve == "pande" else {}  # the fixed-offset control (``sieves.offset_means``)
         self.start = self.first_sentence = 0  # the batch's first word in the flat order, its first sentence
 
     def begin(self, batch: dict[str, torch.Tensor]) -> None:
@@ -110,10 +114,13 @@ class WordOutcomes:
         predicted = most_attended(words, self.lengths)
         pair_scores = pande_pair_scores(words, self.pieces, self.tokens, self.direction) if self.kind == "pande" \
             else None
+        beyond = None if pair_scores is None else pair_scores - offset_means(pair_scores, self.words)
         for role, members in self.members.items():
             scores = sieve_scores(words, members, self.lengths) if pair_scores is None else \
                 mean_over_pairs(pair_scores, members)
             self.sieve[role][self.sentences, layer] = scores.cpu().numpy()
+            if beyond is not None:
+                self.beyond_offset[role][self.sentences, layer] = mean_over_pairs(beyond, members).cpu().numpy()
         heads = weights.shape[1]
         judged = self.judged.unsqueeze(1).expand(-1, heads, -1)  # [batch, heads, slots]
         for number, direction in enumerate(DIRECTIONS):
@@ -141,10 +148,10 @@ def syntax_scores(model, encoded: EncodedTreebank, batches: Iterable[dict[str, t
                                                    for head in range(config.num_attention_heads)]
                                                   for layer in range(config.num_hidden_layers)])
     if changed is not None:
-        for scores in outcomes.sieve.values():
+        for scores in (*outcomes.sieve.values(), *outcomes.beyond_offset.values()):
             scores[:, changed] = np.nan
     return SyntaxScores(outcomes.correct, offset_outcomes(encoded), np.asarray(encoded.relations), changed,
-                        outcomes.sieve, np.asarray(encoded.sentence))
+                        outcomes.sieve, outcomes.beyond_offset, np.asarray(encoded.sentence))
 
 
 def word_maps(model, encoded: EncodedTreebank, sentences: list[int], layer: int, head: int,

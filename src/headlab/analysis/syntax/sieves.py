@@ -13,6 +13,11 @@ Two definitions, ``syntax.sieve``:
   from ``i`` to its sieve) / (|sieve| / slots) on word-level attention, ``slots`` being the words with ``[CLS]`` and
   ``[SEP]``: the token-level local / block / delimiter sieves' definition (``analysis/types/features.py``).
 
+**The fixed-offset control** (``pande``): a head that attends by position alone (the next word, say) scores high on
+every role whose arcs are often that far apart. Per sentence, a pair's score minus the mean score of the sentence's
+word pairs at the same offset (``offset_means``), averaged over the role's pairs, is what the head gives the arcs
+beyond its offset pattern: 0 for a purely positional head; the roles' offset test asks it to be above 0.
+
 Uniform attention scores exactly 1 under both. A sentence without a pair (a member) of a role gets no score (NaN);
 the roles then follow from the one-sided t-test across sentences and correction (``analysis/types/sieve_roles.py``).
 """
@@ -99,3 +104,19 @@ def mean_over_pairs(pair_scores: torch.Tensor, pairs: torch.Tensor) -> torch.Ten
     count = pairs.sum((-1, -2))  # [batch]
     total = torch.where(pairs.unsqueeze(1), pair_scores, 0.0).sum((-1, -2))  # [batch, heads]
     return (total / count.clamp(min=1).unsqueeze(-1)).masked_fill((count == 0).unsqueeze(-1), float("nan"))
+
+
+def offset_means(pair_scores: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """``[batch, heads, d, h]``: the mean of ``pair_scores`` ``[batch, heads, d, h]`` over the sentence's word pairs
+    (``words`` ``[batch, slots]``, d != h) at the pair's own offset ``h - d``: what a head's offset pattern alone
+    gives that pair."""
+    batch, heads, slots, _ = pair_scores.shape
+    index = torch.arange(slots, device=pair_scores.device)
+    offset = (index[None, :] - index[:, None] + slots - 1).flatten()  # [d * h] in 0 .. 2 slots - 2
+    valid = (words[:, :, None] & words[:, None, :] & (index[:, None] != index[None, :])).flatten(1)  # [batch, d * h]
+    values = torch.where(valid[:, None], pair_scores.flatten(2), 0.0)  # [batch, heads, d * h]
+    sums = values.new_zeros(batch, heads, 2 * slots - 1).scatter_add_(-1, offset.expand(batch, heads, -1), values)
+    counts = values.new_zeros(batch, 1, 2 * slots - 1).scatter_add_(-1, offset.expand(batch, 1, -1),
+                                                                    valid[:, None].to(values.dtype))
+    means = sums / counts.clamp(min=1)  # [batch, heads, offsets]
+    return means.gather(-1, offset.expand(batch, heads, -1)).view(batch, heads, slots, slots)

@@ -50,7 +50,7 @@ from headlab.analysis.syntax.treebank import sentences_digest
 from headlab.analysis.syntax.word_attention import DIRECTIONS
 from headlab.analysis.types.feature_data import model_max_length
 from headlab.analysis.types.features_run import encoder, feature_device
-from headlab.analysis.types.sieve_roles import sieve_roles
+from headlab.analysis.types.sieve_roles import sieve_roles, with_offset_control
 from headlab.core.model_files import architecture, model_shape
 from headlab.core.models import load_tokenizer, model_config
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
@@ -116,6 +116,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     write_text_atomic(out / "syntax.md", f"Syntax heads, {title}\n\n" + to_markdown(clark_layout(table)) + after)
     options = cfg.syntax
     roles = sieve_roles(scores.sieve, options.sieve_tau, options.sieve_alpha, options.sieve_correction)
+    if scores.beyond_offset:  # each role's fixed-offset control (``sieves.offset_means``)
+        roles = with_offset_control(roles, scores.beyond_offset, options.sieve_alpha, options.sieve_correction)
     write_frame_atomic(roles, out / "sieve_roles.csv")
     write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + roles_sentence(roles) + "\n")
     formats = tuple(cfg.report.formats)
@@ -179,9 +181,14 @@ def role_counts(roles: pd.DataFrame) -> dict[str, int]:
 def roles_sentence(roles: pd.DataFrame) -> str:
     counts = ", ".join(f"{sieve} {count}" for sieve, count in role_counts(roles).items())
     settings = roles.attrs
-    return (f"Syntactic roles (Pande et al.; heads whose mean sieve score is above {settings['tau']:g}, one-sided "
+    line = (f"Syntactic roles (Pande et al.; heads whose mean sieve score is above {settings['tau']:g}, one-sided "
             f"t-test over sentences, {settings['correction']} at {settings['alpha']:g}; `sieve_roles.csv`): {counts} "
             f"of {roles['name'].nunique()} heads.")
+    if "beyond_offset" in roles:
+        kept = roles[roles["role"]].groupby("sieve", sort=False)["beyond_offset"].sum()
+        line += (" Of them, beyond what their fixed-offset pattern gives the same word pairs (`beyond_offset`): "
+                 + ", ".join(f"{sieve} {int(kept.get(sieve, 0))}" for sieve in role_counts(roles)) + ".")
+    return line
 
 
 def probe_sentence(probe: dict[str, Any]) -> str:

@@ -67,7 +67,8 @@ ROWS = [
      "exact Monte Carlo rank test and the CI (the other tail of both: does not hold)", "the rank is in the middle, "
      "R < 19, or the CI reaches 0"),
     ("`pande_local_syntactic`", "Pande, question 1: \"overlap between local and syntactic heads is very high, ~42% to "
-     "89%\"", "odds ratio of local and syntactic roles over the heads", "conditional-MLE CI", "1", "CI against the "
+     "89%\"", "odds ratio of local and syntactic roles over the heads (a syntactic role beyond the head's fixed-offset "
+     "pattern)", "conditional-MLE CI", "1", "CI against the "
      "boundary", "the CI reaches 1"),
     ("`pande_syntactic_layers`", "Pande, question 2: \"at least 3 syntactic heads in each layer (except a very few "
      "exceptions)\"", "layers with fewer than a quarter of their heads syntactic (3 of 12)", "the count, with the "

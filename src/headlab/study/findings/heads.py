@@ -207,6 +207,8 @@ def sieve_roles(files: StudyFiles, stage: str, model: str) -> pd.DataFrame | Non
     if job is None or not (job / "sieve_roles.csv").is_file():
         return None
     roles = pd.read_csv(job / "sieve_roles.csv")
+    if "beyond_offset" in roles:  # a role its fixed-offset pattern alone explains is none (the syntax stage's control)
+        roles["role"] = roles["role"].astype(bool) & roles["beyond_offset"].fillna(False).astype(bool)
     return roles.pivot_table(index=["layer", "head", "name"], columns="sieve", values="role", aggfunc="first") \
         .astype(bool).reset_index()
 
@@ -220,7 +222,10 @@ def layers_evidence(files: StudyFiles, model: str, syntax: pd.DataFrame, sieves:
     raw = raw[raw["sieve"].isin(sieves)]
     alpha = read_json(files.folder / "syntax" / model / "results.json", "syntax results").get("config", {}).get(
         "syntax", {}).get("sieve_alpha", files.alpha)
-    uncorrected = raw.assign(role=raw["p"] < alpha).groupby(["layer", "head"])["role"].any().groupby("layer").sum()
+    held = raw["p"] < alpha
+    if "p_offset" in raw:  # beyond the fixed-offset pattern too, uncorrected
+        held &= raw["p_offset"] < alpha
+    uncorrected = raw.assign(role=held).groupby(["layer", "head"])["role"].any().groupby("layer").sum()
     heads_per_layer = int(syntax.groupby("layer").size().max())
     least = math.ceil(heads_per_layer / 4)  # 3 of BERT-base's 12
     corrected = syntax.groupby("layer")["any_syntactic"].sum()
