@@ -373,7 +373,7 @@ def test_random_head_sets_are_uniform_draws_evaluated_as_eval_jobs(trained):
     assert results(root / "random")["sets"] == summary["sets"]
     report = run("ablate.py", "mode=report", f"sweep_dir={root / 'random'}", "report.resamples=400",
                  "report.permutations=400", cwd_tmp=root).stdout  # a plan grid of the sets, each by its name
-    assert "random5_00" in report and "random2_02" in report
+    assert "uniform_random5_00" in report and "uniform_random2_02" in report
     # the draws: uniform over heads, without replacement, each size its own stream (a size added keeps the others')
     from headlab.analysis.evaluation.sweep_plans import random_plans
 

@@ -215,6 +215,13 @@ CASES = [
      "sweep.sizes=0"),
     ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=random", "sweep.sizes=[2]",
                    "sweep.draws=0"], "sweep.draws=0"),
+    ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=random", "sweep.sizes=[2]",
+                   "sweep.draws=1000000000"], "it must be in [1, 10000]"),
+    ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=random", "sweep.sizes=[2]",
+                   "sweep.seed=-1"], "sweep.seed=-1 is not a seed"),
+    ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=random", "sweep.sizes=[3,3]"],
+     "names 3 twice"),
+    ("ablate.py", ["study.controls.sweep.seed=-1"], "sweep.seed=-1 is not a seed"),
     # ablate.py mode=importance / prune_curve
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.split=test"], "'test'"),
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.sweep=/no/such/sweep"], "/no/such/sweep"),

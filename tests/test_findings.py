@@ -138,7 +138,7 @@ def test_a_type_must_cost_more_than_random_sets_of_its_size(tmp_path, draws):
     assert evidence.values["control"]["percentile"] == 50.0
     assert evidence.values["control"]["p_value"] == pytest.approx(11 / 21)
     assert evidence.verdict == INCONCLUSIVE and "not shown to matter" in evidence.note
-    assert "at the 50th percentile of the costs of 20 random sets of 7 heads" in evidence.note
+    assert "at the 50th percentile of the costs of 20 random sets of 7 heads (" in evidence.note
 
 
 def test_a_plan_the_clusters_lack_is_not_tested_and_a_missing_stage_says_so(tmp_path):

@@ -165,7 +165,7 @@ def test_one_model_at_its_floor_loses_its_verdict_only(tmp_path):
     finding = next(f for f in study_findings(files) if f.claim.key == "guan_table2_diagonal_vs_vertical_prune")
     assert finding.counted() == "mixed: holds in 1 of 2 seeds, not tested in 1"
     lines = finding_lines(finding)
-    assert ": holds (control: prune of the 7 diagonal heads" in lines[1]
+    assert ": holds (control: prune of the 7 heads of type diagonal" in lines[1]
     assert "seed1's baseline is at its floor" in lines[2]
 
 

@@ -252,6 +252,9 @@ class DemoConfig:
     plans: dict[str, Any] = field(default_factory=dict)  # name -> {rules, unit?, renormalize?}
 
 
+MAX_DRAWS = 10_000  # sweep.draws: random sets per size
+
+
 @dataclass
 class SweepConfig:
     """``mode=sweep_heads``: which family of plans, each under ``mask.policy``."""
@@ -266,7 +269,12 @@ class SweepConfig:
     def __post_init__(self) -> None:
         one_of("sweep.family", self.family, SWEEP_FAMILIES)
         at_least("sweep.heads_per_batch", self.heads_per_batch, 0)
-        at_least("sweep.draws", self.draws, 1)
+        within("sweep.draws", self.draws, 1, MAX_DRAWS, "a random set per draw and size, each a pass's plan")
+        check_seed("sweep.seed", self.seed)
+        twice = sorted({size for size in self.sizes if list(self.sizes).count(size) > 1})
+        if twice:
+            raise UserError(f"sweep.sizes={list(self.sizes)} names {', '.join(map(str, twice))} twice: give each size "
+                            "once (sweep.draws sets how many sets of it)")
         if self.family == "random" and not self.sizes:
             raise UserError("sweep.family=random needs sweep.sizes=[N, ...]: how many heads each random set has")
         if self.family != "random" and self.sizes:

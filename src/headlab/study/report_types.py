@@ -120,8 +120,9 @@ def controls(report: StudyReport) -> None:
     report.markdown += [f"A type's removal costs more the more heads it has. Each type's {metric} with its heads "
                         "removed, beside as many heads drawn at random (uniformly, without replacement) under the "
                         "same policy on the same examples; the percentile is the share of the random sets it costs "
-                        "more than, the rank p-value (1 + #{random costs at least as much}) / (R + 1). A Table 2 "
-                        "ordering holds only when the type it removes also costs more than the random sets.", "",
+                        "more than (ties counting half), the rank p-value (1 + #{random costs at least as much}) / "
+                        "(R + 1). A Table 2 ordering holds only when the type it removes also costs more than the "
+                        "random sets.", "",
                         to_markdown(pd.DataFrame(rows))]
     report.numbers["controls"] = [{"model": c.model, "policy": c.policy, "type": c.type, "heads": c.size,
                                    "value": c.value, "random": list(c.random), "percentile": c.percentile,

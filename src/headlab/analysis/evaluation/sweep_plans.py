@@ -6,8 +6,8 @@ family         plans (each under ``mask.policy``)                               
 single_head    ``L{l}H{h}``: one head (Michel et al. 2019; Kovaleva et al. 2019)   L x H
 all_but_one    ``L{l}H{h}``: every head of layer l except h (Michel et al. 2019)   L x H
 layer          ``L{l}``: every head of layer l (Kovaleva et al. 2019)              L
-random         ``random{n}_{d}``: n heads drawn uniformly, without replacement,    sizes x draws
-               from all L x H (the control of a head type of n heads)
+random         ``{policy}_random{n}_{d}``: n heads drawn uniformly, without      sizes x draws
+               replacement, from all L x H (the control of a type of n heads)
 =============  ==================================================================  ==========
 
 A plan's group is what one pass over the data runs together: its layer, or for ``random`` its size. Each size draws
@@ -67,7 +67,8 @@ def family_plans(family: str, policy: str, num_layers: int, num_heads: int, size
 
 def random_plans(policy: str, num_layers: int, num_heads: int, sizes: tuple[int, ...], draws: int,
                  seed: int) -> list[tuple[str, int, HeadPlan]]:
-    """``(random{n}_{d}, n, plan)``: ``draws`` sets of ``n`` heads per size, each under ``policy``."""
+    """``({policy}_random{n}_{d}, n, plan)``: ``draws`` sets of ``n`` heads per size, each under ``policy`` (its name
+    in the plan's, so that two policies' sets in one report are two plans)."""
     total = num_layers * num_heads
     too_big = [n for n in sizes if n > total]
     if too_big:
@@ -82,5 +83,5 @@ def random_plans(policy: str, num_layers: int, num_heads: int, sizes: tuple[int,
             for index in chosen:
                 policies[index // num_heads, index % num_heads] = policy
             selector = ",".join(head_name(index // num_heads, index % num_heads) for index in chosen)
-            plans.append((f"random{size}_{draw:02d}", size, HeadPlan(policies, [Rule(selector, policy)])))
+            plans.append((f"{policy}_random{size}_{draw:02d}", size, HeadPlan(policies, [Rule(selector, policy)])))
     return plans

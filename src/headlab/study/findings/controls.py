@@ -48,10 +48,11 @@ class TypeControl:
 
     def describe(self, digits: int) -> str:
         low, high = min(self.random), max(self.random)
-        return (f"{self.policy} of the {self.size} {self.type} heads: {self.value:.{digits}f} on the controls' "
+        heads = f"{self.size} head{'s' if self.size != 1 else ''}"
+        return (f"{self.policy} of the {heads} of type {self.type}: {self.value:.{digits}f} on the controls' "
                 f"{self.examples} examples, at the {self.percentile:.0f}th percentile of the costs of "
-                f"{len(self.random)} random sets of {self.size} heads ({low:.{digits}f} to {high:.{digits}f}; "
-                f"rank p {self.p_value:.3g})")
+                f"{len(self.random)} random sets of {heads} ({low:.{digits}f} to {high:.{digits}f}, ties counting "
+                f"half; rank p {self.p_value:.3g})")
 
 
 def type_control(files: StudyFiles, model: str, plan: str) -> TypeControl | str:
