@@ -46,7 +46,7 @@ ABOUT = {
     "compare": "head types of the pre-trained vs the fine-tuned model",
     "syntax": "the best head per dependency relation of a treebank vs offset baselines (Clark et al.)",
     "tables": "Guan et al.'s Tables 2 and 3: plans by head type, paired CIs and p-values",
-    "controls": "random head sets of each type's size under prune and uniform (the types' controls)",
+    "controls": "random head sets of the size of each type Table 2 says matters (the types' controls)",
     "sweep": "every head pruned alone",
     "robustness": "Table 2, the single-head sweep and the head types' Shapley values under prune, mean and resample",
     "importance": "gradient head importance and its agreement with the sweep",
