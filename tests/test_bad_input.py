@@ -221,7 +221,7 @@ CASES = [
                    "sweep.seed=-1"], "sweep.seed=-1 is not a seed"),
     ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=random", "sweep.sizes=[3,3]"],
      "names 3 twice"),
-    ("ablate.py", ["study.controls.sweep.seed=-1"], "sweep.seed=-1 is not a seed"),
+    ("ablate.py", ["mode=study", "study.controls.sweep.seed=-1"], "sweep.seed=-1 is not a seed"),
     # ablate.py mode=importance / prune_curve
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.split=test"], "'test'"),
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.sweep=/no/such/sweep"], "/no/such/sweep"),

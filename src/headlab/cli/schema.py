@@ -252,7 +252,7 @@ class DemoConfig:
     plans: dict[str, Any] = field(default_factory=dict)  # name -> {rules, unit?, renormalize?}
 
 
-MAX_DRAWS = 10_000  # sweep.draws: random sets per size
+MAX_RANDOM_SETS = 10_000  # sweep.draws: random sets per size
 
 
 @dataclass
@@ -269,7 +269,7 @@ class SweepConfig:
     def __post_init__(self) -> None:
         one_of("sweep.family", self.family, SWEEP_FAMILIES)
         at_least("sweep.heads_per_batch", self.heads_per_batch, 0)
-        within("sweep.draws", self.draws, 1, MAX_DRAWS, "a random set per draw and size, each a pass's plan")
+        within("sweep.draws", self.draws, 1, MAX_RANDOM_SETS, "a random set per draw and size, each a pass's plan")
         check_seed("sweep.seed", self.seed)
         twice = sorted({size for size in self.sizes if list(self.sizes).count(size) > 1})
         if twice:
