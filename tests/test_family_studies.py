@@ -25,7 +25,7 @@ def test_the_study_runs_on_every_family(model, tmp_path):
     result = run_script(words, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr[-3000:]
     for number, stage in enumerate(STAGES, start=1):
-        assert f"[{number}/12] {stage}: " in result.stdout + result.stderr
+        assert f"[{number}/13] {stage}: " in result.stdout + result.stderr
     summary = summary_of(folder)
     assert summary["model"] == model and summary["findings"] and (folder / "study.md").is_file()
     for name in ("pretrained", "seed0"):

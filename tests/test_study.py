@@ -25,8 +25,8 @@ from conftest import ROOT, assert_one_error_line, in_parallel
 from forked import HANG_GUARD, run_script
 
 pytestmark = pytest.mark.slow
-STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "sweep", "robustness",
-          "importance", "prune_curve", "report"]
+STAGES = ["finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "refits", "sweep",
+          "robustness", "importance", "prune_curve", "report"]
 REPORT = "report-resamples-2000+permutations-2000"  # the tables' and sweep's report folder: study=quick's statistics
 
 
@@ -107,10 +107,10 @@ def test_every_stage_writes_its_files_and_the_report_lists_them(finished):
             assert str(relative) in listed or re.search(alike, listed), relative  # folders of many plans: one line
     assert re.search(r"wandb/\{\d+ offline runs", listed)
     for number, stage in enumerate(STAGES, start=1):
-        assert f"[{number}/12] {stage}: " in out
+        assert f"[{number}/13] {stage}: " in out
     left = r"; (about \d+ minutes? left|less than a minute left)$"  # the study's estimate from the first stage on
-    assert re.search(r"^\[1/12\] finetune: done in .*" + left, out, re.M), out
-    assert not re.search(r"^\[11/12\] prune_curve: done in .*" + left, out, re.M)  # nothing left after it
+    assert re.search(r"^\[1/13\] finetune: done in .*" + left, out, re.M), out
+    assert not re.search(r"^\[12/13\] prune_curve: done in .*" + left, out, re.M)  # nothing left after it
     assert re.search(r"study done in \d+:\d\d:\d\d: .*study\.md", out)
     runs = len(list(folder.glob("wandb/offline-run-*")))  # W&B: one line a run, then how to upload them all
     assert "wandb:" not in out and len(re.findall(r"^W&B: run \S+ in ", out, re.M)) == runs > 20
@@ -231,7 +231,7 @@ def test_a_rerun_skips_every_stage(finished):
     folder, _ = finished
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")}
     out = study(folder).stdout
-    assert all(f"[{n}/12] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
+    assert all(f"[{n}/13] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("results.json")} == before
     summary = summary_of(folder)["summary"]  # what the first run printed at its end, printed again
     assert any(line.startswith("finding") for line in summary) and "\n".join(summary) in out
@@ -244,7 +244,7 @@ def test_a_study_folder_copied_elsewhere_is_still_done(finished):
     copy = folder.parent / "study_copy"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("wandb"))  # modification times kept
     out = study(copy).stdout
-    assert all(f"[{n}/12] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
+    assert all(f"[{n}/13] {stage}: skipped, done" in out for n, stage in enumerate(STAGES, start=1)), out
     shutil.rmtree(copy)
 
 
@@ -258,10 +258,10 @@ def test_a_stage_whose_files_went_runs_again(finished):
     out = study(folder).stdout
     assert "note: since the stage finished, cluster/seed0/clusters.json missing: cluster/seed0 runs again" in out
     assert "note: since the stage finished, syntax/seed0/syntax.csv missing: syntax/seed0 runs again" in out
-    assert "[4/12] syntax: skipped" not in out and "[3/12] cluster: skipped" not in out
+    assert "[4/13] syntax: skipped" not in out and "[3/13] cluster: skipped" not in out
     assert {name: (folder / name).read_bytes() for name in kept} == kept
     assert "`syntax/seed0/syntax.csv`" in (folder / "study.md").read_text()
-    assert "[1/12] finetune: skipped, done" in out and "[2/12] features: skipped, done" in out
+    assert "[1/13] finetune: skipped, done" in out and "[2/13] features: skipped, done" in out
 
 
 def test_a_report_by_hand_with_other_settings_keeps_off_the_studys_tables(finished):
@@ -289,7 +289,7 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     process = subprocess.Popen(command(folder), cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     for line in process.stdout:
-        if line.startswith("[3/12] cluster"):
+        if line.startswith("[3/13] cluster"):
             process.send_signal(signal.SIGKILL)
             break
     process.wait(timeout=HANG_GUARD)
@@ -300,17 +300,17 @@ def test_a_killed_study_resumes_to_the_same_numbers(finished, tmp_path):
     out = ""
     for line in process.stdout:
         out += line
-        if line.startswith("[6/12] tables"):
+        if line.startswith("[6/13] tables"):
             process.send_signal(signal.SIGINT)
             break
     out += process.stdout.read()
     assert process.wait(timeout=HANG_GUARD) == 130, out[-3000:]
-    assert "[1/12] finetune: skipped, done" in out and "[2/12] features: skipped, done" in out
-    assert "[3/12] cluster: head types" in out
-    assert re.search(r"note: interrupted \(Ctrl-C\) during \[6/12\] tables(, job tables/\S+)?; run the same "
-                     r"command to go on", out) and "[7/12]" not in out and not (folder / "study.md").exists()
+    assert "[1/13] finetune: skipped, done" in out and "[2/13] features: skipped, done" in out
+    assert "[3/13] cluster: head types" in out
+    assert re.search(r"note: interrupted \(Ctrl-C\) during \[6/13\] tables(, job tables/\S+)?; run the same "
+                     r"command to go on", out) and "[7/13]" not in out and not (folder / "study.md").exists()
     out = study(folder).stdout
-    assert "[5/12] compare: skipped, done" in out and "[6/12] tables: Guan" in out
+    assert "[5/13] compare: skipped, done" in out and "[6/13] tables: Guan" in out
     mine, theirs = (json.loads((f / "study.json").read_text()) for f in (folder, finished[0]))
     for key in ("baseline", "clusters", "compare", "syntax", "importance"):
         assert mine[key] == theirs[key], key
@@ -346,6 +346,32 @@ def test_stale_stages_stay_out_of_the_report_and_plans_of_another_clustering_ret
     assert "cluster3" not in text and "_Left out:" not in text and "prune_cluster2" in text
 
 
+def test_the_refits_stage_evaluates_table_2s_type_plans_under_each_bootstrap_fit(finished, tmp_path):
+    """Guan et al.'s types named by hand: a job per distinct head set of each type under each bootstrap fit of
+    clusters.json, whose plan removes exactly that fit's heads of the type, and a baseline; a rerun skips it."""
+    folder = tmp_path / "study"
+    shutil.copytree(finished[0], folder, symlinks=True)
+    named = ("study.stages=[cluster,refits,report]", "study.cluster.cluster.names=[dense,diagonal,dense_vertical,"
+             "vertical]")
+    out = study(folder, *named).stdout
+    fits = json.loads((folder / "cluster/seed0/clusters.json").read_text())["refits"]
+    assert len(fits) == 2 and all(len(fit) == 12 for fit in fits)  # study=quick: 2 fits of the 12 heads
+    expected = {(policy, kind, frozenset(head for head, label in fit.items() if label == kind))
+                for fit in fits for kind in ("dense", "diagonal", "dense_vertical", "vertical")
+                for policy in ("prune", "uniform") if kind in fit.values()}
+    found = set()
+    for path in (folder / "refits/seed0").glob("*/results.json"):
+        plan = json.loads(path.read_text())["plan"]
+        if path.parent.name == "baseline":
+            assert plan["policies"] == {}
+            continue
+        policy, kind = path.parent.name.split("-")[0].split("_", 1)
+        found.add((policy, kind, frozenset(head for head, given in plan["policies"].items() if given == policy)))
+    assert found == expected
+    assert re.search(r"^\[2/3\] refits: .*, \d+ jobs", out, re.M), out
+    assert "[2/3] refits: skipped, done" in study(folder, *named).stdout
+
+
 def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     """Fewer stability fits: new clusters, so the comparison, the tables and the robustness stage (their clusters
     file) run again; the fine-tuning, features, sweep, importance and prune curve do not (runs last: it changes the
@@ -357,7 +383,7 @@ def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):
     for name in ("curve_old.png", "mine.png"):  # a figure of the earlier report, a file of the user's
         (report / name).write_bytes(b"png")
     out = study(folder, "study.cluster.cluster.stability_fits=2").stdout
-    ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/12] {stage}: skipped" not in out}
+    ran = {stage for n, stage in enumerate(STAGES, start=1) if f"[{n}/13] {stage}: skipped" not in out}
     assert ran == {"cluster", "compare", "tables", "robustness", "report"}, out
     assert re.search(r"note: settings changed since \S+/cluster/seed0/results.json was written \(cluster\."
                      r"stability_fits \d+ -> 2\)", out), out  # the setting, not the files it changes downstream
@@ -437,7 +463,7 @@ def test_more_seeds_add_their_models_the_seeds_comparison_and_no_meaningless_mea
     folder, _ = finished
     before = (folder / "sweep/seed0/results.json").stat().st_mtime_ns
     out = study(folder, "study.seeds=[0,1]").stdout
-    assert "[1/12] finetune: fine-tune the model on the task, 2 jobs" in out
+    assert "[1/13] finetune: fine-tune the model on the task, 2 jobs" in out
     assert (folder / "sweep/seed0/results.json").stat().st_mtime_ns == before
     assert (folder / "finetune/seed1/model/config.json").is_file() and (folder / "prune_curve/seed1").is_dir()
     seeds = json.loads((folder / "compare/seeds/results.json").read_text())

@@ -43,6 +43,7 @@ class StudyConfig:
     syntax: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, Any] = field(default_factory=dict)
     controls: dict[str, Any] = field(default_factory=dict)
+    refits: dict[str, Any] = field(default_factory=dict)
     sweep: dict[str, Any] = field(default_factory=dict)
     robustness: dict[str, Any] = field(default_factory=dict)
     importance: dict[str, Any] = field(default_factory=dict)

@@ -11,6 +11,8 @@
     tables/table3_renormalized/seed0/    ... and renormalize=true; each table's report/ beside its plans
     controls/prune/seed0/                mode=sweep_heads, family random: sets of the size of each type Table 2 says
                                          matters (controls/uniform/)
+    refits/seed0/<plan>-<digest>/        mode=eval of Table 2's type plans under each bootstrap fit of the clusters
+                                         (``headlab.study.refit_plans``), refits/seed0/baseline/ beside them
     sweep/seed0/                         mode=sweep_heads: every head pruned alone
     robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/): on its examples
     robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, shapley_resample/)
@@ -31,12 +33,13 @@ from typing import Any
 from headlab.errors import UserError
 from headlab.files import read_json
 from headlab.study.configs import analysis_config, train_config
+from headlab.study.refit_plans import refit_plans
 
-STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "sweep", "robustness",
-          "importance", "prune_curve", "report")
+STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "refits", "sweep",
+          "robustness", "importance", "prune_curve", "report")
 NEEDS = {"finetune": (), "features": ("finetune",), "cluster": ("features",), "compare": ("cluster",),
          "syntax": ("finetune",), "tables": ("finetune", "cluster"), "controls": ("finetune", "cluster"),
-         "sweep": ("finetune",),
+         "refits": ("finetune", "cluster"),         "sweep": ("finetune",),
          "robustness": ("finetune", "cluster"),
          "importance": ("finetune",), "prune_curve": ("finetune",), "report": ()}
 ABOUT = {
@@ -47,6 +50,7 @@ ABOUT = {
     "syntax": "the best head per dependency relation of a treebank vs offset baselines (Clark et al.)",
     "tables": "Guan et al.'s Tables 2 and 3: plans by head type, paired CIs and p-values",
     "controls": "random head sets of the size of each type Table 2 says matters (the types' controls)",
+    "refits": "Table 2's type plans under each bootstrap fit of the clusters (the clustering's randomness)",
     "sweep": "every head pruned alone",
     "robustness": "Table 2, the single-head sweep and the head types' Shapley values under prune, mean and resample",
     "importance": "gradient head importance and its agreement with the sweep",
@@ -54,8 +58,8 @@ ABOUT = {
     "report": "study.md",
 }
 STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "syntax": "syntax",
-               "tables": "eval", "controls": "sweep_heads", "sweep": "sweep_heads", "robustness": "shapley",
-               "importance": "importance", "prune_curve": "prune_curve"}  # ablate.py modes
+               "tables": "eval", "controls": "sweep_heads", "refits": "eval", "sweep": "sweep_heads",
+               "robustness": "shapley", "importance": "importance", "prune_curve": "prune_curve"}  # ablate.py modes
 TABLES = ("table2", "table3", "table3_renormalized")
 MARKER = "stage.json"  # <study>/<stage>/stage.json: the stage's jobs (their hashes) and files when it last finished
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
@@ -127,8 +131,9 @@ def check_stages(cfg: Any, done: set[str]) -> list[str]:
 def stage_jobs(study: Study, stage: str) -> list[Job]:
     """The jobs of ``stage`` (the report stage has none: ``headlab.study.report`` writes it)."""
     return {"finetune": _finetune, "features": _features, "cluster": _cluster, "compare": _compare,
-            "syntax": _syntax, "tables": _tables, "controls": _controls, "sweep": _sweep, "robustness": _robustness,
-            "importance": _importance, "prune_curve": _prune_curve, "report": lambda _: []}[stage](study)
+            "syntax": _syntax, "tables": _tables, "controls": _controls, "refits": _refits, "sweep": _sweep,
+            "robustness": _robustness, "importance": _importance, "prune_curve": _prune_curve,
+            "report": lambda _: []}[stage](study)
 
 
 def _finetune(study: Study) -> list[Job]:
@@ -221,6 +226,21 @@ def _controls(study: Study) -> list[Job]:
                 jobs.append(Job(study.stage_dir("controls") / policy / name, study.analysis(
                     "controls", "sweep_heads", ckpt, **{"mask.policy": policy, "sweep.family": "random",
                                                         "sweep.sizes": sizes}), "sweep_heads"))
+    return jobs
+
+
+def _refits(study: Study) -> list[Job]:
+    """Per model, Table 2's type plans under each bootstrap fit of its clusters (``cluster.bootstrap_fits``), a job
+    per distinct head set, and the baseline on the same examples; none when the clusters are not Guan et al.'s."""
+    jobs = []
+    for name, ckpt in study.models:
+        fits = refit_plans(read_json(study.stage_dir("cluster") / name / "clusters.json", "clusters"))
+        plans = {"baseline": {"rules": []}} if fits else {}  # job folder -> its plan
+        for fit in fits:
+            plans |= {plan.folder: plan.rules for plan in fit.values()}
+        for folder, rules in plans.items():
+            cfg = study.analysis("refits", "eval", ckpt, plan=folder, plans={folder: rules})
+            jobs.append(Job(study.stage_dir("refits") / name / folder, cfg, "eval"))
     return jobs
 
 

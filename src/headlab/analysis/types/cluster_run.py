@@ -7,7 +7,8 @@ stability, embeds the heads and writes into the job directory:
 ``clusters.json``          the clusters file of DESIGN.md section 5 (``labels``: head -> type, read by
                            ``cluster:NAME`` selectors and the Guan Table 2/3 presets), with the centroids,
                            counts per layer, stability, the separation of the centroids (named only above 1,
-                           ``clusters.distinct``), the names the profiles gave and the settings
+                           ``clusters.distinct``), the names the profiles gave, the labels of each
+                           bootstrap fit (``refits``: ``cluster.bootstrap_fits`` of them) and the settings
 ``heads.parquet`` / .csv   the features job's per-head table with ``cluster`` and the embeddings' coordinates
 ``types_per_layer.csv``    heads of each type per layer (Guan Fig. 3)
 ``embeddings.png``         t-SNE and MDS of the distance features, by cluster and by layer (Guan Fig. 2, Clark
@@ -31,7 +32,15 @@ from sklearn.manifold import MDS, TSNE
 
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.analysis.types.checks import UNREADABLE, check_features_file, features_job, unreadable_features
-from headlab.analysis.types.clusters import Clustering, agreement, distinct, fit_clusters, profiles, refits
+from headlab.analysis.types.clusters import (
+    Clustering,
+    agreement,
+    bootstrap_labels,
+    distinct,
+    fit_clusters,
+    profiles,
+    refits,
+)
 from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.types.features_run import features_table
 from headlab.files import path_stamp, read_json, write_frame_atomic, write_json_atomic, write_text_atomic
@@ -113,8 +122,10 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     share = agreement(fitted) if options.stability_split == "sequences" else stable_share(cfg.seed)
     repeats = [stable_share(cfg.seed + REPEAT * r)  # the whole procedure again, other halves and seeds
                for r in range(1, options.stability_repeats + 1)]
+    resampled = bootstrap_labels(per_sequence, clustering.labels, options.k, options.method, cfg.seed,
+                                 options.bootstrap_fits)  # [fits, heads]
     summary = identity.complete(write_clusters(cfg, features, clustering, share, path, source, identity.output_dir,
-                                               logger, repeats))
+                                               logger, repeats, resampled))
     write_json_atomic(identity.output_dir / "results.json", summary)
     counts = ", ".join(f"{name} {count}" for name, count in summary["counts"].items())
     silhouette = "" if clustering.silhouette is None else f", silhouette {clustering.silhouette:.3f}"
@@ -134,8 +145,10 @@ REPEAT = 1000  # repeat r of the stability procedure draws its halves and fits w
 
 
 def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering, share: float, path: Path,
-                   source: dict[str, Any], output_dir: Path, logger, repeats: list[float]) -> dict[str, Any]:
-    """Every file of the module docstring; returns the summary for ``results.json`` (without the config)."""
+                   source: dict[str, Any], output_dir: Path, logger, repeats: list[float],
+                   resampled: np.ndarray) -> dict[str, Any]:
+    """Every file of the module docstring; returns the summary for ``results.json`` (without the config).
+    ``resampled``: ``[fits, heads]`` labels of the bootstrap fits (``refits`` in clusters.json)."""
     options, formats = cfg.cluster, tuple(cfg.report.formats)
     names = clustering.label_names()
     table = features_table(features)
@@ -167,6 +180,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         "counts_per_layer": per_layer.to_dict("records"), "stability": share, "silhouette": clustering.silhouette,
         "stability_split": options.stability_split, "stability_fits": options.stability_fits,
         "stability_repeats": repeats,
+        "refits": [dict(zip(table["name"], (clustering.names[label] for label in fit))) for fit in resampled],
         "centroids": {name: clustering.centroids[i].tolist() for i, name in enumerate(clustering.names)},
         "bins": list(DISTANCE_BINS), "shape": [features.num_layers, features.num_heads],
         "features": str(path.parent.absolute()), "num_sequences": features.num_sequences,

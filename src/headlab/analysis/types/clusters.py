@@ -22,6 +22,9 @@
   sequences (the heads' features recomputed from those sequences) or of the heads (predicting the rest),
   each fit's labels aligned to the full fit's by the Hungarian method; the share of heads whose label is
   the same in every fit; repeated with other seeds (``cluster.stability_repeats``), the spread of the procedure.
+- ``bootstrap_labels``: the labels of fits on bootstrap resamples of the sequences (drawn with replacement, as many
+  as there are), aligned to the full fit's: the clustering another sample of text would give. The study reruns the
+  type plans under each (its ``refits`` stage), so that a claim about a type states how much it rests on one fit.
 """
 
 from __future__ import annotations
@@ -189,6 +192,23 @@ def refits(per_sequence: np.ndarray, reference: np.ndarray, k: int = 4, method: 
         centroids.append([features[fitted[-1] == c].mean(0) if (fitted[-1] == c).any() else np.full(bins, np.nan)
                           for c in range(k)])
     return np.array(fitted), np.array(centroids)
+
+
+def bootstrap_labels(per_sequence: np.ndarray, reference: np.ndarray, k: int = 4, method: str = "kmeans",
+                     seed: int = 0, fits: int = 5) -> np.ndarray:
+    """``[fits, heads]`` labels of fits on bootstrap resamples of the sequences of ``per_sequence``
+    ``[sequences, heads, 21]``, each aligned to ``reference`` ``[heads]`` (Hungarian method)."""
+    sequences = per_sequence.shape[0]
+    rng = np.random.default_rng([seed, BOOTSTRAP_STREAM])
+    fitted = []
+    for fit in range(fits):
+        features = per_sequence[rng.integers(0, sequences, size=sequences)].mean(0)  # [heads, 21]
+        labels = _model(k, method, seed + fit + 1).fit(features).predict(features)
+        fitted.append(align(labels, reference, k))
+    return np.array(fitted, dtype=int).reshape(fits, per_sequence.shape[1])
+
+
+BOOTSTRAP_STREAM = 7  # the resamples' own random stream, apart from the stability's halves of the same seed
 
 
 def separation(centroids: np.ndarray, fitted: np.ndarray) -> float:

@@ -46,6 +46,9 @@ class FeaturesConfig:
             raise UserError(f"features.sieve_alpha={self.sieve_alpha} must be in (0, 1)")
 
 
+MAX_BOOTSTRAP_FITS = 100  # each fit's type plans are evaluated again by the study: more is hours, not precision
+
+
 @dataclass
 class ClusterConfig:
     """Head types by clustering distance features (Guan et al. 2020)."""
@@ -57,6 +60,7 @@ class ClusterConfig:
     stability_fits: int = 10  # Guan et al. Table 1: fits on random halves
     stability_split: str = "sequences"  # halves of the sequences (features recomputed) | of the heads
     stability_repeats: int = 0  # the whole procedure again with other seeds: the spread of its stability
+    bootstrap_fits: int = 0  # fits on bootstrap resamples of the sequences: their labels in clusters.json (refits)
     perplexity: float = 30.0  # t-SNE (capped below the number of heads)
     min_stability: float | None = 0.9  # a note when the stability is lower (Guan et al. Table 1: 94-96%)
 
@@ -69,6 +73,9 @@ class ClusterConfig:
             raise UserError(f"cluster.stability_fits={self.stability_fits} must be at least 2")
         if self.stability_repeats < 0:
             raise UserError(f"cluster.stability_repeats={self.stability_repeats} must be 0 (none) or more")
+        if not 0 <= self.bootstrap_fits <= MAX_BOOTSTRAP_FITS:
+            raise UserError(f"cluster.bootstrap_fits={self.bootstrap_fits} must be in 0..{MAX_BOOTSTRAP_FITS} (0: "
+                            "none; the study reruns its type plans under each fit)")
         if not self.perplexity > 0:
             raise UserError(f"cluster.perplexity={self.perplexity} must be > 0")
         if self.min_stability is not None and not 0 <= self.min_stability <= 1:

@@ -28,6 +28,7 @@ from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tes
 from headlab.reporting.value_intervals import headroom_interval
 from headlab.study.findings.controls import TypeControl, type_control
 from headlab.study.findings.inputs import StudyFiles
+from headlab.study.findings.refits import cost_spread, gated, ordering_spread
 from headlab.study.findings.verdicts import (
     HOLDS,
     INCONCLUSIVE,
@@ -209,10 +210,15 @@ def pooled_evidence(files: StudyFiles, o: Ordering, level: float) -> Evidence:
     note = "" if outcome != INCONCLUSIVE else f"half-width {(found.high - found.low) / 2:.{digits}f}; more seeds " \
         "narrow it where the seeds differ, more examples where each seed's own interval is wide"
     if o.family == "table2" and outcome == HOLDS:
-        gated = [controlled(files, model, o.removed, HOLDS, [], {}) for model in files.models]
-        if INCONCLUSIVE in gated:
+        controls = [controlled(files, model, o.removed, HOLDS, [], {}) for model in files.models]
+        if INCONCLUSIVE in controls:
             outcome, note = INCONCLUSIVE, (f"the pooled ordering holds, but {o.removed} does not cost more than "
                                            "random sets of its size on every seed (each seed's control beside it)")
+        spreads = [ordering_spread(files, model, o.kept, o.removed, replace(files.resampling, confidence=level))
+                   for model in files.models]
+        if outcome == HOLDS and any(spread is not None and not spread.enough() for spread in spreads):
+            outcome, note = INCONCLUSIVE, ("the pooled ordering holds, but not under half of the bootstrap fits of "
+                                           "the clusters on every seed (each seed's spread beside it)")
     return Evidence(POOLED, outcome, numbers, f"tables/{o.table}/{{{','.join(files.models)}}}", {
         "value": found.value, "low": found.low, "high": found.high, "boundary": 0.0, "confidence": level,
         "seeds": list(found.seeds), "between_seeds_sd": found.between}, note=note)
@@ -244,6 +250,8 @@ def ordering_evidence(files: StudyFiles, o: Ordering, model: str, result, p: flo
     values["collapsed"] = [plan for plan, mark in marks.items() if mark]
     if o.family == "table2" and outcome != NOT_TESTED:
         outcome = controlled(files, model, o.removed, outcome, notes, values)
+        spread = ordering_spread(files, model, o.kept, o.removed, family_resampling(files.resampling, family))
+        outcome = gated(spread, outcome, notes, values, digits)
     file = f"tables/{o.table}/{model}/{{{o.kept},{o.removed}}}/records.parquet"
     return Evidence(model, outcome, numbers, file, values, note="; ".join(notes))
 
@@ -333,6 +341,8 @@ def cost_evidence(files: StudyFiles, cost: Cost, model: str, baseline, test, p: 
         notes.append(note)
         values |= more
     notes += [c for c in (collapsed(files, "table2", model, cost.plan),) if c]
+    if outcome != NOT_TESTED:
+        outcome = gated(cost_spread(files, model, cost.plan, boundary, level), outcome, notes, values, 4)
     return Evidence(model, outcome, numbers, file, values, note="; ".join(notes))
 
 
