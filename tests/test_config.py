@@ -130,6 +130,18 @@ def test_a_job_hash_ignores_the_sections_of_other_modes():
     assert job_hash("mode=features", "features.batch_size=4") != job_hash("mode=features")
 
 
+def test_a_modes_changed_rule_reruns_its_jobs_only(monkeypatch):
+    """A rule of mode=syntax raised (``identity.MODE_RULES``): its jobs' hash changes, an evaluation's does not."""
+    from headlab.analysis.jobs import identity
+
+    def job_hash(mode):
+        return identity.hashed_config(ablate_cfg("group=g", "logger=none", f"mode={mode}"))[2]
+
+    before = {mode: job_hash(mode) for mode in ("syntax", "eval")}
+    monkeypatch.setitem(identity.MODE_RULES, "syntax", {"offset_control": 1})
+    assert job_hash("syntax") != before["syntax"] and job_hash("eval") == before["eval"]
+
+
 def test_progress_bars_off_turns_off_hugging_face_bars_too():
     import datasets
     from transformers.utils import logging as transformers_logging

@@ -141,6 +141,27 @@ def test_a_type_must_cost_more_than_random_sets_of_its_size(tmp_path, draws):
     assert "at the 50th percentile of the costs of 20 random sets of 7 heads (" in evidence.note
 
 
+def test_a_type_that_beats_its_random_sets_on_one_example_only_is_not_shown_to_matter(tmp_path):
+    """Every random set scores above the type (rank p 1/21) but only on one of the 40 examples: the excess,
+    (type - the sets' mean) / baseline, equals the means' by hand and its paired bootstrap CI reaches 0."""
+    rng = np.random.default_rng(6)
+    diagonal = rng.uniform(0.2, 0.4, 80)
+    table2(tmp_path, np.clip(diagonal + 0.5, 0, 1), diagonal, controlled=False)
+    sets = []
+    for d in range(20):
+        one = diagonal[:40].copy()
+        one[0] += 0.1 + 0.01 * d
+        sets.append(one)
+    random_sets(tmp_path, "seed0", "prune", 7, sets)
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    control = evidence.values["control"]
+    assert control["p_value"] == pytest.approx(1 / 21)
+    expected = (diagonal[:40].mean() - np.mean([one.mean() for one in sets])) / 1.0  # the baseline scores 1
+    assert control["excess"]["value"] == pytest.approx(expected, abs=1e-12)
+    assert control["excess"]["high"] == pytest.approx(0.0, abs=1e-12) and control["excess"]["low"] < 0
+    assert evidence.verdict == INCONCLUSIVE and "reaches 0: it may not carry over to other examples" in evidence.note
+
+
 def test_a_plan_the_clusters_lack_is_not_tested_and_a_missing_stage_says_so(tmp_path):
     files = files_of(tmp_path)
     assert guan_finding(files).verdict == NOT_TESTED

@@ -12,7 +12,7 @@ import pytest
 from test_findings import files_of, guan_finding, job, records, table2
 from test_verdict_limits import classification_records
 
-from headlab.analysis.types.clusters import bootstrap_labels, fit_clusters
+from headlab.analysis.types.clusters import Clustering, bootstrap_labels, fit_clusters, same_types
 from headlab.study.findings.verdicts import HOLDS, INCONCLUSIVE, NOT_TESTED
 from headlab.study.refit_plans import refit_plans
 
@@ -32,14 +32,15 @@ def folder_of(plan: str, heads: list[str]) -> str:
     return f"{plan}-{hashlib.sha1(','.join(ordered).encode()).hexdigest()[:10]}"
 
 
-def clusters_file(folder, fits: list[dict[str, str]], model: str = "seed0") -> None:
+def clusters_file(folder, fits: list[dict[str, str]], model: str = "seed0", made: int = 0) -> None:
+    """``fits``: the bootstrap fits of the same types, of ``made`` (default: as many)."""
     job(folder, f"cluster/{model}", {"stability": 0.97, "stability_repeats": [0.97] * 20,
                                      "config": {"cluster": {"stability_fits": 10, "stability_split": "heads"}}})
     main = labelling(["L0H0", "L0H1", "L0H2", "L0H3", "L0H4", "L0H5", "L1H0"], ["L1H1", "L1H2", "L1H3"])
     counts = {name: list(main.values()).count(name) for name in ("dense", "diagonal", "dense_vertical", "vertical")}
     (folder / "cluster" / model / "clusters.json").write_text(json.dumps(
         {"names": ["dense", "diagonal", "dense_vertical", "vertical"], "named": True, "labels": main,
-         "counts": counts, "refits": fits}))
+         "counts": counts, "refits": fits, "bootstrap_fits": made or len(fits)}))
 
 
 def test_the_bootstrap_fits_keep_separated_heads_and_move_a_head_between_two_types():
@@ -51,12 +52,37 @@ def test_the_bootstrap_fits_keep_separated_heads_and_move_a_head_between_two_typ
     centres[:4, 0], centres[4:8, 5], centres[8, [0, 5]] = 1.0, 1.0, 0.5
     per_sequence = centres + rng.normal(0, 0.05, (sequences, 9, 21))  # [sequences, heads, 21]
     reference = fit_clusters(per_sequence.mean(0), 2).labels
-    fitted = bootstrap_labels(per_sequence, reference, 2, seed=3, fits=30)
-    assert fitted.shape == (30, 9)
+    fitted, centroids = bootstrap_labels(per_sequence, reference, 2, seed=3, fits=30)
+    assert fitted.shape == (30, 9) and centroids.shape == (30, 2, 21)
     assert (fitted[:, :8] == reference[:8]).all()
     assert set(fitted[:, 8]) == {0, 1}
-    assert (bootstrap_labels(per_sequence, reference, 2, seed=3, fits=30) == fitted).all()
-    assert bootstrap_labels(per_sequence, reference, 2, fits=0).shape == (0, 9)
+    assert (bootstrap_labels(per_sequence, reference, 2, seed=3, fits=30)[0] == fitted).all()
+    assert bootstrap_labels(per_sequence, reference, 2, fits=0)[0].shape == (0, 9)
+    # each fit's centroid of a label: its resample's features averaged over the heads of that label in that fit,
+    # within the resampling noise (0.05 / sqrt(40 sequences)) of the full sample's features averaged alike
+    full = per_sequence.mean(0)
+    for fit, fit_centroids in zip(fitted, centroids):
+        for label in (0, 1):
+            assert np.abs(fit_centroids[label] - full[fit == label].mean(0)).max() < 0.03
+
+
+def test_a_fit_whose_own_profiles_name_its_clusters_otherwise_is_not_the_same_types():
+    """Four centroids of Guan et al.'s profiles named in order; a fit whose aligned clusters 0 and 1 swapped their
+    profiles, or whose cluster is empty, is left out; names given by hand keep every fit."""
+    centroids = np.zeros((4, 21))
+    centroids[0, 3:17] = 0.8 / 14  # dense: long range
+    centroids[1, 0:3] = 0.9 / 3  # diagonal: short range
+    centroids[2, 3:17], centroids[2, 17:21] = 0.5 / 14, 0.4 / 4  # dense_vertical: long range and special tokens
+    centroids[3, 17:21] = 0.9 / 4  # vertical: special tokens
+    named = Clustering(np.arange(4), centroids, ["dense", "diagonal", "dense_vertical", "vertical"], True, None)
+    assert same_types(named, centroids)
+    assert not same_types(named, centroids[[1, 0, 2, 3]])
+    empty = centroids.copy()
+    empty[2] = np.nan
+    assert not same_types(named, empty)
+    by_hand = Clustering(np.arange(4), centroids, ["dense", "diagonal", "dense_vertical", "vertical"], True, None,
+                         by_hand=True)
+    assert same_types(by_hand, centroids[[1, 0, 2, 3]])
 
 
 def test_each_fit_names_its_heads_and_fits_that_agree_share_a_job():
@@ -96,13 +122,35 @@ def test_an_ordering_states_its_spread_across_the_fits_and_needs_half_of_them(tm
     expected = [100 * (vertical.mean() - diagonal.mean()) for vertical in costly]
     assert spread["values"][:3] == pytest.approx(expected, abs=1e-9) and math.isnan(spread["values"][3])
     assert spread["verdicts"] == [HOLDS, HOLDS, INCONCLUSIVE, NOT_TESTED] and spread["holds"] == 2
+    assert (spread["claim_side"], spread["other_side"]) == (2, 0)  # the third fit's difference is exactly 0
     assert evidence.verdict == HOLDS
-    assert (f"under 4 bootstrap fits of the clusters: holds in 2, the estimate {min(expected):+.2f} to "
-            f"{max(expected):+.2f}") in evidence.note
+    assert (f"under 4 bootstrap fits of the clusters: the estimate {min(expected):+.2f} to {max(expected):+.2f}, "
+            "on the claim's side of +0 in 2, on the other in 0; holds in 2") in evidence.note
     refit_records(tmp_path, fits[1], diagonal[rng.permutation(80)], diagonal)  # the second fit now shows nothing
     (evidence,) = guan_finding(files_of(tmp_path)).evidence
-    assert evidence.values["refits"]["holds"] == 1 and evidence.verdict == INCONCLUSIVE
-    assert "under only 1 of 4 bootstrap fits: it rests on one labelling of the heads" in evidence.note
+    assert evidence.values["refits"]["claim_side"] == 1 and evidence.verdict == INCONCLUSIVE
+    assert ("it holds under the main fit of the clusters, but fewer than half of the 4 bootstrap fits put the "
+            "estimate on that side: it rests on one labelling of the heads") in evidence.note
+    clusters_file(tmp_path, fits[:2], made=3)  # one more fit was made, of other types: it counts against
+    refit_records(tmp_path, fits[1], np.clip(diagonal + 0.01, 0, 1), diagonal)  # a small loss, on the claim's side
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    assert evidence.values["refits"]["fits"] == 3 and evidence.values["refits"]["claim_side"] == 2
+    assert evidence.verdict == HOLDS and "1 fit whose own profiles named the clusters otherwise" in evidence.note
+
+
+def test_a_claim_that_does_not_hold_needs_the_fits_too(tmp_path):
+    """The main fit: the diagonal heads cost less than the vertical ones (does not hold); under 3 of 3 fits they cost
+    more: inconclusive."""
+    rng = np.random.default_rng(8)
+    diagonal = rng.uniform(0.4, 0.6, 80)
+    table2(tmp_path, np.clip(diagonal - 0.3, 0, 1), diagonal)
+    fits = [labelling(["L0H0"], ["L1H1"]), labelling(["L0H1"], ["L1H2"]), labelling(["L0H2"], ["L1H3"])]
+    clusters_file(tmp_path, fits)
+    for fit in fits:
+        refit_records(tmp_path, fit, np.clip(diagonal + 0.2, 0, 1), diagonal)
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    assert evidence.values["value"] < 0 and evidence.values["refits"]["claim_side"] == 3
+    assert evidence.verdict == INCONCLUSIVE and "it does not hold under the main fit" in evidence.note
 
 
 def test_a_cost_states_its_spread_across_the_fits(tmp_path):

@@ -97,6 +97,40 @@ def test_offset_means_are_each_offsets_mean_over_the_sentences_word_pairs():
                     assert found[b, head, d, h] == pytest.approx(np.mean(same), rel=1e-12), (b, head, d, h)
 
 
+def test_a_roles_own_arcs_are_left_out_of_their_offset_baseline():
+    """With the arcs left out, each offset's mean is over the other pairs at that offset (NaN where none is left);
+    the excess of a role is the mean over its arcs with a baseline, by brute force; a head that attends only along
+    one arc, alone at its offset but for one other pair, keeps its whole score."""
+    import torch
+
+    from headlab.analysis.syntax.sieves import beyond_offset, offset_means
+
+    rng = np.random.default_rng(5)
+    scores = torch.tensor(rng.uniform(0, 5, (1, 2, 6, 6)), dtype=torch.float64)  # [batch, heads, d, h]
+    words = torch.tensor([[0, 1, 1, 1, 1, 0]], dtype=torch.bool)  # words in slots 1..4
+    arcs = torch.zeros(1, 6, 6, dtype=torch.bool)
+    arcs[0, 1, 2] = arcs[0, 3, 2] = arcs[0, 1, 4] = True  # offsets +1, -1, +3 (the only pair at +3)
+    found = offset_means(scores, words, arcs).numpy()
+    slots = [1, 2, 3, 4]
+    excess = {head: [] for head in range(2)}
+    for d, h in [(1, 2), (3, 2), (1, 4)]:
+        for head in range(2):
+            same = [scores[0, head, i, j].item() for i in slots for j in slots
+                    if i != j and j - i == h - d and not arcs[0, i, j]]
+            if not same:
+                assert math.isnan(found[0, head, d, h])
+                continue
+            assert found[0, head, d, h] == pytest.approx(np.mean(same), rel=1e-12)
+            excess[head].append(scores[0, head, d, h].item() - np.mean(same))
+    np.testing.assert_allclose(beyond_offset(scores, words, arcs)[0].numpy(),
+                               [np.mean(excess[0]), np.mean(excess[1])], rtol=1e-12)
+    along = torch.zeros(1, 1, 6, 6, dtype=torch.float64)
+    along[0, 0, 1, 2] = 4.0  # only along the arc 1 -> 2; the other pairs at +1 (2 -> 3, 3 -> 4) score 0
+    one = torch.zeros_like(arcs)
+    one[0, 1, 2] = True
+    assert beyond_offset(along, words, one).item() == 4.0  # with the arc in its own baseline: 4 - 4 / 3
+
+
 def test_a_head_that_attends_by_position_alone_has_nothing_beyond_its_offset():
     """One sentence, its gold tree; head 0 attends to the next word only (a positional head: every arc at offset +1
     scores as every other pair at +1), head 1 to each word's gold head. Both attend along arcs far above uniform;
@@ -123,15 +157,18 @@ def test_a_head_that_attends_by_position_alone_has_nothing_beyond_its_offset():
     assert beyond[0].item() == 0.0 and beyond[1].item() > 1.0
 
 
-def test_the_offset_control_is_a_one_sided_t_test_above_0_corrected_as_the_roles():
+def test_the_offset_control_is_a_one_sided_t_test_above_the_roles_bar_corrected_as_the_roles():
+    """The excess beyond the offset pattern must clear tau - 1 (uniform attention's excess is 0, a role's bar tau
+    is tau - 1 above uniform's 1): a head 1.5 beyond its offset pattern does not, one 3.5 beyond it does."""
     from headlab.analysis.types.sieve_roles import with_offset_control
 
     rng = np.random.default_rng(6)
     sieve = {"syntactic": rng.normal(4.0, 1.0, (30, 2, 3)), "nsubj": rng.normal(4.0, 1.0, (30, 2, 3))}
     beyond = {name: rng.normal(0.0, 1.0, (30, 2, 3)) for name in sieve}
-    beyond["syntactic"][:, 0, 1] += 1.5  # one head beyond its offset pattern
-    table = with_offset_control(sieve_roles(sieve), beyond)
-    expected = np.array([one_sided_p(beyond[row.sieve][:, row.layer, row.head], 0.0) for row in table.itertuples()])
+    beyond["syntactic"][:, 0, 1] += 3.5  # one head far beyond its offset pattern
+    beyond["nsubj"][:, 1, 2] += 1.5  # one barely
+    table = with_offset_control(sieve_roles(sieve), beyond, tau=3.0)
+    expected = np.array([one_sided_p(beyond[row.sieve][:, row.layer, row.head], 2.0) for row in table.itertuples()])
     np.testing.assert_allclose(table["p_offset"], expected, rtol=1e-10)
     np.testing.assert_allclose(table["p_offset_adjusted"], holm(expected), rtol=1e-10)
     held = table[table["beyond_offset"]]

@@ -70,8 +70,14 @@ def hashed_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The resolved config, the stamps of its inputs and the hash of what the job computes (config and inputs)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     inputs = input_stamps(computed_config(resolved), INPUT_KEYS)  # the files where they are now
-    # the unit ids' rule (headlab.core.units) decides what drop_* computes: a job of an earlier rule runs again
-    return resolved, inputs, job_hash({**hashed_part(resolved), "units": UNITS_VERSION}, inputs)
+    # the unit ids' rule (headlab.core.units) decides what drop_* computes, and a mode's own rules what it computes:
+    # a job of an earlier rule runs again
+    rules = {"units": UNITS_VERSION, **MODE_RULES.get(resolved["mode"], {})}
+    return resolved, inputs, job_hash({**hashed_part(resolved), **rules}, inputs)
+
+
+# a mode's rules that changed what its jobs compute without a setting to show it: raised with each change
+MODE_RULES = {"syntax": {"offset_control": 2}}  # 2: the role's own arcs out of their baseline, the bar tau - 1
 
 
 @dataclass(frozen=True)

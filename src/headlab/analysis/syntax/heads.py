@@ -23,9 +23,9 @@ import torch
 from headlab.analysis.syntax.data import EncodedTreebank
 from headlab.analysis.syntax.sieves import (
     SYNTACTIC_SIEVES,
+    beyond_offset,
     dependency_pairs,
     mean_over_pairs,
-    offset_means,
     pande_pair_scores,
     sieve_members,
     sieve_scores,
@@ -81,7 +81,7 @@ class WordOutcomes:
         self.correct = np.zeros((encoded.num_words, layers, heads, len(DIRECTIONS)), dtype=bool)
         self.sieve = {role: np.full((len(encoded.sentences), layers, heads), np.nan) for role in SYNTACTIC_SIEVES}
         self.beyond_offset = {role: np.full_like(scores, np.nan) for role, scores in self.sieve.items()} \
-            if sieve == "pande" else {}  # the fixed-offset control (``sieves.offset_means``)
+            if sieve == "pande" else {}  # the fixed-offset control (``sieves.beyond_offset``)
         self.start = self.first_sentence = 0  # the batch's first word in the flat order, its first sentence
 
     def begin(self, batch: dict[str, torch.Tensor]) -> None:
@@ -114,13 +114,13 @@ class WordOutcomes:
         predicted = most_attended(words, self.lengths)
         pair_scores = pande_pair_scores(words, self.pieces, self.tokens, self.direction) if self.kind == "pande" \
             else None
-        beyond = None if pair_scores is None else pair_scores - offset_means(pair_scores, self.words)
         for role, members in self.members.items():
             scores = sieve_scores(words, members, self.lengths) if pair_scores is None else \
                 mean_over_pairs(pair_scores, members)
             self.sieve[role][self.sentences, layer] = scores.cpu().numpy()
-            if beyond is not None:
-                self.beyond_offset[role][self.sentences, layer] = mean_over_pairs(beyond, members).cpu().numpy()
+            if pair_scores is not None:
+                excess = beyond_offset(pair_scores, self.words, members)  # [batch, heads]
+                self.beyond_offset[role][self.sentences, layer] = excess.cpu().numpy()
         heads = weights.shape[1]
         judged = self.judged.unsqueeze(1).expand(-1, heads, -1)  # [batch, heads, slots]
         for number, direction in enumerate(DIRECTIONS):

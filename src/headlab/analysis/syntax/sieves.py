@@ -15,8 +15,10 @@ Two definitions, ``syntax.sieve``:
 
 **The fixed-offset control** (``pande``): a head that attends by position alone (the next word, say) scores high on
 every role whose arcs are often that far apart. Per sentence, a pair's score minus the mean score of the sentence's
-word pairs at the same offset (``offset_means``), averaged over the role's pairs, is what the head gives the arcs
-beyond its offset pattern: 0 for a purely positional head; the roles' offset test asks it to be above 0.
+other word pairs at the same offset (``offset_means``, the role's own arcs left out, so that they do not raise their
+own baseline), averaged over the role's pairs (``beyond_offset``), is what the head gives the arcs beyond its offset
+pattern: 0 for a purely positional head. The roles' offset test asks that excess to clear the role's own bar,
+``tau - 1`` above uniform attention's 0 (``analysis/types/sieve_roles.py``).
 
 Uniform attention scores exactly 1 under both. A sentence without a pair (a member) of a role gets no score (NaN);
 the roles then follow from the one-sided t-test across sentences and correction (``analysis/types/sieve_roles.py``).
@@ -106,17 +108,30 @@ def mean_over_pairs(pair_scores: torch.Tensor, pairs: torch.Tensor) -> torch.Ten
     return (total / count.clamp(min=1).unsqueeze(-1)).masked_fill((count == 0).unsqueeze(-1), float("nan"))
 
 
-def offset_means(pair_scores: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+def offset_means(pair_scores: torch.Tensor, words: torch.Tensor, exclude: torch.Tensor | None = None) -> torch.Tensor:
     """``[batch, heads, d, h]``: the mean of ``pair_scores`` ``[batch, heads, d, h]`` over the sentence's word pairs
-    (``words`` ``[batch, slots]``, d != h) at the pair's own offset ``h - d``: what a head's offset pattern alone
-    gives that pair."""
+    (``words`` ``[batch, slots]``, d != h) at the pair's own offset ``h - d``, leaving out the pairs ``exclude``
+    ``[batch, d, h]`` (a role's own arcs): what a head's offset pattern alone gives that pair; NaN where no pair at
+    that offset is left."""
     batch, heads, slots, _ = pair_scores.shape
     index = torch.arange(slots, device=pair_scores.device)
     offset = (index[None, :] - index[:, None] + slots - 1).flatten()  # [d * h] in 0 .. 2 slots - 2
-    valid = (words[:, :, None] & words[:, None, :] & (index[:, None] != index[None, :])).flatten(1)  # [batch, d * h]
+    valid = words[:, :, None] & words[:, None, :] & (index[:, None] != index[None, :])  # [batch, d, h]
+    if exclude is not None:
+        valid = valid & ~exclude
+    valid = valid.flatten(1)  # [batch, d * h]
     values = torch.where(valid[:, None], pair_scores.flatten(2), 0.0)  # [batch, heads, d * h]
     sums = values.new_zeros(batch, heads, 2 * slots - 1).scatter_add_(-1, offset.expand(batch, heads, -1), values)
     counts = values.new_zeros(batch, 1, 2 * slots - 1).scatter_add_(-1, offset.expand(batch, 1, -1),
                                                                     valid[:, None].to(values.dtype))
-    means = sums / counts.clamp(min=1)  # [batch, heads, offsets]
+    means = (sums / counts.clamp(min=1)).masked_fill(counts == 0, float("nan"))  # [batch, heads, offsets]
     return means.gather(-1, offset.expand(batch, heads, -1)).view(batch, heads, slots, slots)
+
+
+def beyond_offset(pair_scores: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """``[batch, heads]``: the mean over one role's ``pairs`` ``[batch, d, h]`` of each pair's score less the mean
+    score of the sentence's other pairs at its offset (``offset_means`` without the role's arcs); a pair whose offset
+    has no other pair is left out, a sentence with none left is NaN."""
+    beyond = pair_scores - offset_means(pair_scores, words, pairs)  # [batch, heads, d, h]
+    usable = pairs & torch.isfinite(beyond[:, 0])  # the same pairs for every head
+    return mean_over_pairs(beyond.nan_to_num(0.0), usable)

@@ -117,7 +117,8 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     options = cfg.syntax
     roles = sieve_roles(scores.sieve, options.sieve_tau, options.sieve_alpha, options.sieve_correction)
     if scores.beyond_offset:  # each role's fixed-offset control (``sieves.offset_means``)
-        roles = with_offset_control(roles, scores.beyond_offset, options.sieve_alpha, options.sieve_correction)
+        roles = with_offset_control(roles, scores.beyond_offset, options.sieve_tau, options.sieve_alpha,
+                                    options.sieve_correction)
     write_frame_atomic(roles, out / "sieve_roles.csv")
     write_text_atomic(out / "syntax.md", (out / "syntax.md").read_text() + "\n" + roles_sentence(roles) + "\n")
     formats = tuple(cfg.report.formats)

@@ -8,7 +8,7 @@ stability, embeds the heads and writes into the job directory:
                            ``cluster:NAME`` selectors and the Guan Table 2/3 presets), with the centroids,
                            counts per layer, stability, the separation of the centroids (named only above 1,
                            ``clusters.distinct``), the names the profiles gave, the labels of each
-                           bootstrap fit (``refits``: ``cluster.bootstrap_fits`` of them) and the settings
+                           bootstrap fit of the same types (``refits``, of ``bootstrap_fits``) and the settings
 ``heads.parquet`` / .csv   the features job's per-head table with ``cluster`` and the embeddings' coordinates
 ``types_per_layer.csv``    heads of each type per layer (Guan Fig. 3)
 ``embeddings.png``         t-SNE and MDS of the distance features, by cluster and by layer (Guan Fig. 2, Clark
@@ -40,6 +40,7 @@ from headlab.analysis.types.clusters import (
     fit_clusters,
     profiles,
     refits,
+    same_types,
 )
 from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.types.features_run import features_table
@@ -122,15 +123,19 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     share = agreement(fitted) if options.stability_split == "sequences" else stable_share(cfg.seed)
     repeats = [stable_share(cfg.seed + REPEAT * r)  # the whole procedure again, other halves and seeds
                for r in range(1, options.stability_repeats + 1)]
-    resampled = bootstrap_labels(per_sequence, clustering.labels, options.k, options.method, cfg.seed,
-                                 options.bootstrap_fits)  # [fits, heads]
+    resampled, resampled_centroids = bootstrap_labels(per_sequence, clustering.labels, options.k, options.method,
+                                                      cfg.seed, options.bootstrap_fits)  # [fits, heads], [fits, k, 21]
+    resampled = [fit for fit, fit_centroids in zip(resampled, resampled_centroids)
+                 if same_types(clustering, fit_centroids)]
     summary = identity.complete(write_clusters(cfg, features, clustering, share, path, source, identity.output_dir,
                                                logger, repeats, resampled))
     write_json_atomic(identity.output_dir / "results.json", summary)
     counts = ", ".join(f"{name} {count}" for name, count in summary["counts"].items())
     silhouette = "" if clustering.silhouette is None else f", silhouette {clustering.silhouette:.3f}"
+    bootstrap = (f", {len(resampled)} of {options.bootstrap_fits} bootstrap fits of the same types"
+                 if options.bootstrap_fits else "")
     Console().print(f"{len(points)} heads in {options.k} clusters ({naming(clustering)}): {counts}; stability "
-                    f"{share:.2%}{silhouette}, separation {clustering.separation:.2f} -> "
+                    f"{share:.2%}{silhouette}, separation {clustering.separation:.2f}{bootstrap} -> "
                     f"{identity.output_dir / 'clusters.json'}\n{profile_table(clustering)}", markup=False,
                     soft_wrap=True)
     note = stability_note(share, options.min_stability)
@@ -146,9 +151,9 @@ REPEAT = 1000  # repeat r of the stability procedure draws its halves and fits w
 
 def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering, share: float, path: Path,
                    source: dict[str, Any], output_dir: Path, logger, repeats: list[float],
-                   resampled: np.ndarray) -> dict[str, Any]:
+                   resampled: list[np.ndarray]) -> dict[str, Any]:
     """Every file of the module docstring; returns the summary for ``results.json`` (without the config).
-    ``resampled``: ``[fits, heads]`` labels of the bootstrap fits (``refits`` in clusters.json)."""
+    ``resampled``: the ``[heads]`` labels of each bootstrap fit of the same types (``refits`` in clusters.json)."""
     options, formats = cfg.cluster, tuple(cfg.report.formats)
     names = clustering.label_names()
     table = features_table(features)
@@ -181,6 +186,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         "stability_split": options.stability_split, "stability_fits": options.stability_fits,
         "stability_repeats": repeats,
         "refits": [dict(zip(table["name"], (clustering.names[label] for label in fit))) for fit in resampled],
+        "bootstrap_fits": options.bootstrap_fits,  # fits made; refits: those of the same types (same_types)
         "centroids": {name: clustering.centroids[i].tolist() for i, name in enumerate(clustering.names)},
         "bins": list(DISTANCE_BINS), "shape": [features.num_layers, features.num_heads],
         "features": str(path.parent.absolute()), "num_sequences": features.num_sequences,

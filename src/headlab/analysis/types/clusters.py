@@ -23,8 +23,9 @@
   each fit's labels aligned to the full fit's by the Hungarian method; the share of heads whose label is
   the same in every fit; repeated with other seeds (``cluster.stability_repeats``), the spread of the procedure.
 - ``bootstrap_labels``: the labels of fits on bootstrap resamples of the sequences (drawn with replacement, as many
-  as there are), aligned to the full fit's: the clustering another sample of text would give. The study reruns the
-  type plans under each (its ``refits`` stage), so that a claim about a type states how much it rests on one fit.
+  as there are), aligned to the full fit's: the clustering another sample of text would give; a fit whose own
+  profiles name its clusters otherwise (``same_types``) is not the same types. The study reruns the type plans under
+  each fit that is (its ``refits`` stage), so that a claim about a type states how much it rests on one fit.
 """
 
 from __future__ import annotations
@@ -195,17 +196,30 @@ def refits(per_sequence: np.ndarray, reference: np.ndarray, k: int = 4, method: 
 
 
 def bootstrap_labels(per_sequence: np.ndarray, reference: np.ndarray, k: int = 4, method: str = "kmeans",
-                     seed: int = 0, fits: int = 5) -> np.ndarray:
-    """``[fits, heads]`` labels of fits on bootstrap resamples of the sequences of ``per_sequence``
-    ``[sequences, heads, 21]``, each aligned to ``reference`` ``[heads]`` (Hungarian method)."""
-    sequences = per_sequence.shape[0]
+                     seed: int = 0, fits: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """Fits on bootstrap resamples of the sequences of ``per_sequence`` ``[sequences, heads, 21]``: (``[fits, heads]``
+    labels, each aligned to ``reference`` ``[heads]`` by the Hungarian method; ``[fits, k, 21]`` each fit's
+    centroids, its resample's features averaged over the heads of each aligned label, NaN for a label without
+    heads)."""
+    sequences, heads, bins = per_sequence.shape
     rng = np.random.default_rng([seed, BOOTSTRAP_STREAM])
-    fitted = []
+    fitted, centroids = np.zeros((fits, heads), dtype=int), np.full((fits, k, bins), np.nan)
     for fit in range(fits):
         features = per_sequence[rng.integers(0, sequences, size=sequences)].mean(0)  # [heads, 21]
-        labels = _model(k, method, seed + fit + 1).fit(features).predict(features)
-        fitted.append(align(labels, reference, k))
-    return np.array(fitted, dtype=int).reshape(fits, per_sequence.shape[1])
+        fitted[fit] = align(_model(k, method, seed + fit + 1).fit(features).predict(features), reference, k)
+        for label in np.unique(fitted[fit]):
+            centroids[fit, label] = features[fitted[fit] == label].mean(0)
+    return fitted, centroids
+
+
+def same_types(clustering: Clustering, centroids: np.ndarray) -> bool:
+    """Whether a fit's aligned ``centroids`` ``[k, 21]`` are the types ``clustering``'s names say: always for numbered
+    clusters or names given by hand; for names the profiles gave, the fit's own profiles must give each aligned
+    cluster the same name (and no cluster may be empty), else the alignment would call another profile by the
+    type's name."""
+    if not clustering.named or clustering.by_hand:
+        return True
+    return not np.isnan(centroids).any() and name_clusters(centroids) == list(clustering.names)
 
 
 BOOTSTRAP_STREAM = 7  # the resamples' own random stream, apart from the stability's halves of the same seed

@@ -48,17 +48,18 @@ def sieve_roles(sieve: Mapping[str, np.ndarray], tau: float = 3.0, alpha: float 
     return table
 
 
-def with_offset_control(roles: pd.DataFrame, beyond: Mapping[str, np.ndarray], alpha: float = 0.05,
-                        correction: str = "holm") -> pd.DataFrame:
+def with_offset_control(roles: pd.DataFrame, beyond: Mapping[str, np.ndarray], tau: float = 3.0,
+                        alpha: float = 0.05, correction: str = "holm") -> pd.DataFrame:
     """``roles`` (``sieve_roles``) with each (head, sieve)'s fixed-offset control: ``beyond_offset_mean`` (the mean
-    over sequences of its score less what its offset pattern gives the same pairs), ``p_offset`` (one-sided t-test
-    that it is above 0), ``p_offset_adjusted`` (corrected across every head and sieve, as the roles are) and
-    ``beyond_offset`` (below ``alpha``): a role held by position alone has no such excess."""
+    over sequences of its score less what its offset pattern gives the other pairs at the same offsets),
+    ``p_offset`` (one-sided t-test that it is above ``tau - 1``: the role's own bar above uniform attention, whose
+    excess is 0), ``p_offset_adjusted`` (corrected across every head and sieve, as the roles are) and
+    ``beyond_offset`` (below ``alpha``): a role held by position alone, or barely beyond it, has no such excess."""
     rows = []
     for name, scores in beyond.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            test = stats.ttest_1samp(scores, 0.0, axis=0, alternative="greater", nan_policy="omit")
+            test = stats.ttest_1samp(scores, tau - 1, axis=0, alternative="greater", nan_policy="omit")
         counts = np.isfinite(scores).sum(0)
         means = np.where(counts > 0, np.nansum(scores, 0) / np.maximum(counts, 1), np.nan)
         _, layers, heads = scores.shape

@@ -180,7 +180,8 @@ def stability(files: StudyFiles) -> list[str]:
         return []
     return [f"**Stability.** The head types' stability is below cluster.min_stability: {'; '.join(lines)} (Guan et "
             "al. report 94-96%): heads change type between fits on halves, so the tables' plans by type remove "
-            "partly different heads under another fit."]
+            "partly different heads under another fit (each Table 2 claim states how it fares under the bootstrap "
+            "fits of the refits stage, when it ran)."]
 
 
 def study_caveats(files: StudyFiles, command: str, model: str = "", how: str | None = None) -> list[str]:

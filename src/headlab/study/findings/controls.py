@@ -5,8 +5,11 @@ A type's removal costs more the more heads it has (Guan et al.'s dense type has 
 sets of as many heads as the type, under the same policy, on the same examples. The type's **percentile** is the
 share of the random sets it costs more than (ties count half); its **rank p-value** of costing more than heads taken
 at random is ``(1 + #{random set costs at least as much}) / (R + 1)``, an exact test given the examples (so fewer than
-19 sets cannot decide at 0.05). A Table 2 ordering says the type it removes matters: it holds only when that type
-also costs more than the random sets (both at alpha; both must hold, so neither is adjusted for the other).
+19 sets cannot decide at 0.05). Whether it carries over to other examples is the paired bootstrap CI (by the
+task's clusters of examples) of its **excess**, ``(metric(type removed) - mean over the sets of metric(set
+removed)) / metric(baseline)``, which must lie below 0 too. A Table 2 ordering says the type it removes matters: it
+holds only when that type also costs more than the random sets (each test at alpha: all must hold, so none is
+adjusted for the others; the few distinct controls of a table are not adjusted across each other either).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from headlab.files import read_json
-from headlab.reporting.value_intervals import metric_value
+from headlab.reporting.value_intervals import area_difference_interval, metric_value
 from headlab.study.findings.inputs import StudyFiles
 
 TYPE_POLICIES = ("prune", "uniform")  # Table 2's plans: {policy}_{type}
@@ -34,6 +37,7 @@ class TypeControl:
     random: tuple[float, ...]  # the main metric with each random set removed
     examples: int
     file: str  # the controls job, relative to the study
+    excess: tuple[float, float, float] | None = None  # (value, low, high): (type - random mean) / baseline, its CI
 
     @property
     def percentile(self) -> float:
@@ -52,7 +56,14 @@ class TypeControl:
         return (f"{self.policy} of the {heads} of type {self.type}: {self.value:.{digits}f} on the controls' "
                 f"{self.examples} examples, at the {self.percentile:.0f}th percentile of the costs of "
                 f"{len(self.random)} random sets of {heads} ({low:.{digits}f} to {high:.{digits}f}, ties counting "
-                f"half; rank p {self.p_value:.3g})")
+                f"half; rank p {self.p_value:.3g}){self.excess_text()}")
+
+    def excess_text(self) -> str:
+        if self.excess is None:
+            return ""
+        value, low, high = self.excess
+        return (f"; (type - the sets' mean) / baseline {value:+.4f} [{low:+.4f}, {high:+.4f}] (paired bootstrap "
+                "CI)")
 
 
 def type_control(files: StudyFiles, model: str, plan: str) -> TypeControl | str:
@@ -76,9 +87,16 @@ def type_control(files: StudyFiles, model: str, plan: str) -> TypeControl | str:
         return (f"no random-set control of {plan}: the controls' example {missing[0]!r} is not among the tables' "
                 "(give the controls stage the tables' examples or fewer)")
     own = removed.loc[ids].reset_index()
+    base = files.job("tables", "table2", model, "baseline")
+    excess = None
+    if base is not None:
+        baseline = files.records(base).set_index("id")
+        if all(i in baseline.index for i in ids):
+            excess = area_difference_interval(files.metric, baseline.loc[ids].reset_index(), [own],
+                                              [[frame] for frame in frames], files.resampling)
     return TypeControl(model, policy, type_name, size, metric_value(files.metric, own),
                        tuple(metric_value(files.metric, frame) for frame in frames), len(ids),
-                       files.link(job))
+                       files.link(job), excess)
 
 
 def controls_of(files: StudyFiles, types: list[str]) -> list[TypeControl]:

@@ -30,6 +30,7 @@ from headlab.study.findings.controls import TypeControl, type_control
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.refits import cost_spread, gated, ordering_spread
 from headlab.study.findings.verdicts import (
+    FAILS,
     HOLDS,
     INCONCLUSIVE,
     NOT_TESTED,
@@ -214,11 +215,13 @@ def pooled_evidence(files: StudyFiles, o: Ordering, level: float) -> Evidence:
         if INCONCLUSIVE in controls:
             outcome, note = INCONCLUSIVE, (f"the pooled ordering holds, but {o.removed} does not cost more than "
                                            "random sets of its size on every seed (each seed's control beside it)")
+    if o.family == "table2" and outcome in (HOLDS, FAILS):
         spreads = [ordering_spread(files, model, o.kept, o.removed, replace(files.resampling, confidence=level))
                    for model in files.models]
-        if outcome == HOLDS and any(spread is not None and not spread.enough() for spread in spreads):
-            outcome, note = INCONCLUSIVE, ("the pooled ordering holds, but not under half of the bootstrap fits of "
-                                           "the clusters on every seed (each seed's spread beside it)")
+        if any(spread is not None and not spread.agrees(outcome) for spread in spreads):
+            outcome, note = INCONCLUSIVE, (f"the pooled ordering {outcome}, but on some seed fewer than half of the "
+                                           "bootstrap fits of the clusters put the estimate on that side (each "
+                                           "seed's spread beside it)")
     return Evidence(POOLED, outcome, numbers, f"tables/{o.table}/{{{','.join(files.models)}}}", {
         "value": found.value, "low": found.low, "high": found.high, "boundary": 0.0, "confidence": level,
         "seeds": list(found.seeds), "between_seeds_sd": found.between}, note=note)
@@ -228,14 +231,18 @@ def ordering_evidence(files: StudyFiles, o: Ordering, model: str, result, p: flo
                       family: int) -> Evidence:
     digits = 2 if files.scale == 100 else 4
     alpha = 1 - files.resampling.confidence
+    # the CI is Bonferroni's (1 - alpha / family): checked against the p-value adjusted alike, not Holm's (smaller)
+    bonferroni = min(1.0, family * result.p_value)
     numbers = (f"{files.metric} {o.kept} - {o.removed}: {interval(result.delta, result.ci_low, result.ci_high, digits)}"
                f" ({100 * level:.4g}% CI, simultaneous over the {family} claims of {o.family}; p {result.p_value:.3g}, "
-               f"Holm-adjusted {p:.3g}; {result.units} {unit_name(result.units, result.n)}; boundary 0)")
+               f"Bonferroni-adjusted {bonferroni:.3g} (the CI's level), Holm-adjusted {p:.3g}; {result.units} "
+               f"{unit_name(result.units, result.n)}; boundary 0)")
     permutations = 0 if 2 ** min(result.units, 62) <= files.resampling.permutations else files.resampling.permutations
-    outcome, why = checked_verdict(result.ci_low, result.ci_high, 0.0, p, alpha, permutations, result.p_value)
+    outcome, why = checked_verdict(result.ci_low, result.ci_high, 0.0, bonferroni, alpha, permutations,
+                                   result.p_value)
     values = {"value": result.delta, "low": result.ci_low, "high": result.ci_high, "p_value": result.p_value,
-              "p_adjusted": p, "confidence": level, "family": o.family, "family_size": family, "boundary": 0.0,
-              "examples": result.n, "units": result.units}
+              "p_adjusted": p, "p_bonferroni": bonferroni, "confidence": level, "family": o.family,
+              "family_size": family, "boundary": 0.0, "examples": result.n, "units": result.units}
     notes = [why] if why else []
     misfit = misnamed(files, model, (o.kept, o.removed))
     if misfit:
@@ -266,10 +273,12 @@ def controlled(files: StudyFiles, model: str, removed: str, outcome: str, notes:
         notes.append("control: " + control.describe(digits))
         values["control"] = {"percentile": control.percentile, "p_value": control.p_value,
                              "draws": len(control.random), "size": control.size, "examples": control.examples,
-                             "value": control.value}
-        if outcome == HOLDS and control.p_value > alpha:
-            notes.append(f"the ordering holds, but {removed} costs no more than as many heads taken at random "
-                         f"(rank p {control.p_value:.3g} > {alpha:.3g}): the type is not shown to matter")
+                             "value": control.value, "excess": None if control.excess is None
+                             else dict(zip(("value", "low", "high"), control.excess))}
+        why = control_shortfalls(control, alpha) if outcome == HOLDS else []
+        if why:
+            notes.append(f"the ordering holds, but {removed} is not shown to cost more than as many heads taken at "
+                         f"random ({'; '.join(why)}): the type is not shown to matter")
             return INCONCLUSIVE
         return outcome
     if outcome == HOLDS:
@@ -277,6 +286,23 @@ def controlled(files: StudyFiles, model: str, removed: str, outcome: str, notes:
                      "heads")
         return INCONCLUSIVE
     return outcome
+
+
+def control_shortfalls(control: TypeControl, alpha: float) -> list[str]:
+    """Why ``control`` does not show its type costing more than random sets of its size at ``alpha``, if it does not:
+    its rank p above alpha (and whether so few sets could reach it), its excess's CI reaching 0 or missing."""
+    why = []
+    if control.p_value > alpha:
+        draws, needed = len(control.random), math.ceil(1 / alpha) - 1
+        why.append(f"rank p {control.p_value:.3g} > {alpha:.3g}" + (
+            f"; {draws} sets cannot reach it, study.controls.sweep.draws={needed} or more can"
+            if 1 / (draws + 1) > alpha * (1 + 1e-9) else ""))
+    if control.excess is None:
+        why.append("its excess over the sets has no interval: the tables' baseline lacks the controls' examples")
+    elif not control.excess[2] < 0:
+        why.append(f"its excess over the sets' mean, {interval(*control.excess, 4)} of the baseline, reaches 0: it "
+                   "may not carry over to other examples")
+    return why
 
 
 def ordering_finding(files: StudyFiles, o: Ordering, evidence: list[Evidence]) -> Finding:
@@ -307,8 +333,8 @@ def cost_findings(files: StudyFiles) -> list[Finding]:
 
 def cost_evidence(files: StudyFiles, cost: Cost, model: str, baseline, test, p: float,
                   level: Resampling) -> Evidence:
-    """``(plan - baseline) / (baseline - chance)`` against the paper's bound, its CI at the family's ``level``;
-    inconclusive where the CI and the change's permutation ``p`` disagree about 0 (``checked_verdict``)."""
+    """``(plan - baseline) / (baseline - chance)`` against the paper's bound, its CI at the family's ``level``; the
+    change's permutation ``p`` (of no change, Holm-adjusted) is stated beside it: it does not test the bound."""
     boundary, own = paper_bound(cost.plan, files.metric)
     ablated = files.records(files.job("tables", "table2", model, cost.plan))
     golds = files.gold_answers(list(baseline["id"])) if "exact_match" in baseline else None
@@ -324,11 +350,9 @@ def cost_evidence(files: StudyFiles, cost: Cost, model: str, baseline, test, p: 
     units = test.units
     numbers = (f"({files.metric} {cost.plan} - baseline) / (baseline - chance {chance[0]:.4g}): "
                f"{interval(value, low, high, 4)} ({100 * level.confidence:.4g}% CI, simultaneous over the "
-               f"{len(costs())} bounded costs; change p {test.p_value:.3g}, Holm-adjusted {p:.3g}; {units} "
+               f"{len(costs())} bounded costs; p of no change {test.p_value:.3g}, Holm-adjusted {p:.3g}; {units} "
                f"{unit_name(units, test.n)}; boundary the paper's bound {boundary:+.4f}, its own {own:+.4f})")
-    permutations = 0 if 2 ** min(units, 62) <= files.resampling.permutations else files.resampling.permutations
-    outcome, why = checked_verdict(low, high, boundary, p, 1 - files.resampling.confidence, permutations,
-                                   test.p_value)
+    outcome, why = verdict(low, high, boundary), ""  # the change's p tests no change, not the paper's bound
     values = {"value": value, "low": low, "high": high, "boundary": boundary, "paper": own, "chance": chance[0],
               "confidence": level.confidence, "p_value": test.p_value, "p_adjusted": p, "examples": test.n,
               "units": units}
