@@ -351,8 +351,8 @@ def test_the_refits_stage_evaluates_table_2s_type_plans_under_each_bootstrap_fit
     clusters.json, whose plan removes exactly that fit's heads of the type, and a baseline; a rerun skips it."""
     folder = tmp_path / "study"
     shutil.copytree(finished[0], folder, symlinks=True)
-    named = ("study.stages=[cluster,refits,report]", "study.cluster.cluster.names=[dense,diagonal,dense_vertical,"
-             "vertical]")
+    named = ("study.stages=[cluster,tables,controls,refits,report]",
+             "study.cluster.cluster.names=[dense,diagonal,dense_vertical,vertical]")
     out = study(folder, *named).stdout
     fits = json.loads((folder / "cluster/seed0/clusters.json").read_text())["refits"]
     assert len(fits) == 2 and all(len(fit) == 12 for fit in fits)  # study=quick: 2 fits of the 12 heads
@@ -368,8 +368,16 @@ def test_the_refits_stage_evaluates_table_2s_type_plans_under_each_bootstrap_fit
         policy, kind = path.parent.name.split("-")[0].split("_", 1)
         found.add((policy, kind, frozenset(head for head, given in plan["policies"].items() if given == policy)))
     assert found == expected
-    assert re.search(r"^\[2/3\] refits: .*, \d+ jobs", out, re.M), out
-    assert "[2/3] refits: skipped, done" in study(folder, *named).stdout
+    assert re.search(r"^\[4/5\] refits: .*, \d+ jobs", out, re.M), out
+    assert "[4/5] refits: skipped, done" in study(folder, *named).stdout
+    # the report: each Table 2 claim's quantity under each fit, beside the main fit's (study.json's numbers)
+    evidence = summary_of(folder)["findings"]["guan_table2_diagonal_vs_vertical_prune"]["evidence"][0]
+    spread = evidence["values"]["refits"]
+    assert spread["fits"] == 2 and len(spread["values"]) == spread["same_types"] == 2  # names by hand: every fit
+    assert (f"refits seed0: guan_table2_diagonal_vs_vertical_prune {evidence['values']['value']:+.4f} under the main "
+            "fit, ") in out
+    section = (folder / "study.md").read_text().split("## Refits")[1].split("\n## ")[0]
+    assert "guan_table2_diagonal_vs_vertical_prune" in section
 
 
 def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):

@@ -21,7 +21,7 @@ from headlab.study.findings.verdicts import RULE
 from headlab.study.report_base import StudyReport
 from headlab.study.report_heads import importance, prune_curve, syntax
 from headlab.study.report_robustness import robustness
-from headlab.study.report_types import baseline, comparison, controls, head_types, tables
+from headlab.study.report_types import baseline, comparison, controls, head_types, refits, tables
 from headlab.study.stages import Study
 
 COLLAPSE = 5  # files of this many sibling folders (a table's plans, a sweep's heads) are listed as one line
@@ -122,8 +122,8 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
         report.markdown += ["", f"**{warning}**"]
         report.console.append(f"note: {warning}")
     findings(report)
-    for part in (baseline, tables, controls, head_types, comparison, syntax, importance, robustness, prune_curve,
-                 files):
+    for part in (baseline, tables, controls, refits, head_types, comparison, syntax, importance, robustness,
+                 prune_curve, files):
         part(report)
     report.console += report.closing
     write_text_atomic(study.folder / "study.md", "\n".join(report.markdown) + "\n")

@@ -12,6 +12,7 @@ from headlab.reporting.layouts import to_markdown
 from headlab.study.findings import study_files
 from headlab.study.findings.caveats import NARROW
 from headlab.study.findings.controls import controls_of
+from headlab.study.findings.verdicts import interval
 from headlab.study.report_base import StudyReport, main_metric
 from headlab.study.stage_reports import stage_report_folder
 from headlab.study.stages import TABLES
@@ -115,20 +116,56 @@ def controls(report: StudyReport) -> None:
     metric = main_metric(report.study)
     rows = [{"model": c.model, "policy": c.policy, "type": c.type, "heads": c.size, metric: f"{c.value:.{digits}f}",
              "random sets": f"{len(c.random)}: {min(c.random):.{digits}f} to {max(c.random):.{digits}f}",
-             "percentile": f"{c.percentile:.0f}", "rank p": f"{c.p_value:.3g}", "examples": c.examples,
+             "percentile": f"{c.percentile:.0f}", "rank p": f"{c.p_value:.3g}",
+             "excess": "n/a" if c.excess is None else interval(*c.excess, 4), "examples": c.examples,
              "source": f"`{c.file}`"} for c in found]
     report.markdown += [f"A type's removal costs more the more heads it has. Each type's {metric} with its heads "
                         "removed, beside as many heads drawn at random (uniformly, without replacement) under the "
                         "same policy on the same examples; the percentile is the share of the random sets it costs "
                         "more than (ties counting half), the rank p-value (1 + #{random costs at least as much}) / "
-                        "(R + 1). A Table 2 ordering holds only when the type it removes also costs more than the "
-                        "random sets.", "",
+                        "(R + 1), exact for these examples; the excess is (the type's score - the sets' mean) / the "
+                        "baseline's, with its paired bootstrap CI (by clusters of examples), for other examples. A "
+                        "Table 2 ordering holds only when the type it removes also costs more than the random sets "
+                        "by both.", "",
                         to_markdown(pd.DataFrame(rows))]
     report.numbers["controls"] = [{"model": c.model, "policy": c.policy, "type": c.type, "heads": c.size,
                                    "value": c.value, "random": list(c.random), "percentile": c.percentile,
-                                   "p_value": c.p_value, "examples": c.examples, "file": c.file} for c in found]
+                                   "p_value": c.p_value, "excess": c.excess, "examples": c.examples,
+                                   "file": c.file} for c in found]
     report.console += [f"control {c.model}: {c.policy}_{c.type} at the {c.percentile:.0f}th percentile of "
                        f"{len(c.random)} random sets of {c.size} heads (rank p {c.p_value:.3g})" for c in found]
+
+
+def refits(report: StudyReport) -> None:
+    """Each Table 2 claim under the bootstrap fits of the clusters (``findings/refits.py``), from the findings."""
+    report.section("Refits: Table 2's claims under bootstrap fits of the head types")
+    if report.left_out("refits"):
+        return
+    rows = []
+    for key, finding in report.numbers.get("findings", {}).items():
+        for evidence in finding.get("evidence", []):
+            spread = evidence.get("values", {}).get("refits")
+            if spread:
+                known = [v for v in spread["values"] if v == v]  # NaN: a fit whose type had no heads
+                rows.append({"claim": f"`{key}`", "model": evidence["model"],
+                             "main fit": f"{evidence['values']['value']:+.4f}",
+                             "fits": ", ".join("n/a" if v != v else f"{v:+.4f}" for v in spread["values"]),
+                             "same types": f"{spread['same_types']} of {spread['fits']}",
+                             "claim's side / other / holds": f"{spread['claim_side']} / {spread['other_side']} / "
+                                                             f"{spread['holds']}",
+                             "range": f"{min(known):+.4f} to {max(known):+.4f}" if known else "n/a",
+                             "verdict": evidence["verdict"]})
+    if not rows:
+        report.markdown.append("_No Table 2 claim was measured under bootstrap fits: the refits stage did not run, "
+                               "cluster.bootstrap_fits is 0, or the clusters are not Guan et al.'s four types._")
+        return
+    report.markdown += ["The heads clustered again on bootstrap resamples of the sequences (`clusters.json`'s "
+                        "`refits`; a fit whose own profiles name its clusters otherwise is left out and counts "
+                        "against), Table 2's plans run under each fit's types (`refits/`), each claim's quantity "
+                        "under each fit. The verdict of the main fit stands when at least half of the fits put the "
+                        "estimate on its side of the boundary.", "", to_markdown(pd.DataFrame(rows))]
+    report.console += [f"refits {row['model']}: {row['claim'].strip('`')} {row['main fit']} under the main fit, "
+                       f"{row['range']} under {row['same types']} bootstrap fits ({row['verdict']})" for row in rows]
 
 
 def _types(report: StudyReport, model: str) -> list[str]:
