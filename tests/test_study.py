@@ -694,6 +694,26 @@ def test_the_estimate_after_a_resume_counts_only_the_jobs_that_ran(tmp_path):
     assert runner.time_left(1) == ""
 
 
+def test_a_later_stage_of_other_settings_counts_in_the_time_left(tmp_path, monkeypatch):
+    """The sweep's marker is of other jobs' hashes (a copied study, a changed setting): it will run again, so its
+    work counts; a marker of the jobs as they are now does not (the estimate said "less than a minute" after the
+    fine-tuning of a copied study that then ran 9 more minutes)."""
+    import headlab.study.run as study_run
+    from headlab.study.run import StudyRun
+
+    monkeypatch.setattr(study_run, "stage_jobs", lambda study, stage: [])
+    runner = StudyRun.__new__(StudyRun)
+    runner.stages, runner.study = ["tables", "sweep"], study_run.Study(None, tmp_path, "g")
+    runner.work = {"tables": 400.0, "sweep": 800.0}.get
+    runner.ran = [("tables", 1.0, 40.0)]  # 10 passes a second: the sweep's 800 take 80 s
+    runner.stage_key = lambda stage, jobs: {"jobs": {"sweep/seed0": "now"}}
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep/stage.json").write_text(json.dumps({"key": {"jobs": {"sweep/seed0": "before"}}}))
+    assert runner.time_left(1) == "; about 1 minute left"
+    (tmp_path / "sweep/stage.json").write_text(json.dumps({"key": {"jobs": {"sweep/seed0": "now"}}}))
+    assert runner.time_left(1) == ""
+
+
 def test_robustness_draws_no_conclusion_for_a_model_that_cannot_show_one(tmp_path):
     """Type a costs far more than type b under prune: an ordering is stated; the same numbers of a model at its floor
     (or ceiling, or without a baseline: ``findings.limits``) keep their table and state no ordering."""

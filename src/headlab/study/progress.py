@@ -25,6 +25,7 @@ CLUSTER_PASSES = 100.0  # a clustering job (k-means fits, stability, plots)
 JS_PASSES = 4.0  # a sequence's Jensen-Shannon divergences between every pair of heads
 SYNTAX_SENTENCES = 500  # a treebank read whole (syntax.max_sentences=null): about the bundled UD EWT slice
 PRUNE_STEPS_RUN = 0.6  # the share of the prune curve's possible steps it runs before the metric falls below
+REFIT_DISTINCT = 0.45  # the share of the bootstrap fits' type plans with a head set of their own (MiniLM: 18 of 40)
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,11 @@ def _at_most(count: int, limit: Any) -> int:
     return count if limit is None else min(count, int(limit))
 
 
-def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, types: int = 4) -> float:
+def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, types: int = 4,
+               fits: int = 0) -> float:
     """Passes of ``stage`` with its config ``cfg`` (``study.<stage>`` laid over; ``train.py``'s for the fine-tuning)
-    for ``models`` fine-tuned models; ``plans``: the tables' plans per model; ``types``: the clusters' k."""
+    for ``models`` fine-tuned models; ``plans``: the tables' plans per model; ``types``: the clusters' k; ``fits``:
+    their bootstrap fits."""
     n_eval = _at_most(sizes.eval, cfg.data.get("max_eval_examples"))
     if stage == "finetune":
         n_train = _at_most(sizes.train, cfg.data.get("max_train_examples"))
@@ -75,6 +78,8 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, 
         return models * plans * n_eval
     if stage == "controls":  # random sets of the sizes of three types (Table 2's: diagonal twice, dense_vertical)
         return models * 3 * cfg.sweep.draws * n_eval
+    if stage == "refits":  # Table 2's 8 type plans per bootstrap fit, fits that agree sharing jobs, and a baseline
+        return models * (1 + REFIT_DISTINCT * 8 * fits) * n_eval
     if stage == "sweep":
         return models * SWEEP_PASSES * sizes.layers * sizes.heads * n_eval
     if stage == "robustness":  # sweeps and Shapley under prune, mean and resample (each draw: sources + ablated)
@@ -122,7 +127,7 @@ def study_work(study: Any) -> Callable[[str], float] | None:
     configs = {"finetune": train_config(cfg, cfg.study.seeds[0], study.group)}
     configs |= {stage: analysis_config(cfg, stage, mode, None, study.group) for stage, mode in STAGE_MODES.items()}
     plans = sum(len(table_plans(table, list(GUAN_TYPES))) for table in TABLES)
-    types = configs["cluster"].cluster.k
-    work = {stage: stage_work(stage, config, sizes, len(study.models), plans, types)
+    types, fits = configs["cluster"].cluster.k, configs["cluster"].cluster.bootstrap_fits
+    work = {stage: stage_work(stage, config, sizes, len(study.models), plans, types, fits)
             for stage, config in configs.items()}
     return lambda stage: work.get(stage, 0.0)

@@ -26,10 +26,10 @@ from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages
 from headlab.training.processes import several_processes
 
 LOCK_FILE = ".study.lock"
-REPORT_FORMAT = 7  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
+REPORT_FORMAT = 8  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
 # orderings only where intervals separate them; 6: no verdict at a floor or ceiling or in a smoke run, the findings
-# read the tables' intervals; 7: the papers' claims at their scale, equivalence, Holm per table, rank tests): a
-# finished study's report is rewritten
+# read the tables' intervals; 7: the papers' claims at their scale, equivalence, Holm per table, rank tests; 8:
+# controls' excess CIs, the refits section, the offset control's bar): a finished study's report is rewritten
 
 
 def study_group(folder: Path) -> str:
@@ -225,10 +225,22 @@ class StudyRun:
         self.work = self.work or study_work(self.study)
         if self.work is None:
             return ""
-        later = [stage for stage in self.stages[number:] if not (self.study.folder / stage / MARKER).is_file()]
+        later = [stage for stage in self.stages[number:] if not self.done_now(stage)]
         left = seconds_left([(share * self.work(stage), seconds) for stage, share, seconds in self.ran],
                             sum(self.work(stage) for stage in later))
         return "" if left is None else f"; {about(left)}"
+
+    def done_now(self, stage: str) -> bool:
+        """Whether ``stage``'s marker is of its jobs as they would be built now (a copied or changed study's stages
+        of other settings or inputs run again, and count in the time left); False when its inputs are not there
+        yet."""
+        marker = self.marker(stage)
+        if marker is None:
+            return False
+        try:
+            return marker.get("key") == self.stage_key(stage, stage_jobs(self.study, stage))
+        except (UserError, OSError):
+            return False
 
     def run_stage(self, stage: str, where: str, number: int) -> None:
         """Run ``stage``'s jobs that are not done (then its reports), unless its marker says all are done."""

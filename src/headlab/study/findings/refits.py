@@ -73,8 +73,7 @@ def fits_of(files: StudyFiles, model: str) -> tuple[list[dict[str, RefitPlan]], 
     if clusters is None or not files.jobs("refits"):
         return [], 0
     found = read_json(clusters / "clusters.json", "clusters")
-    fits = refit_plans(found)
-    return fits, int(found.get("bootstrap_fits", len(fits))) if fits or found.get("bootstrap_fits") else 0
+    return refit_plans(found), int(found.get("bootstrap_fits", len(found.get("refits", []))))
 
 
 def ordering_spread(files: StudyFiles, model: str, kept: str, removed: str, level: Resampling) -> RefitSpread | None:
