@@ -372,9 +372,9 @@ def test_the_refits_stage_evaluates_table_2s_type_plans_under_each_bootstrap_fit
     assert "[4/5] refits: skipped, done" in study(folder, *named).stdout
     # the report: each Table 2 claim's quantity under each fit, beside the main fit's (study.json's numbers)
     evidence = summary_of(folder)["findings"]["guan_table2_diagonal_vs_vertical_prune"]["evidence"][0]
-    spread = evidence["values"]["refits"]
+    spread = evidence["refits"]
     assert spread["fits"] == 2 and len(spread["values"]) == spread["same_types"] == 2  # names by hand: every fit
-    assert (f"refits seed0: guan_table2_diagonal_vs_vertical_prune {evidence['values']['value']:+.4f} under the main "
+    assert (f"refits seed0: guan_table2_diagonal_vs_vertical_prune {evidence['value']:+.4f} under the main "
             "fit, ") in out
     section = (folder / "study.md").read_text().split("## Refits")[1].split("\n## ")[0]
     assert "guan_table2_diagonal_vs_vertical_prune" in section

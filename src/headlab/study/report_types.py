@@ -144,11 +144,11 @@ def refits(report: StudyReport) -> None:
     rows = []
     for key, finding in report.numbers.get("findings", {}).items():
         for evidence in finding.get("evidence", []):
-            spread = evidence.get("values", {}).get("refits")
+            spread = evidence.get("refits")  # study.json's evidence: its values beside its verdict
             if spread:
                 known = [v for v in spread["values"] if v == v]  # NaN: a fit whose type had no heads
                 rows.append({"claim": f"`{key}`", "model": evidence["model"],
-                             "main fit": f"{evidence['values']['value']:+.4f}",
+                             "main fit": f"{evidence['value']:+.4f}",
                              "fits": ", ".join("n/a" if v != v else f"{v:+.4f}" for v in spread["values"]),
                              "same types": f"{spread['same_types']} of {spread['fits']}",
                              "claim's side / other / holds": f"{spread['claim_side']} / {spread['other_side']} / "
