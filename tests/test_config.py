@@ -137,6 +137,9 @@ def test_a_modes_changed_rule_reruns_its_jobs_only(monkeypatch):
     def job_hash(mode):
         return identity.hashed_config(ablate_cfg("group=g", "logger=none", f"mode={mode}"))[2]
 
+    from headlab.analysis.types.clusters import KMEANS_STARTS
+
+    assert identity.MODE_RULES["cluster"]["kmeans_starts"] == KMEANS_STARTS  # a change of it reruns the clusters
     before = {mode: job_hash(mode) for mode in ("syntax", "eval")}
     monkeypatch.setitem(identity.MODE_RULES, "syntax", {"offset_control": 1})
     assert job_hash("syntax") != before["syntax"] and job_hash("eval") == before["eval"]

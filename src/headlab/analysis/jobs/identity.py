@@ -77,7 +77,8 @@ def hashed_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
 
 
 # a mode's rules that changed what its jobs compute without a setting to show it: raised with each change
-MODE_RULES = {"syntax": {"offset_control": 2}}  # 2: the role's own arcs out of their baseline, the bar tau - 1
+MODE_RULES = {"syntax": {"offset_control": 2},  # 2: the role's own arcs out of their baseline, the bar tau - 1
+              "cluster": {"kmeans_starts": 50}}  # headlab.analysis.types.clusters.KMEANS_STARTS (was 10)
 
 
 @dataclass(frozen=True)
