@@ -5,7 +5,7 @@ A pass is one example through the model, forward, in an evaluation batch (rows o
 the other kinds of work were measured on the MiniLM study of ``qnli_articles`` (BENCHMARKS.md, the study's stage
 times): a training example costs about 5.5 passes (forward, backward, optimiser step, in a shuffled batch padded to
 its longest row); the single-head sweep about 0.6 a plan and example (it shares each batch between plans); a
-clustering job and a syntax sentence (short) about 100 and 1. The estimate is an "about": the prune curve
+clustering job and a syntax sentence (short) about 500 and 1. The estimate is an "about": the prune curve
 stops when the metric falls, and the rate of the stages done carries over to the others.
 """
 
@@ -21,7 +21,7 @@ from headlab.files import read_json
 
 TRAIN_PASSES = 5.5  # a training example: forward, backward, step
 SWEEP_PASSES = 0.6  # a head's plan on an example in the single-head sweep
-CLUSTER_PASSES = 100.0  # a clustering job (k-means fits, stability, plots)
+CLUSTER_PASSES = 500.0  # a clustering job (k-means of 50 starts: fits, stability's 21 runs, bootstrap fits, plots)
 JS_PASSES = 4.0  # a sequence's Jensen-Shannon divergences between every pair of heads
 SYNTAX_SENTENCES = 500  # a treebank read whole (syntax.max_sentences=null): about the bundled UD EWT slice
 PRUNE_STEPS_RUN = 0.6  # the share of the prune curve's possible steps it runs before the metric falls below

@@ -58,7 +58,7 @@ class RefitSpread:
         other = (f"; {left} fit{'s' if left > 1 else ''} whose own profiles named the clusters otherwise left out "
                  "(counted against)") if left else ""
         return (f"under {self.made} bootstrap fits of the clusters: the estimate {spread}, on the claim's side of "
-                f"{self.boundary:+g} in {above}, on the other in {below}; holds in {self.holds}{other}")
+                f"{self.boundary:+.4g} in {above}, on the other in {below}; holds in {self.holds}{other}")
 
     def as_json(self) -> dict:
         above, below = self.sides()
