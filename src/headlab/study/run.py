@@ -26,6 +26,8 @@ from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages
 from headlab.training.processes import several_processes
 
 LOCK_FILE = ".study.lock"
+NO_JOBS = {"refits": "the clusters are not Guan et al.'s four named types, or cluster.bootstrap_fits is 0",
+           "controls": "the clusters have no type Table 2's orderings say matters"}  # why a stage has no jobs
 REPORT_FORMAT = 8  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
 # orderings only where intervals separate them; 6: no verdict at a floor or ceiling or in a smoke run, the findings
 # read the tables' intervals; 7: the papers' claims at their scale, equivalence, Holm per table, rank tests; 8:
@@ -248,8 +250,13 @@ class StudyRun:
         from headlab.study.stage_reports import RETIRED, retire_other_jobs
 
         jobs = stage_jobs(self.study, stage)
-        if not jobs:  # the fine-tuning, when study.checkpoint gives the fine-tuned model
+        if not jobs and stage == "finetune":  # study.checkpoint gives the fine-tuned model
             self.say(f"{where}: skipped, study.checkpoint={self.study.cfg.study.checkpoint} is the fine-tuned model")
+            return
+        if not jobs:  # its marker says so: the stage is done as it is now
+            write_json_atomic(self.study.folder / stage / MARKER, {"stage": stage, "key": self.stage_key(stage, []),
+                                                                   "files": {}})
+            self.say(f"{where}: nothing to run, {NO_JOBS.get(stage, 'no jobs')}")
             return
         key = self.stage_key(stage, jobs)
         hashes = key["jobs"]
