@@ -8,7 +8,7 @@ import os
 import pytest
 
 from headlab.errors import UserError
-from headlab.files import read_json, write_json_atomic
+from headlab.files import read_json, write_json_atomic, write_json_if_changed
 from headlab.reporting.records import write_records
 
 
@@ -59,3 +59,16 @@ def test_two_writers_of_one_file_never_share_a_temporary_name(tmp_path):
         list(pool.map(write, range(8)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bars.png", "table.csv", "table.md"]
     assert pd.read_csv(tmp_path / "table.csv").equals(frame)
+
+
+def test_a_json_file_of_the_same_content_is_not_written_again(tmp_path):
+    """Its modification time (what the jobs that read it compare) stays when the content is the same, and changes
+    with the content."""
+    import os
+
+    path = write_json_if_changed(tmp_path / "clusters.json", {"labels": {"L0H0": "dense"}})
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    write_json_if_changed(path, {"labels": {"L0H0": "dense"}})
+    assert path.stat().st_mtime_ns == 1_000_000_000
+    write_json_if_changed(path, {"labels": {"L0H0": "vertical"}})
+    assert path.stat().st_mtime_ns != 1_000_000_000 and read_json(path, "clusters")["labels"]["L0H0"] == "vertical"

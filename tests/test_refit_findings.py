@@ -38,9 +38,11 @@ def clusters_file(folder, fits: list[dict[str, str]], model: str = "seed0", made
                                      "config": {"cluster": {"stability_fits": 10, "stability_split": "heads"}}})
     main = labelling(["L0H0", "L0H1", "L0H2", "L0H3", "L0H4", "L0H5", "L1H0"], ["L1H1", "L1H2", "L1H3"])
     counts = {name: list(main.values()).count(name) for name in ("dense", "diagonal", "dense_vertical", "vertical")}
+    names = ["dense", "diagonal", "dense_vertical", "vertical"]
     (folder / "cluster" / model / "clusters.json").write_text(json.dumps(
-        {"names": ["dense", "diagonal", "dense_vertical", "vertical"], "named": True, "labels": main,
-         "counts": counts, "refits": fits, "bootstrap_fits": made or len(fits)}))
+        {"names": names, "named": True, "labels": main, "counts": counts}))
+    (folder / "cluster" / model / "refits.json").write_text(json.dumps(
+        {"names": names, "refits": fits, "bootstrap_fits": made or len(fits)}))
 
 
 def test_the_bootstrap_fits_keep_separated_heads_and_move_a_head_between_two_types():
@@ -136,6 +138,24 @@ def test_an_ordering_states_its_spread_across_the_fits_and_needs_half_of_them(tm
     (evidence,) = guan_finding(files_of(tmp_path)).evidence
     assert evidence.values["refits"]["fits"] == 3 and evidence.values["refits"]["claim_side"] == 2
     assert evidence.verdict == HOLDS and "1 fit whose own profiles named the clusters otherwise" in evidence.note
+
+
+def test_a_verdict_without_bootstrap_fits_says_it_rests_on_one_labelling(tmp_path):
+    """No refits stage: the ordering holds on the main fit, the evidence says the fits were not measured, and the
+    caveats say which model's Table 2 claims rest on one labelling; with the fits, neither."""
+    from headlab.study.findings.caveats import one_labelling
+
+    rng = np.random.default_rng(9)
+    diagonal = rng.uniform(0.2, 0.4, 80)
+    table2(tmp_path, np.clip(diagonal + 0.5, 0, 1), diagonal)
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    assert evidence.verdict == HOLDS and "bootstrap fits were not measured" in evidence.note
+    assert "The Table 2 claims of seed0 rest on one k-means labelling" in one_labelling(files_of(tmp_path))[0]
+    fits = [labelling(["L0H0"], ["L1H1"])]
+    clusters_file(tmp_path, fits)
+    refit_records(tmp_path, fits[0], np.clip(diagonal + 0.5, 0, 1), diagonal)
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    assert "not measured" not in evidence.note and one_labelling(files_of(tmp_path)) == []
 
 
 def test_a_claim_that_does_not_hold_needs_the_fits_too(tmp_path):

@@ -359,7 +359,7 @@ def test_the_refits_stage_evaluates_table_2s_type_plans_under_each_bootstrap_fit
     named = ("study.stages=[cluster,tables,controls,refits,report]",
              "study.cluster.cluster.names=[dense,diagonal,dense_vertical,vertical]")
     out = study(folder, *named).stdout
-    fits = json.loads((folder / "cluster/seed0/clusters.json").read_text())["refits"]
+    fits = json.loads((folder / "cluster/seed0/refits.json").read_text())["refits"]
     assert len(fits) == 2 and all(len(fit) == 12 for fit in fits)  # study=quick: 2 fits of the 12 heads
     expected = {(policy, kind, frozenset(head for head, label in fit.items() if label == kind))
                 for fit in fits for kind in ("dense", "diagonal", "dense_vertical", "vertical")
@@ -383,6 +383,10 @@ def test_the_refits_stage_evaluates_table_2s_type_plans_under_each_bootstrap_fit
             "fit, ") in out
     section = (folder / "study.md").read_text().split("## Refits")[1].split("\n## ")[0]
     assert "guan_table2_diagonal_vs_vertical_prune" in section
+    # more fits: the clusters file is the same, so the tables and the controls stay done; the refits run
+    more = study(folder, *named, "study.cluster.cluster.bootstrap_fits=3").stdout
+    assert "[2/5] tables: skipped, done" in more and "[3/5] controls: skipped, done" in more, more
+    assert len(json.loads((folder / "cluster/seed0/refits.json").read_text())["refits"]) == 3
 
 
 def test_a_changed_setting_reruns_only_the_stages_it_changes(finished):

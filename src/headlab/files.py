@@ -93,6 +93,17 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
     return Path(path)
 
 
+def write_json_if_changed(path: str | Path, data: Any) -> Path:
+    """``write_json_atomic``, unless ``path`` already holds exactly that JSON: its modification time, which the
+    stamps of the jobs that read it compare, then stays (a rerun that computes the same file reruns nothing
+    downstream)."""
+    path = Path(path)
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if path.is_file() and path.read_text() == text:
+        return path
+    return write_text_atomic(path, text)
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename (never a partial file)."""
     with atomic_file(path) as handle:

@@ -1,4 +1,4 @@
-"""Table 2's type plans under each bootstrap fit of the clustering (``clusters.json``'s ``refits``).
+"""Table 2's type plans under each bootstrap fit of the clustering (a cluster job's ``refits.json``).
 
 A claim about a head type rests on one k-means labelling of the heads; another sample of text labels some heads
 otherwise. The cluster job fits the heads again on bootstrap resamples of the sequences (``cluster.bootstrap_fits``);
@@ -31,7 +31,8 @@ class RefitPlan:
 
 
 def refit_plans(clusters: dict[str, Any]) -> list[dict[str, RefitPlan]]:
-    """Per bootstrap fit of ``clusters`` (a ``clusters.json``), ``{plan: RefitPlan}`` of Table 2's type plans whose
+    """Per bootstrap fit of ``clusters`` (a ``refits.json``: the clusters' names and each fit's labels),
+    ``{plan: RefitPlan}`` of Table 2's type plans whose
     type has heads in that fit; ``[]`` when the clusters are not Guan et al.'s four types or have no fits."""
     if sorted(clusters.get("names", [])) != sorted(TYPES):
         return []

@@ -110,7 +110,7 @@ def controls(report: StudyReport) -> None:
     types = sorted({t for name, _ in report.study.models for t in _types(report, name)})
     found = controls_of(files, types)
     if not found:
-        report.missing("controls")
+        report.missing("tables" if "tables" in report.stale else "controls")
         return
     digits = 2 if files.scale == 100 else 4
     metric = main_metric(report.study)
@@ -148,7 +148,8 @@ def refits(report: StudyReport) -> None:
             if spread:
                 known = [v for v in spread["values"] if v == v]  # NaN: a fit whose type had no heads
                 rows.append({"claim": f"`{key}`", "model": evidence["model"],
-                             "main fit": f"{evidence['value']:+.4f}",
+                             "main fit": "n/a" if evidence["value"] != evidence["value"] else
+                                         f"{evidence['value']:+.4f}",
                              "fits": ", ".join("n/a" if v != v else f"{v:+.4f}" for v in spread["values"]),
                              "same types": f"{spread['same_types']} of {spread['fits']}",
                              "claim's side / other / holds": f"{spread['claim_side']} / {spread['other_side']} / "
@@ -159,8 +160,8 @@ def refits(report: StudyReport) -> None:
         report.markdown.append("_No Table 2 claim was measured under bootstrap fits: the refits stage did not run, "
                                "cluster.bootstrap_fits is 0, or the clusters are not Guan et al.'s four types._")
         return
-    report.markdown += ["The heads clustered again on bootstrap resamples of the sequences (`clusters.json`'s "
-                        "`refits`; a fit whose own profiles name its clusters otherwise is left out and counts "
+    report.markdown += ["The heads clustered again on bootstrap resamples of the sequences (the cluster job's "
+                        "`refits.json`; a fit whose own profiles name its clusters otherwise is left out and counts "
                         "against), Table 2's plans run under each fit's types (`refits/`), each claim's quantity "
                         "under each fit. The verdict of the main fit stands when at least half of the fits put the "
                         "estimate on its side of the boundary.", "", to_markdown(pd.DataFrame(rows))]

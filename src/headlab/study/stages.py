@@ -12,7 +12,7 @@
     controls/prune/seed0/                mode=sweep_heads, family random: sets of the size of each type Table 2 says
                                          matters (controls/uniform/)
     refits/seed0/<plan>-<digest>/        mode=eval of Table 2's type plans under each bootstrap fit of the clusters
-                                         (``headlab.study.refit_plans``), refits/seed0/baseline/ beside them
+                                         (cluster/seed0/refits.json, ``headlab.study.refit_plans``), the baseline
     sweep/seed0/                         mode=sweep_heads: every head pruned alone
     robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/): on its examples
     robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, shapley_resample/)
@@ -234,7 +234,8 @@ def _refits(study: Study) -> list[Job]:
     per distinct head set, and the baseline on the same examples; none when the clusters are not Guan et al.'s."""
     jobs = []
     for name, ckpt in study.models:
-        fits = refit_plans(read_json(study.stage_dir("cluster") / name / "clusters.json", "clusters"))
+        path = study.stage_dir("cluster") / name / "refits.json"
+        fits = refit_plans(read_json(path, "bootstrap fits")) if path.is_file() else []
         plans = {"baseline": {"rules": []}} if fits else {}  # job folder -> its plan
         for fit in fits:
             plans |= {plan.folder: plan.rules for plan in fit.values()}

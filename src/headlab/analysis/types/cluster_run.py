@@ -7,8 +7,10 @@ stability, embeds the heads and writes into the job directory:
 ``clusters.json``          the clusters file of DESIGN.md section 5 (``labels``: head -> type, read by
                            ``cluster:NAME`` selectors and the Guan Table 2/3 presets), with the centroids,
                            counts per layer, stability, the separation of the centroids (named only above 1,
-                           ``clusters.distinct``), the names the profiles gave, the labels of each
-                           bootstrap fit of the same types (``refits``, of ``bootstrap_fits``) and the settings
+                           ``clusters.distinct``), the names the profiles gave and the settings; written
+                           again only when it changes (the jobs that read it compare its time)
+``refits.json``            the labels of each bootstrap fit of the same types (``refits``, of
+                           ``bootstrap_fits`` made: ``clusters.bootstrap_labels``, ``same_types``)
 ``heads.parquet`` / .csv   the features job's per-head table with ``cluster`` and the embeddings' coordinates
 ``types_per_layer.csv``    heads of each type per layer (Guan Fig. 3)
 ``embeddings.png``         t-SNE and MDS of the distance features, by cluster and by layer (Guan Fig. 2, Clark
@@ -44,7 +46,14 @@ from headlab.analysis.types.clusters import (
 )
 from headlab.analysis.types.features import DISTANCE_BINS, AttentionFeatures
 from headlab.analysis.types.features_run import features_table
-from headlab.files import path_stamp, read_json, write_frame_atomic, write_json_atomic, write_text_atomic
+from headlab.files import (
+    path_stamp,
+    read_json,
+    write_frame_atomic,
+    write_json_atomic,
+    write_json_if_changed,
+    write_text_atomic,
+)
 from headlab.reporting import head_plots
 from headlab.training.tracking import log_artifacts
 
@@ -153,7 +162,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
                    source: dict[str, Any], output_dir: Path, logger, repeats: list[float],
                    resampled: list[np.ndarray]) -> dict[str, Any]:
     """Every file of the module docstring; returns the summary for ``results.json`` (without the config).
-    ``resampled``: the ``[heads]`` labels of each bootstrap fit of the same types (``refits`` in clusters.json)."""
+    ``resampled``: the ``[heads]`` labels of each bootstrap fit of the same types (``refits.json``)."""
     options, formats = cfg.cluster, tuple(cfg.report.formats)
     names = clustering.label_names()
     table = features_table(features)
@@ -173,7 +182,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
     write_frame_atomic(per_layer, output_dir / "types_per_layer.csv")
     counts = {name: int((table["cluster"] == name).sum()) for name in order}
     separation = None if np.isnan(clustering.separation) else clustering.separation  # NaN: a fit left a cluster empty
-    write_json_atomic(output_dir / "clusters.json", {
+    write_json_if_changed(output_dir / "clusters.json", {
         "model": source["model"], "architecture": source.get("architecture"), "task": source["task"],
         "checkpoint": source.get("checkpoint"),
         "labels": dict(zip(table["name"], names)), "names": clustering.names, "named": clustering.named,
@@ -185,12 +194,13 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
         "counts_per_layer": per_layer.to_dict("records"), "stability": share, "silhouette": clustering.silhouette,
         "stability_split": options.stability_split, "stability_fits": options.stability_fits,
         "stability_repeats": repeats,
-        "refits": [dict(zip(table["name"], (clustering.names[label] for label in fit))) for fit in resampled],
-        "bootstrap_fits": options.bootstrap_fits,  # fits made; refits: those of the same types (same_types)
         "centroids": {name: clustering.centroids[i].tolist() for i, name in enumerate(clustering.names)},
         "bins": list(DISTANCE_BINS), "shape": [features.num_layers, features.num_heads],
         "features": str(path.parent.absolute()), "num_sequences": features.num_sequences,
         "features_stamp": path_stamp(str(path.parent))})  # mode=compare reads the job's other files too
+    write_json_atomic(output_dir / "refits.json", {  # apart: a change of the fits leaves clusters.json's readers done
+        "names": clustering.names, "bootstrap_fits": options.bootstrap_fits,  # the fits made; refits: of the same types
+        "refits": [dict(zip(table["name"], (clustering.names[label] for label in fit))) for fit in resampled]})
     title = f"{source['model']} ({source['task']}), {features.num_sequences} sequences"
     images = {
         "embeddings": head_plots.embeddings(embedded, names, table["layer"].tolist(), title,
@@ -210,7 +220,7 @@ def write_clusters(cfg: Any, features: AttentionFeatures, clustering: Clustering
             "features": str(path.parent.absolute()), "k": options.k, "method": options.method,
             "named": clustering.named, "counts": counts, "stability": share, "silhouette": clustering.silhouette,
             "stability_repeats": repeats, "separation": separation,
-            "files": ["clusters.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
+            "files": ["clusters.json", "refits.json", "heads.parquet", "heads.csv", "types_per_layer.csv",
                       *(p.name for p in images.values())]}
 
 

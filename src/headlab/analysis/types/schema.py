@@ -60,7 +60,7 @@ class ClusterConfig:
     stability_fits: int = 10  # Guan et al. Table 1: fits on random halves
     stability_split: str = "sequences"  # halves of the sequences (features recomputed) | of the heads
     stability_repeats: int = 0  # the whole procedure again with other seeds: the spread of its stability
-    bootstrap_fits: int = 0  # fits on bootstrap resamples of the sequences: their labels in clusters.json (refits)
+    bootstrap_fits: int = 0  # fits on bootstrap resamples of the sequences: their labels in refits.json
     perplexity: float = 30.0  # t-SNE (capped below the number of heads)
     min_stability: float | None = 0.9  # a note when the stability is lower (Guan et al. Table 1: 94-96%)
 

@@ -184,10 +184,24 @@ def stability(files: StudyFiles) -> list[str]:
             "fits of the refits stage, when it ran)."]
 
 
+def one_labelling(files: StudyFiles) -> list[str]:
+    """Table 2's claims of a model with no bootstrap fits of its clusters measured (the refits stage)."""
+    from headlab.study.findings.refits import fits_of
+
+    bare = [model for model in files.models if files.job("tables", "table2", model, "prune_diagonal") is not None
+            and not fits_of(files, model)[1]]
+    if not bare:
+        return []
+    return [f"**One labelling.** The Table 2 claims of {', '.join(bare)} rest on one k-means labelling of the heads: "
+            "the clustering's bootstrap fits were not measured (the refits stage did not run, or "
+            "cluster.bootstrap_fits is 0), so how much each verdict depends on which heads that labelling typed "
+            "which way is unknown. The default study runs 5 fits (`study.cluster.cluster.bootstrap_fits`)."]
+
+
 def study_caveats(files: StudyFiles, command: str, model: str = "", how: str | None = None) -> list[str]:
     """Every caveat that applies to this run, one paragraph each (``model``, ``how``: the checkpoint and how it was
     pre-trained)."""
     limits = baseline_limits(files)
     return [*pretraining(files, model, how), *floor(files, limits), *ceiling(files, limits), *samples(files),
-            *seeds(files, command), *type_names(files), *stability(files), *intervals(files)]
+            *seeds(files, command), *type_names(files), *stability(files), *one_labelling(files), *intervals(files)]
 

@@ -14,6 +14,7 @@ adjusted for the others; the few distinct controls of a table are not adjusted a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from headlab.files import read_json
 from headlab.reporting.value_intervals import area_difference_interval, metric_value
 from headlab.study.findings.inputs import StudyFiles
+from headlab.study.findings.verdicts import HOLDS, INCONCLUSIVE, interval
 
 TYPE_POLICIES = ("prune", "uniform")  # Table 2's plans: {policy}_{type}
 
@@ -100,12 +102,57 @@ def type_control(files: StudyFiles, model: str, plan: str) -> TypeControl | str:
 
 
 def controls_of(files: StudyFiles, types: list[str]) -> list[TypeControl]:
-    """Every control the study ran: per model, policy and type."""
+    """Every control the study ran: per model, policy and type (of Guan et al.'s types, those Table 2's orderings say
+    matter: another type of the same size has sets of its size too, but no claim reads it)."""
+    from headlab.study.stages import CONTROLLED, GUAN_TYPES
+
     found = []
     for model in files.models:
         for policy in TYPE_POLICIES:
-            for name in types:
+            for name in CONTROLLED[policy] if sorted(types) == sorted(GUAN_TYPES) else types:
                 control = type_control(files, model, f"{policy}_{name}")
                 if isinstance(control, TypeControl):
                     found.append(control)
     return found
+
+
+def controlled(files: StudyFiles, model: str, removed: str, outcome: str, notes: list[str], values: dict) -> str:
+    """A Table 2 ordering's verdict once ``removed``'s type is set beside random sets of its size (``controls``):
+    "holds" needs the type to cost more than them too. The control's numbers go into ``notes`` and ``values``."""
+    control = type_control(files, model, removed)
+    alpha = 1 - files.resampling.confidence
+    if isinstance(control, TypeControl):
+        digits = 2 if files.scale == 100 else 4
+        notes.append("control: " + control.describe(digits))
+        values["control"] = {"percentile": control.percentile, "p_value": control.p_value,
+                             "draws": len(control.random), "size": control.size, "examples": control.examples,
+                             "value": control.value, "excess": None if control.excess is None
+                             else dict(zip(("value", "low", "high"), control.excess))}
+        why = control_shortfalls(control, alpha) if outcome == HOLDS else []
+        if why:
+            notes.append(f"the ordering holds, but {removed} is not shown to cost more than as many heads taken at "
+                         f"random ({'; '.join(why)}): the type is not shown to matter")
+            return INCONCLUSIVE
+        return outcome
+    if outcome == HOLDS:
+        notes.append(f"the ordering holds, but {control}: the type is not shown to matter more than as many random "
+                     "heads")
+        return INCONCLUSIVE
+    return outcome
+
+
+def control_shortfalls(control: TypeControl, alpha: float) -> list[str]:
+    """Why ``control`` does not show its type costing more than random sets of its size at ``alpha``, if it does not:
+    its rank p above alpha (and whether so few sets could reach it), its excess's CI reaching 0 or missing."""
+    why = []
+    if control.p_value > alpha:
+        draws, needed = len(control.random), math.ceil(1 / alpha) - 1
+        why.append(f"rank p {control.p_value:.3g} > {alpha:.3g}" + (
+            f"; {draws} sets cannot reach it, study.controls.sweep.draws={needed} or more can"
+            if 1 / (draws + 1) > alpha * (1 + 1e-9) else ""))
+    if control.excess is None:
+        why.append("its excess over the sets has no interval: the tables' baseline lacks the controls' examples")
+    elif not control.excess[2] < 0:
+        why.append(f"its excess over the sets' mean, {interval(*control.excess, 4)} of the baseline, reaches 0: it "
+                   "may not carry over to other examples")
+    return why

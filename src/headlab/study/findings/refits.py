@@ -66,13 +66,17 @@ class RefitSpread:
                 "other_side": below, "values": self.values, "verdicts": self.verdicts}
 
 
+UNMEASURED = ("the clustering's bootstrap fits were not measured (the refits stage did not run, or "
+              "cluster.bootstrap_fits is 0): the verdict rests on one labelling of the heads")
+
+
 def fits_of(files: StudyFiles, model: str) -> tuple[list[dict[str, RefitPlan]], int]:
     """(the plans of each bootstrap fit of the same types of ``model``'s clusters, the fits made); ``([], 0)``
     without a refits stage or fits."""
     clusters = files.job("cluster", model)
-    if clusters is None or not files.jobs("refits"):
+    if clusters is None or not files.jobs("refits") or not (clusters / "refits.json").is_file():
         return [], 0
-    found = read_json(clusters / "clusters.json", "clusters")
+    found = read_json(clusters / "refits.json", "bootstrap fits")
     return refit_plans(found), int(found.get("bootstrap_fits", len(found.get("refits", []))))
 
 
@@ -121,6 +125,8 @@ def gated(spread: RefitSpread | None, outcome: str, notes: list[str], values: di
     """``outcome`` once the claim's ``spread`` across the fits is known: stated in ``notes`` and ``values``; a verdict
     of the main fit that fewer than half of the bootstrap fits bear out (``RefitSpread.agrees``) is inconclusive."""
     if spread is None:
+        if outcome in (HOLDS, FAILS):
+            notes.append(UNMEASURED)
         return outcome
     notes.append(spread.describe(digits))
     values["refits"] = spread.as_json()
