@@ -99,11 +99,12 @@ def test_each_fit_names_its_heads_and_fits_that_agree_share_a_job():
     assert refit_plans({"names": ["cluster0", "cluster1", "cluster2", "cluster3"], "refits": fits}) == []
 
 
-def refit_records(folder, fit: dict[str, str], vertical: np.ndarray, diagonal: np.ndarray) -> None:
+def refit_records(folder, fit: dict[str, str], vertical: np.ndarray, diagonal: np.ndarray,
+                  model: str = "seed0") -> None:
     for plan, kind, f1 in (("prune_vertical", "vertical", vertical), ("prune_diagonal", "diagonal", diagonal)):
         heads = [head for head, label in fit.items() if label == kind]
         if heads:
-            records(job(folder, f"refits/seed0/{folder_of(plan, heads)}"), f1)
+            records(job(folder, f"refits/{model}/{folder_of(plan, heads)}"), f1)
 
 
 def test_an_ordering_states_its_spread_across_the_fits_and_needs_half_of_them(tmp_path):
@@ -156,6 +157,23 @@ def test_a_verdict_without_bootstrap_fits_says_it_rests_on_one_labelling(tmp_pat
     refit_records(tmp_path, fits[0], np.clip(diagonal + 0.5, 0, 1), diagonal)
     (evidence,) = guan_finding(files_of(tmp_path)).evidence
     assert "not measured" not in evidence.note and one_labelling(files_of(tmp_path)) == []
+
+
+def test_pooled_seeds_need_every_seeds_fits_to_bear_the_verdict_out(tmp_path):
+    """Two seeds whose pooled ordering holds; the fits of seed1 all put the estimate on the other side: the pooled
+    verdict is inconclusive, each seed's spread beside it."""
+    rng = np.random.default_rng(10)
+    diagonal = rng.uniform(0.2, 0.4, 80)
+    fits = [labelling(["L0H0"], ["L1H1"]), labelling(["L0H1"], ["L1H2"])]
+    for model, shift in (("seed0", 0.5), ("seed1", -0.2)):
+        table2(tmp_path, np.clip(diagonal + 0.5, 0, 1), diagonal, model=model)
+        clusters_file(tmp_path, fits, model=model)
+        for fit in fits:
+            refit_records(tmp_path, fit, np.clip(diagonal + shift, 0, 1), diagonal, model=model)
+    finding = guan_finding(files_of(tmp_path, models=("seed0", "seed1")))
+    *seeds, pooled = finding.evidence
+    assert [e.values["refits"]["claim_side"] for e in seeds] == [2, 0]
+    assert pooled.verdict == INCONCLUSIVE and "fewer than half of the bootstrap fits" in pooled.note
 
 
 def test_a_claim_that_does_not_hold_needs_the_fits_too(tmp_path):

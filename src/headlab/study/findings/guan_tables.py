@@ -28,7 +28,7 @@ from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tes
 from headlab.reporting.value_intervals import headroom_interval
 from headlab.study.findings.controls import controlled
 from headlab.study.findings.inputs import StudyFiles
-from headlab.study.findings.refits import cost_spread, gated, ordering_spread
+from headlab.study.findings.refits import RefitSpread, cost_spread, gated, ordering_spread
 from headlab.study.findings.verdicts import (
     FAILS,
     HOLDS,
@@ -190,13 +190,15 @@ def ordering_findings(files: StudyFiles) -> list[Finding]:
     for o in claims:
         found = [e for e in evidence[o.claim.key] if e.verdict != NOT_TESTED]
         if len(files.models) > 1 and len(found) == len(files.models):
-            evidence[o.claim.key].append(pooled_evidence(files, o, min(e.values["confidence"] for e in found)))
+            evidence[o.claim.key].append(pooled_evidence(files, o, found))
     return [ordering_finding(files, o, evidence[o.claim.key]) for o in claims]
 
 
-def pooled_evidence(files: StudyFiles, o: Ordering, level: float) -> Evidence:
+def pooled_evidence(files: StudyFiles, o: Ordering, per_seed: list[Evidence]) -> Evidence:
     """The seeds' differences pooled by a hierarchical bootstrap (``headlab.reporting.pooled``), at the family's
-    simultaneous level: the finding's verdict, with the seeds' spread beside it."""
+    simultaneous level: the finding's verdict, with the seeds' spread beside it; ``per_seed``: each seed's evidence
+    (its level, its spread across the bootstrap fits)."""
+    level = min(e.values["confidence"] for e in per_seed)
     pairs = [(files.records(files.job("tables", o.table, model, o.kept)),
               files.records(files.job("tables", o.table, model, o.removed))) for model in files.models]
     found = pooled_difference(files.metric, pairs, replace(files.resampling, confidence=level))
@@ -216,9 +218,8 @@ def pooled_evidence(files: StudyFiles, o: Ordering, level: float) -> Evidence:
             outcome, note = INCONCLUSIVE, (f"the pooled ordering holds, but {o.removed} does not cost more than "
                                            "random sets of its size on every seed (each seed's control beside it)")
     if o.family == "table2" and outcome in (HOLDS, FAILS):
-        spreads = [ordering_spread(files, model, o.kept, o.removed, replace(files.resampling, confidence=level))
-                   for model in files.models]
-        if any(spread is not None and not spread.agrees(outcome) for spread in spreads):
+        spreads = [RefitSpread.from_json(e.values["refits"], 0.0) for e in per_seed if "refits" in e.values]
+        if any(not spread.agrees(outcome) for spread in spreads):
             outcome, note = INCONCLUSIVE, (f"the pooled ordering {outcome}, but on some seed fewer than half of the "
                                            "bootstrap fits of the clusters put the estimate on that side (each "
                                            "seed's spread beside it)")

@@ -60,6 +60,11 @@ class RefitSpread:
         return (f"under {self.made} bootstrap fits of the clusters: the estimate {spread}, on the claim's side of "
                 f"{self.boundary:+.4g} in {above}, on the other in {below}; holds in {self.holds}{other}")
 
+    @classmethod
+    def from_json(cls, found: dict, boundary: float) -> RefitSpread:
+        """The spread ``as_json`` wrote (a seed's evidence, read again when the seeds are pooled)."""
+        return cls(list(found["values"]), list(found["verdicts"]), boundary, int(found["fits"]))
+
     def as_json(self) -> dict:
         above, below = self.sides()
         return {"fits": self.made, "same_types": len(self.values), "holds": self.holds, "claim_side": above,
