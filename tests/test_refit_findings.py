@@ -157,6 +157,10 @@ def test_a_verdict_without_bootstrap_fits_says_it_rests_on_one_labelling(tmp_pat
     refit_records(tmp_path, fits[0], np.clip(diagonal + 0.5, 0, 1), diagonal)
     (evidence,) = guan_finding(files_of(tmp_path)).evidence
     assert "not measured" not in evidence.note and one_labelling(files_of(tmp_path)) == []
+    clusters = tmp_path / "cluster/seed0/clusters.json"  # renamed by hand after the fits: they are of other types
+    clusters.write_text(json.dumps(json.loads(clusters.read_text()) | {"names": ["a", "diagonal", "b", "vertical"]}))
+    (evidence,) = guan_finding(files_of(tmp_path)).evidence
+    assert "bootstrap fits were not measured" in evidence.note
 
 
 def test_pooled_seeds_need_every_seeds_fits_to_bear_the_verdict_out(tmp_path):

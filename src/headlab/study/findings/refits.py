@@ -77,11 +77,13 @@ UNMEASURED = ("the clustering's bootstrap fits were not measured (the refits sta
 
 def fits_of(files: StudyFiles, model: str) -> tuple[list[dict[str, RefitPlan]], int]:
     """(the plans of each bootstrap fit of the same types of ``model``'s clusters, the fits made); ``([], 0)``
-    without a refits stage or fits."""
+    without a refits stage or fits, or when ``clusters.json`` names other types than its ``refits.json``."""
     clusters = files.job("cluster", model)
     if clusters is None or not files.jobs("refits") or not (clusters / "refits.json").is_file():
         return [], 0
     found = read_json(clusters / "refits.json", "bootstrap fits")
+    if found.get("names") != read_json(clusters / "clusters.json", "clusters").get("names"):
+        return [], 0  # clusters.json renamed by hand since: its fits are of other types
     return refit_plans(found), int(found.get("bootstrap_fits", len(found.get("refits", []))))
 
 
