@@ -48,7 +48,7 @@ def test_the_squad_articles_load_as_tasks():
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        for task, questions in (("squad_articles", 2968), ("squad_v2_articles", 2239), ("qnli_articles", 5776)):
+        for task, questions in (("squad_articles", 2968), ("squad_v2_articles", 2239), ("qnli_articles", 5700)):
             cfg = compose("ablate", overrides=["model=tiny_random", f"task={task}"])
             data = load_task_data(cfg.task, ["validation"])
             assert len(data["validation"]) == questions, task
@@ -97,7 +97,8 @@ def _sentences(context: str) -> list[str]:
 @pytest.mark.parametrize("split", ["train", "validation"])
 def test_qnli_pairs_hold_the_answer_or_the_hardest_distractor(split):
     """Each question: one pair with the sentence holding its answer span (label 0) and one with the sentence of most
-    shared words among those without the answer's text (label 1); the shipped file is what the generator writes."""
+    shared words among those holding no annotator's answer text (label 1); no pair twice; the shipped file is what
+    the generator writes."""
     squad = read("squad_v1_articles", split)
     rows = [json.loads(line) for line in (DATA / f"qnli_articles/{split}.jsonl").read_text().splitlines()]
     assert rows == pairs(squad)
@@ -114,12 +115,15 @@ def test_qnli_pairs_hold_the_answer_or_the_hardest_distractor(split):
         start = context.index(positive["sentence"])
         assert start <= answer["answer_start"] and answer["answer_start"] + len(answer["text"]) <= start + len(
             positive["sentence"])
-        candidates = [s for s in _sentences(context) if answer["text"].lower() not in s.lower()]
+        candidates = [s for s in _sentences(context)
+                      if all(a["text"].lower() not in s.lower() for a in question["answers"])]  # no annotator's
         best = max(shared(question["question"], s) for s in candidates)
         assert negative["sentence"] in candidates and shared(question["question"], negative["sentence"]) == best
         assert negative["sentence"] == next(s for s in candidates if shared(question["question"], s) == best)
         assert negative["id"] == f"{question['id']}/1" and positive["question"] == negative["question"]
+    pairs_seen = [(" ".join(row["question"].lower().split()), row["sentence"]) for row in rows]
+    assert len(set(pairs_seen)) == len(pairs_seen)  # no (question, sentence) pair twice, up to case and spaces
     assert len(rows) // 2 > 0.9 * len(questions)  # few questions left out (answers across sentences, no distractor)
     first = {questions[row["id"].removesuffix("/0").removesuffix("/1")][0]["id"] for row in rows[:400]}
     titles = {a["title"] for a in squad["data"] for p in a["paragraphs"] for q in p["qas"] if q["id"] in first}
-    assert len(titles) == len(squad["data"])  # the first rows sample every article (not the first article's)
+    assert len(titles) >= 0.9 * len(squad["data"])  # the first rows sample nearly every article, not a few

@@ -10,10 +10,12 @@ parts):
 * the paragraph is cut into sentences by ``headlab.core.units.split_sentences`` (the rule of ``unit=sentence``);
 * the **positive** pair (label 0, ``entailment``) is the question with the sentence that holds its first answer's
   character span whole; a question whose answer crosses a sentence boundary is left out;
-* the **negative** pair (label 1, ``not_entailment``) is the question with the sentence of the paragraph that does
-  not hold the answer's text (anywhere, in any case) and shares the most words with the question (lower-cased word
-  tokens, ``STOP_WORDS`` left out; the first such sentence on a tie): the hardest distractor by overlap; a question
-  whose paragraph has no such sentence is left out.
+* the **negative** pair (label 1, ``not_entailment``) is the question with the sentence of the paragraph that holds
+  none of its answers' texts (no annotator's, anywhere, in any case) and shares the most words with the question
+  (lower-cased word tokens, ``STOP_WORDS`` left out; the first such sentence on a tie): the hardest distractor by
+  overlap; a question whose paragraph has no such sentence is left out;
+* a question whose positive or negative pair repeats a pair already taken (the same question asked twice of one
+  paragraph, up to case and spaces) is left out: no (question, sentence) pair appears twice.
 
 So the classes are balanced (chance: 50% accuracy) and every question appears once with each label, its two rows
 adjacent. The questions are in a seeded random order (``ORDER_SEED``), not by article, so that the first N rows (a
@@ -44,14 +46,16 @@ def words(text: str) -> set[str]:
     return {word for word in _WORD.findall(text.lower()) if word not in STOP_WORDS}
 
 
-def question_pairs(context: str, question: str, answer: str, answer_start: int) -> tuple[str, str] | None:
-    """(the sentence holding the answer, the sentence without the answer's text sharing most words with the
-    question), or None when the answer crosses a sentence boundary or every other sentence holds its text."""
+def question_pairs(context: str, question: str, answers: list[dict]) -> tuple[str, str] | None:
+    """(the sentence holding the first answer's span, the sentence holding no answer's text that shares most words
+    with the question), or None when the first answer crosses a sentence boundary or every sentence holds an
+    answer's text. ``answers``: SQuAD's, ``[{"text", "answer_start"}]``, one per annotator."""
     spans = split_sentences(context)
     sentences = [context[a:b] for a, b in spans]
-    end = answer_start + len(answer)
-    holding = [i for i, (a, b) in enumerate(spans) if a <= answer_start and end <= b]
-    others = [i for i, sentence in enumerate(sentences) if answer.lower() not in sentence.lower()]
+    start, texts = answers[0]["answer_start"], {answer["text"].lower() for answer in answers}
+    end = start + len(answers[0]["text"])
+    holding = [i for i, (a, b) in enumerate(spans) if a <= start and end <= b]
+    others = [i for i, sentence in enumerate(sentences) if not any(text in sentence.lower() for text in texts)]
     if not holding or not others:
         return None
     asked = words(question)
@@ -61,13 +65,14 @@ def question_pairs(context: str, question: str, answer: str, answer_start: int) 
 
 def pairs(squad: dict) -> list[dict]:
     """The rows of one split (module docstring): each question's two rows, the questions in a seeded order."""
-    questions = []
+    questions, taken = [], set()  # taken: the (question, sentence) pairs so far
     for article in squad["data"]:
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
-                answer = qa["answers"][0]
-                found = question_pairs(paragraph["context"], qa["question"], answer["text"], answer["answer_start"])
-                if found is not None:
+                found = question_pairs(paragraph["context"], qa["question"], qa["answers"])
+                asked = " ".join(qa["question"].lower().split())  # a question asked twice, up to case and spaces
+                if found is not None and not taken & {(asked, sentence) for sentence in found}:
+                    taken |= {(asked, sentence) for sentence in found}
                     questions.append([{"question": qa["question"], "sentence": sentence, "label": label,
                                        "id": f"{qa['id']}/{label}"}
                                       for label, sentence in zip((ENTAILMENT, NOT_ENTAILMENT), found)])
