@@ -191,12 +191,44 @@ def test_sharded_weights_with_a_shard_missing_or_truncated_are_refused(tmp_path)
 
 
 def test_a_tokenizer_that_pads_with_another_id_than_the_config_is_refused(tmp_path):
-    """RoBERTa weights with a BERT tokenizer: its [PAD] (0) is RoBERTa's <s>, and its [UNK] (1) RoBERTa's padding."""
+    """RoBERTa weights with a BERT tokenizer: its [PAD] (0) is RoBERTa's <s>, and its [UNK] (1) RoBERTa's padding,
+    from which RoBERTa counts its positions."""
     cfg, _ = saved_bert(tmp_path / "model")
-    edit_config(tmp_path / "model", pad_token_id=1)
+    edit_config(tmp_path / "model", model_type="roberta", pad_token_id=1)
     with pytest.raises(UserError, match=r"its tokenizer pads with id 0 \(\[PAD\]\), its config.json says "
-                                        r"pad_token_id 1"):
+                                        r"pad_token_id 1 \(the model's padding, roberta's first position\)"):
         load_tokenizer(cfg)
+
+
+def test_a_bert_with_an_xlm_r_tokenizer_runs_as_a_plain_forward(tmp_path):
+    """multilingual-e5-small's layout: a BERT whose config says pad_token_id 0 and whose XLM-R tokenizer pads with 1.
+    BERT reads that id nowhere: a padded batch through headlab's data path gives each sentence's logits alone."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from headlab.core.models import load_model
+    from headlab.core.tiny_tokenizers import tiny_tokenizer
+    from headlab.tasks.encoding import Collator
+
+    words = tiny_tokenizer("xlm-roberta")
+    assert words.pad_token_id == 1
+    torch.manual_seed(0)
+    config = BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=8, intermediate_size=16,
+                        vocab_size=max(words.get_vocab().values()) + 1, pad_token_id=0, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "model")
+    words.save_pretrained(tmp_path / "model")
+    cfg = folder_cfg(tmp_path / "model")
+    tokenizer = load_tokenizer(cfg)  # refused before
+    sentences = ["the cat sat", "a dog and the cat sat on the mat today"]
+    rows = [dict(tokenizer(text)) for text in sentences]
+    batch = Collator(tokenizer.pad_token_id)(rows)
+    assert (batch["input_ids"][0, len(rows[0]["input_ids"]):] == 1).all()  # padded with 1
+    model = load_model(cfg, head="sequence_classification")
+    padded = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    plain = BertForSequenceClassification.from_pretrained(tmp_path / "model").eval()
+    for i, row in enumerate(rows):
+        alone = plain(**{k: torch.tensor([v]) for k, v in row.items()}).logits[0]
+        torch.testing.assert_close(padded[i], alone, rtol=0, atol=1e-5)
 
 
 def test_weights_of_another_architecture_under_the_same_model_name_are_refused(tmp_path):

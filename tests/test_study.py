@@ -337,6 +337,20 @@ def test_stale_stages_stay_out_of_the_report_and_plans_of_another_clustering_ret
     k = 4 plans moved out of the folders the tables' reports read (they made every later run fail: two settings)."""
     folder = tmp_path / "study"
     shutil.copytree(finished[0], folder, symlinks=True)
+    # only the report: the clusters are of k = 4, and so is every stage that read them (never shown as current)
+    out = study(folder, "study.stages=[report]", "study.cluster.cluster.k=3").stdout
+    assert ("the files of cluster were computed with other settings (or inputs), and compare, tables, controls, "
+            "refits, robustness read them") in out, out
+    text = (folder / "study.md").read_text()
+    assert "prune_cluster" not in text
+    assert "_Left out: the tables stage read the cluster stage's files, which are of other settings" in text
+    assert not {"tables", "compare", "robustness"} & set(summary_of(folder))
+    assert "tables/table2" not in text.split("## Files")[1]  # the Files list leaves them out too
+    # a stage of the run that would read the stale clusters: refused in one line before anything runs
+    refused = study(folder, "study.stages=[tables,report]", "study.cluster.cluster.k=3", check=False)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: study.stages: tables reads the files of cluster, which are of other settings or inputs than this "
+        "command's: add cluster to study.stages (and the stages between), or leave tables out"], refused.stderr
     out = study(folder, "study.stages=[cluster,report]", "study.cluster.cluster.k=3").stdout
     assert "the files of compare, tables, controls, robustness were computed with other settings" in out
     text = (folder / "study.md").read_text()

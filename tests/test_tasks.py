@@ -156,7 +156,23 @@ LOCAL_FILES = {  # name -> contents: files a user may hand a GLUE-style pair tas
     "good_multiline.csv": 'sentence1,sentence2,label\n"two\nlines",b,0\n\nc,d,1\n',
     "no_column.tsv": "sentence1\tlabel\nx\t0\n",
     "empty_field.tsv": "sentence1\tsentence2\tlabel\nx\t\t0\n",
+    "good_bom.csv": "\ufeffsentence1,sentence2,label\na,b,0\n",  # UTF-8 with a BOM: what spreadsheets write
+    "good_bom.tsv": "\ufeffsentence1\tsentence2\tlabel\na\tb\t0\n",
 }
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_file_with_a_byte_order_mark_loads_as_the_same_file_without(tmp_path, suffix):
+    """The BOM was read as part of the first column's name: "lacks column sentence1", though ``datasets`` reads it."""
+    sep = "," if suffix == ".csv" else "\t"
+    text = f"sentence1{sep}sentence2{sep}label\nthe cat{sep}a dog{sep}1\n"
+    loaded = []
+    for name, content in (("plain", text), ("bom", "\ufeff" + text)):
+        path = tmp_path / f"{name}{suffix}"
+        path.write_bytes(content.encode("utf-8"))
+        loaded.append(load_task_data(task_cfg("rte", f"task.data_files={{train: {path}, validation: {path}}}"))["train"]
+                      .to_list())
+    assert loaded[0] == loaded[1] == [{"sentence1": "the cat", "sentence2": "a dog", "label": 1}]
 
 
 @pytest.mark.parametrize("name", sorted(LOCAL_FILES))

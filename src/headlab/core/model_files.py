@@ -157,13 +157,19 @@ def check_tokenizer_folder(folder: str | Path, what: str) -> None:
 
 
 def check_tokenizer_fits(tokenizer: Any, config: dict[str, Any], what: str) -> None:
-    """A ``UserError`` naming ``what`` when the tokenizer's ids run past the model's embeddings rows, or it pads with
-    another id than the config's ``pad_token_id``: a tokenizer of another model."""
+    """A ``UserError`` naming ``what`` when the tokenizer's ids run past the model's embeddings rows, or, for a
+    family whose positions count from the padding id (RoBERTa's), it pads with another id than the config's
+    ``pad_token_id``: a tokenizer of another model. (A BERT with an XLM-R tokenizer, multilingual-e5's layout, pads
+    with 1 where its config says 0: BERT reads that id nowhere, the attention mask hides the padding.)"""
+    from headlab.core.families import MODEL_TYPES
+
     padding, pads = config.get("pad_token_id"), tokenizer.pad_token_id
-    if isinstance(padding, int) and isinstance(pads, int) and padding != pads:
+    family = MODEL_TYPES.get(config.get("model_type"))
+    if family is not None and family.positions_from_padding and isinstance(padding, int) and \
+            isinstance(pads, int) and padding != pads:
         raise UserError(f"{what}: its tokenizer pads with id {pads} ({tokenizer.pad_token}), its config.json says "
-                        f"pad_token_id {padding} (the model's padding, RoBERTa's first position): a tokenizer of "
-                        "another model? give the model's own tokenizer")
+                        f"pad_token_id {padding} (the model's padding, {family.name}'s first position): a tokenizer "
+                        "of another model? give the model's own tokenizer")
     rows = config.get("vocab_size")
     ids = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)  # ids may skip numbers
     if isinstance(rows, int) and ids > rows:

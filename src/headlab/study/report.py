@@ -104,10 +104,12 @@ def study_command(study: Study) -> str:
 
 
 def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
-                       stale: list[str] | None = None) -> dict[str, Any]:
+                       stale: dict[str, str | None] | None = None) -> dict[str, Any]:
     """``study.md`` and ``study.json`` (with ``inputs``: what the stages' markers said) in the study folder; the
-    summary printed to ``console``. ``stale``: stages left out of this run whose files are of other settings."""
-    report = StudyReport(study, stale=frozenset(stale or ()))
+    summary printed to ``console``. ``stale``: stages left out of this run whose files are of other settings
+    (``None``) or were computed from such a stage's files (its name; ``StudyRun.stale_stages``)."""
+    stale = stale or {}
+    report = StudyReport(study, stale=frozenset(stale), stale_reads={k: v for k, v in stale.items() if v})
     cfg = study.cfg
     names = ", ".join(name for name, _ in study.models)
     report.markdown += [f"# headlab study: {cfg.model.name} on {cfg.task.name}", "",
@@ -117,8 +119,11 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
         report.markdown += ["", f"**{SMOKE}**"]
         report.console.append(f"note: {SMOKE}")
     if stale:
-        warning = (f"Not this command's settings: the files of {', '.join(stale)} were computed with other settings "
-                   "(or inputs): this report leaves them out; run those stages again to update them.")
+        own = [stage for stage, read in stale.items() if read is None]
+        readers = [stage for stage, read in stale.items() if read is not None]
+        warning = (f"Not this command's settings: the files of {', '.join(own)} were computed with other settings "
+                   f"(or inputs){', and ' + ', '.join(readers) + ' read them' if readers else ''}: this report "
+                   "leaves them out; run those stages again to update them.")
         report.markdown += ["", f"**{warning}**"]
         report.console.append(f"note: {warning}")
     findings(report)

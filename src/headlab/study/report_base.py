@@ -26,6 +26,7 @@ class StudyReport:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # W&B key -> table
     closing: list[str] = field(default_factory=list)  # the terminal's last lines: findings and caveats
     stale: frozenset[str] = frozenset()  # stages whose files are of other settings: read as not run
+    stale_reads: dict[str, str] = field(default_factory=dict)  # stale stage -> the stale stage whose files it read
 
     def path(self, *parts: str) -> Path:
         return self.study.folder.joinpath(*parts)
@@ -37,7 +38,11 @@ class StudyReport:
         self.markdown += ["", f"## {title}", ""]
 
     def missing(self, stage: str) -> None:
-        if stage in self.stale:
+        if stage in self.stale_reads:
+            read = self.stale_reads[stage]
+            self.markdown.append(f"_Left out: the {stage} stage read the {read} stage's files, which are of other "
+                                 f"settings or inputs now; run {read} and {stage} again._")
+        elif stage in self.stale:
             self.markdown.append(f"_Left out: the {stage} stage's files were computed with other settings or inputs; "
                                  "run that stage again._")
         else:

@@ -22,7 +22,7 @@ from headlab.files import config_hash, folder_lock, read_json, short_name, write
 from headlab.study.interrupts import stopping_on_signals
 from headlab.study.schema import FindingsConfig, check_statistics
 from headlab.study.stage_files import manifest_problems, stage_manifest
-from headlab.study.stages import ABOUT, MARKER, STAGES, Job, Study, check_stages, stage_jobs
+from headlab.study.stages import ABOUT, MARKER, READS, STAGES, Job, Study, check_stages, stage_jobs
 from headlab.training.processes import several_processes
 
 LOCK_FILE = ".study.lock"
@@ -171,6 +171,7 @@ class StudyRun:
         return str(timedelta(seconds=round(time.monotonic() - (self.start if since is None else since))))
 
     def run(self) -> dict[str, Any]:
+        self.check_inputs_current()
         with stopping_on_signals(self.say, lambda: self.position) as self.interrupts:
             for number, stage in enumerate(self.stages, start=1):
                 where = self.position = f"[{number}/{len(self.stages)}] {stage}"
@@ -191,7 +192,7 @@ class StudyRun:
         from headlab.study.report import write_study_report
 
         stale = self.stale_stages()
-        key, summary = {**self.inputs_key(), "stale": stale}, self.study.folder / "study.json"
+        key, summary = {**self.inputs_key(), "stale": sorted(stale)}, self.study.folder / "study.json"
         done = read_json(summary, "study") if summary.is_file() else {}
         if done.get("inputs") == key and (self.study.folder / "study.md").is_file():
             self.say(f"{where}: skipped, done ({self.study.folder / 'study.md'})")
@@ -201,19 +202,43 @@ class StudyRun:
         self.say(f"{where}: {ABOUT['report']} (elapsed {self.elapsed()})")
         write_study_report(self.study, self.console, key, stale)
 
-    def stale_stages(self) -> list[str]:
-        """The stages left out of this run whose files are there but not of this command's settings and inputs."""
-        stale = []
+    def stale_stages(self) -> dict[str, str | None]:
+        """The stages left out of this run whose files are there but not of this command's settings and inputs:
+        ``{stage: None}`` for its own jobs or settings, ``{stage: input}`` for one that read the files of a stale
+        stage (``READS``, in the study's order: a stale stage's readers are stale in turn)."""
+        stale: dict[str, str | None] = {}
         for stage in STAGES[:-1]:
             if stage in self.stages or not (self.study.folder / stage / MARKER).is_file():
+                continue
+            read = next((need for need in READS[stage] if need in stale), None)
+            if read is not None:
+                stale[stage] = read
                 continue
             try:
                 current = self.is_done(stage, self.stage_key(stage, stage_jobs(self.study, stage)))
             except UserError:  # an input of its jobs is gone
                 current = False
             if not current:
-                stale.append(stage)
+                stale[stage] = None
         return stale
+
+    def check_inputs_current(self) -> None:
+        """A ``UserError`` for a stage of this run that would read the files of a stale stage left out of it (the
+        tables of k = 3 from the clusters of k = 4), before any stage runs."""
+        reads = {need for stage in self.stages for need in READS[stage] if need not in self.stages}
+        if not any((self.study.folder / need / MARKER).is_file() for need in reads):
+            return
+        stale = self.stale_stages()
+        for stage in self.stages:
+            need = next((need for need in READS[stage] if need in stale), None)
+            if need is not None:
+                root = need
+                while stale[root] is not None:
+                    root = stale[root]
+                why = f" (it read {root}'s)" * (root != need)
+                raise UserError(f"study.stages: {stage} reads the files of {need}, which are of other settings or "
+                                f"inputs than this command's{why}: add {root} to study.stages (and the stages "
+                                f"between), or leave {stage} out")
 
     def stage_key(self, stage: str, jobs: list[Job]) -> dict[str, Any]:
         """What a finished stage's marker holds: its jobs' hashes, and what its own files depend on."""

@@ -37,11 +37,14 @@ from headlab.study.refit_plans import refit_plans
 
 STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "refits", "sweep",
           "robustness", "importance", "prune_curve", "report")
-NEEDS = {"finetune": (), "features": ("finetune",), "cluster": ("features",), "compare": ("cluster",),
-         "syntax": ("finetune",), "tables": ("finetune", "cluster"), "controls": ("finetune", "cluster"),
-         "refits": ("finetune", "cluster"),         "sweep": ("finetune",),
-         "robustness": ("finetune", "cluster"),
-         "importance": ("finetune",), "prune_curve": ("finetune",), "report": ()}
+READS = {  # stage -> the stages whose files its jobs read: the study's one stage graph (each input runs before)
+    "finetune": (), "features": ("finetune",), "cluster": ("features",), "syntax": ("finetune",),
+    "compare": ("cluster", "syntax"), "tables": ("finetune", "cluster"), "controls": ("finetune", "cluster"),
+    "refits": ("finetune", "cluster"), "sweep": ("finetune",), "robustness": ("finetune", "cluster"),
+    "importance": ("finetune", "sweep"), "prune_curve": ("finetune",), "report": ()}
+READ_WHEN_THERE = {"compare": ("syntax",), "importance": ("sweep",)}  # inputs a stage reads only when they ran
+NEEDS = {stage: tuple(need for need in reads if need not in READ_WHEN_THERE.get(stage, ()))
+         for stage, reads in READS.items()}  # what a stage cannot run without
 ABOUT = {
     "finetune": "fine-tune the model on the task",
     "features": "attention features of the pre-trained and the fine-tuned model",

@@ -53,7 +53,7 @@ def _rows(path: Path) -> tuple[list[str], list[dict]]:
 
 def _csv_rows(path: Path) -> list[list[str]]:
     options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix == ".tsv" else {}
-    with path.open(newline="", encoding="utf-8") as file:
+    with path.open(newline="", encoding="utf-8-sig") as file:  # a BOM (spreadsheets write one) is not a column
         return list(csv.reader(file, **options))
 
 

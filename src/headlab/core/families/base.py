@@ -47,6 +47,8 @@ class Family:
     extra_projections: tuple[str, ...] = ()  # more per-head projections, sliced with the others where present
     first_layer_only: tuple[str, ...] = ()  # encoder modules applied after its first layer only (start_at_layer)
     segment_ids: bool = True  # its tokenizers give a pair's segments as token_type_ids 0 / 1 (RoBERTa's: all 0)
+    positions_from_padding: bool = False  # position ids count from config.json's pad_token_id (RoBERTa's): a
+    # tokenizer padding with another id shifts every position; the other families read that id nowhere in a forward
 
     def shape(self, config: dict[str, Any], where: str) -> tuple[int, int]:
         """``(layers, heads)`` of a config.json's dict (defaults as its config class fills them in)."""

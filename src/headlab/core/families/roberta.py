@@ -17,4 +17,4 @@ class RobertaFamily(Family):
 
 FAMILY = RobertaFamily(name="roberta", model_types=("roberta", "xlm-roberta", "camembert"),
                        shape_defaults={"roberta": (12, 12), "xlm-roberta": (12, 12), "camembert": (12, 12)},
-                       segment_ids=False)
+                       segment_ids=False, positions_from_padding=True)
