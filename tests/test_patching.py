@@ -287,10 +287,63 @@ def test_pairs_unlike_their_clean_inputs_are_refused_before_the_model_loads(tmp_
     pairs = tmp_path / "pairs.jsonl"
     first = "Ada Bell was born in 1950." if "tokenises as" in expected else "Ada Bell was born in 1951."
     pairs.write_text("".join(json.dumps(row | {"corrupt_sentence2": text}) + "\n" for text in (first, corrupted)))
-    result = run("ablate.py", "mode=patch", "allow_random_head=true", f"patch.pairs={pairs}",
+    result = run("ablate.py", "mode=patch", "allow_random_head=true", f"patch.pairs={pairs}", "patch.positions=units",
                  f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, expected)
     assert "GPU available" not in result.stdout + result.stderr  # no trainer, so no model, was made
+
+
+@pytest.mark.parametrize("positions", ["all", "each"])
+def test_a_corruption_that_moves_a_sentence_boundary_patches_at_every_position(trained, tmp_path, positions):
+    """A full stop moved (the same length, the boundary one word earlier) was refused at every ``patch.positions``;
+    the units play a part only at ``units``. The clean and corrupted runs' logit differences are a plain HF
+    forward's."""
+    root, _ = trained
+    rows = [{"sentence1": "Ada Bell was born in 1950.", "sentence2": clean, "label": 1, "corrupt_sentence2": moved,
+             "corrupt_label": 0} for clean, moved in (("Ada Bell was born in 1950.", "Ada Bell was born. In 1950"),
+                                                      ("Tom Hill was born in 1931.", "Tom Hill was born. In 1931"))]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run("ablate.py", "mode=patch", f"ckpt_path={root / 'train'}", f"patch.pairs={pairs}",
+        f"patch.positions={positions}", "patch.sites=[mlp]", f"hydra.run.dir={tmp_path / 'job'}", cwd_tmp=root)
+    scores = pd.read_parquet(tmp_path / "job/patches.parquet")
+    from transformers import AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(root / "train/model").eval().double()
+    tokenizer = AutoTokenizer.from_pretrained(root / "train/model")
+    for run_name, field in (("clean", "sentence2"), ("corrupted", "corrupt_sentence2")):
+        with torch.no_grad():
+            logits = torch.cat([model(**tokenizer(row["sentence1"], row[field], return_tensors="pt")).logits
+                                for row in rows])
+        expected = (logits[:, 1] - logits[:, 0]).numpy()  # the label's logit minus the corrupted label's
+        found = scores[scores["run"] == run_name].sort_values("example")["logit_diff"].to_numpy()
+        np.testing.assert_allclose(found, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_hub_task_offline_reads_its_pairs_from_the_paired_file(tmp_path):
+    """``task=sst2`` offline with an empty cache and ``patch.pairs=FILE``: the schema asked for the hub data set, which
+    the paired file replaces. Its scores are those of the same rows given as the task's own validation file."""
+    import os
+    import sys
+
+    from forked import HANG_GUARD, run_script
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"sentence": f"Ada Bell was born in {year}.", "label": 1, "corrupt_sentence":
+                                         f"Ada Bell was born in {year + 1}.", "corrupt_label": 0}) + "\n"
+                             for year in (1950, 1930, 1911)))
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    common = [sys.executable, str(ROOT / "ablate.py"), "mode=patch", "model=tiny_random", "task=sst2",
+              "allow_random_head=true", "patch.sites=[residual]", f"data.cache_dir={tmp_path / 'cache'}"]
+    scores = []
+    for name, given in (("pairs", [f"patch.pairs={pairs}"]),
+                        ("files", [f"task.data_files={{train: {pairs}, validation: {pairs}}}"])):
+        result = run_script([*common, *given, f"hydra.run.dir={tmp_path / name}"], cwd=ROOT, env=env,
+                            timeout=HANG_GUARD, fresh=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        scores.append(pd.read_parquet(tmp_path / name / "patches.parquet"))
+    assert len(scores[0]) == len(scores[1]) > 0
+    np.testing.assert_allclose(scores[0]["logit_diff"], scores[1]["logit_diff"], rtol=1e-6, atol=1e-7)
 
 
 def test_one_pair_says_it_has_no_standard_error():

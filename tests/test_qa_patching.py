@@ -105,6 +105,31 @@ def test_qa_patch_job_end_to_end(tmp_path):
     assert "patch (noising, 6 patches, positions all, exact) on pairs" in result.stdout
 
 
+def test_an_unanswerable_v2_question_is_left_out_with_a_note(tmp_path):
+    """SQuAD v2: a question without answers (``is_impossible``) has no span to score; the file was refused whole.
+    It is left out with a note, and the other questions' scores are those of the file without it."""
+    squad = json.loads(PAIRS.read_text())
+    squad["data"] = squad["data"][:1]
+    paragraph = squad["data"][0]["paragraphs"][0]
+    answered = tmp_path / "answered.json"
+    answered.write_text(json.dumps(squad))
+    paragraph["qas"].insert(1, paragraph["qas"][0] | {"id": "impossible", "answers": [], "is_impossible": True,
+                                                     "corrupt_answers": []})
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(squad))
+    scores = []
+    for path in (answered, whole):
+        result = run("ablate.py", "mode=patch", "model=tiny_random", "task=demo_qa", "task.version=v2",
+                     "allow_random_head=true", f"patch.pairs={path}", "patch.sites=[residual]",
+                     f"hydra.run.dir={tmp_path / path.stem}", cwd_tmp=tmp_path)
+        scores.append(pd.read_parquet(tmp_path / path.stem / "patches.parquet"))
+    questions = len(paragraph["qas"])
+    assert (f"note: 1 of {questions} questions have no window holding both their answer and the corrupted one (or "
+            "are unanswerable); left out") in result.stderr
+    assert scores[0]["run"].tolist() == scores[1]["run"].tolist() and len(scores[0]) > 0
+    np.testing.assert_allclose(scores[1]["logit_diff"], scores[0]["logit_diff"], rtol=1e-6, atol=1e-7)
+
+
 def paired_squad(tmp_path, change: dict) -> str:
     """The bundled file's first paragraph with ``change`` applied to its first question (None removes a key)."""
     squad = json.loads(PAIRS.read_text())

@@ -98,8 +98,6 @@ class TaskConfig:
                     raise UserError(f"task {self.name}: data file {path!r} for split {split!r} {not_a_file(path)}")
         elif not self.dataset:
             raise UserError(f"task {self.name}: give task.dataset (a hub dataset) or task.data_files (local files)")
-        else:
-            check_hub_dataset(self.name, self.dataset, self.subset, list(self.eval_splits))
 
 
 @dataclass
@@ -354,6 +352,12 @@ def check_known_keys(cfg: Any) -> None:
             raise UserError(f"{key} is not an option here ('+{key}=...' added it): nothing would read it; remove it")
 
 
+def read_from_pairs(cfg: Any) -> bool:
+    """Whether the job reads its examples from ``patch.pairs`` alone (``mode=patch``): the task's hub data set, offline
+    and not cached, is then not needed."""
+    return OmegaConf.get_type(cfg) is AblateConfig and cfg.mode == "patch" and cfg.patch.pairs is not None
+
+
 def check_config(cfg: Any) -> None:
     """Range and fixed-set checks of every group (``UserError``); types were checked by Hydra."""
     check_known_keys(cfg)
@@ -361,6 +365,9 @@ def check_config(cfg: Any) -> None:
         if group in cfg:
             OmegaConf.to_object(cfg[group])
     check_seed("seed", cfg.seed)
+    task = cfg.get("task")
+    if task is not None and not task.get("data_files") and not read_from_pairs(cfg):
+        check_hub_dataset(task.name, task.dataset, task.get("subset"), list(task.eval_splits))
     for index, seed in enumerate(cfg.study.seeds if "study" in cfg else ()):
         check_seed(f"study.seeds[{index}]", seed)
     if OmegaConf.get_type(cfg) is AblateConfig:

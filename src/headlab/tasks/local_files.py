@@ -215,10 +215,12 @@ def squad_questions_error(where: str, ids: list[str], contexts: list[str], answe
 PAIRED_SQUAD_FIELDS = ("corrupt_question", "corrupt_context")  # a paired SQuAD question's corrupted texts
 
 
-def check_paired_squad(path: str | Path, task_name: str) -> list[str]:
+def check_paired_squad(path: str | Path, task_name: str, version: str = "v1") -> list[str]:
     """A paired SQuAD JSON file of activation patching: every question has an answer in its context, the same
     ``corrupt_question`` and / or ``corrupt_context`` fields as the others, and ``corrupt_answers`` whose first answer
-    is where it says in the corrupted context (the span the corrupted run's score is read at). The corrupted fields."""
+    is where it says in the corrupted context (the span the corrupted run's score is read at). The corrupted fields.
+    Under ``version="v2"`` a question without answers is SQuAD v2's unanswerable one: no span to score, so the job
+    leaves it out with a note (``paired_data.answer_windows``); its corrupted texts are still checked."""
     path = Path(path)
     try:
         questions = [(paragraph["context"], qa) for article in json.loads(path.read_text(encoding="utf-8"))["data"]
@@ -248,6 +250,8 @@ def check_paired_squad(path: str | Path, task_name: str) -> list[str]:
         empty = next((field for field in mine if not isinstance(qa[field], str) or not qa[field].strip()), None)
         if empty:
             raise UserError(f"{where} has no text in {empty!r}")
+        if version == "v2" and not qa.get("answers"):
+            continue  # unanswerable: left out of the scores, with a note
         spans = []
         for name, text in (("answers", context), ("corrupt_answers", qa.get("corrupt_context", context))):
             answer = _first_answer(qa.get(name))

@@ -39,7 +39,7 @@ def check_patch(cfg: Any) -> None:
         if path.suffix != ".json":
             raise UserError(f"patch.pairs={str(pairs)!r}: task {task.name} is extractive QA, whose paired file is "
                             f"SQuAD JSON (.json); got {path.suffix!r}")
-        check_paired_squad(path, task.name)
+        check_paired_squad(path, task.name, str(task.get("version", "v1")))
         if cfg.patch.path.senders is not None:
             raise UserError(f"patch.path: path patching scores classification and regression tasks; task {task.name} "
                             "is extractive QA (patch its heads, sites and positions instead)")

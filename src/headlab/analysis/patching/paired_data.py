@@ -3,11 +3,12 @@
 A paired data file is a task's data file whose rows also carry ``corrupt_<field>`` texts (the counterfactual source
 of each example, for some of the task's text fields) and may carry ``corrupt_<label>``, the label the corrupted text
 has. The corrupted rows are the clean ones with those fields replaced, tokenised by the same code and settings; each
-example's two encodings must have the same length and the same unit layout (``sentence_ids``), since a patch moves an
-activation from a position of one run to the same position of the other: otherwise a one-line error names the
-example. A paired SQuAD file's questions carry ``corrupt_question`` and / or ``corrupt_context`` and
-``corrupt_answers``; each question is scored on one window, the first that holds both answers. ``PairedRows`` serves
-batches with the clean columns and the corrupted ones as ``corrupt_<column>``.
+example's two encodings must have the same length, since a patch moves an activation from a position of one run to
+the same position of the other, and, for ``patch.positions=units``, the same unit layout (``sentence_ids``; at
+``all`` and ``each`` the units play no part): otherwise a one-line error names the example. A paired SQuAD file's
+questions carry ``corrupt_question`` and / or ``corrupt_context`` and ``corrupt_answers``; each question is scored on
+one window, the first that holds both answers. ``PairedRows`` serves batches with the clean columns and the corrupted
+ones as ``corrupt_<column>``.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ def corrupted_fields(columns: list[str], text_fields: list[str]) -> list[str]:
     return [field for field in text_fields if f"corrupt_{field}" in columns]
 
 
-def corrupted_features(data: Any, split: str, model_cfg: Any) -> tuple[Any, Any, bool]:
+def corrupted_features(data: Any, split: str, model_cfg: Any, units: bool = False) -> tuple[Any, Any, bool]:
     """The clean and corrupted features of ``data``'s eval split (a ``TaskDataModule`` after ``setup``), the corrupted
-    rows tokenised as the clean ones are and checked against them (module docstring), and whether they carry their own
-    labels. Extractive QA: one window per question, the first holding both its answer and the corrupted answer
-    (``corrupt_answers``), whose span scores the logit difference compares; questions without one are left out."""
+    rows tokenised as the clean ones are and checked against them (module docstring; ``units``: their unit layouts
+    too, for patches by unit), and whether they carry their own labels. Extractive QA: one window per question, the
+    first holding both its answer and the corrupted answer (``corrupt_answers``), whose span scores the logit
+    difference compares; questions without one are left out."""
     task, raw = data.task, data.eval_examples[split]
     qa = task.type == "extractive_qa"
     fields = corrupted_fields(raw.column_names, QA_FIELDS if qa else list(task.text_fields))
@@ -56,7 +58,7 @@ def corrupted_features(data: Any, split: str, model_cfg: Any) -> tuple[Any, Any,
                               data.tokenizer_digest)
     clean = data.eval_features[split]
     what = "question" if qa else "row"
-    check_alike(clean, features, split, what)
+    check_alike(clean, features, split, what, units)
     if qa:
         clean, features = answer_windows(clean, features, split)
     check_different(clean, features, split, what)
@@ -79,9 +81,9 @@ def answer_windows(clean: Any, corrupted: Any, split: str) -> tuple[Any, Any]:
     return clean.select(chosen), corrupted.select(chosen)
 
 
-def check_alike(clean: Any, corrupted: Any, split: str, what: str = "row") -> None:
+def check_alike(clean: Any, corrupted: Any, split: str, what: str = "row", units: bool = True) -> None:
     """One line naming the first example (``what`` N of the split, from 1) whose two encodings differ in their windows
-    (SQuAD), length or unit layout."""
+    (SQuAD), length or (``units``) unit layout."""
     examples, other = column_values(clean, "example_index"), column_values(corrupted, "example_index")
     if examples != other:  # a SQuAD question cut into another number of windows
         feature = next((i for i, (a, b) in enumerate(zip(examples, other)) if a != b), min(len(examples), len(other)))
@@ -89,7 +91,7 @@ def check_alike(clean: Any, corrupted: Any, split: str, what: str = "row") -> No
         counts = examples.count(first), other.count(first)
         raise UserError(f"split {split!r} {what} {first + 1}: the clean and corrupted inputs make {counts[0]} and "
                         f"{counts[1]} windows; position-wise patching needs the same windows (the same lengths)")
-    for name in ("input_ids", "sentence_ids"):
+    for name in ("input_ids", "sentence_ids") if units else ("input_ids",):
         left, right = column_values(clean, name), column_values(corrupted, name)
         for feature, (a, b) in enumerate(zip(left, right)):
             where = f"split {split!r} {what} {examples[feature] + 1}"
@@ -100,8 +102,9 @@ def check_alike(clean: Any, corrupted: Any, split: str, what: str = "row") -> No
             if name == "sentence_ids" and a != b:
                 token = next(t for t, (x, y) in enumerate(zip(a, b)) if x != y)
                 raise UserError(f"{where}: the clean and corrupted inputs have another unit layout from token {token} "
-                                f"on (unit {a[token]} against {b[token]}); patching needs the same units at the same "
-                                "positions (a text cut at task.max_length keeps its length but not its units)")
+                                f"on (unit {a[token]} against {b[token]}); patch.positions=units needs the same units "
+                                "at the same positions (a text cut at task.max_length keeps its length but not its "
+                                "units); patch.positions=all or each do not")
 
 
 def check_different(clean: Any, corrupted: Any, split: str, what: str = "row") -> None:

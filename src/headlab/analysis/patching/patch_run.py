@@ -66,11 +66,13 @@ def paired_rows(job: EvalJob) -> PairedRows:
     """The job's eval split with its corrupted rows, checked alike (before the weights load)."""
     data = job.data
     split = data.eval_splits[0]
-    clean, corrupted, labelled = corrupted_features(data, split, tokenizer_config(job.checkpoint, job.cfg.model))
+    clean, corrupted, labelled = corrupted_features(data, split, tokenizer_config(job.checkpoint, job.cfg.model),
+                                                    units=job.cfg.patch.positions == "units")
     left_out = len(data.eval_examples[split]) - len(clean)  # SQuAD questions without a window holding both answers
     if left_out and rank_zero_only.rank == 0:  # no trainer yet
-        Console(stderr=True).print(f"note: {left_out} of {len(data.eval_examples[split])} questions have no window "
-                                   "holding both their answer and the corrupted one; left out", markup=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"note: {left_out} of {len(data.eval_examples[split])} questions have no window holding both their answer "
+            "and the corrupted one (or are unanswerable); left out", markup=False)
     return PairedRows(clean, corrupted, data.collator.pad_token_id, data.task.type == "regression", labelled)
 
 
