@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import ROOT
 from omegaconf import OmegaConf
 from transformers import AutoConfig, BertConfig, BertModel, ElectraConfig, RobertaConfig
 
@@ -243,3 +244,16 @@ def test_weights_of_another_architecture_under_the_same_model_name_are_refused(t
                                         rf"\({tmp_path / 'bert'}\) is bert 1x2, hidden 8, vocab 211"):
         check_same_shape(tmp_path / "roberta", cfg, str(tmp_path / "roberta"))
     check_same_shape(tmp_path / "bert", cfg, str(tmp_path / "bert"))  # its own: passes
+
+
+def test_a_random_preset_and_its_saved_folder_have_one_architecture(tmp_path):
+    """Clusters of ``model=tiny_random ckpt_path=JOB`` were refused on the job's own ``model/`` given as
+    ``model.name_or_path``: the preset recorded ``vocab None``, its saved config.json the tiny tokenizer's size."""
+    from headlab.core.model_files import architecture
+    from headlab.core.models import load_model_reporting
+
+    preset = OmegaConf.load(ROOT / "conf/model/tiny_random.yaml")
+    model, _ = load_model_reporting(preset, head="sequence_classification")
+    model.save_pretrained(tmp_path / "model")
+    load_tokenizer(preset).save_pretrained(tmp_path / "model")
+    assert architecture(preset) == architecture(folder_cfg(tmp_path / "model")) == "bert 3x4, hidden 32, vocab 211"

@@ -346,6 +346,21 @@ def test_a_hub_task_offline_reads_its_pairs_from_the_paired_file(tmp_path):
     np.testing.assert_allclose(scores[0]["logit_diff"], scores[1]["logit_diff"], rtol=1e-6, atol=1e-7)
 
 
+def test_labels_written_as_floats_are_their_classes(tmp_path):
+    """``corrupt_label: 0.0`` was refused where ``mode=eval`` takes ``label: 1.0`` as class 1: the same scores as the
+    file with integers."""
+    scores = []
+    for kind, (label, corrupt) in (("int", (1, 0)), ("float", (1.0, 0.0))):
+        pairs = tmp_path / f"{kind}.jsonl"
+        pairs.write_text("".join(json.dumps({"sentence1": "Ada Bell was born.", "sentence2": f"Ada was born in {y}.",
+                                             "label": label, "corrupt_sentence2": f"Ada was born in {y + 1}.",
+                                             "corrupt_label": corrupt}) + "\n" for y in (1950, 1930)))
+        run("ablate.py", "mode=patch", "allow_random_head=true", f"patch.pairs={pairs}", "patch.sites=[residual]",
+            f"hydra.run.dir={tmp_path / kind}", cwd_tmp=tmp_path)
+        scores.append(pd.read_parquet(tmp_path / kind / "patches.parquet"))
+    pd.testing.assert_frame_equal(scores[0], scores[1])
+
+
 def test_one_pair_says_it_has_no_standard_error():
     """With one pair the runs' difference has no standard error: the warning says so (it read "within 2 standard
     errors (nan)" of a difference of 0.48); with several, the noise warning reads the paired standard error."""

@@ -78,6 +78,10 @@ def architecture(model_cfg: Any) -> str:
     record it beside ``model.name`` (which a folder given by ``model.name_or_path`` does not change), and a clusters,
     importance or syntax file of another architecture is refused: a fine-tuned model keeps its pre-trained one."""
     config = config_json(model_cfg)
+    if model_cfg.get("random_init"):  # the vocabulary its tiny tokenizer gives it, as its saved config.json says
+        from headlab.core.tiny_tokenizers import tiny_config_fields
+
+        config = {"vocab_size": tiny_config_fields(config["model_type"])["vocab_size"]} | config
     hidden = config.get("hidden_size", config.get("dim"))  # DistilBERT's name
     return (f"{config['model_type']} {config['num_hidden_layers']}x{config['num_attention_heads']}, hidden {hidden}, "
             f"vocab {config.get('vocab_size')}")

@@ -116,26 +116,33 @@ def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], 
             raise UserError(f"data file {str(path)!r} row {number}: {label}={row.get(label)!r} is not {allowed} of "
                             f"task {task_name} (the label of the corrupted text; leave the column out to contrast with "
                             "the class the model predicts on it)")
-        if label in columns and num_labels and str(row.get(label)) == str(row.get(label_field)):
+        if label in columns and num_labels and _same_class(row.get(label), row.get(label_field)):
             raise UserError(f"data file {str(path)!r} row {number}: {label}={row.get(label)!r} is the row's "
                             f"{label_field}; the logit difference of a class against itself is 0 in every run (give "
                             "the corrupted text's own label, or leave the column out)")
     return corrupted
 
 
+def _same_class(left, right) -> bool:
+    """Whether two labels (``0``, ``0.0``, ``"0"``) name one class."""
+    try:
+        return float(left) == float(right)
+    except (TypeError, ValueError):
+        return False
+
+
 def _is_label(value, num_labels: int | None) -> bool:
-    """A class in ``0..num_labels - 1`` (a JSON integer or a CSV field that reads as one), or for ``num_labels`` None
-    a finite number."""
+    """A class in ``0..num_labels - 1`` (a JSON number or a CSV field that reads as a whole one: ``1.0`` is class 1,
+    as the task's own labels read), or for ``num_labels`` None a finite number."""
     if isinstance(value, bool) or value is None:
         return False
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
     if num_labels is None:
-        try:
-            return math.isfinite(float(value))
-        except (TypeError, ValueError):
-            return False
-    if isinstance(value, str):
-        value = int(value) if value.strip().lstrip("-").isdigit() else None
-    return isinstance(value, int) and 0 <= value < num_labels
+        return math.isfinite(number)
+    return number.is_integer() and 0 <= number < num_labels
 
 
 def count_rows(path: str | Path) -> int | None:
