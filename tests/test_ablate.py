@@ -3,7 +3,9 @@ the cached baseline, per-example records, resumable sweeps, presets and launcher
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -212,7 +214,13 @@ def test_input_stamps_follow_what_a_config_names(tmp_path):
                       "task.data_files": {"train": file_stamp(tmp_path / "clusters.json"), "validation": None},
                       "mask.clusters": {name: file_stamp(tmp_path / "weights" / name)
                                         for name in ("config.json", "model.safetensors")}}
-    assert stamps["ckpt_path"]["results.json"][0] == 2  # size, mtime
+    assert stamps["ckpt_path"]["results.json"] == [2, hashlib.blake2b(b"{}", digest_size=16).hexdigest()]  # content
+    os.utime(tmp_path / "job/results.json", ns=(1, 1))  # touched, or copied by cp -r: the same content, the same stamp
+    assert input_stamps(config, INPUT_KEYS) == stamps
+    (tmp_path / "clusters.json").write_text("[]")  # the same size, other content
+    os.utime(tmp_path / "clusters.json", ns=(1, 1))
+    assert input_stamps(config, INPUT_KEYS)["task.data_files"]["train"] != stamps["task.data_files"]["train"]
+    (tmp_path / "clusters.json").write_text("{}")
     (tmp_path / "job/train.log").write_text("more")  # not what a job directory's readers depend on
     (tmp_path / "job/.lock").write_text("")
     assert input_stamps(config, INPUT_KEYS) == stamps
@@ -235,6 +243,22 @@ def test_input_stamps_follow_what_a_config_names(tmp_path):
     assert input_stamps(config, INPUT_KEYS)["model.name_or_path"] == path_stamp(str(tmp_path / "weights"))
     config["model"]["name_or_path"] = str(Path(pytest.__file__).parent)
     assert "model.name_or_path" not in input_stamps(config, INPUT_KEYS)
+
+
+def test_paths_of_the_study_headlab_and_installed_packages_hash_relative_to_their_folders(tmp_path):
+    """A job's hash names a path inside the study folder, headlab's bundled data or site-packages (a model shipped as
+    a package) relative to that folder: the same job after the study is copied or headlab installed elsewhere."""
+    import sysconfig
+
+    import headlab
+    from headlab.files import relative_paths
+
+    data = Path(headlab.__file__).parent / "tasks/data/qnli_articles/train.jsonl"
+    site = Path(sysconfig.get_path("purelib")) / "some_model/config.json"
+    config = {"a": str(tmp_path / "study/cluster/seed0"), "b": [str(data)], "c": str(site), "d": "/elsewhere/x"}
+    assert relative_paths(config, str(tmp_path / "study")) == {
+        "a": "<root>/cluster/seed0", "b": ["<headlab>/tasks/data/qnli_articles/train.jsonl"],
+        "c": "<site-packages>/some_model/config.json", "d": "/elsewhere/x"}
 
 
 def test_a_job_is_not_written_into_another_jobs_folder(trained, tmp_path):

@@ -244,12 +244,19 @@ def test_a_rerun_skips_every_stage(finished):
 
 def test_a_study_folder_copied_elsewhere_is_still_done(finished):
     """The jobs' hashes take the paths inside the study folder relative to it (absolute ones reran every analysis
-    stage of a moved or copied study)."""
+    stage of a moved or copied study), and the files they read by content: a copy with new modification times
+    (``cp -r``) reran every stage. Nor does each table job say its clusters were computed on other weights (the
+    original folder's fine-tuned model, the same train.py job)."""
     folder, _ = finished
     copy = folder.parent / "study_copy"
-    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("wandb"))  # modification times kept
-    out = study(copy).stdout
-    assert all(skipped(out, n, stage) for n, stage in enumerate(STAGES, start=1)), out
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("wandb"), copy_function=shutil.copy)  # new times
+    assert (copy / "finetune/seed0/results.json").stat().st_mtime_ns != \
+        (folder / "finetune/seed0/results.json").stat().st_mtime_ns
+    result = study(copy)
+    assert all(skipped(result.stdout, n, stage) for n, stage in enumerate(STAGES, start=1)), result.stdout
+    shutil.rmtree(copy / "tables")  # the tables run again from the copied clusters: no note of other weights
+    result = study(copy, "study.stages=[tables]")
+    assert "was computed on" not in result.stdout + result.stderr, result.stderr
     shutil.rmtree(copy)
 
 

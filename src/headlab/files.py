@@ -1,8 +1,9 @@
 """Files headlab reads and writes: atomic JSON, text and tables; JSON input with clear errors; config hashes and
-the stamps (size, modification time) of the files a job reads; package folders."""
+the stamps (size, content digest) of the files a job reads; package folders."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -94,9 +95,8 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
 
 
 def write_json_if_changed(path: str | Path, data: Any) -> Path:
-    """``write_json_atomic``, unless ``path`` already holds exactly that JSON: its modification time, which the
-    stamps of the jobs that read it compare, then stays (a rerun that computes the same file reruns nothing
-    downstream)."""
+    """``write_json_atomic``, unless ``path`` already holds exactly that JSON: the file, and its modification time,
+    then stay as they were."""
     path = Path(path)
     text = json.dumps(data, indent=2, sort_keys=False) + "\n"
     if path.is_file() and path.read_text() == text:
@@ -211,10 +211,28 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def file_stamp(path: Path) -> list[int]:
-    """``[size, modification time in ns]``: changes whenever the file is written again."""
+DIGEST_CHUNK = 1 << 20
+_digests: dict[tuple, str] = {}  # (path, size, mtime, inode, device) -> digest: each file read once per process
+
+
+def file_digest(path: Path) -> str:
+    """The BLAKE2b digest (16 bytes, hex) of ``path``'s content; a file unchanged since this process read it (its
+    size, modification time and inode) is not read again."""
     status = path.stat()
-    return [status.st_size, status.st_mtime_ns]
+    key = (str(path.absolute()), status.st_size, status.st_mtime_ns, status.st_ino, status.st_dev)
+    if key not in _digests:
+        digest = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as handle:
+            while chunk := handle.read(DIGEST_CHUNK):
+                digest.update(chunk)
+        _digests[key] = digest.hexdigest()
+    return _digests[key]
+
+
+def file_stamp(path: Path) -> list[Any]:
+    """``[size, content digest]``: changes whenever the file's content does, not when it is only copied (``cp -r``,
+    a new checkout) or touched."""
+    return [path.stat().st_size, file_digest(path)]
 
 
 def path_stamp(value: Any) -> Any:
@@ -258,12 +276,18 @@ def input_stamps(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any
     return stamps
 
 
-def installed(path: Path) -> bool:
-    """Whether ``path`` lies in a folder Python installs packages into (site-packages)."""
+@functools.cache
+def site_roots() -> tuple[Path, ...]:
+    """The folders Python installs packages into (site-packages), resolved."""
     roots = {*site.getsitepackages(), site.getusersitepackages(), *(sysconfig.get_path(name)
                                                                    for name in ("purelib", "platlib"))}
+    return tuple(sorted({Path(root).resolve() for root in roots if root}))
+
+
+def installed(path: Path) -> bool:
+    """Whether ``path`` lies in a folder Python installs packages into (site-packages)."""
     resolved = path.resolve()
-    return any(resolved.is_relative_to(Path(root).resolve()) for root in roots if root)
+    return any(resolved.is_relative_to(root) for root in site_roots())
 
 
 # Settings that cannot change what a job computes (how it shows progress or logs, where and with how many worker
@@ -280,20 +304,28 @@ def without_keys(config: dict[str, Any], keys: tuple[str, ...] = RESULT_NEUTRAL)
             for name, value in config.items() if name not in keys}
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parent  # headlab's own folder: its bundled data and presets
+
+
 def relative_paths(value: Any, root: str | None) -> Any:
     """``value`` (a plain config) with every absolute path inside the folder ``root`` written as
-    ``<root>/RELATIVE``: a job's hash then stays the same when that folder moves (a study folder moved or copied)."""
-    if root is None:
-        return value
+    ``<root>/RELATIVE``, one inside headlab's own folder (its bundled data) as ``<headlab>/RELATIVE`` and one inside
+    site-packages (a model shipped as a package) as ``<site-packages>/RELATIVE``: a job's hash then stays the same
+    when that folder moves (a study folder moved or copied, headlab installed elsewhere or checked out again)."""
     if isinstance(value, dict):
         return {key: relative_paths(item, root) for key, item in value.items()}
     if isinstance(value, list):
         return [relative_paths(item, root) for item in value]
     if isinstance(value, str) and os.path.isabs(value):
         inside = Path(os.path.normpath(value))
-        top = Path(os.path.normpath(os.path.abspath(root)))
-        if inside == top or top in inside.parents:
-            return str(Path("<root>") / inside.relative_to(top))
+        if root is not None:
+            top = Path(os.path.normpath(os.path.abspath(root)))
+            if inside == top or top in inside.parents:
+                return str(Path("<root>") / inside.relative_to(top))
+        real = Path(os.path.realpath(value))
+        for top, name in ((PACKAGE_ROOT, "<headlab>"), *((site, "<site-packages>") for site in site_roots())):
+            if real.is_relative_to(top):
+                return str(Path(name) / real.relative_to(top))
     return value
 
 

@@ -141,7 +141,7 @@ class TrainResult:
     last_checkpoint: str | None  # checkpoints/last.ckpt with the training state (keep_training_state=true), or None
     config_hash: str
     config: dict[str, Any]  # the resolved config
-    inputs: dict[str, Any]  # size and modification time of the local data files (task.data_files)
+    inputs: dict[str, Any]  # size and content digest of the local data files (task.data_files)
     versions: dict[str, str] = field(default_factory=library_versions)
     kind: str = "train"
     complete: bool = True
@@ -177,7 +177,7 @@ class EvalResult:
     baseline_records: dict[str, str]  # split -> parquet file of the baseline's records
     config_hash: str
     config: dict[str, Any]
-    inputs: dict[str, Any]  # size and modification time of the files the config names (the checkpoint ...)
+    inputs: dict[str, Any]  # size and content digest of the files the config names (the checkpoint ...)
     versions: dict[str, str] = field(default_factory=library_versions)
     kind: str = "eval"
     complete: bool = True

@@ -9,19 +9,9 @@ modification times, so a study folder copied without its times (``cp -r``) is st
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-CHUNK = 1 << 20
-
-
-def file_digest(path: Path) -> str:
-    """The BLAKE2b digest (16 bytes, hex) of ``path``'s content."""
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+from headlab.files import file_digest
 
 
 def is_result(path: Path, stage_folder: Path, marker: str) -> bool:

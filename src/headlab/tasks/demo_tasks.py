@@ -158,8 +158,8 @@ def qa_patch_pairs(squad: dict) -> dict:
 
 
 def write_if_changed(path: Path, text: str) -> Path:
-    """Write ``text`` unless the file holds it already: an unchanged file keeps its modification time, so the jobs
-    that read it (whose hashes count it) are not run again."""
+    """Write ``text`` unless the file holds it already (an unchanged file keeps its modification time, which HF
+    ``datasets``' cache of local files goes by)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_text() != text:
         path.write_text(text)

@@ -38,6 +38,29 @@ class Checkpoint:
     def describe(self) -> str:
         return "the model's own weights" if self.path is None else f"{self.kind} {self.path}"
 
+    def trained_by(self) -> str | None:
+        """The hash of the ``train.py`` job whose weights these are (a job folder's ``results.json``): the same
+        wherever the folder was copied or moved; None for other kinds."""
+        path = None if self.kind != "job" or self.path is None else Path(self.path) / "results.json"
+        if path is None or not path.is_file():
+            return None
+        data = read_json(path, "train.py results")
+        return data.get("config_hash") if isinstance(data, dict) else None
+
+    def record(self, ckpt_path: str | None) -> dict[str, Any]:
+        """What a job's ``results.json`` says of its weights (``same_weights`` reads it)."""
+        return {"kind": self.kind, "path": self.path, "ckpt_path": ckpt_path, "trained_by": self.trained_by()}
+
+    def same_weights(self, recorded: dict[str, Any]) -> bool:
+        """Whether a ``record`` names these weights: the same ``train.py`` job (by its hash, so a study folder copied
+        elsewhere still is), else the same path."""
+        theirs, mine = recorded.get("trained_by"), self.trained_by()
+        if theirs is not None and mine is not None:
+            return theirs == mine
+        path = recorded.get("path")
+        return (path is None) == (self.path is None) and (path is None or Path(path).resolve() ==
+                                                          Path(self.path).resolve())
+
 
 def locate_checkpoint(ckpt_path: str | None, model_cfg: Any, task_cfg: Any) -> Checkpoint:
     """Classify ``ckpt_path`` and check it was trained for ``model_cfg`` and ``task_cfg`` (UserError if not).

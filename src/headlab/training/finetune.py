@@ -49,7 +49,7 @@ from headlab.training.tracking import build_logger, tracked_job
 # Keys that do not change what a job computes: left out of its config hash (and headlab.files.RESULT_NEUTRAL).
 RUNTIME_KEYS = ("ckpt_path", "keep_training_state", "logger", "experiment", "group", "paths_root")
 # Local files the job reads: data regenerated at the same path makes a finished run train again (their size and
-# modification time count in the hash; see headlab.analysis.jobs.identity for ablate.py's).
+# content digest count in the hash; see headlab.analysis.jobs.identity for ablate.py's).
 INPUT_KEYS = ("task.data_files",)
 # beside checkpoints/ (Lightning warns about a checkpoint directory that is not empty): the config hash of the run
 # that writes them

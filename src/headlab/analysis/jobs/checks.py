@@ -79,8 +79,8 @@ def note_other_weights(mask: Any, checkpoint: Any) -> None:
         recorded = data.get("checkpoint") if isinstance(data, dict) else None
         if not isinstance(recorded, dict) or "path" not in recorded:
             continue
-        theirs, ours = recorded["path"], checkpoint.path
-        if (theirs is None) != (ours is None) or (ours is not None and Path(theirs).resolve() != Path(ours).resolve()):
+        theirs = recorded["path"]
+        if not checkpoint.same_weights(recorded):
             described = "the model's own weights" if theirs is None else f"{recorded.get('kind')} {theirs}"
             Console(stderr=True).print(f"note: mask.{key}={source!r} was computed on {described}; this job evaluates "
                                        f"{checkpoint.describe()}", markup=False, soft_wrap=True)

@@ -201,8 +201,8 @@ class EvalJob:
         return {key: _frame(rows) for key, rows in evaluator.records.items()}, cached
 
     def checkpoint_record(self) -> dict[str, Any]:
-        return {"kind": self.checkpoint.kind, "path": self.checkpoint.path, "ckpt_path": self.cfg.ckpt_path,
-                "weights_hash": self.weights, "model_hash": self.model_key}
+        return self.checkpoint.record(self.cfg.ckpt_path) | {"weights_hash": self.weights,
+                                                             "model_hash": self.model_key}
 
     def result(self, variant: Variant, records: dict[str, Any], baseline: dict[str, Any], folder: Path,
                job_hash: str | None = None) -> EvalResult:

@@ -6,7 +6,7 @@ hash of what it computes (``JobIdentity``). ``resumable`` turns a mode's ``run(c
 very inputs it returns them (a killed sweep resumes by running it again); otherwise it runs the job as one tracked
 W&B run, ended (and marked failed when the job raised) before the next job of a multirun starts.
 
-The inputs count by their size and modification time (``input_stamps``): a checkpoint, features or clusters file
+The inputs count by their size and content digest (``input_stamps``): a checkpoint, features or clusters file
 written again at the same path (a model fine-tuned again into ``hydra.run.dir=runs/tuned``) makes the jobs that
 read it run again instead of returning results of the old file.
 """

@@ -148,7 +148,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
         "no_pieces": encoded.no_pieces, "plan": None if plan is None else plan.to_dict(), "best": best,
         "probe": probe, "roles": role_counts(roles), "left_out": {"min_count": cfg.syntax.min_count,
                                                                  "relations": below.to_dict()},
-        "checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path, "ckpt_path": cfg.ckpt_path},
+        "checkpoint": checkpoint.record(cfg.ckpt_path),
         "files": ["syntax.json", "syntax.csv", "syntax.md", "sieve_roles.csv", *(["probe.json"] if probe else []),
                   *(p.name for p in images.values())]})
     write_json_atomic(out / "results.json", summary)

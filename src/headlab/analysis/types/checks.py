@@ -142,10 +142,12 @@ def read_clusters_run(source: str | Path) -> dict[str, Any]:
 def check_features_unchanged(clusters: dict[str, Any], source: str | Path) -> None:
     """A ``UserError`` when the features job a cluster job read was run again (or its files changed) since: the
     shifts and roles mode=compare reads there would pair these labels with other data. (A clusters file written
-    before the stamp was recorded, or whose features job is gone, is not checked.)"""
+    before the stamp was recorded, or with stamps of modification times, or whose features job is gone, is not
+    checked.)"""
     recorded, folder = clusters.get("features_stamp"), clusters.get("features")
-    if recorded is None or not folder or not Path(folder).is_dir():
-        return
+    if recorded is None or not folder or not Path(folder).is_dir() or any(
+            isinstance(stamp, list) and isinstance(stamp[-1], int) for stamp in recorded.values()):
+        return  # stamps of modification times (before content digests): not comparable
     now = path_stamp(folder)
     changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
     if changed:

@@ -98,8 +98,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                               ProgressLines("features", len(sequences), "sequences"))
     features = attention_features(model, tokenizer, batches, tuple(options.families), options.js_max_sequences)
     summary = write_features(cfg, features, sequences, identity.output_dir, logger)
-    summary = identity.complete(summary | {"checkpoint": {"kind": checkpoint.kind, "path": checkpoint.path,
-                                                          "ckpt_path": cfg.ckpt_path}})
+    summary = identity.complete(summary | {"checkpoint": checkpoint.record(cfg.ckpt_path)})
     write_json_atomic(identity.output_dir / "results.json", summary)
     Console().print(f"features of {features.num_layers * features.num_heads} heads over {len(sequences)} "
                     f"sequences -> {identity.output_dir / 'heads.parquet'}", markup=False, soft_wrap=True)
