@@ -171,3 +171,39 @@ def test_importance_on_two_cpu_processes_equals_one(tmp_path):
             np.testing.assert_allclose(two["raw"][name], scores, rtol=1e-5, atol=1e-9, err_msg=name)
     for kind, scores in one["key_types"].items():
         np.testing.assert_allclose(two["key_types"][kind], scores, rtol=1e-5, atol=1e-9, err_msg=kind)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_two_process_run_without_a_collective_in_the_handler(tmp_path):
+    """Lightning's SIGTERM handler broadcast a tensor from inside the handler: under NCCL the ranks hung, under gloo
+    rank 1 died with a traceback. Both processes now stop with exit status 143 and one note, and none is left."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    log = tmp_path / "out.txt"
+    command = [sys.executable, str(ROOT / "train.py"), *QUICK, "task=demo_pairs", "trainer.max_steps=100000",
+               "data.max_train_examples=2000", "trainer.val_check_interval=20", f"data.cache_dir={tmp_path / 'c'}",
+               f"hydra.run.dir={tmp_path / 'run'}", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+               "trainer.precision=32-true"]
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK")}
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+        deadline = time.monotonic() + HANG_GUARD
+        while "step 20 (epoch" not in log.read_text() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # training has started in both processes (a validation ran)
+        time.sleep(2)
+        process.send_signal(signal.SIGTERM)
+        try:
+            status = process.wait(timeout=120)
+        finally:
+            os.killpg(process.pid, signal.SIGKILL) if process.poll() is None else None
+    text = log.read_text()
+    assert status == 143, text[-3000:]
+    assert text.count("note: interrupted (SIGTERM) during train.py") == 1, text[-3000:]
+    assert "Traceback" not in text and "Connection closed by peer" not in text, text[-3000:]
+    time.sleep(2)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout.split()
+    assert not left, left

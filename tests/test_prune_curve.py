@@ -193,3 +193,17 @@ def test_a_resample_curve_rescoring_under_its_mask_is_refused(trained):
                  check=False)
     assert_one_error_line(result, "prune_curve.policy=resample: rescoring the heads under the mask at every step would "
                                   "need a forward per draw; set prune_curve.recompute=false")
+
+
+def test_the_reports_speed_up_says_when_the_rounds_cannot_tell():
+    """One timing round printed "0.62x faster"; rounds on both sides of 1x are no measured change."""
+    from headlab.study.report_heads import speed_text
+
+    def timing(full, pruned):
+        ratios = sorted(a / b for a, b in zip(full, pruned))
+        return {"seconds": {"full": full, "pruned": pruned}, "speedup": ratios[len(ratios) // 2], "rounds": len(full)}
+
+    assert speed_text(timing([1.0], [1.6])) == "0.62x the full model's (one timing round: noise, not a measurement)"
+    assert speed_text(timing([1.0, 1.0, 1.0], [0.8, 1.1, 0.9])) == "no measured change (1.11x; 3 rounds 0.91-1.25x)"
+    assert speed_text(timing([2.0, 2.0, 2.0], [1.0, 0.8, 1.25])) == "2.00x faster (3 rounds 1.60-2.50x)"
+    assert speed_text({}) == ""

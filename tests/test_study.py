@@ -257,6 +257,7 @@ def test_a_study_folder_copied_elsewhere_is_still_done(finished):
     shutil.rmtree(copy / "tables")  # the tables run again from the copied clusters: no note of other weights
     result = study(copy, "study.stages=[tables]")
     assert "was computed on" not in result.stdout + result.stderr, result.stderr
+    assert "study done" not in result.stdout and "no report in this run: add report to study.stages" in result.stdout
     shutil.rmtree(copy)
 
 

@@ -48,8 +48,11 @@ def run_entry(main: Callable[[], Any]) -> None:
 
 
 def say(text: str) -> None:
-    """A ``note:`` line on the terminal, at once."""
-    print(text, flush=True)
+    """A ``note:`` line on the terminal, at once; by the first process only, in a run of several (DDP), as
+    Lightning's ``rank_zero_only`` reads the rank."""
+    rank = next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), "0")
+    if rank == "0":
+        print(text, flush=True)
 
 
 def exits_on_user_error(task: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -115,12 +115,12 @@ def prune_curve(report: StudyReport) -> None:
         frame = pd.read_csv(path)
         frame = frame[frame["split"] == settings["split"]]
         final = read_json(path.parent / "final_mask.json", "final mask")
-        speedup = (final.get("timing") or {}).get("speedup")
+        speed = speed_text(final.get("timing") or {})
         rows = []
         for (order, seed), part in frame.groupby(["order", "seed"], dropna=False, sort=False):
             kept = last_kept(part, metric, threshold)
             label = order if pd.isna(seed) else f"{order} (seed {int(seed)})"
-            faster = f"{speedup:.2f}x" if order == "importance" and speedup and kept is not None else ""
+            faster = speed if order == "importance" and kept is not None else ""
             rows.append({"order": label, "heads pruned": "none kept" if kept is None else int(kept["heads_pruned"]),
                          metric: "" if kept is None else f"{kept[metric]:.4f}",
                          "of the baseline": "" if kept is None else f"{kept['relative']:.4f}", "speed-up": faster})
@@ -131,9 +131,26 @@ def prune_curve(report: StudyReport) -> None:
                             to_markdown(pd.DataFrame(rows))]
         report.numbers.setdefault("prune_curve", {})[name] = rows
         report.console.append(f"prune curve {name}: {metric} >= {threshold:.4g} kept up to " + "; ".join(
-            f"{r['order']} {r['heads pruned']} heads" + (f" ({metric} {r[metric]}, {r['speed-up']} faster)"
+            f"{r['order']} {r['heads pruned']} heads" + (f" ({metric} {r[metric]}; speed {r['speed-up']})"
                                                            if r["speed-up"] else "") for r in rows))
         report.figure(path.parent / "prune_curve.png", f"prune curve, {name}")
+
+
+def speed_text(timing: dict) -> str:
+    """The pruned model's speed against the full model's from ``final_mask.json``'s timing: the median of the rounds'
+    ratios, said to be no measured change when the rounds fall on both sides of 1x, and no measurement from one round
+    (a single round's ratio is noise: 0.62x "faster")."""
+    full, pruned = (timing.get("seconds") or {}).get("full") or [], (timing.get("seconds") or {}).get("pruned") or []
+    ratios = [a / b for a, b in zip(full, pruned) if b > 0]
+    if not ratios:
+        return ""
+    median = timing.get("speedup", ratios[0])
+    if len(ratios) == 1:
+        return f"{median:.2f}x the full model's (one timing round: noise, not a measurement)"
+    spread = f"{len(ratios)} rounds {min(ratios):.2f}-{max(ratios):.2f}x"
+    if min(ratios) <= 1 <= max(ratios):
+        return f"no measured change ({median:.2f}x; {spread})"
+    return f"{median:.2f}x {'faster' if median > 1 else 'slower'} ({spread})"
 
 
 def last_kept(curve: pd.DataFrame, metric: str, threshold: float) -> pd.Series | None:

@@ -183,7 +183,11 @@ class StudyRun:
         if self.tracked and self.study.cfg.logger.offline:
             self.say(f"W&B: the study's runs are in group {self.study.group}, offline; upload them with: wandb sync "
                      f"{self.study.folder / 'wandb'}/offline-run-*")
-        self.say(f"study done in {self.elapsed()}: {self.study.folder / 'study.md'}")
+        if "report" in self.stages:
+            self.say(f"study done in {self.elapsed()}: {self.study.folder / 'study.md'}")
+        else:  # study.md, if there, is of an earlier run: not this one's
+            self.say(f"study stages {', '.join(self.stages)} done in {self.elapsed()} ({self.study.folder}); no report "
+                     "in this run: add report to study.stages to write study.md")
         return read_json(self.study.folder / "study.json", "study") if (self.study.folder / "study.json").is_file() \
             else {}
 
@@ -296,12 +300,14 @@ class StudyRun:
         if retired:
             self.say(f"note: {len(retired)} job folder(s) of plans this study no longer has moved to "
                      f"{self.study.folder / stage / RETIRED} ({', '.join(retired[:3])}{' ...' * (len(retired) > 3)})")
-        ran = 0  # jobs run now: a resumed stage's finished jobs are not in its time
-        for job in jobs:
+        ran, running = 0, 0.0  # jobs run now and their seconds: a resumed stage's finished jobs, its reports and
+        for job in jobs:  # its files' digests are not in the rate the time left is read at
             if read_complete(job.folder / "results.json", hashes[self.name(job)]) is None:
                 self.position = f"{where}, job {self.name(job)}"
                 self.interrupts.listen()
+                started = time.monotonic()
                 run_job(job)
+                running += time.monotonic() - started
                 self.interrupts.check()
                 self.tracked = self.tracked or self.wandb
                 ran += 1
@@ -313,7 +319,7 @@ class StudyRun:
         write_json_atomic(self.study.folder / stage / MARKER,
                           {"stage": stage, "key": key, "files": stage_manifest(self.study.folder, stage, MARKER)})
         if ran:
-            self.ran.append((stage, ran / len(jobs), time.monotonic() - began))
+            self.ran.append((stage, ran / len(jobs), running))
         self.say(f"{where}: done in {self.elapsed(began)} (elapsed {self.elapsed()}){self.time_left(number)}")
 
     def marker(self, stage: str) -> dict[str, Any] | None:

@@ -44,6 +44,7 @@ from headlab.training.epoch_order import ResumeMidEpoch
 from headlab.training.kept_files import checkpoint_step, has_training_state, keep_only, kept_checkpoints
 from headlab.training.modules import task_module
 from headlab.training.progress import NamedPassBar, ProgressLog
+from headlab.training.signals import PlainSigterm
 from headlab.training.tracking import build_logger, tracked_job
 
 # Keys that do not change what a job computes: left out of its config hash (and headlab.files.RESULT_NEUTRAL).
@@ -145,8 +146,9 @@ def make_trainer(trainer_cfg: Any, callbacks: list[Any], logger: Any, output_dir
         arguments.pop("val_check_interval", None)
     bar = [NamedPassBar()] if arguments.get("enable_progress_bar", True) else []
     try:
-        return pl.Trainer(**arguments, callbacks=[*callbacks, ProgressLog(), *bar], logger=logger or False,
-                          default_root_dir=output_dir, inference_mode=inference_mode, plugins=[AtomicCheckpointIO()])
+        return pl.Trainer(**arguments, callbacks=[*callbacks, ProgressLog(), PlainSigterm(), *bar],
+                          logger=logger or False, default_root_dir=output_dir, inference_mode=inference_mode,
+                          plugins=[AtomicCheckpointIO()])
     except (ValueError, TypeError, MisconfigurationException) as error:
         raise UserError(f"trainer: {error}") from None
 
