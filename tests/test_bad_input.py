@@ -221,7 +221,11 @@ CASES = [
                    "sweep.seed=-1"], "sweep.seed=-1 is not a seed"),
     ("ablate.py", ["mode=sweep_heads", "mask.policy=prune", "sweep.family=random", "sweep.sizes=[3,3]"],
      "names 3 twice"),
-    ("ablate.py", ["mode=study", "study.controls.sweep.seed=-1"], "sweep.seed=-1 is not a seed"),
+    ("ablate.py", ["mode=study", "study.controls.sweep.seed=-1"], "study.controls.sweep.seed=-1 is not a seed"),
+    ("ablate.py", ["mode=study", "study.controls.sweep.draws=0"], "study.controls.sweep.draws=0 is out of range"),
+    ("ablate.py", ["mode=study", "study.cluster=abc"], "study.cluster=abc: Cannot assign str to Dict"),
+    ("ablate.py", ["mode=study", "study.cluster.cluster.k=abc"],
+     "study.cluster.cluster.k: Value 'abc' of type 'str' could not be converted to Integer"),
     # ablate.py mode=importance / prune_curve
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.split=test"], "'test'"),
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.sweep=/no/such/sweep"], "/no/such/sweep"),
@@ -350,7 +354,8 @@ CASES = [
     # counts that multiply what a forward or the statistics hold at once: resample draws, bootstrap resamples
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=resample", "mask.heads=L0", "mask.resamples=100000000"],
      "mask.resamples=100000000 is out of range; it must be in [1, 100]: a forward takes the batch once per draw"),
-    ("ablate.py", ["mode=study", "study.robustness.mask.resamples=1000"], "mask.resamples=1000 is out of range"),
+    ("ablate.py", ["mode=study", "study.robustness.mask.resamples=1000"],
+     "study.robustness.mask.resamples=1000 is out of range"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.resamples=10000000"],
      "report.resamples=10000000 is out of range; it must be in [1, 100000]: at 100000 the resampling's own Monte"),
     ("ablate.py", ["mode=report", "sweep_dir=FILES/empty_dir", "report.permutations=200000"],
@@ -387,6 +392,9 @@ CASES = [
                    "mask.reference_examples=600"], "has 500 examples; mask.reference_examples=600"),
     ("ablate.py", ["mode=prune_curve", "allow_random_head=true", "prune_curve.policy=mean",
                    "mask.reference_examples=600"], "has 500 examples; mask.reference_examples=600"),
+    ("ablate.py", ["mode=study", "study.refits.cluster.bootstrap_fits=5"],
+     "study.refits.cluster: the refits stage runs mode=eval, which reads no cluster settings, so they would change "
+     "nothing; set it on the stage that does: study.cluster.cluster"),
     ("ablate.py", ["mode=study", "study.robustness.mask.reference_examples=5000"],
      "mask.reference=train (split train) has 3000 examples; mask.reference_examples=5000"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=5"],

@@ -29,10 +29,13 @@ def _run_ablate(cfg: Any) -> Any:
         from headlab.study.run import check_study, run_study
 
         stages = check_study(cfg, job_dir())
-        from headlab.study.stages import check_reference, preview_configs
+        from headlab.study.stages import check_reference, preview_configs, stage_setting_error
 
-        for stage_cfg in preview_configs(cfg, stages):  # every stage's settings typed and in range, before any runs
-            check_config(stage_cfg)
+        for stage, stage_cfg in preview_configs(cfg, stages):  # every stage's settings typed and in range, first
+            try:
+                check_config(stage_cfg)
+            except UserError as error:
+                raise UserError(stage_setting_error(stage, str(error))) from None
         check_reference(cfg, stages)
         import lightning.pytorch  # noqa: F401  (log_lightning_once quiets it)
 

@@ -160,7 +160,8 @@ def _omegaconf_message(exc: OmegaConfBaseException, outer: BaseException) -> str
         return f"{key}={value} is one value where a list is expected: write it in brackets, {key}=[{value}]"
     message = f"{key}: {what}" if key else what
     if outer is not exc and not isinstance(outer, OmegaConfBaseException):
-        message = f"{_one_line(str(outer))}: {message}"
+        merging = re.match(r"Error merging override (\S+)", str(outer))  # Hydra's words, then OmegaConf's key again
+        message = f"{merging[1]}: {what}" if merging else f"{_one_line(str(outer))}: {message}"
     return _one_line(message)
 
 

@@ -26,7 +26,10 @@ def lay_over(cfg: Any, settings: Any, where: str) -> Any:
     try:
         return OmegaConf.merge(cfg, settings or {})
     except (ConfigKeyError, ValidationError) as error:
-        raise UserError(f"{where}: {str(error).splitlines()[0]} (its keys are those of the stage's config)") from None
+        key = getattr(error, "full_key", None)  # the field inside the stage's config: cluster.k
+        what = (getattr(error, "msg", None) or str(error)).splitlines()[0]
+        raise UserError(f"{where}.{key}: {what}" if key else f"{where}: {what} (its keys are those of the stage's "
+                        "config)") from None
 
 
 def stage_logger(cfg: Any, group: str, stage: str) -> None:

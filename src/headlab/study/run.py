@@ -20,7 +20,7 @@ from rich.console import Console
 from headlab.errors import UserError
 from headlab.files import config_hash, folder_lock, read_json, short_name, write_json_atomic
 from headlab.study.interrupts import stopping_on_signals
-from headlab.study.schema import FindingsConfig, check_statistics
+from headlab.study.schema import FindingsConfig, check_stage_sections, check_statistics
 from headlab.study.stage_files import manifest_problems, stage_manifest
 from headlab.study.stages import ABOUT, MARKER, READS, STAGES, Job, Study, check_stages, stage_jobs
 from headlab.training.processes import several_processes
@@ -54,6 +54,7 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
     check_seeds(cfg)
     FindingsConfig(margin=float(cfg.study.findings.margin))  # its checks: the study section is not instantiated
     check_whole_model_one_process(cfg)
+    check_stage_sections(cfg)
     stages = check_stages(cfg, done_stages(Path(folder)))
     check_statistics(cfg)
     if cfg.task.train_split in cfg.task.eval_splits:  # train.py refuses it too; the study's stages all score there

@@ -8,7 +8,7 @@ from typing import Any
 
 from headlab.errors import UserError
 from headlab.reporting.settings import MIN_RESAMPLES, MIN_RESAMPLES_WHY
-from headlab.study.stages import STAGE_MODES, STAGES
+from headlab.study.stages import STAGE_MODES, STAGE_RUNS, STAGES
 
 
 @dataclass
@@ -60,6 +60,22 @@ def open_stage_settings(arguments: list[str]) -> list[str]:
     any field of that stage's config (``study.syntax.syntax.conllu=FILE``), most of which ``conf/study/`` does not
     list, and Hydra refuses a key it does not list unless it is forced in (its error asked for ``+``)."""
     return [f"++{argument}" if _STAGE_SETTING.match(argument) else argument for argument in arguments]
+
+
+def check_stage_sections(study_cfg: Any) -> None:
+    """A ``UserError`` for a ``study.<stage>.<section>`` that none of the stage's modes reads
+    (``study.refits.cluster.bootstrap_fits=5``: the refits stage evaluates plans; the fits are the cluster stage's),
+    naming the stage that does read it."""
+    from headlab.analysis.jobs.identity import SECTION_MODES
+
+    for stage, modes in STAGE_RUNS.items():
+        for section in study_cfg.study.get(stage) or {}:
+            readers = SECTION_MODES.get(section)
+            if readers is not None and not set(modes) & set(readers):
+                owners = [other for other, runs in STAGE_RUNS.items() if set(runs) & set(readers)]
+                where = f"; set it on the stage that does: study.{owners[0]}.{section}" if owners else ""
+                raise UserError(f"study.{stage}.{section}: the {stage} stage runs mode={'/'.join(modes)}, which reads "
+                                f"no {section} settings, so they would change nothing{where}")
 
 
 # The settings of the resampled intervals and p-values the verdicts read (docs/study.md, "How a claim gets its verdict")

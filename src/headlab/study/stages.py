@@ -26,6 +26,7 @@ stage's jobs are built when the stage starts: they read the files of the stages 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ ABOUT = {
 STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "syntax": "syntax",
                "tables": "eval", "controls": "sweep_heads", "refits": "eval", "sweep": "sweep_heads",
                "robustness": "shapley", "importance": "importance", "prune_curve": "prune_curve"}  # ablate.py modes
+STAGE_RUNS = {**{stage: (mode,) for stage, mode in STAGE_MODES.items()},
+              "robustness": ("sweep_heads", "shapley")}  # every mode a stage's jobs run
 TABLES = ("table2", "table3", "table3_renormalized")
 MARKER = "stage.json"  # <study>/<stage>/stage.json: the stage's jobs (their hashes) and files when it last finished
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
@@ -296,10 +299,16 @@ def check_reference(study_cfg: Any, stages: list[str]) -> None:
         check_reference_size(cfg, {"mean", "resample"} & set(REMOVALS))
 
 
-def preview_configs(study_cfg: Any, stages: list[str]) -> list[Any]:
-    """A config per stage with its ``study.<stage>`` settings laid over, for the checks that need no inputs (the
-    configs the stages run read the files of the stages before them)."""
-    configs = [train_config(study_cfg, seed, "preview") for seed in study_cfg.study.seeds] if "finetune" in stages \
-        else []
-    return configs + [analysis_config(study_cfg, stage, STAGE_MODES[stage], None, "preview")
+def preview_configs(study_cfg: Any, stages: list[str]) -> list[tuple[str, Any]]:
+    """``(stage, config)`` per stage with its ``study.<stage>`` settings laid over, for the checks that need no inputs
+    (the configs the stages run read the files of the stages before them)."""
+    configs = [("finetune", train_config(study_cfg, seed, "preview")) for seed in study_cfg.study.seeds] \
+        if "finetune" in stages else []
+    return configs + [(stage, analysis_config(study_cfg, stage, STAGE_MODES[stage], None, "preview"))
                       for stage in stages if stage in STAGE_MODES]
+
+
+def stage_setting_error(stage: str, message: str) -> str:
+    """A stage config's error as the study's setting: ``sweep.draws=0 ...`` -> ``study.controls.sweep.draws=0 ...``
+    (another message: ``study.controls: ...``)."""
+    return f"study.{stage}.{message}" if re.match(r"[a-z_]+\.[\w.]+[=:]", message) else f"study.{stage}: {message}"
