@@ -634,3 +634,16 @@ def test_the_reports_verdict_rule_is_the_documented_one():
     from headlab.study.findings.verdicts import RULE
 
     assert RULE in (Path(__file__).parents[1] / "docs/study.md").read_text()
+
+
+def test_the_sweeps_spearman_of_a_constant_method_is_nan_without_a_warning():
+    """scipy's ConstantInputWarning reached the terminal of a smoke study (every head's change 0 under one method)."""
+    import warnings
+
+    from headlab.study.report_robustness import spearman
+
+    varied, other = pd.Series([0.1, -0.2, 0.3, 0.0]), pd.Series([0.2, -0.1, 0.5, 0.1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(spearman(varied, pd.Series([0.0] * 4)))
+        assert spearman(varied, other) == pytest.approx(scipy.stats.spearmanr(varied, other).statistic, abs=1e-15)

@@ -253,7 +253,7 @@ def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], num
         deltas[policy] = frame.stack()  # (layer, head) -> change of the main metric
     split, metric = path.stem.removeprefix("deltas_"), frame.index.name
     table = pd.DataFrame(deltas)
-    pairs = [{"methods": f"{a} vs {b}", "spearman": scipy.stats.spearmanr(table[a], table[b]).statistic}
+    pairs = [{"methods": f"{a} vs {b}", "spearman": spearman(table[a], table[b])}
              for a, b in itertools.combinations(sweeps, 2)]
     ranks = table.rank(ascending=True, method="average")  # 1: the head whose removal lowers the metric most
     spread = (ranks.max(axis=1) - ranks.min(axis=1))[(table != 0).any(axis=1)]  # heads no method moves: ties only
@@ -270,6 +270,14 @@ def sweep_agreement(report: StudyReport, name: str, sweeps: dict[str, Path], num
     numbers["moved_most"] = [row["head"] for row in movers]
     report.console.append(f"robustness {name}: single-head sweeps, Spearman " + ", ".join(
         f"{row['methods']} {number(row['spearman'])}" for row in pairs))
+
+
+def spearman(left: pd.Series, right: pd.Series) -> float:
+    """Spearman's correlation; NaN (shown n/a), without scipy's warning, when either side is constant (every head's
+    change 0 in a smoke run): no ranking to correlate."""
+    if left.nunique() < 2 or right.nunique() < 2:
+        return float("nan")
+    return float(scipy.stats.spearmanr(left, right).statistic)
 
 
 def _mean_interval(differences: np.ndarray, confidence: float, clusters: np.ndarray | None = None
