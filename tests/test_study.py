@@ -351,6 +351,8 @@ def test_stale_stages_stay_out_of_the_report_and_plans_of_another_clustering_ret
             "refits, robustness read them") in out, out
     text = (folder / "study.md").read_text()
     assert "prune_cluster" not in text
+    rerun = re.search(r"Run three \(the stages done are reused\): `([^`]*)`", text)[1]  # as typed, every stage
+    assert "study.cluster.cluster.k=3" in rerun and "++" not in rerun and "study.stages" not in rerun, rerun
     assert "_Left out: the tables stage read the cluster stage's files, which are of other settings" in text
     assert not {"tables", "compare", "robustness"} & set(summary_of(folder))
     assert "tables/table2" not in text.split("## Files")[1]  # the Files list leaves them out too

@@ -22,6 +22,7 @@ from headlab.study.report_base import StudyReport
 from headlab.study.report_heads import importance, prune_curve, syntax
 from headlab.study.report_robustness import robustness
 from headlab.study.report_types import baseline, comparison, controls, head_types, refits, tables
+from headlab.study.schema import is_stage_setting
 from headlab.study.stages import Study
 
 COLLAPSE = 5  # files of this many sibling folders (a table's plans, a sweep's heads) are listed as one line
@@ -92,12 +93,15 @@ def findings(report: StudyReport) -> None:
 
 
 def study_command(study: Study) -> str:
-    """The command that ran the study, without its seeds (for the caveat that says how to run more)."""
+    """The command that ran the study, without its seeds and stages (for the caveat that says how to run more
+    seeds: every stage runs for them)."""
     overrides = [f"model={study.cfg.model.name}", f"task={study.cfg.task.name}"]
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith(("study.seeds", "hydra."))]
+        overrides = [o.removeprefix("++") if is_stage_setting(o.removeprefix("++")) else o  # as the user typed it
+                     for o in HydraConfig.get().overrides.task
+                     if not o.startswith(("study.seeds", "study.stages", "hydra."))]  # every stage, more seeds
     except ValueError:  # not under Hydra (the report written by hand)
         pass
     return " ".join(["python ablate.py", *(f"'{o}'" if any(c in o for c in "[]{}, ") else o for o in overrides)])

@@ -55,11 +55,16 @@ class StudyConfig:
 _STAGE_SETTING = re.compile(r"^study\.(?:" + "|".join(stage for stage in STAGES if stage != "report") + r")\.[\w.]+=")
 
 
+def is_stage_setting(argument: str) -> bool:
+    """Whether a command-line argument is a ``study.<stage>.KEY=VALUE`` setting."""
+    return _STAGE_SETTING.match(argument) is not None
+
+
 def open_stage_settings(arguments: list[str]) -> list[str]:
     """Command-line ``study.<stage>.KEY=VALUE`` overrides as ``++study.<stage>.KEY=VALUE``: a stage's settings are
     any field of that stage's config (``study.syntax.syntax.conllu=FILE``), most of which ``conf/study/`` does not
     list, and Hydra refuses a key it does not list unless it is forced in (its error asked for ``+``)."""
-    return [f"++{argument}" if _STAGE_SETTING.match(argument) else argument for argument in arguments]
+    return [f"++{argument}" if is_stage_setting(argument) else argument for argument in arguments]
 
 
 def check_stage_sections(study_cfg: Any) -> None:
