@@ -459,3 +459,24 @@ def test_the_changed_heads_are_listed_in_layer_and_head_order():
                "num_examples": {"v": 1}, "records": "r", "baseline_records": {"v": "b"}}
     (row,) = _job_rows(pathlib.Path("/r"), pathlib.Path("/r/job/results.json"), result)
     assert row["changed"] == "L2H0,L2H2,L2H10,L3H1,L10H0"
+
+
+def test_the_plan_grid_marks_every_column_a_rule_reaches_and_sorts_blocks_by_number():
+    """``prune L0,L1,L2`` beside a random set's ``prune L0H0,L3H1``: column L0H0 read ✓ (keep) for the plan that
+    prunes all of layer 0, and L0 read ✓ for the set that prunes one of its heads; head columns came in the order
+    first seen (L3H1 before L0H0) and random10 before random2."""
+    plans = [("layers", "prune L0,L1,L2"), ("random2", "prune L3H1,L0H0"), ("random10", "prune L0H0-1; uniform L1")]
+    frame = pd.DataFrame([{"split": "validation", "family": "random" if plan.startswith("random") else "",
+                           "plan": plan, "rules": rules, "metric": "accuracy", "value": 0.5, "heads": 3,
+                           "delta": -0.1, "ci_low": np.nan, "ci_high": np.nan, "p_adjusted": np.nan, "task": "t"}
+                          for plan, rules in plans])
+    grid = layouts.plan_grid(frame, "validation", ["accuracy"]).set_index("plan")
+    assert list(grid.columns[1:-1]) == ["L0", "L0H0", "L0H0-1", "L1", "L2", "L3H1"]
+    assert grid.loc["layers", ["L0", "L0H0", "L0H0-1", "L1", "L2", "L3H1"]].tolist() == ["✗", "✗", "✗", "✗", "✗", "✓"]
+    assert grid.loc["random2", ["L0", "L0H0", "L0H0-1", "L1", "L3H1"]].tolist() == [
+        "✗ (part)", "✗", "✗ (part)", "✓", "✗"]
+    assert grid.loc["random10", ["L0", "L0H0", "L0H0-1", "L1", "L3H1"]].tolist() == [
+        "✗ (part)", "✗", "✗", "1/L", "✓"]
+    from headlab.reporting.sweep_table import natural_key
+
+    assert sorted(["random10", "random2", "baseline"], key=natural_key) == ["baseline", "random2", "random10"]

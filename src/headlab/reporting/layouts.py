@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -79,18 +81,68 @@ def _rules(readable: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+_BLOCK = re.compile(r"^L(\d+)(?:-(\d+))?(?:H(\d+)(?:-(\d+))?)?$")  # L3, L2-5, L3H7, L2-5H0-3
+
+
+def _block(token: str) -> tuple[range, range | None] | None:
+    """``(layers, heads)`` of a layer / head selector token (heads None: every head of those layers); None for
+    others (``cluster:dense``, ``top:5``), which only match themselves."""
+    match = _BLOCK.match(token)
+    if match is None:
+        return None
+    first, last, head, head_last = match.groups()
+    layers = range(int(first), int(last or first) + 1)
+    return layers, None if head is None else range(int(head), int(head_last or head) + 1)
+
+
+def _overlap(column: str, token: str) -> str | None:
+    """How a rule's ``token`` covers a grid ``column``'s heads: ``"all"``, ``"part"`` or None."""
+    if column == token:
+        return "all"
+    mine, theirs = _block(column), _block(token)
+    if mine is None or theirs is None or not set(mine[0]) & set(theirs[0]):
+        return None
+    if theirs[1] is None:  # every head of those layers
+        return "all" if set(mine[0]) <= set(theirs[0]) else "part"
+    if mine[1] is None or not set(mine[1]) & set(theirs[1]):
+        return "part" if mine[1] is None else None
+    return "all" if set(mine[0]) <= set(theirs[0]) and set(mine[1]) <= set(theirs[1]) else "part"
+
+
+def _column_cell(column: str, rules: list[tuple[str, list[str]]]) -> str:
+    """What a plan does to a column's heads: the symbol of the rule that covers them all (the last such, as later
+    rules win), or ``✗ (part)`` when a rule reaches only some of them (``prune L0`` under column ``L0H0`` is ``✗``,
+    ``prune L0H0`` under ``L0`` is ``✗ (part)``); ``✓`` when none does."""
+    cell = SYMBOLS["keep"]
+    for policy, tokens in rules:
+        cover = {_overlap(column, token) for token in tokens}
+        symbol = SYMBOLS.get(policy, policy)
+        if "all" in cover:
+            cell = symbol
+        elif "part" in cover:
+            cell = f"{symbol} (part)"
+    return cell
+
+
+def _column_order(token: str) -> tuple:
+    """Selector columns: named ones (``cluster:``) first, as they come; layer and head blocks by layer, then head."""
+    block = _block(token)
+    return (0, 0, 0) if block is None else (1, block[0].start, -1 if block[1] is None else block[1].start)
+
+
 def plan_grid(frame: pd.DataFrame, split: str, metrics: list[str]) -> pd.DataFrame:
     """One row per plan of ``frame`` (one checkpoint's evaluation jobs, in the frame's order) on ``split``."""
     rows = frame[(frame["split"] == split) & frame["family"].isin(["", "random"])]  # plans by name, not by head
     plans = list(dict.fromkeys(rows["plan"]))
     tokens = list(dict.fromkeys(t for r in dict.fromkeys(rows["rules"]) for _, ts in _rules(r) for t in ts))
+    tokens = sorted(tokens, key=_column_order)  # stable: named selectors keep their order
     table = []
     for number, plan in enumerate(plans, start=1):
         mine = rows[rows["plan"] == plan]
         first = mine.iloc[0]
         line = {"id": number, "plan": plan}
-        done = {t: p for p, ts in _rules(first["rules"]) for t in ts}
-        line |= {t.removeprefix("cluster:"): SYMBOLS.get(done.get(t, "keep"), done.get(t)) for t in tokens}
+        rules = _rules(first["rules"])
+        line |= {t.removeprefix("cluster:"): _column_cell(t, rules) for t in tokens}
         for metric in metrics:
             cells = mine[mine["metric"] == metric]
             if len(cells):

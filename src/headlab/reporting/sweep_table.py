@@ -137,6 +137,11 @@ def check_one_configuration(directory: str | Path, results: list[tuple[Path, dic
                                 f"one of them: report each sweep from its own folder (hydra.sweep.dir=...)")
 
 
+def natural_key(text: str) -> str:
+    """``text`` with its numbers zero-padded, so that text order is number order (``random2`` before ``random10``)."""
+    return re.sub(r"\d+", lambda number: number.group().zfill(12), str(text))
+
+
 def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Resampling = DEFAULT_RESAMPLING,
                correction: str = "holm", latest_multirun: bool = False) -> pd.DataFrame:
     """The tidy table of every finished evaluation under ``directory`` (see the module docstring).
@@ -150,7 +155,8 @@ def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Re
     results, problems = finished_results(root, latest_multirun)
     check_one_configuration(root, results)
     frame = pd.DataFrame([row for path, result in results for row in _job_rows(root, path, result)])
-    frame = frame.sort_values(["model", "task", "checkpoint", "_order", "job"], kind="stable", ignore_index=True)
+    frame["_job"] = frame["job"].map(natural_key)  # random2 before random10
+    frame = frame.sort_values(["model", "task", "checkpoint", "_order", "_job"], kind="stable", ignore_index=True)
     for column in STAT_COLUMNS:
         frame[column] = np.nan
     frame["note"] = ""
@@ -166,7 +172,7 @@ def load_sweep(directory: str | Path, *, statistics: bool = True, resampling: Re
     frame["chance"] = _chance(frame)
     frame.attrs["problems"] = [p.__dict__ for p in problems]
     frame.attrs["statistics"] = {**resampling.__dict__, "correction": correction} if statistics else None
-    return frame.drop(columns=["_records", "_baseline_records", "_order", "_family"], errors="ignore") \
+    return frame.drop(columns=["_records", "_baseline_records", "_order", "_job", "_family"], errors="ignore") \
         .reset_index(drop=True)
 
 
