@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -725,6 +726,35 @@ def test_the_estimate_after_a_resume_counts_only_the_jobs_that_ran(tmp_path):
     assert runner.time_left(1) == "; about 8 minutes left"
     runner.ran = []
     assert runner.time_left(1) == ""
+
+
+def test_a_resumed_stage_is_timed_by_the_jobs_it_ran_not_its_reports(tmp_path, monkeypatch):
+    """A stage resumed with 1 of its 2 jobs left: the rate the time left is read at is that job's 10 s for half the
+    stage, not the 110 s with the stage's reports (100 s here), which made the estimate after a resume several times
+    too high."""
+    import headlab.reporting.results as results
+    import headlab.study.run as study_run
+    import headlab.study.stage_reports as stage_reports
+    from headlab.study.run import StudyRun
+    from headlab.study.stages import Job
+
+    now = [0.0]
+    monkeypatch.setattr(study_run.time, "monotonic", lambda: now[0])
+    jobs = [Job(tmp_path / "tables/done", None, "eval"), Job(tmp_path / "tables/left", None, "eval")]
+    monkeypatch.setattr(study_run, "stage_jobs", lambda study, stage: jobs)
+    monkeypatch.setattr(study_run, "run_job", lambda job: now.__setitem__(0, now[0] + 10))
+    monkeypatch.setattr(study_run, "stage_manifest", lambda *args: {})
+    monkeypatch.setattr(results, "read_complete", lambda path, hash_: {} if "done" in str(path) else None)
+    monkeypatch.setattr(stage_reports, "retire_other_jobs", lambda *args: [])
+    monkeypatch.setattr(stage_reports, "write_stage_reports", lambda *args: now.__setitem__(0, now[0] + 100))
+    runner = StudyRun.__new__(StudyRun)
+    runner.study, runner.stages, runner.ran, runner.start = study_run.Study(None, tmp_path, "g"), ["tables"], [], 0
+    runner.tracked, runner.wandb, runner.say = False, False, lambda text: None
+    runner.interrupts = SimpleNamespace(listen=lambda: None, check=lambda: None)
+    runner.stage_key = lambda stage, jobs: {"jobs": {"tables/done": "h", "tables/left": "h"}}
+    runner.time_left = lambda number: ""
+    runner.run_stage("tables", "[1/1] tables", 1)
+    assert runner.ran == [("tables", 0.5, 10.0)]
 
 
 def test_a_later_stage_of_other_settings_counts_in_the_time_left(tmp_path, monkeypatch):

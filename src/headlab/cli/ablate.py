@@ -26,7 +26,8 @@ def run_ablate(cfg: Any) -> Any:
 def _run_ablate(cfg: Any) -> Any:
     check_config(cfg)
     if cfg.mode == "study":
-        from headlab.study.run import check_study, run_study
+        from headlab.study.checks import check_study
+        from headlab.study.run import run_study
 
         stages = check_study(cfg, job_dir())
         from headlab.study.stages import check_reference, preview_configs, stage_setting_error
