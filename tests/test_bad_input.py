@@ -405,8 +405,8 @@ CASES = [
 
 
 def run(script, overrides, files, tmp_path, run_dir=None):
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "WANDB_MODE": "offline"}
+    env = {**os.environ, "HF_HOME": str((files or tmp_path) / "empty_hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "WANDB_MODE": "offline"}  # one environment for every case: one fork server (tests/forked.py) serves them
     env.pop("HYDRA_FULL_ERROR", None)
     overrides = [o.replace("FILES", str(files)) for o in overrides]
     cache = [f"data.cache_dir={tmp_path / 'cache'}", f"data.max_eval_examples={8}"]
@@ -416,7 +416,7 @@ def run(script, overrides, files, tmp_path, run_dir=None):
     if script == "ablate.py" and not any(o.startswith(("mode=", "experiment=")) for o in overrides):
         overrides = ["mode=demo", *overrides]  # the cases without a mode check the single plan of mode=demo
     command = [sys.executable, str(ROOT / script), *TINY[script], *overrides, *cache, run_dir]
-    return run_script(command, cwd=ROOT, env=env, timeout=HANG_GUARD, fresh=True)  # a new user's process, as typed
+    return run_script(command, cwd=ROOT, env=env, timeout=HANG_GUARD)  # as typed (benchmarks/ time fresh ones)
 
 
 @pytest.fixture(scope="module")
