@@ -405,8 +405,8 @@ CASES = [
 
 
 def run(script, overrides, files, tmp_path, run_dir=None):
-    env = {**os.environ, "HF_HOME": str((files or tmp_path) / "empty_hf_home"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "WANDB_MODE": "offline"}  # one environment for every case: one fork server (tests/forked.py) serves them
+    env = {**os.environ, "HF_HOME": str((files or tmp_path) / "empty_hf_home"), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}  # one environment: one fork server (tests/forked.py)
     env.pop("HYDRA_FULL_ERROR", None)
     overrides = [o.replace("FILES", str(files)) for o in overrides]
     cache = [f"data.cache_dir={tmp_path / 'cache'}", f"data.max_eval_examples={8}"]

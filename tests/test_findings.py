@@ -647,3 +647,12 @@ def test_the_sweeps_spearman_of_a_constant_method_is_nan_without_a_warning():
         warnings.simplefilter("error")
         assert np.isnan(spearman(varied, pd.Series([0.0] * 4)))
         assert spearman(varied, other) == pytest.approx(scipy.stats.spearmanr(varied, other).statistic, abs=1e-15)
+
+
+def test_percentiles_read_as_ordinals():
+    """The controls printed "the 92th percentile"."""
+    from headlab.study.findings.controls import ordinal
+
+    assert [ordinal(v) for v in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 92, 101, 111, 112, 99.6)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "92nd", "101st", "111th", "112th",
+        "100th"]

@@ -11,7 +11,7 @@ from headlab.reporting.head_plots import centroid_profiles
 from headlab.reporting.layouts import to_markdown
 from headlab.study.findings import study_files
 from headlab.study.findings.caveats import NARROW
-from headlab.study.findings.controls import controls_of
+from headlab.study.findings.controls import controls_of, ordinal
 from headlab.study.findings.verdicts import interval
 from headlab.study.report_base import StudyReport, main_metric
 from headlab.study.stage_reports import stage_report_folder
@@ -132,7 +132,7 @@ def controls(report: StudyReport) -> None:
                                    "value": c.value, "random": list(c.random), "percentile": c.percentile,
                                    "p_value": c.p_value, "excess": c.excess, "examples": c.examples,
                                    "file": c.file} for c in found]
-    report.console += [f"control {c.model}: {c.policy}_{c.type} at the {c.percentile:.0f}th percentile of "
+    report.console += [f"control {c.model}: {c.policy}_{c.type} at the {ordinal(c.percentile)} percentile of "
                        f"{len(c.random)} random sets of {c.size} heads (rank p {c.p_value:.3g})" for c in found]
 
 

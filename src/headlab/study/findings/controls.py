@@ -56,7 +56,7 @@ class TypeControl:
         low, high = min(self.random), max(self.random)
         heads = f"{self.size} head{'s' if self.size != 1 else ''}"
         return (f"{self.policy} of the {heads} of type {self.type}: {self.value:.{digits}f} on the controls' "
-                f"{self.examples} examples, at the {self.percentile:.0f}th percentile of the costs of "
+                f"{self.examples} examples, at the {ordinal(self.percentile)} percentile of the costs of "
                 f"{len(self.random)} random sets of {heads} ({low:.{digits}f} to {high:.{digits}f}, ties counting "
                 f"half; rank p {self.p_value:.3g}){self.excess_text()}")
 
@@ -156,3 +156,10 @@ def control_shortfalls(control: TypeControl, alpha: float) -> list[str]:
         why.append(f"its excess over the sets' mean, {interval(*control.excess, 4)} of the baseline, reaches 0: it "
                    "may not carry over to other examples")
     return why
+
+
+def ordinal(value: float) -> str:
+    """``92`` -> ``92nd``, ``11`` -> ``11th``, ``1`` -> ``1st`` (a percentile, rounded to a whole number)."""
+    number = round(value)
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
