@@ -45,7 +45,10 @@ SMALL_STUDY = ["study.finetune.trainer.max_steps=2", "study.finetune.trainer.num
                "study.prune_curve.importance.max_examples=8", "study.prune_curve.data.max_eval_examples=8",
                "study.prune_curve.prune_curve.random_seeds=[0]", "study.prune_curve.prune_curve.timing_rounds=1",
                "study.prune_curve.prune_curve.stop_below=0.99", "study.robustness.data.max_eval_examples=8",
-               "study.robustness.mask.reference_examples=16", "study.robustness.shapley.resamples=2000"]  # the least
+               "study.robustness.mask.reference_examples=16", "study.robustness.shapley.resamples=2000",  # the least
+               "study.cluster.cluster.stability_repeats=1", "study.cluster.cluster.bootstrap_fits=2",
+               "study.controls.sweep.draws=2", "study.controls.data.max_eval_examples=8",
+               "study.refits.data.max_eval_examples=8", "study.prune_curve.prune_curve.step=0.5"]
 
 
 def hub_configs(group: str, field: str) -> dict[str, str]:

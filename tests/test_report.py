@@ -477,6 +477,16 @@ def test_the_plan_grid_marks_every_column_a_rule_reaches_and_sorts_blocks_by_num
         "✗ (part)", "✗", "✗ (part)", "✓", "✗"]
     assert grid.loc["random10", ["L0", "L0H0", "L0H0-1", "L1", "L3H1"]].tolist() == [
         "✗ (part)", "✗", "✗", "1/L", "✓"]
+    heads = [("all", "prune all"), ("column", "prune H1"), ("layer", "prune L0"), ("head", "prune L2H1")]
+    frame = pd.DataFrame([{"split": "validation", "family": "", "plan": plan, "rules": rules, "metric": "accuracy",
+                           "value": 0.5, "heads": 3, "delta": -0.1, "ci_low": np.nan, "ci_high": np.nan,
+                           "p_adjusted": np.nan, "task": "t"} for plan, rules in heads])
+    grid = layouts.plan_grid(frame, "validation", ["accuracy"]).set_index("plan")
+    assert list(grid.columns[1:-1]) == ["all", "H1", "L0", "L2H1"]  # every layer before layer 0
+    assert grid.loc["all"].tolist()[1:-1] == ["✗", "✗", "✗", "✗"]
+    assert grid.loc["column"].tolist()[1:-1] == ["✗ (part)", "✗", "✗ (part)", "✗"]  # H1 reaches L0H1 and L2H1
+    assert grid.loc["layer"].tolist()[1:-1] == ["✗ (part)", "✗ (part)", "✗", "✓"]
+    assert grid.loc["head"].tolist()[1:-1] == ["✗ (part)", "✗ (part)", "✓", "✗"]
     from headlab.reporting.sweep_table import natural_key
 
     assert sorted(["random10", "random2", "baseline"], key=natural_key) == ["baseline", "random2", "random10"]

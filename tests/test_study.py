@@ -254,7 +254,9 @@ def test_a_study_folder_copied_elsewhere_is_still_done(finished):
     assert (copy / "finetune/seed0/results.json").stat().st_mtime_ns != \
         (folder / "finetune/seed0/results.json").stat().st_mtime_ns
     result = study(copy)
-    assert all(skipped(result.stdout, n, stage) for n, stage in enumerate(STAGES, start=1)), result.stdout
+    assert all(skipped(result.stdout, n, stage) for n, stage in enumerate(STAGES[:-1], start=1)), result.stdout
+    assert f"paths are relative to `{copy}`" in (copy / "study.md").read_text()  # its own report, not the original's
+    assert "was computed on" not in result.stdout + result.stderr
     shutil.rmtree(copy / "tables")  # the tables run again from the copied clusters: no note of other weights
     result = study(copy, "study.stages=[tables]")
     assert "was computed on" not in result.stdout + result.stderr, result.stderr
@@ -486,6 +488,11 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
     for (overrides, expected), result, where in zip(cases, results, folders):
         assert_one_error_line(result, expected)
         assert not any((where / stage).exists() for stage in STAGES), overrides
+    # a fine-tuning setting its checks refuse, over the finished study: refused before the job, which would have
+    # retired the finished results.json ("settings changed ... running the job again") and then failed
+    result = study(folder, "study.finetune.mask.heads=L0", check=False)
+    assert_one_error_line(result, "study.finetune.mask.heads='L0' needs a policy")
+    assert (folder / "finetune/seed0/results.json").is_file()
 
 
 def test_a_second_study_in_a_running_studys_folder_is_refused(finished):

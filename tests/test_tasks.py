@@ -156,6 +156,8 @@ LOCAL_FILES = {  # name -> contents: files a user may hand a GLUE-style pair tas
     "good_multiline.csv": 'sentence1,sentence2,label\n"two\nlines",b,0\n\nc,d,1\n',
     "no_column.tsv": "sentence1\tlabel\nx\t0\n",
     "empty_field.tsv": "sentence1\tsentence2\tlabel\nx\t\t0\n",
+    "bool_beside_number.jsonl": '{"sentence1": "a", "sentence2": "b", "label": 0}\n'
+                                '{"sentence1": "c", "sentence2": "d", "label": true}\n',
     "good_bom.csv": "\ufeffsentence1,sentence2,label\na,b,0\n",  # UTF-8 with a BOM: what spreadsheets write
     "good_bom.tsv": "\ufeffsentence1\tsentence2\tlabel\na\tb\t0\n",
 }

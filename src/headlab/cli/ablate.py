@@ -26,6 +26,7 @@ def run_ablate(cfg: Any) -> Any:
 def _run_ablate(cfg: Any) -> Any:
     check_config(cfg)
     if cfg.mode == "study":
+        from headlab.cli.train import check_train_config
         from headlab.study.checks import check_study
         from headlab.study.run import run_study
 
@@ -33,8 +34,8 @@ def _run_ablate(cfg: Any) -> Any:
         from headlab.study.stages import check_reference, preview_configs, stage_setting_error
 
         for stage, stage_cfg in preview_configs(cfg, stages):  # every stage's settings typed and in range, first
-            try:
-                check_config(stage_cfg)
+            try:  # (the fine-tuning's whole: a refused mask must not reach its job, which would retire its results)
+                check_train_config(stage_cfg) if stage == "finetune" else check_config(stage_cfg)
             except UserError as error:
                 raise UserError(stage_setting_error(stage, str(error))) from None
         check_reference(cfg, stages)

@@ -81,18 +81,21 @@ def _rules(readable: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-_BLOCK = re.compile(r"^L(\d+)(?:-(\d+))?(?:H(\d+)(?:-(\d+))?)?$")  # L3, L2-5, L3H7, L2-5H0-3
+_BLOCK = re.compile(r"^(?:L(\d+)(?:-(\d+))?)?(?:H(\d+)(?:-(\d+))?)?$")  # L3, L2-5, L3H7, L2-5H0-3, H1, H0-3
 
 
-def _block(token: str) -> tuple[range, range | None] | None:
-    """``(layers, heads)`` of a layer / head selector token (heads None: every head of those layers); None for
-    others (``cluster:dense``, ``top:5``), which only match themselves."""
+def _block(token: str) -> tuple[set[int] | None, set[int] | None] | None:
+    """``(layers, heads)`` of a layer / head selector token, None standing for every layer or head (``all``: both;
+    ``H1``: head 1 of every layer); None for other tokens (``cluster:dense``, ``top:5``), which match only
+    themselves."""
+    if token == "all":
+        return None, None
     match = _BLOCK.match(token)
-    if match is None:
+    if match is None or not token:
         return None
     first, last, head, head_last = match.groups()
-    layers = range(int(first), int(last or first) + 1)
-    return layers, None if head is None else range(int(head), int(head_last or head) + 1)
+    layers = None if first is None else set(range(int(first), int(last or first) + 1))
+    return layers, None if head is None else set(range(int(head), int(head_last or head) + 1))
 
 
 def _overlap(column: str, token: str) -> str | None:
@@ -100,13 +103,13 @@ def _overlap(column: str, token: str) -> str | None:
     if column == token:
         return "all"
     mine, theirs = _block(column), _block(token)
-    if mine is None or theirs is None or not set(mine[0]) & set(theirs[0]):
+    if mine is None or theirs is None:
         return None
-    if theirs[1] is None:  # every head of those layers
-        return "all" if set(mine[0]) <= set(theirs[0]) else "part"
-    if mine[1] is None or not set(mine[1]) & set(theirs[1]):
-        return "part" if mine[1] is None else None
-    return "all" if set(mine[0]) <= set(theirs[0]) and set(mine[1]) <= set(theirs[1]) else "part"
+    meet = [a is None or b is None or bool(a & b) for a, b in zip(mine, theirs)]
+    if not all(meet):
+        return None
+    inside = [b is None or (a is not None and a <= b) for a, b in zip(mine, theirs)]
+    return "all" if all(inside) else "part"
 
 
 def _column_cell(column: str, rules: list[tuple[str, list[str]]]) -> str:
@@ -125,9 +128,13 @@ def _column_cell(column: str, rules: list[tuple[str, list[str]]]) -> str:
 
 
 def _column_order(token: str) -> tuple:
-    """Selector columns: named ones (``cluster:``) first, as they come; layer and head blocks by layer, then head."""
+    """Selector columns: named ones (``cluster:``) first, as they come, then ``all``; layer and head blocks by layer
+    (every layer first), then head."""
     block = _block(token)
-    return (0, 0, 0) if block is None else (1, block[0].start, -1 if block[1] is None else block[1].start)
+    if block is None:
+        return (0, 0, 0)
+    layers, heads = block
+    return (1, -1 if layers is None else min(layers), -1 if heads is None else min(heads))
 
 
 def plan_grid(frame: pd.DataFrame, split: str, metrics: list[str]) -> pd.DataFrame:

@@ -301,14 +301,14 @@ class StudyRun:
 
     def inputs_key(self) -> dict[str, Any]:
         """The report's inputs: every other stage's marker (its jobs' hashes and its files' digests), the findings'
-        settings."""
+        settings, and the study's folder (study.md names it: a copied study writes its own)."""
         from omegaconf import OmegaConf
 
         markers = {}
         for stage in STAGES[:-1]:
             marker = self.marker(stage)
             markers[stage] = None if marker is None else [marker.get("key"), marker.get("files")]
-        return {"stages": config_hash(markers), "format": REPORT_FORMAT,
+        return {"stages": config_hash(markers), "format": REPORT_FORMAT, "folder": str(self.study.folder.absolute()),
                 "smoke": bool(self.study.cfg.study.get("smoke", False)),
                 "findings": OmegaConf.to_container(self.study.cfg.study.findings, resolve=True)}
 

@@ -19,7 +19,14 @@ import datasets
 
 from headlab.errors import UserError, not_a_file
 from headlab.tasks.hub_data import BUNDLED, bundled_offline, check_hub_dataset, not_found
-from headlab.tasks.local_files import missing_columns, no_text, not_squad, squad_questions_error
+from headlab.tasks.local_files import (
+    check_label_kinds,
+    file_rows,
+    missing_columns,
+    no_text,
+    not_squad,
+    squad_questions_error,
+)
 from headlab.tasks.registry import TASK_TYPES
 
 log = logging.getLogger(__name__)
@@ -87,6 +94,8 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
     options = {"delimiter": "\t", "quoting": 3} if path.suffix == ".tsv" else {}
     if not path.read_bytes().strip():
         raise UserError(f"task {task.name}: data file {str(path)!r} for split {split!r} is empty")
+    if path.suffix == ".jsonl":
+        check_label_kinds(path, file_rows(path), task.label_field)
     try:
         dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as error:  # the builders raise many kinds; the file is what matters here

@@ -79,11 +79,25 @@ def check_text_file(path: str | Path, task_name: str, text_fields: list[str], la
         empty = next((number for number, row in enumerate(rows, start=1) if not isinstance(row.get(field), str)), None)
         if empty is not None:
             raise no_text(path, task_name, empty, field, text_fields)
+    check_label_kinds(path, rows, label_field)
     missing = next((number for number, row in enumerate(rows, start=1) if row.get(cluster_field) in (None, "")),
                    None) if cluster_field else None
     if missing is not None:  # its rows would all read as one cluster ("None"): every interval too narrow or wide
         raise UserError(f"data file {str(path)!r} row {missing} has no value in {cluster_field!r} "
                         f"(task.cluster_field: the rows sampled together share one; every row needs it)")
+
+
+def check_label_kinds(path: Path, rows: list[dict], label_field: str) -> None:
+    """A ``UserError`` naming the first row whose label (or ``corrupt_<label>``) is a JSON boolean beside numbers,
+    or a number beside booleans: ``datasets`` reads such a column as text, which fails in the first batch."""
+    for field in (label_field, f"corrupt_{label_field}"):
+        kinds = [isinstance(row.get(field), bool) for row in rows if field in row]
+        if any(kinds) and not all(kinds):
+            number = next(n for n, row in enumerate(rows, start=1) if field in row and
+                          isinstance(row[field], bool) != kinds[0])
+            raise UserError(f"data file {str(path)!r} row {number}: {field}={rows[number - 1][field]!r} beside "
+                            f"rows whose {field} is {'a boolean' if kinds[0] else 'a number'}: write every label as "
+                            "a class number (0, 1, ...)")
 
 
 def check_paired_file(path: str | Path, task_name: str, text_fields: list[str], label_field: str,
@@ -145,12 +159,17 @@ def _is_label(value, num_labels: int | None) -> bool:
     return number.is_integer() and 0 <= number < num_labels
 
 
+def file_rows(path: str | Path) -> list[dict]:
+    """The rows of a JSON-lines, CSV or TSV file as ``datasets`` reads them (blank lines skipped)."""
+    return _rows(Path(path))[1]
+
+
 def count_rows(path: str | Path) -> int | None:
     """The rows ``datasets`` reads from a JSON-lines, CSV or TSV file (blank lines skipped); None for others."""
     path = Path(path)
     if path.suffix not in CHECKED:
         return None
-    return len(_rows(path)[1])
+    return len(file_rows(path))
 
 
 def count_questions(path: str | Path) -> int | None:

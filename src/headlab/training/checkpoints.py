@@ -41,8 +41,8 @@ class Checkpoint:
     def trained_by(self) -> str | None:
         """The hash of the ``train.py`` job whose weights these are (a job folder's ``results.json``): the same
         wherever the folder was copied or moved; None for other kinds."""
-        path = None if self.kind != "job" or self.path is None else Path(self.path) / "results.json"
-        if path is None or not path.is_file():
+        path = None if self.kind != "job" or self.path is None else Path(self.path).parent / "results.json"
+        if path is None or not path.is_file():  # (a job's weights are its model/ folder)
             return None
         data = read_json(path, "train.py results")
         return data.get("config_hash") if isinstance(data, dict) else None
