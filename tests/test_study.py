@@ -482,6 +482,9 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
         (["study.robustness.shapley.resamples=100"], "study.robustness.shapley.resamples=100 is below 2000"),
         (["task.eval_splits=[validation,train]"], "the study would fine-tune on the examples it scores"),
         (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"], "mode=study runs its stages in one process"),
+        (["study.cluster.cluster.k=100"], "study.cluster.cluster.k=100: the model has 12 heads"),  # came after 2 stages
+        (["study.syntax.syntax.conllu=/no/such.conllu"], "study.syntax.syntax.conllu='/no/such.conllu': no such file"),
+        (["study.robustness.mask.reference_examples=1"], "study.robustness.mask.reference_examples=1: resample needs"),
     ]
     folders = [tmp_path / f"case{i}" / "study" for i in range(len(cases))]
     results = in_parallel(lambda case, where: study(where, *case[0], check=False), cases, folders)

@@ -27,7 +27,7 @@ def _run_ablate(cfg: Any) -> Any:
     check_config(cfg)
     if cfg.mode == "study":
         from headlab.cli.train import check_train_config
-        from headlab.study.checks import check_study
+        from headlab.study.checks import check_stage_alone, check_study
         from headlab.study.run import run_study
 
         stages = check_study(cfg, job_dir())
@@ -36,9 +36,13 @@ def _run_ablate(cfg: Any) -> Any:
         for stage, stage_cfg in preview_configs(cfg, stages):  # every stage's settings typed and in range, first
             try:  # (the fine-tuning's whole: a refused mask must not reach its job, which would retire its results)
                 check_train_config(stage_cfg) if stage == "finetune" else check_config(stage_cfg)
+                check_stage_alone(stage, stage_cfg)
             except UserError as error:
                 raise UserError(stage_setting_error(stage, str(error))) from None
-        check_reference(cfg, stages)
+        try:
+            check_reference(cfg, stages)
+        except UserError as error:
+            raise UserError(stage_setting_error("robustness", str(error))) from None
         import lightning.pytorch  # noqa: F401  (log_lightning_once quiets it)
 
         log_lightning_once()

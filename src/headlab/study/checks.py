@@ -80,3 +80,18 @@ def check_study_checkpoint(cfg: Any) -> None:
     if found.kind not in ("job", "lightning"):
         raise UserError(f"study.checkpoint={cfg.study.checkpoint!r} is not a headlab checkpoint (a train.py job "
                         f"directory or its .ckpt) of {cfg.model.name} on {cfg.task.name}")
+
+
+def check_stage_alone(stage: str, stage_cfg: Any) -> None:
+    """The checks of ``stage``'s config that need no earlier stage's files (the clusters' k against the model's
+    heads; the syntax stage's treebank), before any stage runs: they failed only once the stages before had run."""
+    if stage == "cluster":
+        from headlab.analysis.types.checks import check_k
+        from headlab.core.model_files import model_shape
+
+        layers, heads = model_shape(stage_cfg.model)
+        check_k(stage_cfg.cluster.k, layers * heads)
+    elif stage == "syntax":
+        from headlab.analysis.syntax.checks import check_syntax
+
+        check_syntax(stage_cfg)
