@@ -357,6 +357,7 @@ def test_stale_stages_stay_out_of_the_report_and_plans_of_another_clustering_ret
     rerun = re.search(r"Run three \(the stages done are reused\): `([^`]*)`", text)[1]  # as typed, every stage
     assert "study.cluster.cluster.k=3" in rerun and "++" not in rerun and "study.stages" not in rerun, rerun
     assert "_Left out: the tables stage read the cluster stage's files, which are of other settings" in text
+    assert "the cluster stage's files are of other settings or inputs (left out" in text  # not "did not run"
     assert not {"tables", "compare", "robustness"} & set(summary_of(folder))
     assert "tables/table2" not in text.split("## Files")[1]  # the Files list leaves them out too
     # a stage of the run that would read the stale clusters: refused in one line before anything runs

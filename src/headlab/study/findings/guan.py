@@ -51,7 +51,7 @@ def stability_finding(files: StudyFiles) -> Finding:
         evidence.append(Evidence(model, outcome, numbers, files.link(job / "results.json"),
                                  {"value": result["stability"], "low": low, "high": high, "boundary": STABLE,
                                   "runs": len(runs), "split": split}, note=note))
-    return Finding(STABILITY, tuple(evidence)) if evidence else not_tested(STABILITY, "the cluster stage did not run")
+    return Finding(STABILITY, tuple(evidence)) if evidence else not_tested(STABILITY, files.absent("cluster"))
 
 
 def fine_tuning_finding(files: StudyFiles) -> Finding:
@@ -87,7 +87,7 @@ def fine_tuning_finding(files: StudyFiles) -> Finding:
         return not_tested(FINE_TUNING, "the pre-trained or the fine-tuned model's heads did not separate into named "
                           f"types (compare/{', '.join(unnamed)}), and numbered clusters of two fits are not the same "
                           "types")
-    return not_tested(FINE_TUNING, "the compare stage did not run" if not files.jobs("compare") else
+    return not_tested(FINE_TUNING, files.absent("compare") if not files.jobs("compare") else
                       "the model has a single layer")
 
 

@@ -269,7 +269,8 @@ def ordering_finding(files: StudyFiles, o: Ordering, evidence: list[Evidence]) -
         return Finding(o.claim, tuple(evidence))
     if any(job.startswith(f"tables/{o.table}/") for job in files.jobs("tables")):
         return not_tested(o.claim, "the clusters are not Guan et al.'s four types (no plan of that type)")
-    return not_tested(o.claim, f"the tables stage has no {o.table} jobs in this study")
+    return not_tested(o.claim, files.absent("tables") if "tables" in files.stale else
+                      f"the tables stage has no {o.table} jobs in this study")
 
 
 def cost_findings(files: StudyFiles) -> list[Finding]:
@@ -334,7 +335,8 @@ def cost_finding(files: StudyFiles, cost: Cost, evidence: list[Evidence]) -> Fin
         return Finding(cost.claim, tuple(evidence))
     if any(job.startswith("tables/table2/") for job in files.jobs("tables")):
         return not_tested(cost.claim, "the clusters are not Guan et al.'s four types (no plan of that type)")
-    return not_tested(cost.claim, "the tables stage has no table2 jobs in this study")
+    return not_tested(cost.claim, files.absent("tables") if "tables" in files.stale else
+                      "the tables stage has no table2 jobs in this study")
 
 
 def family_resampling(resampling: Resampling, size: int) -> Resampling:

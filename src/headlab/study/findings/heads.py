@@ -127,7 +127,7 @@ def redundant_heads(files: StudyFiles) -> Finding:
                     f"{units:,})")
             values |= {"half_width": half, "needed": needed}
         evidence.append(Evidence(model, outcome, numbers, files.link(report / "table.csv"), values, note=note))
-    return Finding(REDUNDANT, tuple(evidence)) if evidence else not_tested(REDUNDANT, "the sweep stage did not run")
+    return Finding(REDUNDANT, tuple(evidence)) if evidence else not_tested(REDUNDANT, files.absent("sweep"))
 
 
 def importance_pruning(files: StudyFiles) -> Finding:
@@ -180,7 +180,7 @@ def importance_pruning(files: StudyFiles) -> Finding:
                                   "boundary": alpha, "random_orders": orders}, note="; ".join(notes)))
     if evidence:
         return Finding(PRUNING, tuple(evidence))
-    return not_tested(PRUNING, "the prune_curve stage did not run" if not files.jobs("prune_curve") else
+    return not_tested(PRUNING, files.absent("prune_curve") if not files.jobs("prune_curve") else
                       "the prune curve has no random order (prune_curve.random_seeds=[])")
 
 
@@ -269,7 +269,7 @@ def pande_findings(files: StudyFiles) -> list[Finding]:
         overlap.append(Evidence(model, verdict(ci.low, ci.high, 1.0), numbers, link,
                                 {"value": float(result.statistic), "low": float(ci.low), "high": float(ci.high),
                                  "boundary": 1.0, "table": table}))
-    reason = "the syntax stage did not run"
+    reason = files.absent("syntax")
     return [Finding(OVERLAP, tuple(overlap)) if overlap else
             not_tested(OVERLAP, reason if not layers else "the features stage has no sieve roles"),
             Finding(LAYERS, tuple(layers)) if layers else not_tested(LAYERS, reason)]

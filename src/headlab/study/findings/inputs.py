@@ -43,6 +43,12 @@ class StudyFiles:
             return None
         return [self._answers[i] for i in ids]
 
+    def absent(self, stage: str) -> str:
+        """Why ``stage``'s files are not read: it did not run, or they are of other settings (stale)."""
+        if stage in self.stale:
+            return f"the {stage} stage's files are of other settings or inputs (left out; run it again)"
+        return f"the {stage} stage did not run"
+
     def jobs(self, stage: str) -> set[str]:
         """The job folders (relative to the study) of ``stage``'s last finished run."""
         if stage not in self._jobs:
