@@ -192,7 +192,9 @@ def test_compare_refuses_a_cluster_job_whose_features_job_ran_again(clustered, t
                f"hydra.run.dir={tmp_path / 'compare'}"]
     run(*compare, cwd_tmp=root)
     table = pd.read_csv(features / "sieve_roles.csv")
-    table.to_csv(features / "sieve_roles.csv", index=False)  # written again (by a rerun, say)
+    numeric = table.select_dtypes("number").columns[-1]
+    table.loc[0, numeric] += 1  # written again with another value (a rerun on other text, say)
+    table.to_csv(features / "sieve_roles.csv", index=False)
     refused = run(*compare, cwd_tmp=root, check=False)
     assert_one_error_line(refused, f"its features job {str(features)!r} changed after it was clustered "
                                    "(sieve_roles.csv); run that mode=cluster job again")

@@ -477,7 +477,7 @@ def test_bad_study_settings_are_one_error_line_before_any_stage(finished, tmp_pa
         ([f"study.checkpoint={trained_elsewhere}", "study.seeds=[0,1]"], "the checkpoint is one fine-tuned model"),
         (["model=bert_base_uncased"], "google-bert/bert-base-uncased"),  # the hub, offline
         (["mask=prune", "mask.heads=L0"], "mode=study analyses the whole model"),
-        (["+study.features.features.bogus=1"], "study.features: Key 'bogus' not in"),
+        (["+study.features.features.bogus=1"], "study.features.features.bogus: Key 'bogus' not in"),
         (["study.finetune.optim.lr=0"], "optim.lr=0.0"),
         (["study.tables.report.resamples=200"], "study.tables.report.resamples=200 is below 2000: a verdict reads"),
         (["study.robustness.shapley.resamples=100"], "study.robustness.shapley.resamples=100 is below 2000"),
