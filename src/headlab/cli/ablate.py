@@ -34,8 +34,11 @@ def _run_ablate(cfg: Any) -> Any:
         from headlab.study.stages import check_reference, preview_configs, stage_setting_error
 
         for stage, stage_cfg in preview_configs(cfg, stages):  # every stage's settings typed and in range, first
-            try:  # (the fine-tuning's whole: a refused mask must not reach its job, which would retire its results)
-                check_train_config(stage_cfg) if stage == "finetune" else check_config(stage_cfg)
+            try:
+                if stage == "finetune":  # all of train.py's checks: a refused mask must not reach the job first
+                    check_train_config(stage_cfg)  # (which would retire the finished results, then fail)
+                else:
+                    check_config(stage_cfg)
                 check_stage_alone(stage, stage_cfg)
             except UserError as error:
                 raise UserError(stage_setting_error(stage, str(error))) from None
