@@ -1,6 +1,6 @@
 """The entry scripts run as ``python SCRIPT ARGS`` runs them, in a process of their own, but forked from a server
-that has imported torch, transformers and Lightning already (4-5 s of every start on 2 cores; the suite starts
-hundreds).
+that has imported torch, transformers, Lightning, Hydra, datasets and the rest of ``PRELOAD`` already (6-7 s of
+every start on 2 cores; the suite starts hundreds).
 
 ``run_script`` answers like ``subprocess.run(command, capture_output=True, text=True)``. The server
 (``python tests/forked.py``, started once per environment) has only imported ``PRELOAD`` (nothing has run torch
@@ -28,12 +28,14 @@ import traceback
 from concurrent.futures import Future
 from pathlib import Path
 
-PRELOAD = ("torch", "lightning.pytorch", "transformers")
+# what nearly every run imports (a job: 1.8 s of imports beyond torch, Lightning and transformers on 2 cores)
+PRELOAD = ("torch", "lightning.pytorch", "transformers", "hydra", "datasets", "pandas", "pyarrow.parquet",
+           "scipy.stats", "sklearn.cluster", "wandb")
 # Every subprocess limit of the suite: a guard against a hang, never a time limit. A run that is merely slow (a slow
 # or shared machine: 2-3x the usual times) must never reach it, so a correct change is never failed by the clock.
 HANG_GUARD = 3600
 # read when a run starts, not when the preloaded modules are imported: may differ between runs of one server
-PER_RUN = ("WANDB_", "PYTHONUNBUFFERED", "HYDRA_FULL_ERROR", "HF_DATASETS_OFFLINE", "PYTEST_", "COLUMNS", "LINES")
+PER_RUN = ("WANDB_", "PYTHONUNBUFFERED", "HYDRA_FULL_ERROR", "PYTEST_", "COLUMNS", "LINES")
 
 
 class Server:
@@ -145,9 +147,15 @@ def _run_as_main(request: dict) -> None:
         os.close(file)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     # new stream objects on the redirected descriptors (the server's may hold unflushed protocol lines)
+    streams = {id(sys.stdout): None, id(sys.stderr): None}
     sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    streams = dict(zip(streams, (sys.stdout, sys.stderr)))
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:  # handlers made at import
+        for handler in getattr(logger, "handlers", ()):  # (datasets' own) write to the new streams
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams:
+                handler.setStream(streams[id(handler.stream)])
     sys.argv = [request["script"], *request["args"]]
     sys.path[0] = str(Path(request["script"]).parent)
     status = 0

@@ -9,6 +9,7 @@ several processes only compose (tests/test_docs_commands.py); the study runs in 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,9 +105,26 @@ def recipe_part(chained: bool) -> list[tuple[str, list[str]]]:
     return [recipe for recipe in recipes() if any(mark in " ".join(recipe[1]) for mark in CHAINED) == chained]
 
 
-def prepare_folder(folder) -> dict[str, str]:
-    """The inputs the recipes name, made in ``folder``: texts, a treebank, a spaCy parser, the README's own data,
-    and the jobs the placeholders stand for; returns the placeholders' replacements."""
+def named_inputs(folder, recipes) -> set[str]:
+    """The prepared inputs the recipes' placeholders stand for: ``TASK/train``, ``TASK/cluster``, ``TASK/sweep``
+    (each task's jobs) and ``parser`` (a part builds only these: each costs seconds)."""
+    named = set()
+    for _, words in recipes:
+        task = recipe_task(words)
+        for placeholder, value in placeholders(folder, task).items():
+            if not any(placeholder in word for word in words[1:]):
+                continue
+            job = re.search(rf"{re.escape(str(folder / 'jobs'))}/(\w+/\w+)", value)
+            named |= {job[1]} if job else {"parser"} if value == str(folder / "parser") else set()
+        if "syntax.parser=spacy" in words:
+            named.add("parser")
+    return named
+
+
+def prepare_folder(folder, recipes) -> dict[str, dict[str, str]]:
+    """The inputs the recipes name, made in ``folder``: texts, a treebank, the README's own data, and of the spaCy
+    parser and the jobs the placeholders stand for those that ``recipes`` name; returns each task's placeholders'
+    replacements."""
     (folder / "wiki.txt").write_text("The cat sat on the mat.\nA dog barked.\tIt was late.\n" * 4)
     shutil.copy(ROOT / "src/headlab/tasks/data/demo_syntax/dev.conllu", folder / "dev.conllu")
     (folder / "sentences.txt").write_text("Mira 's dog found the key .\nThe man who left saw a red coat .\n" * 4)
@@ -114,17 +132,22 @@ def prepare_folder(folder) -> dict[str, str]:
     for split in ("train", "dev"):  # the README's own data: reviews and their stars
         (folder / f"own/{split}.tsv").write_text("review\tstars\n" + "".join(
             f"review {i} was {'fine' if i % 2 else 'poor'}\t{i % 2}\n" for i in range(24)))
-    train_parser(folder / "parser")  # syntax.parser=spacy: a pipeline trained here stands for en_core_web_sm / trf
+    named = named_inputs(folder, recipes)
+    if "parser" in named:  # syntax.parser=spacy: a pipeline trained here stands for en_core_web_sm / trf
+        train_parser(folder / "parser")
     for task in TASKS:  # the jobs the placeholders name, for each task a recipe may run
         jobs = folder / "jobs" / task
-        setup = [("train.py", [f"task={task}", f"hydra.run.dir={jobs / 'train'}"]),
-                 ("ablate.py", ["mode=features", f"task={task}", f"ckpt_path={jobs / 'train'}",
-                                f"hydra.run.dir={jobs / 'f'}"]),
-                 ("ablate.py", ["mode=cluster", f"task={task}", f"cluster.features={jobs / 'f'}",
-                                f"hydra.run.dir={jobs / 'cluster'}",
-                                "cluster.names=[dense,diagonal,dense_vertical,vertical]"]),
-                 ("ablate.py", ["mode=sweep_heads", f"task={task}", f"ckpt_path={jobs / 'train'}",
-                                "mask.policy=prune", f"hydra.run.dir={jobs / 'sweep'}"])]
+        setup = [("train.py", [f"task={task}", f"hydra.run.dir={jobs / 'train'}"])] * bool(
+            {f"{task}/{kind}" for kind in ("train", "cluster", "sweep")} & named)
+        if f"{task}/cluster" in named:
+            setup += [("ablate.py", ["mode=features", f"task={task}", f"ckpt_path={jobs / 'train'}",
+                                     f"hydra.run.dir={jobs / 'f'}"]),
+                      ("ablate.py", ["mode=cluster", f"task={task}", f"cluster.features={jobs / 'f'}",
+                                     f"hydra.run.dir={jobs / 'cluster'}",
+                                     "cluster.names=[dense,diagonal,dense_vertical,vertical]"])]
+        if f"{task}/sweep" in named:
+            setup.append(("ablate.py", ["mode=sweep_heads", f"task={task}", f"ckpt_path={jobs / 'train'}",
+                                        "mask.policy=prune", f"hydra.run.dir={jobs / 'sweep'}"]))
         for script, words in setup:
             result = run(folder, script, *words)
             assert result.returncode == 0, result.stderr[-2000:]
@@ -158,7 +181,7 @@ class RecipePart:
     @pytest.fixture(scope="class")
     def prepared(self, tmp_path_factory):
         folder = tmp_path_factory.mktemp("recipes")
-        return folder, prepare_folder(folder)
+        return folder, prepare_folder(folder, self.RECIPES)
 
     def test_the_part_holds_its_recipes(self):
         assert len(self.RECIPES) >= self.MINIMUM, self.RECIPES

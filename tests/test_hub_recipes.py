@@ -46,6 +46,7 @@ SMALL_STUDY = ["study.finetune.trainer.max_steps=2", "study.finetune.trainer.num
                "study.prune_curve.prune_curve.random_seeds=[0]", "study.prune_curve.prune_curve.timing_rounds=1",
                "study.prune_curve.prune_curve.stop_below=0.99", "study.robustness.data.max_eval_examples=8",
                "study.robustness.mask.reference_examples=16", "study.robustness.shapley.resamples=2000",  # the least
+               "study.robustness.mask.resamples=1",  # one draw per example (study=paper: 4, 2.5x the stage's work)
                "study.cluster.cluster.stability_repeats=1", "study.cluster.cluster.bootstrap_fits=2",
                "study.controls.sweep.draws=2", "study.controls.data.max_eval_examples=8",
                "study.refits.data.max_eval_examples=8", "study.prune_curve.prune_curve.step=0.5"]

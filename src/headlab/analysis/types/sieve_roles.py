@@ -2,8 +2,9 @@
 
 Per head and sieve: a one-sided one-sample t-test over sequences (H0: mean score <= tau), scipy's
 ``ttest_1samp`` with the sample standard deviation (the peer code uses the population one, ddof=0), then
-one correction across every head and role (statsmodels ``multipletests``: Holm, Benjamini-Hochberg, or
-none as in the paper). Sequences without a score for a sieve (empty sieve) are left out of its test.
+one correction across every head and role (Holm, Benjamini-Hochberg, or none as in the paper;
+``reporting.statistics.adjust_p_values``: statsmodels' ``multipletests`` without its ``gc.collect()``). Sequences
+without a score for a sieve (empty sieve) are left out of its test.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 from scipy import stats
-from statsmodels.stats.multitest import multipletests
 
 from headlab.core.head_names import head_name
-
-METHODS = {"holm": "holm", "bh": "fdr_bh"}  # headlab name -> statsmodels name; "none": raw p-values
+from headlab.reporting.statistics import adjust_p_values
 
 
 def sieve_roles(sieve: Mapping[str, np.ndarray], tau: float = 3.0, alpha: float = 0.05,
@@ -76,13 +75,7 @@ def with_offset_control(roles: pd.DataFrame, beyond: Mapping[str, np.ndarray], t
 
 def _adjusted(p: np.ndarray, correction: str) -> np.ndarray:
     """``p`` corrected across all finite entries (NaN stays NaN)."""
-    adjusted = np.full_like(p, np.nan, dtype=float)
-    finite = np.isfinite(p)
-    if correction == "none" or not finite.any():
-        adjusted[finite] = p[finite]
-        return adjusted
-    adjusted[finite] = multipletests(p[finite], method=METHODS[correction])[1]
-    return adjusted
+    return adjust_p_values(np.where(np.isfinite(p), p, np.nan), correction)
 
 
 def role_matrix(roles: pd.DataFrame) -> pd.DataFrame:
