@@ -230,6 +230,34 @@ def test_gradient_importance_and_estimates_equal_the_reference(classifier, renor
         assert np.abs(estimate.numpy()).max() > 1e-6  # 1e4 times atol: the comparison can fail
 
 
+@pytest.mark.parametrize(("rules", "per_row"), [(MIXED, False), (MIXED, True), ([], False)],
+                         ids=["mixed plan", "mixed plan, a gate per row", "no plan"])
+def test_gates_multiply_each_heads_context_after_the_plan(classifier, rules, per_row):
+    """``ablate(gates=)``: each head's context times its gate, after the plan (0 closes a head), and the loss's
+    gradient by the gates (what learned gates train on): the family's own float64 forward with ``gate * z``."""
+    name, model = classifier
+    rows, labels = batch(), torch.tensor([1, 0, 1])
+    plan = plan_of(rules, model)
+    means, head_sources, substitutes = substituted(model, rows)
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    values = torch.rand((3 if per_row else 1, layers, heads), generator=torch.Generator().manual_seed(2),
+                        dtype=torch.float64) * 1.5
+    values[..., 0, 1] = 0.0  # a closed head
+    gates = (values if per_row else values[0]).clone().requires_grad_(True)
+    with headlab.ablate(model, plan, means=means, gates=gates):
+        logits = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], head_sources=head_sources).logits
+    mine, = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"), [gates])
+    reference_gates = values.expand(3, layers, heads).clone().requires_grad_(True)
+    with reference_of(model, plan.policy_of, rows["sentence_ids"], False, substitutes=substitutes,
+                      toward=("keep", reference_gates, torch.zeros_like(reference_gates))) as reference:
+        expected_logits = reference(**model_inputs(rows)).logits
+    gradient, = torch.autograd.grad(torch.nn.functional.cross_entropy(expected_logits, labels, reduction="sum"),
+                                    [reference_gates])
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-9, atol=1e-12, msg=name)
+    torch.testing.assert_close(mine, gradient if per_row else gradient.sum(0), rtol=1e-7, atol=1e-10, msg=name)
+    assert gradient.abs().max() > 1e-6 and (values != 1).any()  # the gates matter: the comparison can fail
+
+
 def test_task_models_take_unit_and_plan_ids_to_every_layer(classifier):
     """Per-row plans with drop_*, mean and resample heads through a task model (DeBERTa's do not pass extra arguments
     down: ``sentence_ids``, ``plan_ids`` and ``head_sources`` reach its attention by forward hooks)."""

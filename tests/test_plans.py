@@ -173,6 +173,12 @@ def test_ablate_rejects_non_bert_models_and_wrong_plans(tiny_model):
     with headlab.ablate(tiny_model, HeadPlan.keep_all(3, 4)), pytest.raises(ValueError, match="already inside"), \
             headlab.ablate(tiny_model, HeadPlan.keep_all(3, 4)):
         pass
+    for gates, said in ((torch.ones(3, 3), r"gates are \[3, 3\]; the model has \[layers, heads\] = \[3, 4\]"),
+                        (torch.ones(2, 1, 3, 4), r"gates are \[2, 1, 3, 4\]"),
+                        (torch.ones(3, 4, dtype=torch.long), "gates must be a float tensor"),
+                        ([[1.0] * 4] * 3, "gates must be a float tensor")):
+        with pytest.raises(ValueError, match=said), headlab.ablate(tiny_model, HeadPlan.keep_all(3, 4), gates=gates):
+            pass
     assert tiny_model.config._attn_implementation == "sdpa"
 
 

@@ -75,9 +75,16 @@ class TaskModule(pl.LightningModule):
         inputs = {name: batch[name] for name in MODEL_INPUTS if name in batch}
         if self.uses_units:
             inputs["sentence_ids"] = batch["sentence_ids"]
-        patched = nullcontext() if self.plan.is_identity else ablate(self.model, self.plan, self.mask.renormalize)
+        gates = self.head_gates()
+        patched = nullcontext() if self.plan.is_identity and gates is None else ablate(
+            self.model, self.plan, self.mask.renormalize, gates=gates)
         with patched:
             return self.model(**inputs)
+
+    def head_gates(self) -> torch.Tensor | None:
+        """What multiplies each head's context in this forward, ``[layers, heads]`` (None: nothing; learned gates
+        override it, ``headlab.analysis.gates``)."""
+        return None
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self.training_loss(batch, self(batch))
@@ -91,13 +98,14 @@ class TaskModule(pl.LightningModule):
         """The mean loss of a training batch (the model's own)."""
         return out.loss
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's groups: no weight decay on biases and LayerNorm weights (the 1-d parameters), as BERT."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [  # no weight decay on biases and LayerNorm weights (the 1-d parameters), as in BERT
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.optim.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=self.optim.lr, eps=self.optim.adam_eps)
+        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": self.optim.weight_decay},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=self.optim.lr, eps=self.optim.adam_eps)
         total = int(self.trainer.estimated_stepping_batches)
         warmup = self.optim.get("warmup_steps") or math.ceil(self.optim.warmup_ratio * total)
         scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)

@@ -28,7 +28,8 @@ def _device(controller: Controller, model: PreTrainedModel) -> torch.device:
 
 @contextmanager
 def ablate(
-    model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False, means: Any = None
+    model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False, means: Any = None,
+    gates: torch.Tensor | None = None,
 ) -> Iterator[PreTrainedModel]:
     """Run ``model`` under ``plan`` inside the block; restore it exactly on exit (also on error).
 
@@ -40,6 +41,9 @@ def ablate(
 
     ``means``: the ``HeadMeans`` (``headlab.head_means``) that ``mean`` heads take; needed when a plan has any.
     ``resample`` heads take theirs from the forward argument ``head_sources`` (``headlab.resample_sources``).
+
+    ``gates``: a float tensor ``[layers, heads]`` (or ``[batch, layers, heads]``, a gate per row) multiplying each
+    head's context after the plan (0 prunes the head, 1 keeps it); gradients flow into it (learned gates).
     """
     if not isinstance(renormalize, bool):
         raise UserError(f"renormalize must be true or false, got {renormalize!r}")
@@ -60,16 +64,30 @@ def ablate(
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
     device = _device(controller, model)
     means = _device_means(controller, plan, means, model, device)
+    gates = _checked_gates(gates, shape, device)
     states = controller.states_for(plan, renormalize, device)
     controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
-    controller.means = means
-    try:  # all keep: the stock model runs untouched
-        with headlab_implementation(controller, switch=any(state is not None for state in states)):
+    controller.means, controller.gates = means, gates
+    try:  # all keep and no gates: the stock model runs untouched
+        with headlab_implementation(controller, switch=gates is not None or any(s is not None for s in states)):
             yield model
     finally:
         controller.active, controller.per_row, controller.checked = None, 0, None
         controller.masks.clear()
-        controller.means = None
+        controller.means = controller.gates = None
+
+
+def _checked_gates(gates: Any, shape: tuple[int, int], device: torch.device) -> torch.Tensor | None:
+    """``ablate``'s gates on the model's device (a differentiable copy when they were elsewhere), checked."""
+    if gates is None:
+        return None
+    if not isinstance(gates, torch.Tensor) or not gates.dtype.is_floating_point:
+        raise UserError(f"gates must be a float tensor [layers, heads] or [batch, layers, heads], got "
+                        f"{getattr(gates, 'dtype', type(gates).__name__)}")
+    if gates.dim() not in (2, 3) or tuple(gates.shape[-2:]) != shape:
+        raise UserError(f"gates are {list(gates.shape)}; the model has [layers, heads] = {list(shape)} (give "
+                        "[layers, heads] or [batch, layers, heads])")
+    return gates.to(device)
 
 
 def _device_means(controller: Controller, plan: HeadPlan | tuple[HeadPlan, ...], means: Any, model: PreTrainedModel,

@@ -95,6 +95,7 @@ class Controller:
         self.arguments = disentangled.ForwardArguments()  # for modules their model passes no arguments to (DeBERTa)
         self.means: DeviceMeans | None = None  # what mean heads take in the active block (ablate's means=)
         self.last_means: DeviceMeans | None = None  # the latest block's, reused by a block with the same HeadMeans
+        self.gates: torch.Tensor | None = None  # the active block's head gates (ablate's gates=) on the model's device
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Controller:
@@ -131,7 +132,7 @@ class Controller:
         implementation = self.configs[0]._attn_implementation_internal
         if implementation not in (ATTENTION_NAME, PROBE_NAME):
             return None
-        if implementation == ATTENTION_NAME and self.observer is None and (
+        if implementation == ATTENTION_NAME and self.observer is None and self.gates is None and (
                 self.active is None or self.active[depth_of(module)] is None):
             return None
         return ALL_ATTENTION_FUNCTIONS[implementation], self.arguments.values
@@ -162,6 +163,7 @@ class Controller:
         copy.active, copy.observer, copy.masks, copy.states = None, None, ForwardMasks(), {}
         copy.implementations, copy.per_row, copy.checked = None, 0, None
         copy.calls, copy.arguments, copy.means, copy.last_means = 0, deepcopy(self.arguments, memo), None, None
+        copy.gates = None
         return copy
 
     def check_plan_ids(self, plan_ids: Any, batch: int) -> None:
@@ -234,10 +236,11 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
     layer = None if controller is None or controller.active is None else controller.active[depth]
     if controller is not None and controller.active is not None and "plan_ids" in kwargs:
         controller.check_plan_ids(kwargs["plan_ids"], query.shape[0])
+    gates = None if controller is None else controller.gates
     if layer is None:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                        **kwargs)
+        return (out if gates is None else gated(out, gates, depth)), None
     if isinstance(layer, RowsState):
         out = _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs)
         rows = kwargs["plan_ids"].to(query.device)
@@ -245,7 +248,14 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
         out, rows = _planned(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
     if layer.substituted:  # mean / resample heads: computed as pruned, their context replaced now
         out = substitute(out, layer.substituted, depth, controller.means, kwargs, rows)
-    return out, None
+    return (out if gates is None else gated(out, gates, depth)), None
+
+
+def gated(out: torch.Tensor, gates: torch.Tensor, depth: int) -> torch.Tensor:
+    """``out`` ``[batch, seq, heads, head_dim]`` with each head's context times its gate of layer ``depth``:
+    ``gates`` ``[layers, heads]`` (every row) or ``[batch, layers, heads]`` (a gate per row)."""
+    gate = gates[depth][None] if gates.dim() == 2 else gates[:, depth]  # [1 or batch, heads]
+    return out * gate[:, None, :, None].to(out.dtype)
 
 
 def _planned(layer: LayerState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):

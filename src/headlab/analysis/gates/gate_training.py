@@ -1,0 +1,90 @@
+"""The Lightning modules that learn head gates on a fine-tuned model (shared by the gate methods).
+
+A gated module is the task's own module (``training.modules``: its data, loss, metrics and evaluation) whose forward
+multiplies each head's context by a gate (``ablate(gates=)``, after the plan of ``mask``), with one learned parameter
+per head. The model is frozen and runs without dropout (the gates are all that trains, by Adam) unless
+``gates.train_model`` (Voita et al.'s setting: the model trains with its gates, AdamW as in fine-tuning, dropout
+on). The method (``gates.method``) says what a parameter gives in training and in evaluation and what the objective
+adds to the task loss:
+
+* ``l0`` (Voita et al. 2019): hard concrete gates (``hard_concrete``), a draw per head per training batch, the
+  deterministic gate in evaluation; the objective adds ``gates.l0_lambda`` x the expected number of open gates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from headlab.analysis.gates import hard_concrete
+from headlab.core.model_files import model_shape
+from headlab.training.modules import ClassificationModule, QuestionAnsweringModule, TaskModule
+
+
+class GatedTask:
+    """Mixin over a ``TaskModule``: one learned parameter per head (``log_alpha`` ``[layers, heads]``)."""
+
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict, gates: dict):
+        super().__init__(model, task, mask, optim)
+        self.save_hyperparameters()
+        self.gates = OmegaConf.create(gates)
+        self.log_alpha = torch.nn.Parameter(torch.full(model_shape(self.model_cfg), float(self.gates.init)))
+        self.model.requires_grad_(bool(self.gates.train_model))
+
+    def train(self, mode: bool = True) -> GatedTask:
+        """A frozen model runs without dropout while its gates train (``self.training`` still says which)."""
+        super().train(mode)
+        if not self.gates.train_model:
+            self.model.eval()
+        return self
+
+    def head_gates(self) -> torch.Tensor:
+        """``[layers, heads]``: a hard concrete draw while training, the deterministic gates otherwise."""
+        if self.training:
+            return hard_concrete.sample(self.log_alpha)
+        return hard_concrete.deterministic(self.log_alpha)
+
+    def expected_open(self) -> torch.Tensor:
+        """The expected number of open gates (the L0 penalty before its weight)."""
+        return hard_concrete.open_probability(self.log_alpha).sum()
+
+    def training_loss(self, batch: dict[str, torch.Tensor], out: Any) -> torch.Tensor:
+        """The task's loss plus ``l0_lambda`` x the expected number of open gates."""
+        task_loss = super().training_loss(batch, out)
+        open_gates = self.expected_open()
+        size = len(batch["input_ids"])
+        self.log("gates/task_loss", task_loss, batch_size=size)
+        self.log("gates/expected_open", open_gates, batch_size=size)
+        self.log("gates/open", (hard_concrete.deterministic(self.log_alpha) > 0).sum().float(), batch_size=size)
+        return task_loss + self.gates.l0_lambda * open_gates
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The model's groups (when it trains) and the gates' own, at ``gates.lr`` without weight decay."""
+        return [*super().parameter_groups(), {"params": [self.log_alpha], "weight_decay": 0.0, "lr": self.gates.lr}]
+
+    def configure_optimizers(self) -> Any:
+        if self.gates.train_model:  # the fine-tuning recipe (AdamW, warm-up and decay) for the weights and the gates
+            return super().configure_optimizers()
+        return torch.optim.Adam([self.log_alpha], lr=self.gates.lr)
+
+
+class GatedClassification(GatedTask, ClassificationModule):
+    """Gates over a sequence classification or regression model."""
+
+
+class GatedQuestionAnswering(GatedTask, QuestionAnsweringModule):
+    """Gates over an extractive QA model."""
+
+
+GATED = {"classification": GatedClassification, "regression": GatedClassification,
+         "extractive_qa": GatedQuestionAnswering}
+
+
+def gated_module(model: Any, task: Any, mask: Any, optim: Any, gates: Any) -> TaskModule:
+    """The gated module of the task's type, from config groups (OmegaConf or plain dicts); ``model`` names the
+    fine-tuned weights (``training.checkpoints.weights_model_config``)."""
+    model, task, mask, optim, gates = (OmegaConf.to_container(c, resolve=True) if OmegaConf.is_config(c) else dict(c)
+                                       for c in (model, task, mask, optim, gates))
+    return GATED[task["type"]](model, task, mask, optim, gates)
