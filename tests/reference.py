@@ -45,25 +45,23 @@ def head_attention(scores, valid, units, policy, renormalize):
     def softmax_over(allowed):  # softmax over the allowed keys of each row; a row with none is 0
         out = torch.zeros(n, n, dtype=scores.dtype)
         for i in range(n):
-            keys = [j for j in range(n) if allowed[i][j]]
-            if keys:
-                s = torch.stack([scores[i, j] for j in keys])
+            keys = allowed[i].nonzero().flatten()
+            if len(keys):
+                s = scores[i, keys]
                 e = torch.exp(s - s.max())
-                for j, w in zip(keys, e / e.sum()):
-                    out[i, j] = w
+                out[i, keys] = e / e.sum()
         return out
 
-    full = [[bool(valid[i, j]) for j in range(n)] for i in range(n)]
+    full = valid.bool()
     if policy == "keep":
         return softmax_over(full)
-    same = [[bool(units[i] == units[j]) for j in range(n)] for i in range(n)]
-    shared = [int(u) == -2 for u in units]  # a special token: in every unit, neither policy takes its pairs
-    keep = [[full[i][j] and (shared[i] or shared[j] or same[i][j] == (policy == "drop_inter")) for j in range(n)]
-            for i in range(n)]
+    same = units[:, None] == units[None, :]
+    shared = units == -2  # a special token: in every unit, neither policy takes its pairs
+    keep = full & (shared[:, None] | shared[None, :] | (same == (policy == "drop_inter")))
     if renormalize:
         return softmax_over(keep)
     probs = softmax_over(full)
-    return probs * torch.tensor(keep, dtype=scores.dtype)
+    return probs * keep.to(scores.dtype)
 
 
 def bert_forward(params, config, input_ids, attention_mask, token_type_ids, policy_of, sentence_ids=None,
