@@ -63,7 +63,7 @@ from headlab.core.patch.forward_masks import ForwardMasks, edit_count
 from headlab.core.patch.layer_states import LayerState, RowsState
 from headlab.core.patch.recorded_weights import refuse_recorded_weights
 from headlab.core.patch.sdpa_masks import heads_of, mask_heads, padding_mask_function, validity, with_bias
-from headlab.core.patch.substitution import DeviceMeans, substitute
+from headlab.core.patch.substitution import DeviceMeans, gated, substitute
 from headlab.core.plans import HeadPlan
 
 ATTENTION_NAME = "headlab"
@@ -161,9 +161,8 @@ class Controller:
         for config, original in zip(copy.configs, self.implementations or ()):
             config._attn_implementation_internal = original  # the implementation from before the block
         copy.active, copy.observer, copy.masks, copy.states = None, None, ForwardMasks(), {}
-        copy.implementations, copy.per_row, copy.checked = None, 0, None
+        copy.implementations, copy.per_row, copy.checked, copy.gates = None, 0, None, None
         copy.calls, copy.arguments, copy.means, copy.last_means = 0, deepcopy(self.arguments, memo), None, None
-        copy.gates = None
         return copy
 
     def check_plan_ids(self, plan_ids: Any, batch: int) -> None:
@@ -240,7 +239,7 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
     if layer is None:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)
-        return (out if gates is None else gated(out, gates, depth)), None
+        return gated(out, gates, depth), None
     if isinstance(layer, RowsState):
         out = _per_row(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs)
         rows = kwargs["plan_ids"].to(query.device)
@@ -248,14 +247,7 @@ def attend(controller: Controller | None, depth: int | None, module, query, key,
         out, rows = _planned(layer, controller, query, key, value, attention_mask, dropout, scaling, kwargs), None
     if layer.substituted:  # mean / resample heads: computed as pruned, their context replaced now
         out = substitute(out, layer.substituted, depth, controller.means, kwargs, rows)
-    return (out if gates is None else gated(out, gates, depth)), None
-
-
-def gated(out: torch.Tensor, gates: torch.Tensor, depth: int) -> torch.Tensor:
-    """``out`` ``[batch, seq, heads, head_dim]`` with each head's context times its gate of layer ``depth``:
-    ``gates`` ``[layers, heads]`` (every row) or ``[batch, layers, heads]`` (a gate per row)."""
-    gate = gates[depth][None] if gates.dim() == 2 else gates[:, depth]  # [1 or batch, heads]
-    return out * gate[:, None, :, None].to(out.dtype)
+    return gated(out, gates, depth), None
 
 
 def _planned(layer: LayerState, controller, query, key, value, attention_mask, dropout, scaling, kwargs):

@@ -9,7 +9,8 @@
   ``[layers, batch, seq, heads, head_dim]`` (``headlab.resample_sources``: the unablated model on each row's source
   example, aligned by position).
 
-A substituted value is a constant: no gradient flows into it.
+A substituted value is a constant: no gradient flows into it. Gates (``ablate(..., gates=)``) then multiply each
+head's context, substituted or not; gradients flow into them (learned gates).
 """
 
 from __future__ import annotations
@@ -72,3 +73,12 @@ def _sources(kwargs: dict, depth: int, shape: torch.Size) -> torch.Tensor:
         raise ValueError(f"{SOURCES} must be a tensor [layers, batch, seq, heads, head_dim] with [batch, seq, heads, "
                          f"head_dim] = {list(shape)}; got {found}")
     return sources[depth]
+
+
+def gated(out: torch.Tensor, gates: torch.Tensor | None, depth: int) -> torch.Tensor:
+    """``out`` ``[batch, seq, heads, head_dim]`` with each head's context times its gate of layer ``depth``:
+    ``gates`` ``[layers, heads]`` (every row) or ``[batch, layers, heads]`` (a gate per row); None: ``out``."""
+    if gates is None:
+        return out
+    gate = gates[depth][None] if gates.dim() == 2 else gates[:, depth]  # [1 or batch, heads]
+    return out * gate[:, None, :, None].to(out.dtype)
