@@ -522,3 +522,21 @@ def test_a_checkpoint_of_another_task_or_model_is_refused_before_loading(trained
         last = result.stderr.strip().splitlines()[-1]
         assert result.returncode == 2 and last.startswith("error: ") and named in last, result.stderr[-2000:]
         assert "Traceback" not in result.stderr
+
+
+def test_a_damaged_baseline_cache_is_computed_again(trained, tmp_path):
+    """The cached baseline lies outside every job folder (a full disk, an interrupted copy, a hand edit can cut it):
+    a truncated ``records.parquet`` (or a ``baseline.json`` that is no JSON) was a pyarrow traceback in every later job
+    of the checkpoint; now a note, the baseline computed again, written whole, and the same numbers."""
+    root, _ = trained
+    args = ["mode=eval", "mask=prune", "mask.heads=L0H0", f"ckpt_path={root / 'train'}",
+            f"baseline_dir={tmp_path / 'baselines'}"]
+    run("ablate.py", *args, f"hydra.run.dir={tmp_path / 'first'}", cwd_tmp=root)
+    records, = (tmp_path / "baselines").glob("*/records.parquet")
+    whole = records.read_bytes()
+    for damaged, name in ((records, "records.parquet"), (records.parent / "baseline.json", "baseline.json")):
+        damaged.write_bytes(damaged.read_bytes()[: len(damaged.read_bytes()) // 2])
+        out = run("ablate.py", *args, f"hydra.run.dir={tmp_path / name}", cwd_tmp=root).stdout
+        assert f"note: the cached baseline in {records.parent} cannot be read (" in out, out
+        assert results(tmp_path / name)["baseline"] == results(tmp_path / "first")["baseline"]
+        assert records.read_bytes() == whole and json.loads((records.parent / "baseline.json").read_text())["complete"]

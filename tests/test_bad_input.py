@@ -157,6 +157,8 @@ CASES = [
     ("train.py", ["task=nope"], "task/nope"),
     ("train.py", ["task.main_metric=pearson"], "pearson"),
     ("train.py", ["task.data_files.train=/no/such.jsonl"], "/no/such.jsonl"),
+    ("train.py", ["task=demo_pairs", "task.data_files=/no/dev.csv"], "task.data_files='/no/dev.csv': give a file per "
+     "split, e.g. \"task.data_files={train: train.csv, validation: dev.csv}\""),  # one path (or the shell's braces)
     ("train.py", ["task=demo_qa", "task.version=v3"], "v3"),
     ("train.py", ["task=demo_qa", "task.data_files.validation=FILES/qa_ids_twice.json"],
      "qa_ids_twice.json': question id 'q1' is given to 2 questions (questions 1 and 3); each question needs an id"),

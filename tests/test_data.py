@@ -180,3 +180,44 @@ def test_padded_rows_pad_each_column_as_the_definition_does(tokenizer, tmp_path,
                     expected = torch.tensor(values)
                 assert batch[name].dtype == expected.dtype and torch.equal(batch[name], expected), name
     assert "context_offsets" in features.column_names or task_name != "demo_qa"
+
+
+def test_a_data_file_rewritten_with_its_time_kept_is_read_anew(tmp_path):
+    """``datasets`` knows a local file by its path, size and modification time: a file rewritten in place with those
+    kept (``cp -p``, ``touch -r``, a sync) was read from its cache as the old rows, by a later command, and its
+    features were the old ones too (the same fingerprint). Each command here is a process of its own, as a user's."""
+    import json
+    import os
+    import sys
+
+    from forked import run_script
+
+    data = tmp_path / "validation.jsonl"
+    script = tmp_path / "read.py"
+    script.write_text(f"""
+import json
+from omegaconf import OmegaConf
+from headlab.tasks.loading import load_task_data
+task = OmegaConf.create({{"name": "mine", "type": "classification", "data_files": {{"validation": "{data}"}},
+                         "text_fields": ["sentence1", "sentence2"], "label_field": "label", "num_labels": 2}})
+rows = load_task_data(task, ["validation"])["validation"]
+print(json.dumps([list(rows["label"]), rows._fingerprint]))
+""")
+
+    def read() -> list:
+        result = run_script([sys.executable, str(script)], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def write(label: int) -> None:
+        data.write_text("".join(json.dumps({"sentence1": f"s {i}", "sentence2": "t", "label": label}) + "\n"
+                                for i in range(6)))
+
+    write(0)
+    labels, fingerprint = read()
+    kept = data.stat()
+    write(1)
+    os.utime(data, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert data.stat().st_size == kept.st_size and data.stat().st_mtime_ns == kept.st_mtime_ns
+    again, other = read()
+    assert labels == [0] * 6 and again == [1] * 6 and other != fingerprint

@@ -356,6 +356,7 @@ def test_stale_stages_stay_out_of_the_report_and_plans_of_another_clustering_ret
     assert "prune_cluster" not in text
     rerun = re.search(r"Run three \(the stages done are reused\): `([^`]*)`", text)[1]  # as typed, every stage
     assert "study.cluster.cluster.k=3" in rerun and "++" not in rerun and "study.stages" not in rerun, rerun
+    assert f" hydra.run.dir={folder} " in rerun, rerun  # the stages done are reused in this folder only
     assert "_Left out: the tables stage read the cluster stage's files, which are of other settings" in text
     assert "the cluster stage's files are of other settings or inputs (left out" in text  # not "did not run"
     assert not {"tables", "compare", "robustness"} & set(summary_of(folder))

@@ -163,11 +163,13 @@ LOCAL_FILES = {  # name -> contents: files a user may hand a GLUE-style pair tas
 }
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
 def test_a_file_with_a_byte_order_mark_loads_as_the_same_file_without(tmp_path, suffix):
-    """The BOM was read as part of the first column's name: "lacks column sentence1", though ``datasets`` reads it."""
+    """The BOM was read as part of the first column's name: "lacks column sentence1", though ``datasets`` reads it
+    (and JSON lines: "line 1: Unexpected UTF-8 BOM")."""
     sep = "," if suffix == ".csv" else "\t"
-    text = f"sentence1{sep}sentence2{sep}label\nthe cat{sep}a dog{sep}1\n"
+    text = f"sentence1{sep}sentence2{sep}label\nthe cat{sep}a dog{sep}1\n" if suffix != ".jsonl" else \
+        '{"sentence1": "the cat", "sentence2": "a dog", "label": 1}\n'
     loaded = []
     for name, content in (("plain", text), ("bom", "\ufeff" + text)):
         path = tmp_path / f"{name}{suffix}"
@@ -205,3 +207,23 @@ def test_the_check_before_imports_refuses_a_local_file_only_as_loading_does(tmp_
         assert early is None and "row 1 has no text in 'sentence2'" in late
     else:
         assert early is not None and early == late, (early, late)
+
+
+def test_squad_json_with_a_byte_order_mark_loads_and_checks_as_without(tmp_path):
+    """A SQuAD JSON file with a BOM (some editors write one) was "not SQuAD JSON (Unexpected UTF-8 BOM)", as task data
+    and as a paired file of patching; the same file without the BOM loads and checks the same."""
+    from headlab.tasks.local_files import check_paired_squad, check_squad_file, count_questions
+
+    source = ROOT / "src/headlab/tasks/data/demo_qa/validation.json"
+    loaded = []
+    for name, mark in (("plain", b""), ("bom", "\ufeff".encode())):
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(mark + source.read_bytes())
+        check_squad_file(path, "demo_qa", "v1")
+        loaded.append(load_task_data(task_cfg("demo_qa", f"task.data_files={{train: {path}, validation: {path}}}"))
+                      ["validation"].to_list())
+        assert count_questions(path) == len(loaded[-1])
+    assert loaded[0] == loaded[1] and len(loaded[0]) > 100
+    pairs = ROOT / "src/headlab/tasks/data/demo_qa/patch.json"
+    (tmp_path / "pairs_bom.json").write_bytes("\ufeff".encode() + pairs.read_bytes())
+    assert check_paired_squad(tmp_path / "pairs_bom.json", "demo_qa") == check_paired_squad(pairs, "demo_qa")

@@ -13,6 +13,7 @@ Group files pick their schema in their defaults list (``- /schema/task/classific
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,10 @@ class TaskConfig:
         if not self.eval_splits:
             raise UserError(f"task {self.name}: task.eval_splits is empty; name at least one split, e.g. [validation]")
         at_least("task.max_length", self.max_length, 8)
+        if self.data_files and not isinstance(self.data_files, Mapping):
+            raise UserError(f"task.data_files={self.data_files!r}: give a file per split, e.g. \"task.data_files="
+                            f"{{{self.train_split}: train.csv, {self.eval_splits[0]}: dev.csv}}\" (quoted: the shell "
+                            "reads braces)")
         if self.data_files:
             for split in [self.train_split, *self.eval_splits]:
                 path = self.data_files.get(split)

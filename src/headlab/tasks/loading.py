@@ -18,6 +18,7 @@ from typing import Any
 import datasets
 
 from headlab.errors import UserError, not_a_file
+from headlab.files import config_hash, file_digest
 from headlab.tasks.hub_data import BUNDLED, bundled_offline, check_hub_dataset, not_found
 from headlab.tasks.local_files import (
     check_label_kinds,
@@ -96,10 +97,14 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
         raise UserError(f"task {task.name}: data file {str(path)!r} for split {split!r} is empty")
     if path.suffix == ".jsonl":
         check_label_kinds(path, file_rows(path), task.label_field)
+    digest = file_digest(path)
     try:
-        dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+        dataset = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=_content_cache(digest),
+                                        **options)
     except Exception as error:  # the builders raise many kinds; the file is what matters here
         raise UserError(f"data file {str(path)!r} could not be read as {path.suffix}: {error}") from None
+    # the fingerprint (what the features cache is keyed by) of the content, not of the path and its time
+    dataset = dataset.remove_columns([], new_fingerprint=config_hash([dataset._fingerprint, digest]))
     error = missing_columns(path, task.name, [*task.text_fields, task.label_field], dataset.column_names)
     if error:
         raise error
@@ -110,10 +115,17 @@ def _load_local(task: Any, split: str) -> datasets.Dataset:
     return dataset
 
 
+def _content_cache(digest: str) -> str:
+    """The ``datasets`` cache of a local file's content (its ``file_digest``): ``datasets`` knows a file by its path,
+    size and modification time, so a file rewritten in place with its time kept (``cp -p``, ``touch -r``, a sync) was
+    read from the cache as its old rows; a folder per content reads new content anew."""
+    return str(Path(datasets.config.HF_DATASETS_CACHE) / "headlab-local-files" / digest)
+
+
 def read_squad_json(path: str | Path) -> datasets.Dataset:
     """A SQuAD v1.1 / v2.0 JSON file as the hub's flat columns (id, title, context, question, answers)."""
     try:
-        squad = json.loads(Path(path).read_text())
+        squad = json.loads(Path(path).read_text(encoding="utf-8-sig"))  # a BOM (some editors write one) is no JSON
     except json.JSONDecodeError as error:
         raise not_squad(path, error) from None
     return squad_dataset(squad, path)

@@ -33,7 +33,7 @@ def _rows(path: Path) -> tuple[list[str], list[dict]]:
     """``(columns, rows)``; a field a row lacks, or an empty CSV/TSV field (pandas: missing), is absent."""
     if path.suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
             if line.strip():
                 try:
                     row = json.loads(line)
@@ -176,7 +176,7 @@ def count_questions(path: str | Path) -> int | None:
     """The questions of a SQuAD JSON file (``loading.read_squad_json``'s rows, before a training split drops those
     whose answer is not at its start); None for a file that is not SQuAD JSON (its loading says why)."""
     try:
-        articles = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+        articles = json.loads(Path(path).read_text(encoding="utf-8-sig"))["data"]
         return sum(len(paragraph["qas"]) for article in articles for paragraph in article["paragraphs"])
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         return None
@@ -195,7 +195,7 @@ def check_squad_file(path: str | Path, task_name: str, version: str) -> None:
     """A SQuAD JSON data file before anything heavy loads: the fields ``loading.squad_dataset`` reads, a question at
     least, and questions that can be scored (``squad_questions_error``)."""
     try:
-        articles = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+        articles = json.loads(Path(path).read_text(encoding="utf-8-sig"))["data"]
         questions = [(paragraph["context"], qa) for article in articles for paragraph in article["paragraphs"]
                      for qa in paragraph["qas"]]
         ids = [str(qa["id"]) for _, qa in questions]
@@ -249,7 +249,7 @@ def check_paired_squad(path: str | Path, task_name: str, version: str = "v1") ->
     leaves it out with a note (``paired_data.answer_windows``); its corrupted texts are still checked."""
     path = Path(path)
     try:
-        questions = [(paragraph["context"], qa) for article in json.loads(path.read_text(encoding="utf-8"))["data"]
+        questions = [(paragraph["context"], qa) for article in json.loads(path.read_text(encoding="utf-8-sig"))["data"]
                      for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
         raise UserError(f"data file {str(path)!r} is not SQuAD JSON ({type(error).__name__}: {error}); a paired "

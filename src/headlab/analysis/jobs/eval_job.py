@@ -18,12 +18,14 @@ from typing import Any
 
 from filelock import FileLock
 from omegaconf import OmegaConf
+from rich.console import Console
 
 from headlab.analysis.jobs.identity import JobIdentity
 from headlab.analysis.jobs.plan_evaluator import RECORDS_VERSION, PlanEvaluator, Variant
 from headlab.analysis.jobs.substitutes import JobSubstitutes, uses_substitutes
 from headlab.core.models import apply_runtime_options, model_hash, weights_hash
 from headlab.core.plans import HeadPlan
+from headlab.errors import UserError
 from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.reporting.records import read_records, write_records
 from headlab.reporting.results import EvalResult
@@ -120,9 +122,19 @@ class EvalJob:
         cached = {}
         for split in self.data.eval_splits:
             summary, records = self._baseline_paths(split)
-            if not (summary.is_file() and records.is_file() and read_json(summary, "baseline").get("complete")):
+            if not (summary.is_file() and records.is_file()):
                 return None
-            cached[split] = read_records(records)
+            try:  # a cache damaged outside the job (a full disk, a hand edit) is computed again, not a traceback
+                if not read_json(summary, "baseline").get("complete"):
+                    return None
+                cached[split] = read_records(records)
+            except (UserError, OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+                if not getattr(self, "_damage_said", False):
+                    self._damage_said = True
+                    Console().print(f"note: the cached baseline in {summary.parent} cannot be read ("
+                                    f"{type(error).__name__}: {str(error).splitlines()[0][:200]}): computing it "
+                                    "again", markup=False, soft_wrap=True)
+                return None
         self._baseline = cached
         return cached
 
