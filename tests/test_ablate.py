@@ -312,9 +312,12 @@ def test_a_rerun_note_names_each_changed_setting():
     assert changed_settings({"a": "x" * 100}, {"a": "y"}) == [f'a "{"x" * 36}... -> "y"']
 
 
-def test_data_written_again_at_the_same_path_is_evaluated_again_baseline_included(trained, tmp_path):
+@pytest.mark.parametrize("time_kept", [False, True], ids=["new time", "time kept"])
+def test_data_written_again_at_the_same_path_is_evaluated_again_baseline_included(trained, tmp_path, time_kept):
     """Local data files regenerated in place: the job runs again and the cached baseline of the old data is not
-    reused. With every label flipped, the new baseline's accuracy is 1 minus the old one (same predictions)."""
+    reused. With every label flipped, the new baseline's accuracy is 1 minus the old one (same predictions), and every
+    record's label is flipped. Also when the rewrite keeps the file's size and modification time (``cp -p``, ``touch
+    -r``), by which ``datasets`` knows a local file: it read the old rows from its cache."""
     root, _ = trained
     source = ROOT / "src/headlab/tasks/data/demo_pairs"
     for split in ("train", "validation"):
@@ -324,11 +327,17 @@ def test_data_written_again_at_the_same_path_is_evaluated_again_baseline_include
             f"baseline_dir={tmp_path / 'baselines'}", f"hydra.run.dir={tmp_path / 'job'}"]
     run("ablate.py", *args, cwd_tmp=tmp_path)
     before = results(tmp_path / "job")
+    labels = pd.read_parquet(tmp_path / "job/records.parquet")["label"].tolist()
     rows = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    kept = (tmp_path / "validation.jsonl").stat()
     (tmp_path / "validation.jsonl").write_text("".join(json.dumps(row | {"label": 1 - row["label"]}) + "\n"
                                                        for row in rows))
+    if time_kept:
+        os.utime(tmp_path / "validation.jsonl", ns=(kept.st_atime_ns, kept.st_mtime_ns))
+        assert (tmp_path / "validation.jsonl").stat().st_size == kept.st_size
     out = run("ablate.py", *args, cwd_tmp=tmp_path).stdout
     assert "note: the files of task.data_files changed since" in out and "already done" not in out
+    assert pd.read_parquet(tmp_path / "job/records.parquet")["label"].tolist() == [1 - label for label in labels]
     after = results(tmp_path / "job")
     assert len(list((tmp_path / "baselines").glob("*/baseline.json"))) == 2  # one per version of the data
     for record in ("baseline", "metrics"):
