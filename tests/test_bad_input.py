@@ -239,6 +239,19 @@ CASES = [
     ("ablate.py", ["mode=prune_curve", "allow_random_head=true", "mask=prune", "mask.heads=L0"], "use mask=none"),
     ("ablate.py", ["mode=prune_curve", "allow_random_head=true", "prune_curve.min_heads_per_layer=4"],
      "min_heads_per_layer=4"),
+    # ablate.py mode=gates
+    ("ablate.py", ["mode=gates", "gates.lambdas=[0.01,-0.1]"], "gates.lambdas[1]=-0.1: a penalty per expected open"),
+    ("ablate.py", ["mode=gates", "allow_random_head=true"],
+     "has random weights and ckpt_path=null: mode=gates needs a model fine-tuned for task demo_pairs"),
+    ("ablate.py", ["mode=gates", "model=minilm"], "the model's own weights (BertModel) have no "
+     "*ForSequenceClassification head: not fine-tuned for task demo_pairs"),  # the pre-trained model
+    ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.split=validation"],
+     "gates.split=validation is an evaluation split of task demo_pairs"),
+    ("ablate.py", ["mode=gates", "allow_random_head=true", "mask=prune", "mask.heads=L0"], "use mask=none"),
+    ("ablate.py", ["mode=gates", "gates.lr=0"], "gates.lr=0.0 must be a positive learning rate"),
+    ("ablate.py", ["mode=gates", "gates.method=l1"], "gates.method='l1' is not allowed"),
+    ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.prune_curve=FILES/empty_dir"],
+     "not a finished mode=prune_curve job directory"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=top:2",
                    "mask.importance=FILES/importance_3x3.json", "mask.importance_estimator=fisher"], "'fisher'"),
     # ablate.py mode=features

@@ -66,3 +66,52 @@ def test_evaluation_uses_the_deterministic_gates(gated):
         gates = (torch.sigmoid(module.log_alpha) * 1.2 - 0.1).clamp(0, 1)
         torch.testing.assert_close(logits, reference_logits(module, batch, gates), rtol=1e-10, atol=1e-12)
         assert (gates == 0).any() and (gates == 1).any()
+
+
+# On a model whose heads have known roles (tests/planted.py): L0 gates keep the label head and close the others.
+
+def fit_planted(gates: dict, steps: int = 200):
+    """A gated module over the planted model, its gates fit by a real Lightning fit on 512 sentences."""
+    import lightning.pytorch as pl
+    from planted import MASK, MODEL, TASK, planted_batches, planted_model
+    from torch.utils.data import DataLoader
+
+    module = gated_module(MODEL, TASK, MASK, {}, gates, planted_model())
+    pl.seed_everything(0)
+    trainer = pl.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, accelerator="cpu", limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=DataLoader(planted_batches(512), batch_size=None))
+    return module
+
+
+def test_the_planted_heads_carry_the_label_add_noise_and_write_nothing():
+    """The ground truth itself: accuracy with each head's context kept (1) or removed (0)."""
+    from planted import planted_batches, planted_model
+
+    from headlab.core.patch.ablate import ablate
+    from headlab.core.plans import HeadPlan
+
+    model, batches = planted_model(), planted_batches(512)
+
+    def accuracy(gates):
+        with torch.no_grad(), ablate(model, HeadPlan.keep_all(1, 3), gates=torch.tensor([gates])):
+            return float(torch.cat([model(**b).logits.argmax(-1) == b["labels"] for b in batches]).float().mean())
+
+    assert accuracy([1.0, 0.0, 1.0]) == accuracy([1.0, 0.0, 0.0]) == 1.0  # head 0 alone is always right
+    assert 0.6 < accuracy([1.0, 1.0, 1.0]) < 0.8  # head 1's noise costs about a third of the answers
+    assert accuracy([0.0, 1.0, 1.0]) < 0.6  # without head 0, about chance
+
+
+@pytest.mark.parametrize("penalty", [0.01, 0.1])
+def test_l0_gates_keep_the_label_head_and_close_the_noise_and_the_silent_head(penalty):
+    module = fit_planted({"method": "l0", "l0_lambda": penalty, "init": 0.0, "lr": 0.1, "train_model": False})
+    gates = (torch.sigmoid(module.log_alpha.detach().double()) * 1.2 - 0.1).clamp(0, 1)  # Louizos et al.'s test gate
+    assert gates.tolist() == [[1.0, 0.0, 0.0]], module.log_alpha
+
+
+def test_without_a_penalty_only_the_noise_head_closes():
+    """lambda 0: the task loss alone closes head 1 (it hurts) and opens head 0; head 2 changes no output, so no
+    gradient moves its gate from where it started (half open): closing what does nothing is the penalty's work."""
+    module = fit_planted({"method": "l0", "l0_lambda": 0.0, "init": 0.0, "lr": 0.1, "train_model": False})
+    gates = (torch.sigmoid(module.log_alpha.detach().double()) * 1.2 - 0.1).clamp(0, 1)
+    assert gates[0, 0] == 1.0 and gates[0, 1] == 0.0 and float(module.log_alpha[0, 2]) == 0.0

@@ -443,12 +443,15 @@ class _Interrupted(Exception):
 
 
 def _fit_recording_batches(folder, accumulate=1, workers=0, interrupt_at=None, resume=None, random=False,
-                           save_states=True, val_check_interval=4, interrupt_in_validation=None, **trainer_args):
+                           save_states=True, val_check_interval=4, interrupt_in_validation=None, every_n_steps=None,
+                           **trainer_args):
     """A real Lightning fit over 12 samples (6 batches of 2 per epoch, train.py's loader: ``EpochSampler``,
     ``ResumeMidEpoch``; validation after every ``val_check_interval`` batches) for 3 epochs; the (epoch, samples) of
     every batch trained, the trainer. ``random``: the loss draws from torch (dropout), numpy and Python's generators;
     ``save_states``: with ``RandomStates`` (as train.py). Interrupted (as a kill) before the training batch of global
-    step ``interrupt_at``, or inside the validation of number ``interrupt_in_validation`` (1-based)."""
+    step ``interrupt_at``, or inside the validation of number ``interrupt_in_validation`` (1-based).
+    ``every_n_steps``: ``last.ckpt`` written at the end of every that many training batches instead (the gate fits'
+    checkpoints, ``headlab.analysis.gates.gate_fit``)."""
     import random as python_random
 
     import lightning.pytorch as pl
@@ -492,8 +495,13 @@ def _fit_recording_batches(folder, accumulate=1, workers=0, interrupt_at=None, r
     samples = torch.arange(12.0).unsqueeze(1)
     train = train_loader(samples, batch_size=2, world=(1, 0), seed=3, num_workers=workers)
     module = Recorder()
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoints = checkpoint_callbacks(folder, "validation/accuracy") if every_n_steps is None else [ModelCheckpoint(
+        dirpath=folder, filename="last", monitor=None, enable_version_counter=False, every_n_train_steps=every_n_steps,
+        save_on_train_epoch_end=False)]
     trainer = pl.Trainer(max_epochs=3, val_check_interval=val_check_interval, accumulate_grad_batches=accumulate,
-                         callbacks=[*checkpoint_callbacks(folder, "validation/accuracy"), ResumeMidEpoch(),
+                         callbacks=[*checkpoints, ResumeMidEpoch(),
                                     *([RandomStates()] if save_states else []),
                                     *([Interrupt()] if interrupt_at else [])],
                          logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -516,6 +524,18 @@ def test_a_run_resumed_mid_epoch_trains_on_the_same_batches_as_an_uninterrupted_
     assert (last["epoch"], last["global_step"] * accumulate) == (1, 10)  # epoch 1, 4 of its 6 batches done
     after, _ = _fit_recording_batches(tmp_path / "killed", accumulate, workers, resume=tmp_path / "killed/last.ckpt")
     assert before[:10] + after == uninterrupted
+
+
+@pytest.mark.parametrize(("every", "saved"), [(4, 4), (3, 6)])  # step 4: mid-epoch; step 6: epoch 0's last batch
+def test_a_checkpoint_written_at_a_batch_end_resumes_after_that_batch(tmp_path, every, saved):
+    """A ``last.ckpt`` written at a training batch's end (``every_n_train_steps``) counts that batch as processed but
+    not completed: resumed, the run goes on with the next batch (it trained the saved batch a second time, and the
+    gate fits came out 1e-4 off)."""
+    uninterrupted, _ = _fit_recording_batches(tmp_path / "whole")
+    before, _ = _fit_recording_batches(tmp_path / "killed", interrupt_at=7, every_n_steps=every)
+    assert torch.load(tmp_path / "killed/last.ckpt", weights_only=False)["global_step"] == saved
+    after, _ = _fit_recording_batches(tmp_path / "killed", resume=tmp_path / "killed/last.ckpt", every_n_steps=every)
+    assert before[:saved] + after == uninterrupted
 
 
 def test_a_run_stopped_by_max_steps_and_continued_finishes_its_epoch_first(tmp_path):

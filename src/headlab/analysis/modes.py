@@ -32,6 +32,7 @@ ANALYSIS_MODES = {
     "importance": _mode("importance", "check_importance", "importance_run"),
     "prune_curve": _mode("importance", "check_prune_curve", "prune_curve"),
     "shapley": _mode("shapley", "check_shapley", "shapley_run"),
+    "gates": _mode("gates", "check_gates", "gates_run"),
     "patch": _mode("patching", "check_patch", "patch_run"),
     "features": _mode("types", "check_features", "features_run"),
     "cluster": _mode("types", "check_cluster", "cluster_run"),

@@ -22,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from headlab.analysis.evaluation.report_schema import ReportConfig
+from headlab.analysis.gates.schema import GatesConfig
 from headlab.analysis.importance.schema import ImportanceConfig, PruneCurveConfig
 from headlab.analysis.patching.schema import PatchConfig
 from headlab.analysis.shapley.schema import ShapleyConfig
@@ -38,7 +39,7 @@ from headlab.tasks.hub_data import check_hub_dataset
 from headlab.tasks.local_files import check_squad_file, check_text_file
 from headlab.tasks.registry import METRICS, SQUAD_VERSIONS
 
-ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "patch", "features",
+ABLATE_MODES = ("study", "eval", "sweep_heads", "importance", "prune_curve", "shapley", "gates", "patch", "features",
                 "cluster", "compare", "syntax", "report", "demo")
 SWEEP_FAMILIES = ("single_head", "all_but_one", "layer", "random")
 MAX_DRAWS = 100  # mask.resamples
@@ -292,6 +293,7 @@ class AblateConfig(RunConfig):
     """``conf/ablate.yaml``."""
 
     mode: str = "study"
+    optim: OptimConfig = MISSING  # mode=gates gates.train_model=true: the model's optimizer, as train.py's
     group: str = "adhoc"  # the sweep's name: W&B group and sweep directory (the preset's name by default)
     ckpt_path: str | None = None  # .ckpt, train.py job directory, save_pretrained directory, or null
     allow_random_head: bool = False
@@ -306,6 +308,7 @@ class AblateConfig(RunConfig):
     compare: CompareConfig = field(default_factory=CompareConfig)
     syntax: SyntaxConfig = field(default_factory=SyntaxConfig)
     shapley: ShapleyConfig = field(default_factory=ShapleyConfig)
+    gates: GatesConfig = field(default_factory=GatesConfig)
     patch: PatchConfig = field(default_factory=PatchConfig)
     sweep_dir: str | None = None  # mode=report: the sweep directory to collect
     report: ReportConfig = field(default_factory=ReportConfig)
@@ -324,7 +327,7 @@ SCHEMAS = {
 }
 # Groups whose values are checked before anything loads (the logger is only typed: it reads Hydra's run dir).
 CHECKED_GROUPS = ("model", "task", "mask", "trainer", "data", "optim", "sweep", "importance", "prune_curve", "features",
-                  "cluster", "compare", "syntax", "shapley", "patch", "report")
+                  "cluster", "compare", "syntax", "shapley", "gates", "patch", "report")
 
 
 def register_configs() -> None:

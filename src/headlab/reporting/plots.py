@@ -1,5 +1,5 @@
 """Report figures (matplotlib, headless): head-sweep heatmaps, plan bars with CIs, metric vs heads ablated,
-importance heatmaps and scatter plots, prune curves.
+importance heatmaps and scatter plots, prune curves, learned gates against heads pruned.
 
 Deltas use a diverging colour map centred on 0 (red: the metric fell); cells and bars whose adjusted
 p-value is below 0.05 are marked. Every function writes one file per requested format and returns
@@ -158,6 +158,36 @@ def prune_curve(rows: pd.DataFrame, metric: str, threshold: float, title: str, p
     axes.set_ylabel(metric)
     axes.set_title(title)
     axes.legend(loc="lower left", fontsize=8)  # the curves start high at the left: that corner stays free
+    return _save(figure, path, formats)
+
+
+def gates_curve(points: pd.DataFrame, metric: str, title: str, path: Path, formats: Sequence[str] = ("png",),
+                curve: pd.DataFrame | None = None, chance: float | None = None) -> list[Path]:
+    """The metric against heads pruned by learned gates: one point per penalty (``lambda``, ``heads_pruned``,
+    ``metric``, ``ci_low`` / ``ci_high`` of the metric), with ``curve`` (a prune curve's rows: ``order``,
+    ``seed``, ``heads_pruned``, ``metric``) drawn beside: its importance order and its random orders."""
+    figure, axes = plt.subplots(figsize=(5.5, 4.0))
+    if curve is not None and len(curve):
+        random = curve[curve["order"] == "random"]
+        if len(random):
+            mean = random.groupby("heads_pruned")[metric].mean()
+            axes.plot(mean.index, mean.values, color="grey", linestyle="--", marker=".",
+                      label=f"random order (mean of {random['seed'].nunique()})")
+        ordered = curve[curve["order"] == "importance"].sort_values("heads_pruned")
+        axes.plot(ordered["heads_pruned"], ordered[metric], marker="o", color="#4393c3", label="by importance")
+    points = points.sort_values("heads_pruned")
+    errors = np.vstack([points[metric] - points["ci_low"], points["ci_high"] - points[metric]])
+    axes.errorbar(points["heads_pruned"], points[metric], yerr=np.where(np.isfinite(errors), errors, 0.0),
+                  color="#b2182b", marker="s", capsize=3, label="L0 gates (CI)")
+    for _, row in points.iterrows():
+        axes.annotate(f"{row['lambda']:g}", (row["heads_pruned"], row[metric]), textcoords="offset points",
+                      xytext=(4, 4), fontsize=7)
+    if chance is not None and np.isfinite(chance):
+        axes.axhline(chance, color="black", linestyle=":", linewidth=0.8, label=f"chance ({chance:.4g})")
+    axes.set_xlabel("heads pruned")
+    axes.set_ylabel(metric)
+    axes.set_title(title)
+    axes.legend(loc="lower left", fontsize=8)
     return _save(figure, path, formats)
 
 

@@ -55,7 +55,10 @@ class ResumeMidEpoch(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         sampler = getattr(trainer.train_dataloader, "sampler", None)
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # restored: batches of this epoch
+        loop = trainer.fit_loop.epoch_loop
+        # restored: the batches of this epoch done; a checkpoint written at a batch's end (``every_n_train_steps``)
+        # counts that batch as processed, not yet completed (Lightning completes it when the loop resets, later)
+        done = loop.batch_progress.current.completed + bool(getattr(loop, "restarted_on_train_batch_end", False))
         if not isinstance(sampler, EpochSampler) or not 0 < done < trainer.num_training_batches:
             return
         # A fit stopped by max_steps closes its epoch (started == completed), and Lightning runs the rest of that

@@ -52,16 +52,20 @@ class TaskModule(pl.LightningModule):
     """Shared by all tasks: the model under the plan, AdamW with linear warm-up and decay.
 
     ``model``, ``task``, ``mask`` and ``optim`` are the plain-dict config groups (saved in
-    checkpoints as hyper-parameters, so ``load_from_checkpoint`` rebuilds the module).
+    checkpoints as hyper-parameters, so ``load_from_checkpoint`` rebuilds the module). ``weights``: a model already
+    loaded (an analysis's checkpoint) instead of the one ``model`` names.
     """
 
-    def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict, weights: torch.nn.Module | None = None):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["weights"])
         self.model_cfg, self.task, self.mask, self.optim = (OmegaConf.create(c) for c in (model, task, mask, optim))
-        self.model, missing = load_model_reporting(self.model_cfg, *task_head(self.task), quiet=True)
+        if weights is None:
+            self.model, missing = load_model_reporting(self.model_cfg, *task_head(self.task), quiet=True)
+            note_random_weights(missing, self.model_cfg)  # the new task head: one note, not transformers' table
+        else:
+            self.model = weights
         self.model.train()  # Lightning keeps modes
-        note_random_weights(missing, self.model_cfg)  # the new task head: one note, not transformers' table
         self.plan = plan_from_mask(self.mask, *model_shape(self.model_cfg))
         self.uses_units = any(count and policy.startswith("drop_") for policy, count in self.plan.counts().items())
         self.eval_splits = list(self.task.eval_splits)
@@ -139,8 +143,8 @@ class TaskModule(pl.LightningModule):
 class ClassificationModule(TaskModule):
     """Sequence classification (GLUE) and regression (STS-B: one output, MSE loss)."""
 
-    def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
-        super().__init__(model, task, mask, optim)
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict, weights: torch.nn.Module | None = None):
+        super().__init__(model, task, mask, optim, weights)
         self.regression = self.task.type == "regression"
         self.metrics = PerSplit(self.eval_splits, lambda: glue_metrics(list(self.task.metrics), self.task.num_labels))
         self.eval_loss = PerSplit(self.eval_splits, MeanMetric)
@@ -175,8 +179,8 @@ class QuestionAnsweringModule(TaskModule):
     holds the last predicted answer of every question id, gathered from all processes.
     """
 
-    def __init__(self, model: dict, task: dict, mask: dict, optim: dict):
-        super().__init__(model, task, mask, optim)
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict, weights: torch.nn.Module | None = None):
+        super().__init__(model, task, mask, optim, weights)
         self.metrics = PerSplit(self.eval_splits, lambda: SquadMetric(self.task.version))
         self.collectors = {split: AnswerCollector() for split in self.eval_splits}
         self.eval_loss = PerSplit(self.eval_splits, MeanMetric)

@@ -26,12 +26,20 @@ from headlab.training.modules import ClassificationModule, QuestionAnsweringModu
 class GatedTask:
     """Mixin over a ``TaskModule``: one learned parameter per head (``log_alpha`` ``[layers, heads]``)."""
 
-    def __init__(self, model: dict, task: dict, mask: dict, optim: dict, gates: dict):
-        super().__init__(model, task, mask, optim)
-        self.save_hyperparameters()
+    def __init__(self, model: dict, task: dict, mask: dict, optim: dict, gates: dict,
+                 weights: torch.nn.Module | None = None):
+        super().__init__(model, task, mask, optim, weights)
+        self.save_hyperparameters(ignore=["weights"])
         self.gates = OmegaConf.create(gates)
         self.log_alpha = torch.nn.Parameter(torch.full(model_shape(self.model_cfg), float(self.gates.init)))
         self.model.requires_grad_(bool(self.gates.train_model))
+        self.strict_loading = bool(self.gates.train_model)  # a frozen model's weights stay out of checkpoints
+        self.prefix = self.gates.get("log_prefix", "gates")  # one fit's curves among a job's several
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A frozen model is the job's checkpoint, loaded again on resume: its checkpoints hold the gates only."""
+        if not self.gates.train_model:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("model.")}
 
     def train(self, mode: bool = True) -> GatedTask:
         """A frozen model runs without dropout while its gates train (``self.training`` still says which)."""
@@ -55,10 +63,13 @@ class GatedTask:
         task_loss = super().training_loss(batch, out)
         open_gates = self.expected_open()
         size = len(batch["input_ids"])
-        self.log("gates/task_loss", task_loss, batch_size=size)
-        self.log("gates/expected_open", open_gates, batch_size=size)
-        self.log("gates/open", (hard_concrete.deterministic(self.log_alpha) > 0).sum().float(), batch_size=size)
-        return task_loss + self.gates.l0_lambda * open_gates
+        objective = task_loss + self.gates.l0_lambda * open_gates
+        self.log(f"{self.prefix}/objective", objective, batch_size=size)
+        self.log(f"{self.prefix}/task_loss", task_loss, batch_size=size)
+        self.log(f"{self.prefix}/expected_open", open_gates, batch_size=size)
+        self.log(f"{self.prefix}/open", (hard_concrete.deterministic(self.log_alpha) > 0).sum().float(),
+                 batch_size=size)
+        return objective
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """The model's groups (when it trains) and the gates' own, at ``gates.lr`` without weight decay."""
@@ -82,9 +93,10 @@ GATED = {"classification": GatedClassification, "regression": GatedClassificatio
          "extractive_qa": GatedQuestionAnswering}
 
 
-def gated_module(model: Any, task: Any, mask: Any, optim: Any, gates: Any) -> TaskModule:
-    """The gated module of the task's type, from config groups (OmegaConf or plain dicts); ``model`` names the
-    fine-tuned weights (``training.checkpoints.weights_model_config``)."""
+def gated_module(model: Any, task: Any, mask: Any, optim: Any, gates: Any,
+                 weights: torch.nn.Module | None = None) -> TaskModule:
+    """The gated module of the task's type, from config groups (OmegaConf or plain dicts); ``weights``: the
+    fine-tuned model, already loaded (else the weights ``model`` names)."""
     model, task, mask, optim, gates = (OmegaConf.to_container(c, resolve=True) if OmegaConf.is_config(c) else dict(c)
                                        for c in (model, task, mask, optim, gates))
-    return GATED[task["type"]](model, task, mask, optim, gates)
+    return GATED[task["type"]](model, task, mask, optim, gates, weights)

@@ -38,18 +38,20 @@ RUNTIME_KEYS = ("logger", "group", "baseline_dir", "demo", "report", "sweep_dir"
 # Sections read by these modes only: the other modes' hashes leave them out (importance.top_k is no eval's).
 SECTION_MODES = {"importance": ("importance", "prune_curve"), "prune_curve": ("prune_curve",),
                  "features": ("features",), "cluster": ("cluster",), "compare": ("compare",), "sweep": ("sweep_heads",),
-                 "syntax": ("syntax",), "study": ("study",), "shapley": ("shapley",), "patch": ("patch",)}
+                 "syntax": ("syntax",), "study": ("study",), "shapley": ("shapley",), "patch": ("patch",),
+                 "gates": ("gates",), "optim": ("gates",)}
 
 # The modes whose per-example records carry ``task.cluster_field`` (what the statistics resample); the others'
 # hashes leave it out
-CLUSTERED_MODES = ("eval", "sweep_heads", "prune_curve", "shapley", "patch", "study")
+CLUSTERED_MODES = ("eval", "sweep_heads", "prune_curve", "shapley", "patch", "gates", "study")
 
 # Config keys that name files or job directories a job reads (as far as its mode reads that section): what
 # researchers write and may write again. ``model.name_or_path`` too, when it is a folder outside the installed
 # packages (``files.input_stamps``: reinstalling a package would otherwise run every job again).
 INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance", "mask.reference", "importance.sweep",
               "features.text_file", "cluster.features", "compare.runs", "compare.syntax", "syntax.conllu",
-              "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model", "patch.pairs")
+              "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model", "patch.pairs",
+              "gates.prune_curve")
 
 Result = dict[str, Any]
 

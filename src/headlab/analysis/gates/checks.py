@@ -1,0 +1,69 @@
+"""The checks of ``mode=gates``: no weights read, no torch imported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from headlab.analysis.jobs.checks import check_evaluation
+from headlab.errors import UserError
+from headlab.files import read_json
+
+HEAD_CLASSES = {"classification": "ForSequenceClassification", "regression": "ForSequenceClassification",
+                "extractive_qa": "ForQuestionAnswering"}  # the task's head in a saved config's "architectures"
+
+
+def check_gates(cfg: Any) -> None:
+    """The full model, a checkpoint fine-tuned for the task, a fit split that is no evaluation split, the prune
+    curve to draw beside."""
+    plan = check_evaluation(cfg)
+    if not plan.is_identity:
+        raise UserError(f"mode=gates learns gates on the full model; the mask changes heads ({plan.describe()}): "
+                        "use mask=none")
+    gates = cfg.gates
+    if gates.split in cfg.task.eval_splits and gates.split != cfg.task.train_split:
+        raise UserError(f"gates.split={gates.split} is an evaluation split of task {cfg.task.name}: the gates would "
+                        f"be scored on the examples they were fit on; fit them on {cfg.task.train_split}")
+    if gates.prune_curve is not None:
+        check_prune_curve_job(gates.prune_curve, cfg)
+    check_fine_tuned(cfg)
+
+
+def check_fine_tuned(cfg: Any) -> None:
+    """Gates learn what a model fine-tuned for the task needs: weights without the task's head (the pre-trained
+    model, ``allow_random_head`` or not) are refused before they load. A ``train.py`` job or ``.ckpt`` was checked
+    to be of this task (``locate_checkpoint``); a folder or the model's own weights say it in ``architectures``."""
+    from headlab.core.model_files import config_file
+    from headlab.training.checkpoints import locate_checkpoint
+
+    checkpoint = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task)
+    if checkpoint.kind in ("lightning", "job"):
+        return
+    if cfg.model.get("random_init"):
+        raise UserError(f"model {cfg.model.name} has random weights and ckpt_path=null: mode=gates needs a model "
+                        f"fine-tuned for task {cfg.task.name} (train.py, then ckpt_path=JOB_DIR)")
+    folder = checkpoint.path or cfg.model.name_or_path
+    config = read_json(config_file(folder), "model config")
+    wanted = HEAD_CLASSES[cfg.task.type]
+    classes = config.get("architectures") if isinstance(config, dict) else None
+    if classes and not any(str(name).endswith(wanted) for name in classes):
+        raise UserError(f"{checkpoint.describe()} ({', '.join(map(str, classes))}) have no *{wanted} head: not "
+                        f"fine-tuned for task {cfg.task.name}, and mode=gates learns which heads a fine-tuned model "
+                        "needs; fine-tune first (train.py) and pass ckpt_path=JOB_DIR")
+
+
+def check_prune_curve_job(source: str, cfg: Any) -> None:
+    """``gates.prune_curve`` is a finished ``mode=prune_curve`` job of this model and task."""
+    path = Path(source)
+    results = path / "results.json" if path.is_dir() else path
+    if not results.is_file() or not (path / "prune_curve.csv" if path.is_dir() else path.parent /
+                                     "prune_curve.csv").is_file():
+        raise UserError(f"gates.prune_curve={source!r}: not a finished mode=prune_curve job directory (it needs "
+                        "results.json and prune_curve.csv)")
+    record = read_json(results, "prune curve results")
+    if not isinstance(record, dict) or record.get("kind") != "prune_curve" or not record.get("complete"):
+        raise UserError(f"gates.prune_curve={source!r}: its results.json is not a finished mode=prune_curve job's")
+    for key, ours in (("model", cfg.model.name), ("task", cfg.task.name)):
+        if record.get(key) != ours:
+            raise UserError(f"gates.prune_curve={source!r} is a curve of {key} {record.get(key)}; this job's {key} "
+                            f"is {ours}")

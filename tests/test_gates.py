@@ -1,0 +1,95 @@
+"""ablate.py mode=gates on a tiny_random checkpoint: a fit per penalty, its gates by Louizos et al.'s formulas, its
+plan file evaluated again by mode=eval to the same records, W&B curves, and a fit killed mid-way resuming to the
+uninterrupted gates."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+from conftest import COMMON, ROOT, run, wandb_log
+
+GATES = ("mode=gates", "gates.max_examples=64", "data.batch_size=16", "gates.lr=0.3", "gates.checkpoint_every=5")
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path):
+    root, _ = trained
+    out, checkpoint = tmp_path / "gates", f"ckpt_path={root / 'train'}"
+    printed = run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.5]", checkpoint,
+                  f"hydra.run.dir={out}", "logger=wandb", cwd_tmp=root).stdout
+    data = json.loads((out / "gates.json").read_text())
+    table = pd.read_csv(out / "gates.csv")
+    assert [fit["lambda"] for fit in data["fits"]] == [0, 0.5] and data["method"] == "l0"
+    for fit in data["fits"]:
+        log_alpha = np.array(fit["log_alpha"])
+        saved = json.loads((out / "fits" / f"lambda_{fit['lambda']:g}" / "fit.json").read_text())
+        assert saved["parameters"] == fit["log_alpha"] and saved["steps"] == fit["steps"] == 30
+        assert not (out / "fits" / f"lambda_{fit['lambda']:g}" / "checkpoints").exists()  # finished: gone
+        gates = np.clip(sigmoid(log_alpha) * 1.2 - 0.1, 0.0, 1.0)  # Louizos et al.: the test-time gate
+        np.testing.assert_allclose(fit["gates"], gates, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(fit["open_probability"], sigmoid(log_alpha - 2 / 3 * np.log(0.1 / 1.1)),
+                                   rtol=1e-12)
+        assert fit["closed"] == [f"L{layer}H{head}" for layer, head in zip(*np.nonzero(gates == 0))]
+        assert fit["heads_kept"] == 12 - len(fit["closed"])
+        row = table[table["lambda"] == fit["lambda"]].iloc[0]
+        assert row["heads_pruned"] == len(fit["closed"])
+        assert row["delta"] == row["accuracy"] - row["baseline"] and row["ci_low"] <= row["delta"] <= row["ci_high"]
+    free, penalised = data["fits"]
+    assert len(penalised["closed"]) > len(free["closed"])  # the penalty closes heads the loss alone keeps
+
+    # the penalty's plan file, as the printed command gives it to mode=eval: the same records, the same baseline
+    plan = out / penalised["plan"]
+    assert f"mask=prune mask.heads=cluster:closed mask.clusters={plan}" in printed
+    labels = json.loads(plan.read_text())["labels"]
+    assert sorted(h for h, state in labels.items() if state == "closed") == sorted(penalised["closed"])
+    evaluated = tmp_path / "eval"
+    run("ablate.py", "mode=eval", "mask=prune", "mask.heads=cluster:closed", f"mask.clusters={plan}", checkpoint,
+        f"hydra.run.dir={evaluated}", cwd_tmp=root)
+    result = json.loads((evaluated / "results.json").read_text())
+    row = table[table["lambda"] == 0.5].iloc[0]
+    assert result["metrics"]["validation"]["accuracy"] == row["accuracy"]
+    assert result["metrics"]["validation"]["loss"] == row["loss"]
+    assert result["baseline"]["validation"]["accuracy"] == row["baseline"]
+    records = pd.read_parquet(out / "records.parquet")
+    mine = records[records["penalty"] == 0.5].drop(columns=["penalty", "split"], errors="ignore")
+    theirs = pd.read_parquet(evaluated / "records.parquet").drop(columns=["split"])
+    pd.testing.assert_frame_equal(mine.sort_values("id").reset_index(drop=True)[theirs.columns],
+                                  theirs.sort_values("id").reset_index(drop=True))
+
+    log = wandb_log(out)  # the objective and open-gate curves of each fit, the table
+    assert b"gates/lambda_0.5/expected_open" in log and b"gates/lambda_0/objective" in log
+    assert b"gates.table.json" in log
+    again = run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.5]", checkpoint,
+                f"hydra.run.dir={out}", "logger=wandb", cwd_tmp=root).stdout
+    assert "already done" in again
+
+
+def test_a_gate_fit_killed_mid_way_resumes_to_the_uninterrupted_gates(trained, tmp_path):
+    root, _ = trained
+    settings = (*GATES, "gates.max_steps=200", "gates.lambdas=[0.05]", f"ckpt_path={root / 'train'}", "logger=none")
+    run("ablate.py", *settings, f"hydra.run.dir={tmp_path / 'whole'}", cwd_tmp=root)
+    killed = tmp_path / "killed"
+    command = [sys.executable, str(ROOT / "ablate.py"), *COMMON, f"data.cache_dir={root / 'cache'}",
+               f"baseline_dir={root / 'baselines'}", *settings, f"hydra.run.dir={killed}"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = killed / "fits/lambda_0.05/checkpoints/last.ckpt"
+    while not last.exists() and process.poll() is None:
+        time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "results.json").exists() and not (killed / "fits/lambda_0.05/fit.json").read_text().count(
+        '"complete": true')
+    printed = run("ablate.py", *settings, f"hydra.run.dir={killed}", cwd_tmp=root).stdout
+    assert "resuming the gate fit" in printed
+    whole, resumed = (json.loads((folder / "gates.json").read_text())["fits"][0]["log_alpha"]
+                      for folder in (tmp_path / "whole", killed))
+    assert resumed == whole
