@@ -2,12 +2,14 @@
 
     python benchmarks/train_throughput.py [--task demo_pairs] [--batch 32] [--steps 20] [--rounds 5]
         [--device cpu|cuda] [--precision 32-true|bf16-mixed] [--shape tiny|minilm|bert-base|bert-large]
-        [--plan none|one_head_prune|half_uniform]
+        [--plan none|one_head_prune|half_uniform] [--gates]
 
 Both sides train the same model on the same tokenised data, batch size, precision, AdamW with
 linear warm-up and decay, and gradient clipping at 1.0. The plain side is the loop one writes by
 hand: the same batches in the same order, the transformers model (stock SDPA, no plan), forward (under autocast for
-bf16-mixed), backward, clip, step. The headlab side fine-tunes under ``--plan``. ``--shape minilm``
+bf16-mixed), backward, clip, step. The headlab side fine-tunes under ``--plan``; with ``--gates`` it fits L0 head gates
+on the frozen model instead (``mode=gates``' module: a hard concrete draw per head and step, Adam on the gates only):
+what a gate fit costs against fine-tuning the same steps. ``--shape minilm``
 is the embedded MiniLM; the BERT shapes are random weights with the tiny tokenizer (speed does not
 depend on the weights). Each round runs both, order alternating; the first ``--warmup`` steps of
 each run are not timed. The script prints the median samples/s of each side and the median of the
@@ -58,13 +60,22 @@ class StepTimer(pl.Callback):
             self.seconds = clock(self.device) - self.start
 
 
-def run_headlab(cfg, data, warmup: int, steps: int, device: torch.device, precision: str) -> float:
+GATES = {"method": "l0", "l0_lambda": 0.01, "init": 0.0, "lr": 0.1, "train_model": False}  # --gates
+
+
+def run_headlab(cfg, data, warmup: int, steps: int, device: torch.device, precision: str, gates: bool = False
+                ) -> float:
     timer = StepTimer(warmup, steps, device)
     accelerator = "gpu" if device.type == "cuda" else "cpu"
     trainer = pl.Trainer(accelerator=accelerator, devices=1, precision=precision, max_steps=warmup + steps,
                          gradient_clip_val=1.0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[timer])
-    module = task_module(cfg.model, cfg.task, cfg.mask, cfg.optim)
+    if gates:
+        from headlab.analysis.gates.gate_training import gated_module
+
+        module = gated_module(cfg.model, cfg.task, cfg.mask, cfg.optim, GATES)
+    else:
+        module = task_module(cfg.model, cfg.task, cfg.mask, cfg.optim)
     trainer.fit(module, datamodule=data)
     return steps * cfg.data.batch_size / timer.seconds
 
@@ -112,6 +123,7 @@ def main() -> None:
     add_device_arguments(parser)
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--plan", default="none", choices=list(PLANS), help="the headlab side's head plan")
+    parser.add_argument("--gates", action="store_true", help="the headlab side fits L0 gates on the frozen model")
     parser.add_argument("--task", default="demo_pairs")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
@@ -132,13 +144,16 @@ def main() -> None:
         order = ("headlab", "plain") if round_ % 2 == 0 else ("plain", "headlab")
         this = {}
         for side in order:
-            run = run_headlab if side == "headlab" else run_plain
-            this[side] = run(cfg, data, args.warmup, args.steps, device, args.precision)
+            if side == "headlab":
+                this[side] = run_headlab(cfg, data, args.warmup, args.steps, device, args.precision, args.gates)
+            else:
+                this[side] = run_plain(cfg, data, args.warmup, args.steps, device, args.precision)
             rates[side].append(this[side])
         ratios.append(this["headlab"] / this["plain"])
         print(f"round {round_}: headlab {this['headlab']:.2f} samples/s, plain {this['plain']:.2f}, "
               f"ratio {ratios[-1]:.3f}", flush=True)
-    print(f"\n{machine(device)}; {args.shape} on {args.task}, plan {args.plan}, {args.precision}, batch {args.batch}, "
+    what = "L0 gate fit (frozen model)" if args.gates else f"plan {args.plan}"
+    print(f"\n{machine(device)}; {args.shape} on {args.task}, {what}, {args.precision}, batch {args.batch}, "
           f"{args.steps} timed steps x {args.rounds} rounds")
     print(f"median samples/s: headlab {statistics.median(rates['headlab']):.2f}, "
           f"plain {statistics.median(rates['plain']):.2f}; median ratio {statistics.median(ratios):.3f} "

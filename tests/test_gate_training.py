@@ -23,7 +23,7 @@ def gated(tokenizer):
     cfg = compose_train("task=demo_pairs")
     module = gated_module(cfg.model, cfg.task, cfg.mask, cfg.optim, GATES).double()
     with torch.no_grad():  # gates that differ by head, some closed at test time
-        module.log_alpha.copy_(torch.linspace(-3.0, 3.0, module.log_alpha.numel()).view_as(module.log_alpha))
+        module.gate_logits.copy_(torch.linspace(-3.0, 3.0, module.gate_logits.numel()).view_as(module.gate_logits))
     batch = dict(tokenizer(TEXTS, PAIRS, padding=True, return_tensors="pt"), labels=torch.tensor([1, 0, 1]))
     return module, batch
 
@@ -43,8 +43,8 @@ def test_the_objective_is_the_task_loss_plus_lambda_times_the_expected_open_gate
     assert not module.model.training and module.training  # a frozen model runs without dropout
     torch.manual_seed(7)
     objective = module.training_loss(batch, module(batch))
-    mine, = torch.autograd.grad(objective, [module.log_alpha])
-    log_alpha = module.log_alpha.detach().clone().requires_grad_(True)
+    mine, = torch.autograd.grad(objective, [module.gate_logits])
+    log_alpha = module.gate_logits.detach().clone().requires_grad_(True)
     torch.manual_seed(7)  # the same uniform noise, and Louizos et al.'s draw written out
     u = torch.rand(log_alpha.shape, dtype=torch.float64) * (1 - 2e-6) + 1e-6
     s = torch.sigmoid((torch.log(u) - torch.log(1 - u) + log_alpha) / (2 / 3))
@@ -63,20 +63,21 @@ def test_evaluation_uses_the_deterministic_gates(gated):
     module.eval()
     with torch.no_grad():
         logits = module(batch).logits
-        gates = (torch.sigmoid(module.log_alpha) * 1.2 - 0.1).clamp(0, 1)
+        gates = (torch.sigmoid(module.gate_logits) * 1.2 - 0.1).clamp(0, 1)
         torch.testing.assert_close(logits, reference_logits(module, batch, gates), rtol=1e-10, atol=1e-12)
         assert (gates == 0).any() and (gates == 1).any()
 
 
 # On a model whose heads have known roles (tests/planted.py): L0 gates keep the label head and close the others.
 
-def fit_planted(gates: dict, steps: int = 200):
-    """A gated module over the planted model, its gates fit by a real Lightning fit on 512 sentences."""
+def fit_planted(gates: dict, steps: int = 200, start=None):
+    """A gated module over the planted model, its gates fit by a real Lightning fit on 512 sentences (from the logits
+    ``start``)."""
     import lightning.pytorch as pl
     from planted import MASK, MODEL, TASK, planted_batches, planted_model
     from torch.utils.data import DataLoader
 
-    module = gated_module(MODEL, TASK, MASK, {}, gates, planted_model())
+    module = gated_module(MODEL, TASK, MASK, {}, gates, planted_model(), start)
     pl.seed_everything(0)
     trainer = pl.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, accelerator="cpu", limit_val_batches=0)
@@ -105,13 +106,53 @@ def test_the_planted_heads_carry_the_label_add_noise_and_write_nothing():
 @pytest.mark.parametrize("penalty", [0.01, 0.1])
 def test_l0_gates_keep_the_label_head_and_close_the_noise_and_the_silent_head(penalty):
     module = fit_planted({"method": "l0", "l0_lambda": penalty, "init": 0.0, "lr": 0.1, "train_model": False})
-    gates = (torch.sigmoid(module.log_alpha.detach().double()) * 1.2 - 0.1).clamp(0, 1)  # Louizos et al.'s test gate
-    assert gates.tolist() == [[1.0, 0.0, 0.0]], module.log_alpha
+    gates = (torch.sigmoid(module.gate_logits.detach().double()) * 1.2 - 0.1).clamp(0, 1)  # Louizos et al.'s test gate
+    assert gates.tolist() == [[1.0, 0.0, 0.0]], module.gate_logits
 
 
 def test_without_a_penalty_only_the_noise_head_closes():
     """lambda 0: the task loss alone closes head 1 (it hurts) and opens head 0; head 2 changes no output, so no
     gradient moves its gate from where it started (half open): closing what does nothing is the penalty's work."""
     module = fit_planted({"method": "l0", "l0_lambda": 0.0, "init": 0.0, "lr": 0.1, "train_model": False})
-    gates = (torch.sigmoid(module.log_alpha.detach().double()) * 1.2 - 0.1).clamp(0, 1)
-    assert gates[0, 0] == 1.0 and gates[0, 1] == 0.0 and float(module.log_alpha[0, 2]) == 0.0
+    gates = (torch.sigmoid(module.gate_logits.detach().double()) * 1.2 - 0.1).clamp(0, 1)
+    assert gates[0, 0] == 1.0 and gates[0, 1] == 0.0 and float(module.gate_logits[0, 2]) == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_causal_head_gating_calls_the_heads_facilitating_interfering_and_irrelevant(seed):
+    """Nam et al.'s protocol on the planted model: a free fit from uniform gates, then from it one fit pushed toward
+    retention (G+) and one toward removal (G-); the label head keeps both high, the noise head both low, the silent
+    head goes where it is pushed."""
+    from headlab.analysis.gates.chg_run import head_classes, uniform_logits
+
+    def stage(weight, start):
+        chg = {"method": "chg", "chg_lambda": weight, "lr": 1.0, "train_model": False}
+        return fit_planted(chg, steps=100, start=start).gate_logits.detach().double()
+
+    free = stage(0.0, torch.as_tensor(uniform_logits(seed, (1, 3))))
+    retain, remove = torch.sigmoid(stage(0.1, free)), torch.sigmoid(stage(-0.1, free))
+    classes = head_classes(retain.numpy(), remove.numpy(), 0.5)
+    assert classes.tolist() == [["facilitating", "interfering", "irrelevant"]], (retain, remove)
+
+
+def test_the_chg_objective_is_the_task_loss_minus_lambda_times_the_mean_clipped_logit(gated):
+    """The regulariser written out: - lambda x mean(clamp(logits, -4, 4)); the gates are the logits' sigmoid in
+    training and in evaluation."""
+    module, batch = gated
+    chg = gated_module(module.model_cfg, module.task, module.mask, module.optim,
+                       {"method": "chg", "chg_lambda": -0.3, "lr": 1.0, "train_model": False}, module.model,
+                       module.gate_logits.detach() * 2)  # logits -6 .. 6: some beyond the clip
+    chg.train()
+    objective = chg.training_loss(batch, chg(batch))
+    mine, = torch.autograd.grad(objective, [chg.gate_logits])
+    logits = chg.gate_logits.detach().clone().requires_grad_(True)
+    task_loss = torch.nn.functional.cross_entropy(reference_logits(chg, batch, torch.sigmoid(logits)), batch["labels"])
+    expected = task_loss + 0.3 * logits.clamp(-4, 4).mean()
+    gradient, = torch.autograd.grad(expected, [logits])
+    assert float(objective.detach()) == pytest.approx(float(expected.detach()), rel=1e-10)
+    torch.testing.assert_close(mine, gradient, rtol=1e-8, atol=1e-12)
+    assert (logits.abs() > 4).any()
+    chg.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(chg(batch).logits, reference_logits(chg, batch, torch.sigmoid(logits)),
+                                   rtol=1e-10, atol=1e-12)

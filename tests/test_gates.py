@@ -93,3 +93,42 @@ def test_a_gate_fit_killed_mid_way_resumes_to_the_uninterrupted_gates(trained, t
     whole, resumed = (json.loads((folder / "gates.json").read_text())["fits"][0]["log_alpha"]
                       for folder in (tmp_path / "whole", killed))
     assert resumed == whole
+
+
+def test_causal_head_gating_classes_stability_and_plans(trained, tmp_path):
+    """gates.method=chg: two fits of three stages; every head's class from its G+ and G- (the sigmoid of each stage's
+    logits, averaged over the fits) by Nam et al.'s rule, the stability by hand, a class's plan file in mode=eval."""
+    root, _ = trained
+    out, checkpoint = tmp_path / "chg", f"ckpt_path={root / 'train'}"
+    run("ablate.py", *GATES, "gates.method=chg", "gates.max_steps=10", "gates.chg_fits=2", checkpoint,
+        f"hydra.run.dir={out}", cwd_tmp=root)
+    heads = pd.read_csv(out / "heads.csv")
+    gates = {(k, stage): sigmoid(np.array(json.loads((out / f"fits/fit{k}/{stage}/fit.json").read_text())[
+        "parameters"])) for k in range(2) for stage in ("free", "retain", "remove")}
+    start = json.loads((out / "fits/fit1/retain/fit.json").read_text())
+    assert start["steps"] == 10 and start["settings"]["chg_lambda"] == 0.1
+    assert json.loads((out / "fits/fit1/remove/fit.json").read_text())["settings"]["chg_lambda"] == -0.1
+
+    def classes(plus, minus):
+        return np.where((plus >= 0.5) & (minus >= 0.5), "facilitating", np.where(
+            (plus < 0.5) & (minus < 0.5), "interfering", np.where(plus >= 0.5, "irrelevant", "inconsistent")))
+
+    plus = (gates[(0, "retain")] + gates[(1, "retain")]) / 2
+    minus = (gates[(0, "remove")] + gates[(1, "remove")]) / 2
+    np.testing.assert_allclose(heads["g_retain"], plus.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(heads["g_remove"], minus.ravel(), rtol=1e-12)
+    assert list(heads["class"]) == list(classes(plus, minus).ravel())
+    stable = ((classes(gates[(0, "retain")], gates[(0, "remove")]) == classes(plus, minus)) &
+              (classes(gates[(1, "retain")], gates[(1, "remove")]) == classes(plus, minus)))
+    record = json.loads((out / "chg.json").read_text())
+    assert record["stability"] == stable.mean() and list(heads["stable"]) == list(stable.ravel())
+    assert (plus >= minus).mean() > 0.5  # pushed toward 1, the gates end above where pushed toward 0
+
+    table = pd.read_csv(out / "chg.csv")
+    row = table.iloc[0]
+    name = row["plan"].removeprefix("prune_")
+    evaluated = tmp_path / "eval"
+    run("ablate.py", "mode=eval", "mask=prune", f"mask.heads=cluster:{name}", f"mask.clusters={out / 'heads_chg.json'}",
+        checkpoint, f"hydra.run.dir={evaluated}", cwd_tmp=root)
+    result = json.loads((evaluated / "results.json").read_text())["metrics"]["validation"]
+    assert result["loss"] == row["loss"] and row["heads"] == (heads["class"] == name).sum()

@@ -24,6 +24,12 @@ def check_gates(cfg: Any) -> None:
     if gates.split in cfg.task.eval_splits and gates.split != cfg.task.train_split:
         raise UserError(f"gates.split={gates.split} is an evaluation split of task {cfg.task.name}: the gates would "
                         f"be scored on the examples they were fit on; fit them on {cfg.task.train_split}")
+    if gates.method == "chg" and gates.train_model:
+        raise UserError("gates.train_model=true is Voita et al.'s setting (gates.method=l0); causal head gating learns "
+                        "its gates on the frozen model")
+    if gates.method == "chg" and gates.prune_curve is not None:
+        raise UserError("gates.prune_curve is drawn beside L0 gates' curve (gates.method=l0); causal head gating "
+                        "draws none")
     if gates.prune_curve is not None:
         check_prune_curve_job(gates.prune_curve, cfg)
     check_fine_tuned(cfg)

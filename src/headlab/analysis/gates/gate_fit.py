@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from headlab.analysis.gates.gate_training import gated_module
+from headlab.analysis.gates.schema import method_setting
 from headlab.analysis.jobs.eval_job import EvalJob, estimation_task
 from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.training.checkpoint_loading import load_checkpoint
@@ -45,7 +46,17 @@ class GateFit:
 
     parameters: np.ndarray
     steps: int
+    key: str
     model: torch.nn.Module | None = None
+
+
+def fit_settings(cfg: Any, name: str, **method: Any) -> dict[str, Any]:
+    """What a fit named ``name`` learns with: the ``gates`` section's settings (the method's learning rate and steps
+    where null) and the fit's own (``method``: its penalty)."""
+    gates = cfg.gates
+    return {"method": gates.method, "train_model": gates.train_model, "init": gates.init, "split": gates.split,
+            "max_examples": gates.max_examples, "lr": method_setting(gates, "lr"),
+            "max_steps": method_setting(gates, "max_steps"), **method, "log_prefix": f"gates/{name}"}
 
 
 def fit_key(job: EvalJob, settings: dict[str, Any]) -> str:
@@ -69,12 +80,12 @@ def fit_data(job: EvalJob) -> TaskDataModule:
     return data
 
 
-def fit_trainer(job: EvalJob, checkpoints: Path, logger: Any) -> pl.Trainer:
-    """The job's trainer settings for ``gates.max_steps`` steps without validation, a checkpoint every
+def fit_trainer(job: EvalJob, steps: int, checkpoints: Path, logger: Any) -> pl.Trainer:
+    """The job's trainer settings for ``steps`` steps without validation, a checkpoint every
     ``gates.checkpoint_every`` steps."""
     gates, trainer = job.cfg.gates, job.cfg.trainer
     arguments = OmegaConf.to_container(trainer, resolve=True) | {
-        "max_steps": gates.max_steps, "max_epochs": -1, "limit_val_batches": 0, "num_sanity_val_steps": 0,
+        "max_steps": steps, "max_epochs": -1, "limit_val_batches": 0, "num_sanity_val_steps": 0,
         "val_check_interval": 1.0, "check_val_every_n_epoch": 1, "enable_model_summary": False,
         "log_every_n_steps": min(trainer.log_every_n_steps or 50, gates.checkpoint_every)}
     last = ModelCheckpoint(dirpath=checkpoints, filename="last", monitor=None, save_top_k=1,
@@ -85,10 +96,12 @@ def fit_trainer(job: EvalJob, checkpoints: Path, logger: Any) -> pl.Trainer:
                         job.output_dir)
 
 
-def fit_gates(job: EvalJob, data: TaskDataModule, folder: Path, settings: dict[str, Any], logger: Any) -> GateFit:
-    """The gates of ``settings`` (the ``gates`` section with this fit's penalty) learned on ``data``'s training split,
-    or the finished fit in ``folder`` when its key is this fit's."""
-    key = fit_key(job, settings)
+def fit_gates(job: EvalJob, data: TaskDataModule, folder: Path, settings: dict[str, Any], logger: Any,
+              start: np.ndarray | None = None, start_key: str | None = None) -> GateFit:
+    """The gates of ``settings`` (``fit_settings``) learned on ``data``'s training split, or the finished fit in
+    ``folder`` when its key is this fit's. ``start``: the logits to start from (``start_key`` says what made them:
+    its part of the fit's key); default ``gates.init`` everywhere."""
+    key = fit_key(job, {**settings, "start": start_key})
     done = folder / FIT_FILE
     record = read_json(done, "gate fit") if done.is_file() else {}
     if record.get("key") == key and record.get("complete"):
@@ -105,10 +118,11 @@ def fit_gates(job: EvalJob, data: TaskDataModule, folder: Path, settings: dict[s
     cfg = job.cfg
     pl.seed_everything(cfg.seed, workers=True)
     weights = copy.deepcopy(job.model) if settings["train_model"] else job.model  # the job's model stays as loaded
-    module = gated_module(cfg.model, cfg.task, cfg.mask, cfg.optim, settings, weights)
-    trainer = fit_trainer(job, checkpoints, logger)
+    module = gated_module(cfg.model, cfg.task, cfg.mask, cfg.optim, settings, weights,
+                          None if start is None else torch.as_tensor(start))
+    trainer = fit_trainer(job, settings["max_steps"], checkpoints, logger)
     trainer.fit(module, datamodule=data, ckpt_path=resume)
-    parameters = module.log_alpha.detach().cpu().double().numpy()
+    parameters = module.gate_logits.detach().cpu().double().numpy()
     if job.is_global_zero:
         if settings["train_model"]:
             save_final_weights(module.model, _tokenizer(job), folder / "model")
@@ -116,14 +130,14 @@ def fit_gates(job: EvalJob, data: TaskDataModule, folder: Path, settings: dict[s
                                  "parameters": parameters.tolist()})
         shutil.rmtree(checkpoints, ignore_errors=True)  # fit.json holds what a finished fit learned
     module.model.eval()
-    return GateFit(parameters, trainer.global_step, module.model if settings["train_model"] else None)
+    return GateFit(parameters, trainer.global_step, key, module.model if settings["train_model"] else None)
 
 
 def _finished(job: EvalJob, folder: Path, record: dict[str, Any]) -> GateFit:
     model = None
     if record["settings"]["train_model"]:
         model = load_checkpoint(Checkpoint("pretrained", str(folder / "model")), job.cfg.model, job.cfg.task)
-    return GateFit(np.array(record["parameters"], dtype=float), record["steps"], model)
+    return GateFit(np.array(record["parameters"], dtype=float), record["steps"], record["key"], model)
 
 
 def _tokenizer(job: EvalJob) -> Any:

@@ -36,20 +36,18 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from headlab.analysis.gates import hard_concrete
-from headlab.analysis.gates.gate_fit import GateFit, fit_data, fit_gates
+from headlab.analysis.gates.gate_fit import GateFit, fit_data, fit_gates, fit_settings
+from headlab.analysis.gates.gate_reports import eval_command, evaluate_plans, labels_file, paired_table
 from headlab.analysis.importance.prune_curve import prune_plan
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
-from headlab.analysis.jobs.plan_evaluator import PlanEvaluator, Variant
+from headlab.analysis.jobs.plan_evaluator import Variant
 from headlab.core.head_names import head_name
 from headlab.core.model_files import architecture, model_shape
-from headlab.core.plans import HeadPlan
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import head_plots, plots
 from headlab.reporting.layouts import to_markdown
-from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.tasks.record_metrics import metrics_from_records
-from headlab.training.finetune import pasteable
 from headlab.training.tracking import log_artifacts
 
 
@@ -69,73 +67,21 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     shape = model_shape(cfg.model)
     job = EvalJob(cfg, identity, plans=[prune_plan(["L0H0"], shape)])
     data = fit_data(job)
-    base = OmegaConf.to_container(cfg.gates, resolve=True)
     fits = {}
     for index, penalty in enumerate(cfg.gates.lambdas):
-        settings = {**{k: base[k] for k in ("method", "train_model", "init", "lr", "max_steps", "split",
-                                           "max_examples")},
-                    "l0_lambda": penalty, "log_prefix": f"gates/{fit_name(penalty)}"}
+        settings = fit_settings(cfg, fit_name(penalty), l0_lambda=penalty)
         if job.is_global_zero:
             Console().print(f"gate fit {index + 1} of {len(cfg.gates.lambdas)}: lambda {penalty:g}, "
-                            f"{cfg.gates.max_steps} steps", markup=False, soft_wrap=True)
+                            f"{settings['max_steps']} steps", markup=False, soft_wrap=True)
         fits[penalty] = fit_gates(job, data, identity.output_dir / "fits" / fit_name(penalty), settings, job.logger)
-    records, baseline = evaluate(job, fits, shape)
+    variants = [Variant(fit_name(p), prune_plan(closed_heads(fit.parameters), shape)) for p, fit in fits.items()]
+    models = {fit_name(p): fit.model for p, fit in fits.items()} if cfg.gates.train_model else None
+    records, baseline = evaluate_plans(job, variants, models)
     summary = {}
     if job.is_global_zero:
         summary = write_gates(cfg, job, fits, records, baseline, shape)
     job.finish()
     return summary
-
-
-def evaluate(job: EvalJob, fits: dict[float, GateFit], shape: tuple[int, int]) -> tuple[dict, dict]:
-    """``{(penalty, split): records}`` of each penalty's pruned model, and the baseline's per split. Frozen gates
-    share the job's model: every plan in one pass. Gates trained with the model: the baseline first (the job's
-    weights), then each penalty's own weights under its plan."""
-    variants = {penalty: Variant(fit_name(penalty), prune_plan(closed_heads(fit.parameters), shape))
-                for penalty, fit in fits.items()}
-    if not job.cfg.gates.train_model:
-        records, baseline = job.evaluate(list(variants.values()))
-        return {(p, split): records[(v.name, split)] for p, v in variants.items() for split in baseline}, baseline
-    _, baseline = job.evaluate([Variant("baseline", HeadPlan.keep_all(*shape))])  # cached from here on
-    found = {}
-    for penalty, variant in variants.items():
-        def trained(chosen, extra, model=fits[penalty].model):
-            if extra:  # the baseline is of the job's weights, never of weights trained with gates
-                raise RuntimeError("the baseline must be cached before gates trained with the model are evaluated")
-            return PlanEvaluator(model, job.cfg.task, chosen, job.data.eval_examples, job.substitutes)
-
-        records, _ = job.evaluate([variant], trained)
-        found |= {(penalty, split): records[(variant.name, split)] for split in baseline}
-    return found, baseline
-
-
-def statistics(cfg: Any, records: dict, baseline: dict, penalties: list[float]) -> pd.DataFrame:
-    """One row per penalty and split: the metrics, and the main metric's paired change with CI and p-values."""
-    report = cfg.report
-    resampling = Resampling(report.resamples, report.permutations, report.confidence, report.ci_method, report.seed)
-    metric = cfg.task.main_metric
-    rows = []
-    for split, base in baseline.items():
-        tests = paired_tests(metric, [records[(p, split)] for p in penalties], base, resampling,
-                             [fit_name(p) for p in penalties])
-        adjusted = adjust_p_values([t.p_value for t in tests], report.correction)
-        for penalty, test, p_adjusted in zip(penalties, tests, adjusted):
-            metrics = metrics_from_records(records[(penalty, split)], cfg.task)
-            rows.append({"lambda": penalty, "split": split, **metrics, "baseline": test.baseline,
-                         "delta": test.delta, "ci_low": test.ci_low, "ci_high": test.ci_high, "p_value": test.p_value,
-                         "p_adjusted": float(p_adjusted)})
-    return pd.DataFrame(rows)
-
-
-def heads_file(cfg: Any, job: EvalJob, penalty: float, parameters: np.ndarray, path: Path) -> Path:
-    """The heads' states as a clusters file (``open`` / ``closed``), of this model and checkpoint."""
-    closed = set(closed_heads(parameters))
-    layers, heads = parameters.shape
-    labels = {head_name(i, j): "closed" if head_name(i, j) in closed else "open"
-              for i in range(layers) for j in range(heads)}
-    return write_json_atomic(path, {"labels": labels, "shape": [layers, heads], "model": cfg.model.name,
-                                    "architecture": architecture(cfg.model), "task": cfg.task.name,
-                                    "checkpoint": job.checkpoint_record(), "method": "l0", "lambda": penalty})
 
 
 def write_gates(cfg: Any, job: EvalJob, fits: dict[float, GateFit], records: dict, baseline: dict,
@@ -144,7 +90,9 @@ def write_gates(cfg: Any, job: EvalJob, fits: dict[float, GateFit], records: dic
     out, metric = job.output_dir, cfg.task.main_metric
     penalties = list(fits)
     split = job.data.eval_splits[0]
-    table = statistics(cfg, records, baseline, penalties)
+    table = paired_table(cfg, records, baseline, [fit_name(p) for p in penalties], "fit")
+    table.insert(0, "lambda", [penalties[[fit_name(p) for p in penalties].index(name)] for name in table["fit"]])
+    table = table.drop(columns=["fit"])
     total = shape[0] * shape[1]
     pruned = {p: closed_heads(fits[p].parameters) for p in penalties}
     table.insert(1, "heads_pruned", [len(pruned[p]) for p in table["lambda"]])
@@ -155,24 +103,26 @@ def write_gates(cfg: Any, job: EvalJob, fits: dict[float, GateFit], records: dic
     for penalty in penalties:
         fit, name = fits[penalty], fit_name(penalty)
         gates = hard_concrete.deterministic(torch.as_tensor(fit.parameters)).numpy()
-        plan_path = heads_file(cfg, job, penalty, fit.parameters, out / f"heads_{name}.json")
+        labels = {head_name(i, j): "closed" if gates[i, j] == 0 else "open"
+                  for i in range(shape[0]) for j in range(shape[1])}
+        plan_path = labels_file(cfg, job, labels, out / f"heads_{name}.json", method="l0", penalty=penalty)
         files.append(plan_path.name)
         rows = table[table["lambda"] == penalty]
         weights = out / "fits" / name / "model" if cfg.gates.train_model else None
-        command = eval_command(cfg, pruned[penalty], plan_path, weights)
         entries.append({
             "lambda": penalty, "steps": fit.steps, "log_alpha": fit.parameters.tolist(), "gates": gates.tolist(),
             "open_probability": hard_concrete.open_probability(torch.as_tensor(fit.parameters)).numpy().tolist(),
             "closed": pruned[penalty], "heads_kept": total - len(pruned[penalty]),
             "fractional": int(((gates > 0) & (gates < 1)).sum()), "plan": plan_path.name,
-            "weights": None if weights is None else str(weights), "eval_command": command,
+            "weights": None if weights is None else str(weights),
+            "eval_command": eval_command(cfg, "closed", bool(pruned[penalty]), plan_path, weights),
             "results": rows.drop(columns=["lambda"]).to_dict("records")})
         main = rows[rows["split"] == split].iloc[0]
         lines.append(f"lambda {penalty:g}: {len(pruned[penalty])}/{total} heads pruned, {split} {metric} "
                      f"{main[metric]:.4f} (baseline {main['baseline']:.4f}, change {main['delta']:+.4f}, "
                      f"CI [{main['ci_low']:+.4f}, {main['ci_high']:+.4f}])")
     records_file = pd.concat([baseline[split].assign(penalty=np.nan)] +
-                             [records[(p, split)].assign(penalty=p) for p in penalties], ignore_index=True)
+                             [records[(fit_name(p), split)].assign(penalty=p) for p in penalties], ignore_index=True)
     write_frame_atomic(records_file, out / "records.parquet")
     images = _figures(cfg, job, fits, table, split)
     base_metrics = {s: metrics_from_records(rows, cfg.task) for s, rows in baseline.items()}
@@ -192,16 +142,6 @@ def write_gates(cfg: Any, job: EvalJob, fits: dict[float, GateFit], records: dic
     lines.append(f"-> {out / 'gates.csv'}, {out / 'gates.json'}")
     Console().print("\n".join(lines), markup=False, soft_wrap=True)
     return summary
-
-
-def eval_command(cfg: Any, pruned: list[str], plan_path: Path, weights: Path | None) -> str:
-    """The ``mode=eval`` command that scores a penalty's pruned model again (``...``: the job's model, task and data
-    settings)."""
-    checkpoint = pasteable("ckpt_path", weights.absolute()) if weights is not None else (
-        "" if cfg.ckpt_path is None else pasteable("ckpt_path", Path(cfg.ckpt_path).absolute()))
-    mask = ("mask=prune mask.heads=cluster:closed " + pasteable("mask.clusters", plan_path.absolute())) if pruned \
-        else "mask=none"
-    return " ".join(part for part in ("python ablate.py mode=eval ...", checkpoint, mask) if part)
 
 
 def _figures(cfg: Any, job: EvalJob, fits: dict[float, GateFit], table: pd.DataFrame, split: str) -> dict[str, Path]:
