@@ -96,14 +96,14 @@ def _reference_attention(state: dict) -> Callable:
                 if state["record"] is not None:
                     state["record"].append((depth, b, h, weights.detach().clone()))
                 context = weights @ value[b, h]  # [seq, head_dim]
-                if policy in ("mean", "resample"):  # no attention: the context comes from elsewhere
+                if policy in ("mean", "resample", "optimal"):  # no attention: the context comes from elsewhere
                     context = context + state["substitutes"](depth, b, h, policy)
                 if state["contexts"] is not None:
                     state["contexts"][depth, b, h] = context.detach().clone()
                 if state["toward"] is not None:  # gate * (z + step * (z' - z)), z' under the policy
                     policy, gates, steps = state["toward"]
                     alternative = head_attention(scores, valid, units, policy, state["renormalize"]) @ value[b, h]
-                    if policy in ("mean", "resample"):
+                    if policy in ("mean", "resample", "optimal"):
                         alternative = alternative + state["substitutes"](depth, b, h, policy)
                     context = gates[b, depth, h] * (context + steps[b, depth, h] * (alternative - context))
                 out[b, h] = context

@@ -37,7 +37,7 @@ def head_attention(scores, valid, units, policy, renormalize):
     (non-padding keys); units: ``[n]`` unit ids (or None).
     """
     n = scores.shape[0]
-    if policy in ("prune", "mean", "resample"):  # mean / resample: no attention; the context comes from elsewhere
+    if policy in ("prune", "mean", "resample", "optimal"):  # substituted: no attention; the context comes from elsewhere
         return torch.zeros(n, n, dtype=scores.dtype)
     if policy == "uniform":
         return valid.double() / valid.sum(-1, keepdim=True).clamp(min=1)
@@ -115,11 +115,11 @@ def bert_forward(params, config, input_ids, attention_mask, token_type_ids, poli
                     record["attention"].append((layer, b, h, nudge))
                 gate = 1.0 if gates is None else gates[b, layer, h]
                 own = policy_of(layer, h)
-                put = substitutes(layer, b, h, own) if own in ("mean", "resample") else 0.0  # [n, head_dim]
+                put = substitutes(layer, b, h, own) if own in ("mean", "resample", "optimal") else 0.0  # [n, head_dim]
                 context[b, :, cols] = gate * (attention @ v[b, :, cols] + put)
                 for policy, other in others.items():
                     with torch.no_grad():
-                        taken = substitutes(layer, b, h, policy) if policy in ("mean", "resample") else 0.0
+                        taken = substitutes(layer, b, h, policy) if policy in ("mean", "resample", "optimal") else 0.0
                         other[b, :, cols] = head_attention(scores, valid, units, policy, renormalize) @ v[b, :, cols] \
                             + taken
         if record is not None:

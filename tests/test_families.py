@@ -43,6 +43,16 @@ def substituted(model, rows) -> tuple:
     return means, head_sources, substitutes_from(reference_contexts(model, rows), rows["attention_mask"], SOURCES)[0]
 
 
+def with_constants(model, rows, substitutes) -> tuple:
+    """Random constants ``[layers, heads, head_dim]`` for ``optimal`` heads, and ``substitutes`` extended with them."""
+    heads = model.config.num_attention_heads
+    shape = (model.config.num_hidden_layers, heads, model.config.hidden_size // heads)
+    constants = torch.randn(shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    seq = rows["input_ids"].shape[1]
+    return constants, lambda depth, b, h, policy: (constants[depth, h].expand(seq, shape[2]) if policy == "optimal"
+                                                   else substitutes(depth, b, h, policy))
+
+
 def expected(model, plan, rows, renormalize, policy_of=None, substitutes=None) -> torch.Tensor:
     with torch.no_grad(), reference_of(model, policy_of or plan.policy_of, rows["sentence_ids"], renormalize,
                                        substitutes=substitutes) as ref:
@@ -73,7 +83,8 @@ def test_every_policy_on_all_heads_equals_the_reference(family, policy, renormal
     _, model = family
     rows, plan = batch(), plan_of([{"heads": "all", "policy": policy}], model)
     means, head_sources, substitutes = substituted(model, rows)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+    constants, substitutes = with_constants(model, rows, substitutes)
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means, constants=constants):
         out = model(**model_inputs(rows), sentence_ids=rows["sentence_ids"], head_sources=head_sources
                     ).last_hidden_state
     reference = expected(model, plan, rows, renormalize, substitutes=substitutes)
@@ -256,6 +267,45 @@ def test_gates_multiply_each_heads_context_after_the_plan(classifier, rules, per
     torch.testing.assert_close(logits, expected_logits, rtol=1e-9, atol=1e-12, msg=name)
     torch.testing.assert_close(mine, gradient if per_row else gradient.sum(0), rtol=1e-7, atol=1e-10, msg=name)
     assert gradient.abs().max() > 1e-6 and (values != 1).any()  # the gates matter: the comparison can fail
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["one plan", "a head per row"])
+def test_optimal_heads_take_their_constants_and_train_them(classifier, per_row):
+    """``optimal`` heads (``ablate(constants=)``): the head's context is its constant at every token, beside other
+    policies, and the loss's gradient by the constants (what optimal ablation trains on) is the family's own float64
+    forward's. Per-row plans replace one head per row (the training's batches)."""
+    name, model = classifier
+    rows, labels = batch(), torch.tensor([1, 0, 1])
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    width = model.config.hidden_size // heads
+    values = torch.randn((layers, heads, width), generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    constants = values.clone().requires_grad_(True)
+    if per_row:
+        chosen = ["L0H1", "L1H2", "L2H3"]
+        plans = [plan_of([{"heads": head, "policy": "optimal"}], model) for head in chosen]
+        plan_ids = torch.tensor([0, 1, 2])
+    else:
+        plans = plan_of([{"heads": "L0H1,L2", "policy": "optimal"}, {"heads": "L1H0", "policy": "prune"}], model)
+    with headlab.ablate(model, plans, constants=constants):
+        extra = {"plan_ids": plan_ids} if per_row else {}
+        logits = model(**model_inputs(rows), **extra).logits
+    mine, = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"), [constants])
+    reference_constants = values.clone().requires_grad_(True)
+    expected_rows = []
+    for row in range(3):
+        plan = plans[row] if per_row else plans
+        one = {key: value[row : row + 1] for key, value in rows.items()}
+        seq = one["input_ids"].shape[1]
+        put = lambda depth, b, h, policy: reference_constants[depth, h].expand(seq, width)  # noqa: E731
+        with reference_of(model, plan.policy_of, None, False, substitutes=put) as reference:
+            expected_rows.append(reference(**model_inputs(one)).logits)
+    expected_logits = torch.cat(expected_rows)
+    gradient, = torch.autograd.grad(torch.nn.functional.cross_entropy(expected_logits, labels, reduction="sum"),
+                                    [reference_constants])
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-9, atol=1e-12, msg=name)
+    torch.testing.assert_close(mine, gradient, rtol=1e-7, atol=1e-10, msg=name)
+    touched = gradient.abs().sum(-1) > 0  # [layers, heads]: only the optimal heads' constants get a gradient
+    assert touched.sum() == (3 if per_row else 1 + heads) and gradient.abs().max() > 1e-6
 
 
 def test_task_models_take_unit_and_plan_ids_to_every_layer(classifier):

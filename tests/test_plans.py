@@ -55,7 +55,7 @@ def test_rules_apply_in_order_later_wins():
     assert plan.heads_with("prune") == [(0, 1), (2, 1), (2, 2)]
     assert plan.layer_groups(2) == {"drop_inter": [0], "prune": [1, 2], "keep": [3]}
     assert plan.counts() == {"keep": 6, "prune": 3, "uniform": 2, "drop_intra": 0, "drop_inter": 1, "mean": 0,
-                             "resample": 0}
+                             "resample": 0, "optimal": 0}
     assert plan.to_dict()["policies"]["L2H0"] == "drop_inter"
     assert plan.to_dict()["rules"][1] == {"heads": "L2H3", "policy": "keep"}
 

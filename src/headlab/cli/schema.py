@@ -167,6 +167,7 @@ class MaskConfig:
     clusters: str | None = None  # clusters JSON, for cluster:NAME
     importance: str | None = None  # importance JSON, for top:K / bottom:K
     importance_estimator: str | None = None  # which of the file's estimators top:/bottom: use (null: "importance")
+    constants: str | None = None  # optimal: the constants file a mode=gates gates.method=optimal job writes
     reference: str = "validation"  # mean / resample: train | validation (the first eval split) | a data FILE
     reference_examples: int = 512  # the reference set: the first N examples of mask.reference
     mean_over: str = "tokens"  # mean: over every non-padding token, or per position (fixed-template inputs)

@@ -41,11 +41,11 @@ def check_mask(mask: Any) -> None:
 
 
 def plan_from_mask(mask: Any, num_layers: int, num_heads: int, model: Any = None) -> HeadPlan:
-    """The mask's plan for a model of this shape; given ``model`` (the job's model config), a clusters or importance
-    file that names another model or architecture (as headlab's jobs write them) is a ``UserError``: heads of a model
-    of the same shape (BERT-base and RoBERTa-base: 12 x 12) are other heads."""
+    """The mask's plan for a model of this shape; given ``model`` (the job's model config), a clusters, importance or
+    constants file that names another model or architecture (as headlab's jobs write them) is a ``UserError``: heads
+    of a model of the same shape (BERT-base and RoBERTa-base: 12 x 12) are other heads."""
     if model is not None:
-        for key in ("clusters", "importance"):
+        for key in ("clusters", "importance", "constants"):
             source = mask.get(key)
             data = read_json(source, key) if isinstance(source, str) else None
             if isinstance(data, dict):

@@ -30,8 +30,9 @@ from headlab.core.head_files import load_clusters, load_importance
 from headlab.core.head_names import head_index, head_name
 from headlab.errors import UserError
 
-POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter", "mean", "resample")
-SUBSTITUTED = ("mean", "resample")  # policies whose context vector comes from elsewhere (core/substitutes)
+POLICIES = ("keep", "prune", "uniform", "drop_intra", "drop_inter", "mean", "resample", "optimal")
+SUBSTITUTED = ("mean", "resample", "optimal")  # policies whose context vector comes from elsewhere (core/substitutes)
+REFERENCED = ("mean", "resample")  # substituted from a reference set (optimal: from a constants file)
 MEAN_OVER = ("tokens", "positions")  # what a mean head's mean is over (headlab.head_means)
 UNITS = ("sentence", "segment")
 ESTIMABLE = ("prune", "uniform", "drop_intra", "drop_inter", "mean", "resample")  # with a first-order estimate

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 SYMBOLS = {"keep": "✓", "prune": "✗", "uniform": "1/L", "drop_intra": "-intra", "drop_inter": "-inter", "mean": "μ",
-           "resample": "↻"}
+           "resample": "↻", "optimal": "c*"}
 
 
 def significance(p_adjusted: float) -> str:

@@ -164,8 +164,8 @@ def prune_curve(rows: pd.DataFrame, metric: str, threshold: float, title: str, p
 def gates_curve(points: pd.DataFrame, metric: str, title: str, path: Path, formats: Sequence[str] = ("png",),
                 curve: pd.DataFrame | None = None, chance: float | None = None) -> list[Path]:
     """The metric against heads pruned by learned gates: one point per penalty (``lambda``, ``heads_pruned``,
-    ``metric``, ``ci_low`` / ``ci_high`` of the metric), with ``curve`` (a prune curve's rows: ``order``,
-    ``seed``, ``heads_pruned``, ``metric``) drawn beside: its importance order and its random orders."""
+    ``metric``, ``ci_low`` / ``ci_high`` of the metric, ``baseline``: a line), with ``curve`` (a prune curve's rows:
+    ``order``, ``seed``, ``heads_pruned``, ``metric``) drawn beside: its importance order and its random orders."""
     figure, axes = plt.subplots(figsize=(5.5, 4.0))
     if curve is not None and len(curve):
         random = curve[curve["order"] == "random"]
@@ -182,6 +182,7 @@ def gates_curve(points: pd.DataFrame, metric: str, title: str, path: Path, forma
     for _, row in points.iterrows():
         axes.annotate(f"{row['lambda']:g}", (row["heads_pruned"], row[metric]), textcoords="offset points",
                       xytext=(4, 4), fontsize=7)
+    axes.axhline(points["baseline"].iloc[0], color="grey", linewidth=0.8, label="unablated")
     if chance is not None and np.isfinite(chance):
         axes.axhline(chance, color="black", linestyle=":", linewidth=0.8, label=f"chance ({chance:.4g})")
     axes.set_xlabel("heads pruned")

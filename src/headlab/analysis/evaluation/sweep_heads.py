@@ -55,8 +55,9 @@ class LayerSweepEvaluator(PlanEvaluator):
 
     def __init__(self, model, task, layer: int, variants: list[Variant], examples: dict[str, Any],
                  per_forward: int = 0, baseline: Variant | None = None, substitutes: Any = None,
-                 inputs: LayerInputs | None = None):
-        super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples, substitutes)
+                 inputs: LayerInputs | None = None, constants: Any = None):
+        super().__init__(model, task, [*variants, *([baseline] if baseline else [])], examples, substitutes,
+                         constants)
         self.layer, self.sweep, self.baseline = layer, list(variants), baseline
         self.per_forward = per_forward  # 0: chosen by device in the first step
         self.inputs = inputs  # the layers' unablated inputs kept between a sweep's layer passes (None: not kept)
@@ -155,7 +156,8 @@ class LayerSweepEvaluator(PlanEvaluator):
         """The swept layer's self-attention output with every head under the plans' policy: heads are computed
         independently, so a plan's output takes its heads' columns from here and the others' from the kept one."""
         try:
-            with ablate(self.model, self.every_head, self.sweep[0].renormalize, means=self.means), \
+            with ablate(self.model, self.every_head, self.sweep[0].renormalize, means=self.means,
+                        constants=self.constants), \
                     start_at_layer(self.model, self.layer, hidden), \
                     self_attention_output(self.model, self.layer, _Stopped) as seen:
                 self.model(**inputs)
@@ -206,7 +208,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
                           markup=False)
         replay = None if not replays else (lambda chosen, extra, layer=group: LayerSweepEvaluator(
             job.model, cfg.task, layer, chosen, job.data.eval_examples, cfg.sweep.heads_per_batch,
-            extra[0] if extra else None, job.substitutes, inputs))
+            extra[0] if extra else None, job.substitutes, inputs, job.constants))
         records, baseline = job.evaluate(variants, replay)
         done = []
         for variant in variants:

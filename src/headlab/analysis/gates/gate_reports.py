@@ -35,7 +35,7 @@ def evaluate_plans(job: EvalJob, variants: list[Variant], models: dict[str, torc
         def trained(chosen, extra, model=models[variant.name]):
             if extra:  # the baseline is of the job's weights, never of weights trained with gates
                 raise RuntimeError("the baseline must be cached before gates trained with the model are evaluated")
-            return PlanEvaluator(model, job.cfg.task, chosen, job.data.eval_examples, job.substitutes)
+            return PlanEvaluator(model, job.cfg.task, chosen, job.data.eval_examples, job.substitutes, job.constants)
 
         records, _ = job.evaluate([variant], trained)
         found |= {(variant.name, split): records[(variant.name, split)] for split in baseline}

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 
 from headlab.core.masks import check_mask, plan_from_mask
-from headlab.core.plans import SUBSTITUTED
+from headlab.core.plans import REFERENCED
 from headlab.errors import UserError, one_of
 from headlab.files import check_writable, read_json
 from headlab.tasks.hub_data import cached_rows
@@ -64,14 +64,33 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
                         f"head for task {cfg.task.name}; fine-tune first (train.py) and pass ckpt_path, or set "
                         "allow_random_head=true")
     check_reference_size(cfg, substitutes_used(cfg, plan))
+    check_constants(cfg, plan)
     return plan
+
+
+def check_constants(cfg: Any, plan: Any) -> None:
+    """``optimal`` heads (the plan's, the sweep's or the Shapley removal's) need ``mask.constants``: a constants file
+    of this model's shape (``plan_from_mask`` refused another model's already)."""
+    from headlab.core.model_files import model_shape
+    from headlab.core.substitutes.constants import check_constants_file
+
+    used = (plan is not None and plan.counts()["optimal"]) or \
+        {"sweep_heads": cfg.mask.policy, "shapley": cfg.shapley.policy}.get(cfg.mode) == "optimal"
+    if used and cfg.mask.constants is None:
+        raise UserError("optimal heads take the constants a mode=gates gates.method=optimal job learned: give "
+                        "mask.constants=JOB/constants.json")
+    if cfg.mask.constants is not None:
+        from headlab.core.masks import check_same_model
+
+        data = check_constants_file(cfg.mask.constants, model_shape(cfg.model))
+        check_same_model(data, cfg.model, f"mask.constants={cfg.mask.constants!r}")
 
 
 def note_other_weights(mask: Any, checkpoint: Any) -> None:
     """A ``note:`` line when ``mask.clusters`` or ``mask.importance`` was computed on other weights of this model
     than the job's (the pre-trained model's types on a fine-tuned checkpoint, say): allowed, but their heads' roles
     may have changed. Files that record no checkpoint (written by hand) are taken as they are."""
-    for key in ("clusters", "importance"):
+    for key in ("clusters", "importance", "constants"):
         source = mask.get(key)
         if not isinstance(source, str) or not Path(source).is_file():
             continue
@@ -94,7 +113,7 @@ def substitutes_used(cfg: Any, plan: Any) -> set[str]:
                  "importance": set(cfg.importance.policies),
                  "prune_curve": {cfg.prune_curve.policy, cfg.prune_curve.estimator.removeprefix("estimate_")},
                  }.get(cfg.mode, set())
-    return policies & set(SUBSTITUTED)
+    return policies & set(REFERENCED)
 
 
 def check_reference_size(cfg: Any, used: set[str]) -> None:

@@ -25,6 +25,7 @@ from headlab.analysis.jobs.plan_evaluator import RECORDS_VERSION, PlanEvaluator,
 from headlab.analysis.jobs.substitutes import JobSubstitutes, uses_substitutes
 from headlab.core.models import apply_runtime_options, model_hash, weights_hash
 from headlab.core.plans import HeadPlan
+from headlab.core.substitutes.constants import load_constants
 from headlab.errors import UserError
 from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.reporting.records import read_records, write_records
@@ -75,6 +76,7 @@ class EvalJob:
         used = uses_substitutes(list(plans), estimates)
         self.substitutes = None if not used else JobSubstitutes(
             cfg, tokenizer_config(self.checkpoint, cfg.model), self.data or self.estimation_data, "resample" in used)
+        self.constants = load_constants(cfg.mask.constants) if cfg.mask.get("constants") else None  # optimal heads'
         self.model = load_checkpoint(self.checkpoint, cfg.model, cfg.task, cfg.allow_random_head, cfg.seed)
         apply_runtime_options(self.model, cfg)
         self.weights = weights_hash(self.model)
@@ -200,7 +202,7 @@ class EvalJob:
         extra = [] if cached is not None or identity else [Variant(BASELINE, HeadPlan.keep_all(*shape))]
         if make_evaluator is None:
             evaluator = PlanEvaluator(self.model, self.cfg.task, [*variants, *extra], self.data.eval_examples,
-                                      self.substitutes)
+                                      self.substitutes, self.constants)
         else:
             evaluator = make_evaluator(variants, extra)
         self.trainer.validate(evaluator, datamodule=self.data, verbose=False)

@@ -54,7 +54,7 @@ class PlanEvaluator(StaysOnDevice):
     pass_name = "evaluation"  # in progress lines
 
     def __init__(self, model: torch.nn.Module, task: Any, variants: list[Variant], examples: dict[str, Any],
-                 substitutes: Any = None):
+                 substitutes: Any = None, constants: Any = None):
         super().__init__()
         self.model = model.eval()
         self.task, self.variants = task, list(variants)
@@ -76,6 +76,7 @@ class PlanEvaluator(StaysOnDevice):
         self.substitutes = substitutes  # JobSubstitutes: what mean / resample heads take (None: no such head)
         self.resampled = any(v.plan.counts()["resample"] for v in self.variants)
         self.means = None  # the reference set's means, on the model's device once validation starts
+        self.constants = constants  # what optimal heads take (HeadMeans of a constants file; None: no such head)
         self.records: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._pending: dict[tuple[str, str], list] = {}
 
@@ -105,7 +106,8 @@ class PlanEvaluator(StaysOnDevice):
             else:
                 outer = inputs
             patched = nullcontext() if variant.plan.is_identity else ablate(self.model, variant.plan,
-                                                                            variant.renormalize, means=self.means)
+                                                                            variant.renormalize, means=self.means,
+                                                                            constants=self.constants)
             with patched, self._first_token(variant, outer["attention_mask"], special_first):
                 out = self.model(**outer)
             self._pending.setdefault((variant.name, split), []).append(self._batch_rows(out, batch, draws))

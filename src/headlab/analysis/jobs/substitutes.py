@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from headlab.analysis.jobs.checks import REFERENCE_SPLITS
-from headlab.core.plans import SUBSTITUTED, HeadPlan
+from headlab.core.plans import REFERENCED, HeadPlan
 from headlab.core.substitutes.means import HeadMeans, head_means, load_means, save_means
 from headlab.core.substitutes.sources import derangement, resample_sources
 from headlab.errors import UserError
@@ -42,8 +42,8 @@ from headlab.training.datamodule import TaskDataModule
 
 def uses_substitutes(plans: list[HeadPlan], estimates: tuple[str, ...] = ()) -> set[str]:
     """Which of ``mean`` and ``resample`` the plans' heads or the estimates use."""
-    used = {policy for plan in plans for policy in SUBSTITUTED if plan.counts()[policy]}
-    return used | (set(estimates) & set(SUBSTITUTED))
+    used = {policy for plan in plans for policy in REFERENCED if plan.counts()[policy]}
+    return used | (set(estimates) & set(REFERENCED))
 
 
 def reference_task(task: Any, reference: str) -> tuple[Any, str]:

@@ -50,8 +50,8 @@ class CoalitionEvaluator(PlanEvaluator):
     pass_name = "coalitions"
 
     def __init__(self, model, task, variants: list[Variant], examples: dict[str, Any], per_forward: int = 0,
-                 substitutes: Any = None):
-        super().__init__(model, task, variants, examples, substitutes)
+                 substitutes: Any = None, constants: Any = None):
+        super().__init__(model, task, variants, examples, substitutes, constants)
         self.per_forward = per_forward  # 0: chosen by device when validation starts
         self.prefix = not family_of(model).shared  # ALBERT's depths share modules: every forward starts at layer 0
         self.renormalize = variants[0].renormalize
@@ -83,7 +83,7 @@ class CoalitionEvaluator(PlanEvaluator):
             if sources is not None:
                 rows[SOURCES] = sources.repeat(1, len(chunk), 1, 1, 1)
             skipped = start_at_layer(self.model, start, hidden[start].repeat(copies, 1, 1)) if start else nullcontext()
-            with ablate(self.model, plans, self.renormalize, means=self.means), skipped:
+            with ablate(self.model, plans, self.renormalize, means=self.means, constants=self.constants), skipped:
                 out = self.model(**rows)
             block = draws * size
             for i, variant in enumerate(chunk):

@@ -9,7 +9,7 @@ from headlab.errors import UserError, at_least, one_of, within
 from headlab.reporting.settings import MAX_RESAMPLES, RESAMPLES_WHY
 
 OVER = ("types", "layers", "heads")  # the players: head types (mask.clusters), layers, single heads
-REMOVALS = ("prune", "uniform", "mean", "resample")  # how a group outside the coalition loses its heads
+REMOVALS = ("prune", "uniform", "mean", "resample", "optimal")  # how a group outside the coalition loses its heads
 EXACT_LIMIT = 12  # at most this many groups: all 2^k coalitions (4096)
 
 
@@ -18,7 +18,7 @@ class ShapleyConfig:
     """Shapley values of head groups: exact over up to ``EXACT_LIMIT`` groups, else by permutation sampling."""
 
     over: str = "types"  # types (the labels of mask.clusters) | layers | heads
-    policy: str = "prune"  # removal: prune | uniform | mean | resample (mask.reference etc. for the last two)
+    policy: str = "prune"  # removal: prune | uniform | mean | resample (mask.reference ...) | optimal (mask.constants)
     score: str | None = None  # per-example score: accuracy | exact_match | f1 | loss (null: main metric, else loss)
     target_se: float | None = None  # sampling: stop once every value's standard error is at most this
     max_permutations: int = 200  # sampling: at most this many permutations (in antithetic pairs)

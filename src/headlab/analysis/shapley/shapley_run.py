@@ -71,7 +71,7 @@ class CoalitionScores:
             variants = [Variant(f"S{c:x}", coalition_plan(self.groups, c, self.policy, self.shape)) for c in missing]
             make = lambda chosen, extra: CoalitionEvaluator(  # noqa: E731
                 self.job.model, self.job.cfg.task, [*chosen, *extra], self.job.data.eval_examples, self.per_forward,
-                self.job.substitutes)
+                self.job.substitutes, self.job.constants)
             records, baseline = self.job.evaluate(variants or [Variant("full", coalition_plan(
                 self.groups, self.full, self.policy, self.shape))], make)
             splits = self.job.data.eval_splits

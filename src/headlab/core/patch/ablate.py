@@ -29,7 +29,7 @@ def _device(controller: Controller, model: PreTrainedModel) -> torch.device:
 @contextmanager
 def ablate(
     model: PreTrainedModel, plan: HeadPlan | Sequence[HeadPlan], renormalize: bool = False, means: Any = None,
-    gates: torch.Tensor | None = None,
+    gates: torch.Tensor | None = None, constants: Any = None,
 ) -> Iterator[PreTrainedModel]:
     """Run ``model`` under ``plan`` inside the block; restore it exactly on exit (also on error).
 
@@ -41,6 +41,8 @@ def ablate(
 
     ``means``: the ``HeadMeans`` (``headlab.head_means``) that ``mean`` heads take; needed when a plan has any.
     ``resample`` heads take theirs from the forward argument ``head_sources`` (``headlab.resample_sources``).
+    ``constants``: what ``optimal`` heads take, ``[layers, heads, head_dim]``: a ``HeadMeans`` over tokens
+    (``load_constants``: a constants file) or a tensor (gradients flow into it: learning them).
 
     ``gates``: a float tensor ``[layers, heads]`` (or ``[batch, layers, heads]``, a gate per row) multiplying each
     head's context after the plan (0 prunes the head, 1 keeps it); gradients flow into it (learned gates).
@@ -64,10 +66,11 @@ def ablate(
         raise UserError("the model's heads were physically removed (headlab.prune_heads): plans need the full model")
     device = _device(controller, model)
     means = _device_means(controller, plan, means, model, device)
+    constants = _device_constants(controller, plan, constants, model, device)
     gates = _checked_gates(gates, shape, device)
     states = controller.states_for(plan, renormalize, device)
     controller.active, controller.per_row = states, len(plan) if isinstance(plan, tuple) else 0
-    controller.means, controller.gates = means, gates
+    controller.means, controller.gates = {"mean": means, "optimal": constants}, gates
     try:  # all keep and no gates: the stock model runs untouched
         with headlab_implementation(controller, switch=gates is not None or any(s is not None for s in states)):
             yield model
@@ -110,6 +113,25 @@ def _device_means(controller: Controller, plan: HeadPlan | tuple[HeadPlan, ...],
     if cached is None or cached.source is not means or cached.values.device != device or cached.values.dtype != dtype:
         controller.last_means = cached = DeviceMeans(means, device, dtype)
     return cached
+
+
+def _device_constants(controller: Controller, plan: HeadPlan | tuple[HeadPlan, ...], constants: Any,
+                      model: PreTrainedModel, device: torch.device) -> DeviceMeans | None:
+    """The block's optimal constants on the model's device, checked (a tensor stays differentiable)."""
+    if constants is None:
+        if any(one.counts()["optimal"] for one in (plan if isinstance(plan, tuple) else (plan,))):
+            raise UserError("the plan has optimal heads: ablate needs constants= (mask.constants: the constants a "
+                            "mode=gates gates.method=optimal job learned)")
+        return None
+    values = constants if isinstance(constants, torch.Tensor) else getattr(constants, "values", None)
+    if values is None or (not isinstance(constants, torch.Tensor) and constants.over != "tokens"):
+        raise UserError(f"constants must be a tensor or HeadMeans [layers, heads, head_dim], got "
+                        f"{type(constants).__name__}")
+    expected = (*controller.shape, head_width(model))
+    if tuple(values.shape) != expected:
+        raise UserError(f"the constants are [layers, heads, head_dim] = {list(values.shape)}; the model has "
+                        f"{list(expected)}: constants of another model")
+    return DeviceMeans(constants, device, next(model.parameters()).dtype)
 
 
 @contextmanager

@@ -93,7 +93,7 @@ class Controller:
         self.checked: tuple | None = None  # (plan_ids, its version) last checked
         self.calls = 0  # attention calls of a module shared by depths so far in this forward (ALBERT): their depth
         self.arguments = disentangled.ForwardArguments()  # for modules their model passes no arguments to (DeBERTa)
-        self.means: DeviceMeans | None = None  # what mean heads take in the active block (ablate's means=)
+        self.means: dict[str, DeviceMeans | None] | None = None  # mean and optimal heads' values (ablate's)
         self.last_means: DeviceMeans | None = None  # the latest block's, reused by a block with the same HeadMeans
         self.gates: torch.Tensor | None = None  # the active block's head gates (ablate's gates=) on the model's device
 

@@ -1,4 +1,4 @@
-"""Substituted heads (``mean``, ``resample``): their context vector replaced after the layer's attention.
+"""Substituted heads (``mean``, ``resample``, ``optimal``): their context vector replaced after the layer's attention.
 
 ``attend`` computes a layer's context vectors with these heads pruned, then ``substitute`` puts in their place
 
@@ -7,9 +7,12 @@
   the block (``ablate(..., means=)``) on the model's device;
 * ``resample``: the head's context vector on another input, from the forward argument ``head_sources``
   ``[layers, batch, seq, heads, head_dim]`` (``headlab.resample_sources``: the unablated model on each row's source
-  example, aligned by position).
+  example, aligned by position);
+* ``optimal``: a constant per head (``ablate(..., constants=)``: ``[layers, heads, head_dim]``), the same at every
+  token: the constant that minimises the loss (Li & Janson 2024, learned by ``mode=gates gates.method=optimal``).
 
-A substituted value is a constant: no gradient flows into it. Gates (``ablate(..., gates=)``) then multiply each
+Means and resampled values are constants: no gradient flows into them; constants given as a tensor that requires a
+gradient get theirs (learning the optimal constants). Gates (``ablate(..., gates=)``) then multiply each
 head's context, substituted or not; gradients flow into them (learned gates).
 """
 
@@ -29,6 +32,9 @@ class DeviceMeans:
 
     def __init__(self, means: Any, device: torch.device, dtype: torch.dtype):
         self.source = means  # the HeadMeans these came from (identity: a block with the same means reuses them)
+        if isinstance(means, torch.Tensor):  # constants [layers, heads, head_dim], differentiable when they train
+            self.per_position, self.values = False, means.to(device=device, dtype=dtype)
+            return
         self.per_position = means.over == "positions"
         self.values = torch.as_tensor(np.asarray(means.values), device=device).to(dtype)
 
@@ -43,20 +49,22 @@ class DeviceMeans:
         return values[None, :seq]
 
 
-def substitute(out: torch.Tensor, substituted, depth: int, means: DeviceMeans | None, kwargs: dict,
+def substitute(out: torch.Tensor, substituted, depth: int, values: dict[str, DeviceMeans | None], kwargs: dict,
                rows: torch.Tensor | None = None) -> torch.Tensor:
     """``out`` ``[batch, seq, heads, head_dim]`` with each substituted head's context replaced.
 
     ``substituted``: ``(policy, marks)`` with marks ``[1, 1, heads, 1]`` (one plan) or ``[plans, heads]`` tables
-    (per-row plans: ``rows`` are the batch's ``plan_ids``).
+    (per-row plans: ``rows`` are the batch's ``plan_ids``). ``values``: the block's means (``"mean"``) and constants
+    (``"optimal"``).
     """
     seq = out.shape[1]
     for policy, marks in substituted:
         chosen = marks if rows is None else marks[rows][:, None, :, None]  # [1 or batch, 1, heads, 1]
-        if policy == "mean":
-            if means is None:
-                raise ValueError("the plan has mean heads but no means: give ablate means= (headlab.head_means)")
-            value = means.at(depth, seq)
+        if policy in ("mean", "optimal"):
+            if values.get(policy) is None:
+                given = "means= (headlab.head_means)" if policy == "mean" else "constants= (mask.constants)"
+                raise ValueError(f"the plan has {policy} heads but no values for them: give ablate {given}")
+            value = values[policy].at(depth, seq)
         else:
             value = _sources(kwargs, depth, out.shape)
         out = torch.where(chosen, value.to(out.dtype), out)
