@@ -37,7 +37,7 @@ def head_attention(scores, valid, units, policy, renormalize):
     (non-padding keys); units: ``[n]`` unit ids (or None).
     """
     n = scores.shape[0]
-    if policy in ("prune", "mean", "resample", "optimal"):  # substituted: no attention; the context comes from elsewhere
+    if policy in ("prune", "mean", "resample", "optimal"):  # substituted: no attention, the context from elsewhere
         return torch.zeros(n, n, dtype=scores.dtype)
     if policy == "uniform":
         return valid.double() / valid.sum(-1, keepdim=True).clamp(min=1)

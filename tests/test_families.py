@@ -296,7 +296,7 @@ def test_optimal_heads_take_their_constants_and_train_them(classifier, per_row):
         plan = plans[row] if per_row else plans
         one = {key: value[row : row + 1] for key, value in rows.items()}
         seq = one["input_ids"].shape[1]
-        put = lambda depth, b, h, policy: reference_constants[depth, h].expand(seq, width)  # noqa: E731
+        put = lambda depth, b, h, policy, seq=seq: reference_constants[depth, h].expand(seq, width)  # noqa: E731
         with reference_of(model, plan.policy_of, None, False, substitutes=put) as reference:
             expected_rows.append(reference(**model_inputs(one)).logits)
     expected_logits = torch.cat(expected_rows)
