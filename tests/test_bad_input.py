@@ -51,6 +51,11 @@ def make_files(folder):
         labels = {f"L{l}H{h}": f"cluster{h % 2}" for l in range(shape[0]) for h in range(shape[1])}
         model = "tiny_random" if name == "clusters_2x2" else name  # the 2 x 2 file names the model: its shape differs
         (folder / name / "clusters.json").write_text(json.dumps({"model": model, "shape": shape, "labels": labels}))
+    roberta = "roberta 3x4, hidden 16, vocab 650"
+    for name, shape, built in (("constants_2x2", [2, 2], None), ("constants_roberta", [3, 4], roberta)):
+        record = {"kind": "optimal_constants", "model": "tiny_random", "shape": [*shape, 4],
+                  "constants": np.zeros((*shape, 4)).tolist(), **({"architecture": built} if built else {})}
+        (folder / f"{name}.json").write_text(json.dumps(record))
     (folder / "clusters_roberta").mkdir()  # tiny_random's name and shape, but a RoBERTa's heads (a folder's model)
     labels = {f"L{l}H{h}": f"cluster{h % 2}" for l in range(3) for h in range(4)}
     (folder / "clusters_roberta/clusters.json").write_text(json.dumps({
@@ -249,10 +254,20 @@ CASES = [
      "gates.split=validation is an evaluation split of task demo_pairs"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "mask=prune", "mask.heads=L0"], "use mask=none"),
     ("ablate.py", ["mode=gates", "gates.lr=0"], "gates.lr=0.0 must be a positive learning rate"),
+    # optimal heads and their constants file
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0"],
+     "optimal heads take the constants a mode=gates gates.method=optimal job learned: give mask.constants="),
+    ("ablate.py", ["mode=sweep_heads", "allow_random_head=true", "mask.policy=optimal"], "give mask.constants="),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
+                   "mask.constants=FILES/constants_roberta.json"], "was computed on a model of another architecture"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
+                   "mask.constants=FILES/constants_2x2.json"], "holds constants of 2 layers x 2 heads"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
+                   "mask.constants=FILES/clusters_ok.json"], "is not a constants file"),
     ("ablate.py", ["mode=gates", "gates.method=l1"], "gates.method='l1' is not allowed"),
     ("ablate.py", ["mode=gates", "gates.method=chg", "gates.chg_lambda=-0.1"], "gates.chg_lambda=-0.1 must be above 0"),
     ("ablate.py", ["mode=gates", "gates.method=chg", "gates.train_model=true"],
-     "causal head gating learns its gates on the frozen model"),
+     "gates.method=chg learns its parameters on the frozen model"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.prune_curve=FILES/empty_dir"],
      "not a finished mode=prune_curve job directory"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=top:2",

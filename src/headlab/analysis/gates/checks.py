@@ -16,20 +16,20 @@ HEAD_CLASSES = {"classification": "ForSequenceClassification", "regression": "Fo
 def check_gates(cfg: Any) -> None:
     """The full model, a checkpoint fine-tuned for the task, a fit split that is no evaluation split, the prune
     curve to draw beside."""
+    gates = cfg.gates
+    if gates.method != "l0" and gates.train_model:
+        raise UserError(f"gates.train_model=true is Voita et al.'s setting (gates.method=l0); gates.method="
+                        f"{gates.method} learns its parameters on the frozen model")
+    if gates.method != "l0" and gates.prune_curve is not None:
+        raise UserError(f"gates.prune_curve is drawn beside L0 gates' curve (gates.method=l0); gates.method="
+                        f"{gates.method} draws none")
     plan = check_evaluation(cfg)
     if not plan.is_identity:
         raise UserError(f"mode=gates learns gates on the full model; the mask changes heads ({plan.describe()}): "
                         "use mask=none")
-    gates = cfg.gates
     if gates.split in cfg.task.eval_splits and gates.split != cfg.task.train_split:
         raise UserError(f"gates.split={gates.split} is an evaluation split of task {cfg.task.name}: the gates would "
                         f"be scored on the examples they were fit on; fit them on {cfg.task.train_split}")
-    if gates.method == "chg" and gates.train_model:
-        raise UserError("gates.train_model=true is Voita et al.'s setting (gates.method=l0); causal head gating learns "
-                        "its gates on the frozen model")
-    if gates.method == "chg" and gates.prune_curve is not None:
-        raise UserError("gates.prune_curve is drawn beside L0 gates' curve (gates.method=l0); causal head gating "
-                        "draws none")
     if gates.prune_curve is not None:
         check_prune_curve_job(gates.prune_curve, cfg)
     check_fine_tuned(cfg)

@@ -1,5 +1,5 @@
-"""One fit of head gates on a job's fine-tuned model: a Lightning fit of ``gate_training``'s module on the fit split,
-resumable after a kill.
+"""One fit of head gates (or of optimal constants) on a job's fine-tuned model: a Lightning fit of ``gate_training``'s
+(``constant_training``'s) module on the fit split, resumable after a kill.
 
 A fit lives in a folder of its own (``fits/<name>/``): ``checkpoints/last.ckpt`` every ``gates.checkpoint_every``
 steps (the gates, Adam's state, the random states and the loops' progress; the model's weights too only when they
@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from headlab.analysis.gates.constant_training import constant_module
 from headlab.analysis.gates.gate_training import gated_module
 from headlab.analysis.gates.schema import method_setting
 from headlab.analysis.jobs.eval_job import EvalJob, estimation_task
@@ -118,11 +119,15 @@ def fit_gates(job: EvalJob, data: TaskDataModule, folder: Path, settings: dict[s
     cfg = job.cfg
     pl.seed_everything(cfg.seed, workers=True)
     weights = copy.deepcopy(job.model) if settings["train_model"] else job.model  # the job's model stays as loaded
-    module = gated_module(cfg.model, cfg.task, cfg.mask, cfg.optim, settings, weights,
-                          None if start is None else torch.as_tensor(start))
+    first = None if start is None else torch.as_tensor(start)
+    if settings["method"] == "optimal":  # constants [layers, heads, head_dim], not gates
+        module = constant_module(cfg.model, cfg.task, cfg.mask, cfg.optim, settings, weights, first)
+    else:
+        module = gated_module(cfg.model, cfg.task, cfg.mask, cfg.optim, settings, weights, first)
     trainer = fit_trainer(job, settings["max_steps"], checkpoints, logger)
     trainer.fit(module, datamodule=data, ckpt_path=resume)
-    parameters = module.gate_logits.detach().cpu().double().numpy()
+    learned = module.constants if settings["method"] == "optimal" else module.gate_logits
+    parameters = learned.detach().cpu().double().numpy()
     if job.is_global_zero:
         if settings["train_model"]:
             save_final_weights(module.model, _tokenizer(job), folder / "model")

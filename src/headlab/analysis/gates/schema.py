@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 
 from headlab.errors import UserError, at_least, one_of
 
-GATE_METHODS = ("l0", "chg")  # l0: Voita et al. 2019's hard concrete gates; chg: causal head gating (Nam et al.)
-METHOD_DEFAULTS = {"l0": {"lr": 0.1, "max_steps": 300}, "chg": {"lr": 1.0, "max_steps": 500}}  # lr / steps: null
+# l0: Voita et al. 2019's hard concrete gates; chg: causal head gating (Nam et al. 2025); optimal: the constants of
+# optimal ablation (Li & Janson 2024)
+GATE_METHODS = ("l0", "chg", "optimal")
+METHOD_DEFAULTS = {"l0": {"lr": 0.1, "max_steps": 300}, "chg": {"lr": 1.0, "max_steps": 500},
+                   "optimal": {"lr": 0.01, "max_steps": 500}}  # where gates.lr / gates.max_steps are null
 
 
 @dataclass
