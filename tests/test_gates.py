@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import scipy.stats
 from conftest import COMMON, ROOT, run, wandb_log
 
 GATES = ("mode=gates", "gates.max_examples=64", "data.batch_size=16", "gates.lr=0.3", "gates.checkpoint_every=5")
@@ -64,6 +65,19 @@ def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path)
     theirs = pd.read_parquet(evaluated / "records.parquet").drop(columns=["split"])
     pd.testing.assert_frame_equal(mine.sort_values("id").reset_index(drop=True)[theirs.columns],
                                   theirs.sort_values("id").reset_index(drop=True))
+
+    # the learned order beside the gradient estimators, against a measured single-head sweep (importance.learned)
+    sweep, importance = tmp_path / "sweep", tmp_path / "importance"
+    run("ablate.py", "mode=sweep_heads", "mask.policy=prune", checkpoint, f"hydra.run.dir={sweep}", cwd_tmp=root)
+    run("ablate.py", "mode=importance", "importance.max_examples=30", "importance.key_types=false",
+        f"importance.sweep={sweep}", f"importance.learned=[{out}]", checkpoint, f"hydra.run.dir={importance}",
+        cwd_tmp=root)
+    agreement = pd.read_csv(importance / "agreement.csv")
+    row = agreement[(agreement["estimator"] == "l0_gates") & (agreement["target"] == "loss increase")].iloc[0]
+    measured = np.array(json.loads((sweep / "results.json").read_text())["tables"]["validation"]["loss"]["delta"])
+    order = np.array([fit["gates"] for fit in data["fits"]]).sum(0)  # how long each head stays open
+    assert row["scores"] == "learned"
+    assert row["spearman"] == scipy.stats.spearmanr(order.ravel(), measured.ravel()).statistic
 
     log = wandb_log(out)  # the objective and open-gate curves of each fit, the table
     assert b"gates/lambda_0.5/expected_open" in log and b"gates/lambda_0/objective" in log

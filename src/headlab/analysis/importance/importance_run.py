@@ -14,7 +14,8 @@ per batch under ``mask`` (heads it prunes score 0, and the job says so). The job
 ``key_types.csv`` / .md    per head: mean |d loss / d attention weight| to [CLS], [SEP], ./, and other keys
 ``*.png``                  layers x heads heatmaps of every estimator and key type
 ``agreement.csv`` / .md    with ``importance.sweep``: Spearman, Kendall, top-k overlap against measured deltas,
-                           and a scatter plot per policy
+                           and a scatter plot per policy; with ``importance.learned`` (``mode=gates`` jobs) their
+                           learned measures too (``scores`` "learned", ``analysis.gates.scores``)
 ``results.json``           the summary; a complete one for the same config makes a rerun skip the job
 =========================  ==============================================================================
 """
@@ -29,6 +30,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
+from headlab.analysis.gates.scores import learned_scores
 from headlab.analysis.importance.agreement import (
     agreement_markdown,
     agreement_table,
@@ -36,6 +38,7 @@ from headlab.analysis.importance.agreement import (
     read_head_sweep,
 )
 from headlab.analysis.importance.scoring import HeadScorer
+from headlab.analysis.jobs.checks import listed
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
 from headlab.core.head_names import head_name
@@ -44,6 +47,7 @@ from headlab.core.masks import plan_from_mask
 from headlab.core.model_files import architecture, model_shape
 from headlab.core.models import load_tokenizer
 from headlab.core.plans import GRANULARITIES, HeadPlan
+from headlab.errors import UserError
 from headlab.files import write_frame_atomic, write_json_atomic, write_text_atomic
 from headlab.reporting import plots
 from headlab.reporting.layouts import to_markdown
@@ -147,6 +151,9 @@ def _agreement(cfg, job, raw, written, output_dir, formats, images) -> pd.DataFr
         if label != "raw":
             normalised = {name: written[name] for name in GRANULARITIES}
             tables.append(agreement_table(normalised, sweep, cfg.task.main_metric, cfg.importance.top_k, label))
+        measures = learned_measures(cfg.importance.learned, job)
+        if measures:
+            tables.append(agreement_table(measures, sweep, cfg.task.main_metric, cfg.importance.top_k, "learned"))
         policy = sweep["policy"]
         if f"estimate_{policy}" in raw:
             measured = np.array(next(iter(sweep["tables"].values()))["loss"]["delta"], dtype=float)
@@ -159,6 +166,20 @@ def _agreement(cfg, job, raw, written, output_dir, formats, images) -> pd.DataFr
     write_text_atomic(output_dir / "agreement.md", text)
     Console().print(f"Agreement with measured single-head ablations\n{text}", markup=False, soft_wrap=True)
     return table
+
+
+def learned_measures(sources: Any, job: EvalJob) -> dict[str, np.ndarray]:
+    """The per-head scores of the ``mode=gates`` jobs ``importance.learned`` (``analysis.gates.scores``), each of
+    this job's weights."""
+    measures = {}
+    for source in listed(sources):
+        data, scores = learned_scores(source)
+        theirs = data.get("checkpoint", {}).get("weights_hash")
+        if theirs != job.weights:
+            raise UserError(f"importance.learned entry {source!r} learned on other weights ({theirs}); this "
+                            f"checkpoint's are {job.weights}")
+        measures |= scores
+    return measures
 
 
 def _head_table(per_head: dict[str, np.ndarray]) -> pd.DataFrame:

@@ -23,6 +23,7 @@ class ImportanceConfig:
     policies: list[str] = field(default_factory=lambda: list(ESTIMATED))  # first-order estimates (+ mean, resample)
     key_types: bool = True  # gradients of the attention weights to [CLS], [SEP], ./, and other keys
     sweep: Any = None  # mode=sweep_heads job directories (one, or a list) of the same checkpoint: agreement
+    learned: Any = None  # mode=gates job directories (one, or a list) of the same checkpoint: in the agreement too
     top_k: int = 10  # agreement: overlap of the k most important heads
 
     def __post_init__(self) -> None:

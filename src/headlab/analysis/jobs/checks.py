@@ -181,6 +181,19 @@ def check_estimation(cfg: Any) -> None:
     for sweep in [] if sweeps is None else [sweeps] if isinstance(sweeps, str) else list(sweeps):
         if not Path(sweep).exists():
             raise UserError(f"importance.sweep={sweep!r}: no such mode=sweep_heads job directory")
+    learned = listed(cfg.importance.learned)
+    if learned and sweeps is None:
+        raise UserError("importance.learned sets learned measures beside the estimators in the agreement with a "
+                        "measured sweep: give importance.sweep=SWEEP_DIR too")
+    for source in learned:
+        from headlab.analysis.gates.scores import gates_job
+
+        gates_job(source)
+
+
+def listed(value: Any) -> list[str]:
+    """A setting that takes one path or a list of them, as a list."""
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
 def warn_about_plan(cfg: Any, plan: Any) -> None:

@@ -51,7 +51,7 @@ CLUSTERED_MODES = ("eval", "sweep_heads", "prune_curve", "shapley", "patch", "ga
 INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance", "mask.reference", "importance.sweep",
               "features.text_file", "cluster.features", "compare.runs", "compare.syntax", "syntax.conllu",
               "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model", "patch.pairs",
-              "gates.prune_curve")
+              "gates.prune_curve", "importance.learned")
 
 Result = dict[str, Any]
 
