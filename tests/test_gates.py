@@ -146,3 +146,21 @@ def test_causal_head_gating_classes_stability_and_plans(trained, tmp_path):
         checkpoint, f"hydra.run.dir={evaluated}", cwd_tmp=root)
     result = json.loads((evaluated / "results.json").read_text())["metrics"]["validation"]
     assert result["loss"] == row["loss"] and row["heads"] == (heads["class"] == name).sum()
+
+
+def test_the_study_s_gates_stage_feeds_the_importance_agreement_and_the_report(trained, tmp_path):
+    """study.stages with gates (not a default stage): a job per method, their learned measures in the importance
+    stage's agreement with the sweep, a section of study.md, the three claims among the findings."""
+    root, _ = trained
+    folder = tmp_path / "study"
+    run("ablate.py", "study=quick", f"study.checkpoint={root / 'train'}",
+        "study.stages=[sweep,gates,importance,report]", f"hydra.run.dir={folder}", cwd_tmp=root)
+    for method in ("l0", "chg", "optimal"):
+        assert json.loads((folder / f"gates/{method}/checkpoint/results.json").read_text())["method"] == method
+    agreement = pd.read_csv(folder / "importance/checkpoint/agreement.csv")
+    assert {"l0_gates", "chg_facilitation", "chg_interference", "optimal_gap"} <= set(agreement["estimator"])
+    text = (folder / "study.md").read_text()
+    assert "## Learned gates, causal head gating, optimal ablation" in text
+    assert "(gates/chg/checkpoint/chg_heads.png)" in text and "Li & Janson 2024, optimal ablation" in text
+    findings = json.loads((folder / "study.json").read_text())["findings"]
+    assert {"voita_most_heads_pruned", "chg_irrelevant_removable", "li_janson_optimal_below_mean"} <= set(findings)

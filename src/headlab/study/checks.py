@@ -17,7 +17,7 @@ def done_stages(folder: Path) -> set[str]:
     return {stage for stage in STAGES if (folder / stage / MARKER).is_file()}
 
 
-TRAIN_SPLIT_STAGES = {"finetune", "robustness", "importance", "prune_curve"}  # read the task's training split
+TRAIN_SPLIT_STAGES = {"finetune", "robustness", "gates", "importance", "prune_curve"}  # read the training split
 
 
 def check_study(cfg: Any, folder: str | Path) -> list[str]:

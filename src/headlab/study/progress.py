@@ -86,6 +86,17 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, 
         coalitions = 2 ** types - 1  # every coalition of the head types but the full model
         methods = 2 + 2 * cfg.mask.resamples
         return models * n_eval * methods * (SWEEP_PASSES * sizes.layers * sizes.heads + coalitions)
+    if stage == "gates":  # a job per method: L0's fits, CHG's three stages per fit, the constants and two sweeps
+        from omegaconf import OmegaConf
+
+        from headlab.analysis.gates.schema import METHOD_DEFAULTS
+
+        options, batch, heads = cfg.gates, cfg.data.batch_size, sizes.layers * sizes.heads
+        steps = {m: options.max_steps or METHOD_DEFAULTS[m]["max_steps"] for m in METHOD_DEFAULTS}
+        l0 = len(OmegaConf.to_container(options.lambdas)) * (TRAIN_PASSES * steps["l0"] * batch + n_eval)
+        chg = options.chg_fits * 3 * TRAIN_PASSES * steps["chg"] * batch + 4 * n_eval
+        optimal = TRAIN_PASSES * steps["optimal"] * batch + 2 * SWEEP_PASSES * heads * n_eval
+        return models * (l0 + chg + optimal + _at_most(sizes.train, options.max_examples))
     if stage == "importance":
         return models * TRAIN_PASSES * _at_most(sizes.train, cfg.importance.max_examples)
     if stage == "prune_curve":

@@ -19,6 +19,7 @@ from headlab.study.findings.caveats import study_caveats
 from headlab.study.findings.claims_table import claims_table
 from headlab.study.findings.verdicts import RULE
 from headlab.study.report_base import StudyReport
+from headlab.study.report_gates import gates
 from headlab.study.report_heads import importance, prune_curve, syntax
 from headlab.study.report_robustness import robustness
 from headlab.study.report_types import baseline, comparison, controls, head_types, refits, tables
@@ -134,7 +135,7 @@ def write_study_report(study: Study, console: Console, inputs: dict[str, Any],
         report.markdown += ["", f"**{warning}**"]
         report.console.append(f"note: {warning}")
     findings(report)
-    for part in (baseline, tables, controls, refits, head_types, comparison, syntax, importance, robustness,
+    for part in (baseline, tables, controls, refits, head_types, comparison, syntax, importance, robustness, gates,
                  prune_curve, files):
         part(report)
     report.console += report.closing

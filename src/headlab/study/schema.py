@@ -8,7 +8,7 @@ from typing import Any
 
 from headlab.errors import UserError
 from headlab.reporting.settings import MIN_RESAMPLES, MIN_RESAMPLES_WHY
-from headlab.study.stages import STAGE_MODES, STAGE_RUNS, STAGES
+from headlab.study.stages import OPTIONAL_STAGES, STAGE_MODES, STAGE_RUNS, STAGES
 
 
 @dataclass
@@ -35,7 +35,7 @@ class StudyConfig:
     checkpoint: str | None = None  # a train.py job directory (or .ckpt) of this model and task: no fine-tuning
     smoke: bool = False  # a run that checks the chain, not the science (study=quick): no claim gets a verdict
     seeds: list[int] = field(default_factory=lambda: [0])  # a fine-tuned model per seed
-    stages: list[str] = field(default_factory=lambda: list(STAGES))  # run these (in the study's order)
+    stages: list[str] = field(default_factory=lambda: [s for s in STAGES if s not in OPTIONAL_STAGES])  # in order
     finetune: dict[str, Any] = field(default_factory=dict)
     features: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
@@ -46,6 +46,7 @@ class StudyConfig:
     refits: dict[str, Any] = field(default_factory=dict)
     sweep: dict[str, Any] = field(default_factory=dict)
     robustness: dict[str, Any] = field(default_factory=dict)
+    gates: dict[str, Any] = field(default_factory=dict)
     importance: dict[str, Any] = field(default_factory=dict)
     prune_curve: dict[str, Any] = field(default_factory=dict)
     findings: FindingsConfig = field(default_factory=FindingsConfig)

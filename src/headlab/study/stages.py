@@ -16,6 +16,8 @@
     sweep/seed0/                         mode=sweep_heads: every head pruned alone
     robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/): on its examples
     robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, shapley_resample/)
+    gates/l0/seed0/                      mode=gates: L0 gates at each penalty (gates/chg/, gates/optimal/: causal head
+                                         gating, optimal ablation's constants); not in the default study
     importance/seed0/                    mode=importance, with its agreement with the sweep
     prune_curve/seed0/                   mode=prune_curve: importance-guided pruning vs random orders
     study.md, study.json                 the report
@@ -37,13 +39,14 @@ from headlab.study.configs import analysis_config, train_config
 from headlab.study.refit_plans import refit_plans
 
 STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "refits", "sweep",
-          "robustness", "importance", "prune_curve", "report")
+          "robustness", "gates", "importance", "prune_curve", "report")
+OPTIONAL_STAGES = ("gates",)  # off unless study.stages names them (the default study's first run stays short)
 READS = {  # stage -> the stages whose files its jobs read: the study's one stage graph (each input runs before)
     "finetune": (), "features": ("finetune",), "cluster": ("features",), "syntax": ("finetune",),
     "compare": ("cluster", "syntax"), "tables": ("finetune", "cluster"), "controls": ("finetune", "cluster"),
     "refits": ("finetune", "cluster"), "sweep": ("finetune",), "robustness": ("finetune", "cluster"),
-    "importance": ("finetune", "sweep"), "prune_curve": ("finetune",), "report": ()}
-READ_WHEN_THERE = {"compare": ("syntax",), "importance": ("sweep",)}  # inputs a stage reads only when they ran
+    "gates": ("finetune",), "importance": ("finetune", "sweep", "gates"), "prune_curve": ("finetune",), "report": ()}
+READ_WHEN_THERE = {"compare": ("syntax",), "importance": ("sweep", "gates")}  # inputs read only when they ran
 NEEDS = {stage: tuple(need for need in reads if need not in READ_WHEN_THERE.get(stage, ()))
          for stage, reads in READS.items()}  # what a stage cannot run without
 ABOUT = {
@@ -57,13 +60,15 @@ ABOUT = {
     "refits": "Table 2's type plans under each bootstrap fit of the clusters (the clustering's randomness)",
     "sweep": "every head pruned alone",
     "robustness": "Table 2, the single-head sweep and the head types' Shapley values under prune, mean and resample",
+    "gates": "learned per-head parameters: L0 gates, causal head gating, optimal ablation's constants",
     "importance": "gradient head importance and its agreement with the sweep",
     "prune_curve": "heads pruned by importance vs random orders",
     "report": "study.md",
 }
 STAGE_MODES = {"features": "features", "cluster": "cluster", "compare": "compare", "syntax": "syntax",
                "tables": "eval", "controls": "sweep_heads", "refits": "eval", "sweep": "sweep_heads",
-               "robustness": "shapley", "importance": "importance", "prune_curve": "prune_curve"}  # ablate.py modes
+               "robustness": "shapley", "gates": "gates", "importance": "importance",
+               "prune_curve": "prune_curve"}  # ablate.py modes
 STAGE_RUNS = {**{stage: (mode,) for stage, mode in STAGE_MODES.items()},
               "robustness": ("sweep_heads", "shapley")}  # every mode a stage's jobs run
 TABLES = ("table2", "table3", "table3_renormalized")
@@ -138,7 +143,7 @@ def stage_jobs(study: Study, stage: str) -> list[Job]:
     """The jobs of ``stage`` (the report stage has none: ``headlab.study.report`` writes it)."""
     return {"finetune": _finetune, "features": _features, "cluster": _cluster, "compare": _compare,
             "syntax": _syntax, "tables": _tables, "controls": _controls, "refits": _refits, "sweep": _sweep,
-            "robustness": _robustness, "importance": _importance, "prune_curve": _prune_curve,
+            "robustness": _robustness, "gates": _gates, "importance": _importance, "prune_curve": _prune_curve,
             "report": lambda _: []}[stage](study)
 
 
@@ -274,11 +279,25 @@ def _robustness(study: Study) -> list[Job]:
     return jobs
 
 
+GATE_METHODS = ("l0", "chg", "optimal")  # the gates stage's jobs, per model
+
+
+def _gates(study: Study) -> list[Job]:
+    """Per model, a ``mode=gates`` job of each method (its settings: ``study.gates``)."""
+    return [Job(study.stage_dir("gates") / method / name, study.analysis("gates", "gates", ckpt,
+                                                                          **{"gates.method": method}), "gates")
+            for name, ckpt in study.models for method in GATE_METHODS]
+
+
 def _importance(study: Study) -> list[Job]:
     jobs = []
     for name, ckpt in study.models:
         sweep = study.stage_dir("sweep") / name
         fields = {"importance.sweep": str(sweep)} if (sweep / "results.json").is_file() else {}
+        learned = [str(study.stage_dir("gates") / method / name) for method in GATE_METHODS]
+        learned = [job for job in learned if (Path(job) / "results.json").is_file()]
+        if fields and learned:  # the learned measures beside the estimators, against the sweep
+            fields["importance.learned"] = learned
         jobs.append(Job(study.stage_dir("importance") / name,
                         study.analysis("importance", "importance", ckpt, **fields), "importance"))
     return jobs

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from headlab.reporting.report import report_settings
+from headlab.study.findings.gates import gates_findings
 from headlab.study.findings.guan import guan_findings
 from headlab.study.findings.heads import clark_findings, michel_findings, pande_findings
 from headlab.study.findings.inputs import StudyFiles
@@ -46,10 +47,12 @@ def gold_answers(task: Any, split: str) -> dict[str, list[str]] | None:
 
 
 def study_findings(files: StudyFiles) -> list[Finding]:
-    """Every claim, in the order of the papers: Guan et al., Clark et al., Michel et al., Pande et al. A smoke run's
+    """Every claim, in the order of the papers: Guan et al., Clark et al., Michel et al., Pande et al., then the learned
+    measures' (Voita et al., Nam et al., Li & Janson; the gates stage, when it ran). A smoke run's
     are all ``not tested (quick run)``; the ablation claims of a model at its floor or ceiling (or without a baseline)
     are not tested, nor are the fine-tuning claims of a model at its floor."""
-    found = [*guan_findings(files), *clark_findings(files), *michel_findings(files), *pande_findings(files)]
+    found = [*guan_findings(files), *clark_findings(files), *michel_findings(files), *pande_findings(files),
+             *(gates_findings(files) if files.jobs("gates") else [])]
     if files.smoke:
         return [quick_run(finding) for finding in found]
     if any((finding.claim.ablation or finding.claim.learned) and finding.evidence for finding in found):

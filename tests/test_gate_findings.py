@@ -1,0 +1,105 @@
+"""The gates stage's findings (Voita et al., Nam et al., Li & Janson) on constructed stage files: each verdict where
+its rule says, and the L0 claim's interval recomputed from the records at Bonferroni's level over the penalties that
+prune more than half of the heads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_findings import files_of, job
+
+from headlab.study.findings import study_findings
+from headlab.study.findings.gates import irrelevant_removable, most_heads_pruned, optimal_below_mean
+from headlab.study.findings.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_TESTED
+
+N = 40  # examples
+
+
+def qa_records(f1: np.ndarray, penalty: float) -> pd.DataFrame:
+    """A SQuAD job's records of one penalty (NaN: the baseline): per-question F1 in [0, 1] (``f1``: in points)."""
+    return pd.DataFrame({"split": "validation", "example": np.arange(N), "id": [f"q{i}" for i in range(N)],
+                         "prediction": [f"answer {i}" for i in range(N)], "exact_match": (f1 == 100).astype(float),
+                         "f1": f1 / 100, "has_answer": True, "loss": 1 - f1 / 100, "penalty": penalty})
+
+
+def l0_job(folder, pruned: dict[float, tuple[int, np.ndarray]]):
+    """gates/l0/seed0 with a row per penalty (heads pruned of 12, its per-example f1) and the records."""
+    path = job(folder, "gates/l0/seed0", {"kind": "gates", "method": "l0"})
+    rows, records = [], [qa_records(np.full(N, 80.0), np.nan)]
+    for penalty, (count, f1) in pruned.items():
+        rows.append({"lambda": penalty, "heads_kept": 12 - count, "heads_pruned": count, "split": "validation",
+                     "f1": f1.mean(), "baseline": 80.0, "delta": f1.mean() - 80.0})
+        records.append(qa_records(f1, penalty))
+    pd.DataFrame(rows).to_csv(path / "gates.csv", index=False)
+    pd.concat(records, ignore_index=True).to_parquet(path / "records.parquet")
+
+
+@pytest.mark.parametrize(("cost", "expected"), [(0.0, HOLDS), (-30.0, FAILS)])
+def test_most_heads_pruned_at_a_small_cost(tmp_path, cost, expected):
+    """8 of 12 heads pruned at lambda 0.1 with f1 moved by ``cost`` on every example (a zero-width interval: the
+    change itself); 4 pruned at 0.01 does not count (not more than half)."""
+    l0_job(tmp_path, {0.01: (4, np.full(N, 80.0)), 0.1: (8, np.full(N, 80.0 + cost))})
+    finding = most_heads_pruned(files_of(tmp_path))
+    evidence, = finding.evidence
+    assert evidence.verdict == expected and evidence.values["lambda"] == 0.1
+    assert evidence.values["value"] == pytest.approx(cost) and evidence.values["boundary"] == -1.0
+
+
+def test_most_heads_pruned_is_inconclusive_when_the_interval_reaches_the_margin(tmp_path):
+    """f1 lower by 0.5 on average but spread: the interval (simultaneous over two penalties) reaches below -1."""
+    spread = np.where(np.arange(N) % 2 == 0, 20.0, -21.0)
+    l0_job(tmp_path, {0.1: (7, 80.0 + spread), 0.3: (9, 80.0 + spread)})
+    evidence, = most_heads_pruned(files_of(tmp_path)).evidence
+    assert evidence.verdict == INCONCLUSIVE and evidence.values["low"] < -1.0 < evidence.values["high"]
+    assert "2 penalties prune more than half" in evidence.numbers
+
+
+def test_most_heads_pruned_is_not_tested_when_no_penalty_prunes_half(tmp_path):
+    l0_job(tmp_path, {0.01: (2, np.full(N, 80.0)), 0.1: (6, np.full(N, 80.0))})
+    evidence, = most_heads_pruned(files_of(tmp_path)).evidence
+    assert evidence.verdict == NOT_TESTED and "gates.lambdas" in evidence.note
+
+
+def chg_job(folder, irrelevant: int, row: dict | None):
+    path = job(folder, "gates/chg/seed0", {"kind": "gates", "method": "chg"})
+    counts = {"facilitating": 12 - irrelevant - 1, "interfering": 1, "irrelevant": irrelevant, "inconsistent": 0}
+    pruned = [] if row is None else [{"plan": "prune_irrelevant", "split": "validation", **row}]
+    (path / "chg.json").write_text(json.dumps({"classes": counts, "stability": 0.75, "pruned": pruned}))
+
+
+@pytest.mark.parametrize(("row", "expected"), [({"delta": -0.2, "ci_low": -0.8, "ci_high": 0.3}, HOLDS),
+                                               ({"delta": -5.0, "ci_low": -7.0, "ci_high": -3.0}, FAILS),
+                                               ({"delta": -0.5, "ci_low": -1.5, "ci_high": 0.4}, INCONCLUSIVE)])
+def test_irrelevant_heads_removable_at_no_cost(tmp_path, row, expected):
+    chg_job(tmp_path, 6, row)
+    evidence, = irrelevant_removable(files_of(tmp_path)).evidence
+    assert evidence.verdict == expected
+    assert "6 of 12 heads irrelevant" in evidence.numbers and "75.0% of the heads" in evidence.numbers
+
+
+def test_no_irrelevant_head_is_not_tested(tmp_path):
+    chg_job(tmp_path, 0, None)
+    evidence, = irrelevant_removable(files_of(tmp_path)).evidence
+    assert evidence.verdict == NOT_TESTED and evidence.note == "no head was called irrelevant"
+
+
+@pytest.mark.parametrize(("difference", "p", "expected"), [
+    ([-0.1, -0.2, -0.05], [0.001, 0.001, 0.01], HOLDS),
+    ([-0.1, 0.2, -0.05], [0.001, 0.001, 0.01], FAILS),  # a head whose optimal constant costs more than its mean
+    ([-0.1, 0.0, -0.05], [0.001, 1.0, 0.01], INCONCLUSIVE)])  # a head whose constant stayed its mean
+def test_optimal_gap_below_the_mean_gap_for_every_head(tmp_path, difference, p, expected):
+    path = job(tmp_path, "gates/optimal/seed0", {"kind": "gates", "method": "optimal"})
+    pd.DataFrame({"head": ["L0H0", "L0H1", "L0H2"], "split": "validation", "difference": difference,
+                  "p_adjusted": p}).to_csv(path / "heads.csv", index=False)
+    evidence, = optimal_below_mean(files_of(tmp_path)).evidence
+    assert evidence.verdict == expected
+
+
+def test_the_study_lists_them_only_when_the_gates_stage_ran(tmp_path):
+    assert not any(f.claim.key.startswith(("voita", "chg", "li_janson")) for f in study_findings(files_of(tmp_path)))
+    chg_job(tmp_path, 6, {"delta": -0.2, "ci_low": -0.8, "ci_high": 0.3})
+    keys = [f.claim.key for f in study_findings(files_of(tmp_path))]
+    assert {"voita_most_heads_pruned", "chg_irrelevant_removable", "li_janson_optimal_below_mean"} <= set(keys)
