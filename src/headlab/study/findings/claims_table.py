@@ -76,6 +76,20 @@ ROWS = [
      "exceptions)\"", "layers with fewer than a quarter of their heads syntactic (3 of 12)", "the count, with the "
      "roles corrected across heads and without", "at most a tenth of the layers", "count", "the corrected count "
      "fails and the uncorrected one holds"),
+    ("`voita_most_heads_pruned`", "Voita (pruning by L0 gates): most heads can be pruned at a small cost (the gates "
+     "stage, when study.stages names it)", "the main metric's change with the heads each L0 penalty closes pruned, "
+     "among the penalties that close more than half", "paired bootstrap CI by clusters, simultaneous over those "
+     "penalties", "-margin (`study.findings.margin`, 1 point)", "equivalence side: one penalty's CI above the "
+     "boundary holds, every one below it does not", "no penalty's CI clears the boundary and not all fall below; "
+     "not tested when none prunes half"),
+    ("`chg_irrelevant_removable`", "Nam (causal head gating, validated by ablation): the heads it calls irrelevant "
+     "can be removed together", "the main metric's change with the irrelevant heads pruned together (their share and "
+     "the classes' stability stated)", "paired bootstrap CI by clusters", "-margin", "CI against the boundary",
+     "the CI reaches the boundary"),
+    ("`li_janson_optimal_below_mean`", "Li & Janson: optimal ablation's gap is below mean ablation's (every head, "
+     "held-out data)", "per head, loss(optimal) - loss(mean), paired", "paired bootstrap CI; permutation p "
+     "Holm-adjusted across the heads", "0 (below, every head)", "every head significantly below holds, one "
+     "significantly above does not", "some head is not significantly below (a constant that stayed its mean)"),
 ]
 HEADER = ("claim (study.json)", "the paper's sentence and number", "quantity", "interval", "boundary", "test",
           "inconclusive when")
