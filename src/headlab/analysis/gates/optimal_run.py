@@ -113,6 +113,8 @@ def sweep_both(job: EvalJob, constants: HeadMeans, means: HeadMeans, shape: tupl
                                            job.cfg.sweep.heads_per_batch, extra[0] if extra else None, substitutes,
                                            inputs, constants)
 
+            if job.is_global_zero:  # a line per pass: the sweeps take a while on a CPU
+                Console().print(f"single heads under {policy}: layer {layer} of {shape[0] - 1}", markup=False)
             records, baseline = job.evaluate(variants, replay)
             found |= {(policy, v.name.split("_", 1)[1], split): records[(v.name, split)]
                       for v in variants for split in baseline}
