@@ -85,6 +85,12 @@ def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path)
     again = run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.5]", checkpoint,
                 f"hydra.run.dir={out}", "logger=wandb", cwd_tmp=root).stdout
     assert "already done" in again
+    # the statistics' settings count: the job runs again, its finished fits are taken as they are
+    stamps = {path: path.stat().st_mtime_ns for path in out.glob("fits/*/fit.json")}
+    run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.5]", checkpoint, "report.resamples=3000",
+        f"hydra.run.dir={out}", "logger=wandb", cwd_tmp=root)
+    assert json.loads((out / "results.json").read_text())["config"]["report"]["resamples"] == 3000
+    assert {path: path.stat().st_mtime_ns for path in out.glob("fits/*/fit.json")} == stamps and len(stamps) == 2
 
 
 def test_a_gate_fit_killed_mid_way_resumes_to_the_uninterrupted_gates(trained, tmp_path):

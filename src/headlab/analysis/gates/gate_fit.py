@@ -61,11 +61,13 @@ def fit_settings(cfg: Any, name: str, **method: Any) -> dict[str, Any]:
 
 
 def fit_key(job: EvalJob, settings: dict[str, Any]) -> str:
-    """The job's hashed config without the ``gates`` section, its inputs, and this fit's ``settings``."""
+    """The job's hashed config and inputs without what no fit reads (the ``gates`` section, whose fit settings are in
+    ``settings``, and the statistics' ``report`` settings), and this fit's ``settings``."""
     from headlab.analysis.jobs.identity import hashed_part
 
-    hashed = {k: v for k, v in hashed_part(job.resolved).items() if k != "gates"}
-    return config_hash({"config": hashed, "inputs": job.identity.inputs, "fit": settings})
+    hashed = {k: v for k, v in hashed_part(job.resolved).items() if k not in ("gates", "report")}
+    inputs = {k: v for k, v in job.identity.inputs.items() if not k.startswith("gates.")}
+    return config_hash({"config": hashed, "inputs": inputs, "fit": settings})
 
 
 def fit_data(job: EvalJob) -> TaskDataModule:

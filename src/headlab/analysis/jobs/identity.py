@@ -56,11 +56,20 @@ INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance"
 Result = dict[str, Any]
 
 
+# Modes whose results hold paired statistics computed with the ``report`` settings (their resamples, level, method,
+# correction, seed): those count in their hash (the formats and the rest of ``report`` do not)
+REPORTING_MODES = ("gates",)
+REPORT_STATISTICS = ("resamples", "permutations", "confidence", "ci_method", "correction", "ci", "seed")
+
+
 def computed_config(resolved: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved config that changes what its mode computes (no ``RESULT_NEUTRAL`` setting)."""
     unread = {section for section, modes in SECTION_MODES.items() if resolved["mode"] not in modes}
     neutral = (*RESULT_NEUTRAL, *([] if resolved["mode"] in CLUSTERED_MODES else ["task.cluster_field"]))
-    return without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread}, neutral)
+    computed = {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread}
+    if resolved["mode"] in REPORTING_MODES and isinstance(resolved.get("report"), dict):
+        computed["report"] = {k: resolved["report"][k] for k in REPORT_STATISTICS if k in resolved["report"]}
+    return without_keys(computed, neutral)
 
 
 def hashed_part(resolved: dict[str, Any]) -> dict[str, Any]:
