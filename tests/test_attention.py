@@ -21,15 +21,16 @@ MIXED_RULES = [
     {"heads": "L0H2", "policy": "drop_intra"},
     {"heads": "L0H3", "policy": "drop_inter"},
     {"heads": "L1", "policy": "drop_intra"},
-    {"heads": "L1H1,L1H3", "policy": "uniform"},  # non-contiguous heads in one group
+    {"heads": "L1H1,L1H3", "policy": "uniform"},  # non-contiguous heads in one group (L1H3 optimal below)
     {"heads": "L2H0,L2H2", "policy": "prune"},
     {"heads": "L2H3", "policy": "drop_inter"},
 ]
-SUBSTITUTED_RULES = [  # every policy: MIXED_RULES with mean and resample heads among the others
+SUBSTITUTED_RULES = [  # every policy: MIXED_RULES with mean, resample and optimal heads among the others
     *MIXED_RULES,
     {"heads": "L1H0", "policy": "mean"},  # next to drop_intra and uniform heads
     {"heads": "L0H0,L1H2", "policy": "resample"},  # at an end; between uniform heads
     {"heads": "L2H2", "policy": "mean"},  # beside a pruned head and a kept one
+    {"heads": "L1H3", "policy": "optimal"},  # at an end, beside a resample head
 ]
 
 # pruned heads at the ends of every layer, next to keep and uniform ones: each layer's context is the other heads'
@@ -49,16 +50,30 @@ def reference(model, inputs, plan, sentence_ids, renormalize, substitutes=None):
                         inputs["token_type_ids"], plan.policy_of, sentence_ids, renormalize, substitutes=substitutes)
 
 
+def constants_of(model) -> torch.Tensor:
+    """Constants for ``optimal`` heads, ``[layers, heads, head_dim]`` (float64, seeded)."""
+    heads = model.config.num_attention_heads
+    shape = (model.config.num_hidden_layers, heads, model.config.hidden_size // heads)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+
+
 def substituted(model, inputs):
     """``(means, head_sources, substitutes)``: headlab's means over ``inputs`` and resample sources (each row's
-    source is the next row, of another length), and the reference's by definition."""
+    source is the next row, of another length), and the reference's by definition (``optimal`` heads: the constants
+    of ``constants_of``)."""
     sources = [(b + 1) % len(inputs["input_ids"]) for b in range(len(inputs["input_ids"]))]
     means = headlab.head_means(model, [inputs])
     head_sources = headlab.resample_sources(model, {k: v[sources] for k, v in inputs.items()},
                                             inputs["input_ids"].shape[1], means)
     on_cpu = {k: v.cpu() for k, v in inputs.items()}
     contexts = bert_contexts({k: v.cpu() for k, v in params_of(model).items()}, model.config, on_cpu)
-    return means, head_sources, substitutes_from(contexts, on_cpu["attention_mask"], sources)[0]
+    by_definition = substitutes_from(contexts, on_cpu["attention_mask"], sources)[0]
+    constants, seq = constants_of(model), inputs["input_ids"].shape[1]
+
+    def substitutes(layer, b, h, policy):
+        return constants[layer, h].expand(seq, -1) if policy == "optimal" else by_definition(layer, b, h, policy)
+
+    return means, head_sources, substitutes
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -66,7 +81,8 @@ def substituted(model, inputs):
 def test_every_policy_on_all_heads_matches_reference(tiny_model, inputs, sentence_ids, policy, renormalize, drop_route):
     plan = plan_of([{"heads": "all", "policy": policy}], tiny_model)
     means, head_sources, substitutes = substituted(tiny_model, inputs)
-    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize, means=means):
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize, means=means,
+                                         constants=constants_of(tiny_model)):
         out = tiny_model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
     expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize, substitutes)
     valid = inputs["attention_mask"].bool()  # padded query rows are not compared
@@ -91,7 +107,8 @@ def test_mixed_plan_matches_reference(tiny_model, inputs, sentence_ids, renormal
     plan = plan_of(SUBSTITUTED_RULES, tiny_model)
     assert set(plan.counts()) == set(POLICIES) and all(plan.counts().values())
     means, head_sources, substitutes = substituted(tiny_model, inputs)
-    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize, means=means):
+    with torch.no_grad(), headlab.ablate(tiny_model, plan, renormalize=renormalize, means=means,
+                                         constants=constants_of(tiny_model)):
         out = tiny_model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
     expected = reference(tiny_model, inputs, plan, sentence_ids, renormalize, substitutes)
     valid = inputs["attention_mask"].bool()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import assert_close_rel
-from test_attention import MIXED_RULES, SUBSTITUTED_RULES, plan_of, reference, substituted
+from test_attention import MIXED_RULES, SUBSTITUTED_RULES, constants_of, plan_of, reference, substituted
 
 import headlab
 from headlab.core.patch.attention import Controller
@@ -23,7 +23,8 @@ def test_float64_model_matches_reference_to_1e_10(tiny_model, inputs, sentence_i
     model = tiny_model.double()
     plan = plan_of(PLANS[name], model)
     means, head_sources, substitutes = substituted(model, inputs)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means,
+                                         constants=constants_of(model)):
         out = model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
     valid = inputs["attention_mask"].bool()
     expected = reference(model, inputs, plan, sentence_ids, renormalize, substitutes)
@@ -96,7 +97,8 @@ def compiled_equals_eager(model, inputs, sentence_ids, plan, renormalize, backen
     means, head_sources, substitutes = substituted(model, inputs)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend=backend, dynamic=False)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means,
+                                         constants=constants_of(model)):
         eager = model(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
         traced = compiled(**inputs, sentence_ids=sentence_ids, head_sources=head_sources).last_hidden_state
     valid = inputs["attention_mask"].bool()
@@ -126,7 +128,8 @@ def test_no_host_sync_on_cuda(tiny_model, inputs, sentence_ids, name, renormaliz
     units = sentence_ids.cuda()  # (a host-to-device copy synchronises: done before the check)
     plan = plan_of(PLANS[name], model)
     means, head_sources, substitutes = substituted(model, inputs)
-    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means):
+    with torch.no_grad(), headlab.ablate(model, plan, renormalize=renormalize, means=means,
+                                         constants=constants_of(model)):
         model(**inputs, sentence_ids=units, head_sources=head_sources)  # warm-up
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

@@ -160,7 +160,7 @@ def test_the_chg_objective_is_the_task_loss_minus_lambda_times_the_mean_clipped_
 
 @pytest.mark.parametrize("method", ["l0", "chg", "optimal"])
 def test_each_method_trains_on_every_family(method):
-    """Two Lightning steps of each method's module on every family's tiny classifier (ALBERT per depth, DeBERTa's
+    """A Lightning step of each method's module on every family's tiny classifier (ALBERT per depth, DeBERTa's
     hooks, ModernBERT's windows): the learned parameters move, the model's do not (the objective and its gradient
     against the float64 reference: the tests above, and tests/test_families.py per family)."""
     import lightning.pytorch as pl
@@ -188,7 +188,7 @@ def test_each_method_trains_on_every_family(method):
             module = gated_module(model_cfg, TASK_OF_FAMILY, MASK_OF_FAMILY, {}, settings, model)
         parameter = "constants" if method == "optimal" else "gate_logits"
         start = getattr(module, parameter).detach().clone()
-        trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        trainer = pl.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                              enable_checkpointing=False, accelerator="cpu", limit_val_batches=0)
         trainer.fit(module, train_dataloaders=DataLoader([data], batch_size=None))
         assert (getattr(module, parameter).detach() != start).any(), name

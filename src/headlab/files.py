@@ -296,6 +296,23 @@ RESULT_NEUTRAL = ("trainer.enable_progress_bar", "trainer.enable_model_summary",
                   "trainer.profiler", "data.num_workers", "data.cache_dir", "model.pretraining")
 
 
+# Keys added to the configs after jobs had been hashed, with the value that changes nothing: left out of a job's hash
+# while they hold it, so that the jobs finished before them stay done (mask.constants and importance.learned came with
+# the learned gates; study.gates is their optional stage)
+ADDED_KEYS = {"mask.constants": None, "importance.learned": None, "study.gates": {}}
+
+
+def without_added_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without each ``ADDED_KEYS`` key that holds its value (a plain config, copied where changed)."""
+    config = dict(config)
+    for key, value in ADDED_KEYS.items():
+        top, name = key.split(".", 1)
+        section = config.get(top)
+        if isinstance(section, dict) and name in section and section[name] == value:
+            config[top] = {k: v for k, v in section.items() if k != name}
+    return config
+
+
 def without_keys(config: dict[str, Any], keys: tuple[str, ...] = RESULT_NEUTRAL) -> dict[str, Any]:
     """A plain config without the dotted ``keys`` (``trainer.enable_progress_bar``)."""
     tops = {key.split(".", 1)[0] for key in keys}

@@ -18,7 +18,7 @@ from headlab.errors import UserError
 
 SHARED_GROUPS = ("model", "task", "trainer", "data", "logger")  # what every job takes from the study's config
 CLEAR_MASK = {"rules": [], "policy": None, "heads": None, "renormalize": False, "unit": "sentence", "clusters": None,
-              "importance": None, "importance_estimator": None}
+              "importance": None, "importance_estimator": None, "constants": None}
 
 
 def lay_over(cfg: Any, settings: Any, where: str) -> Any:

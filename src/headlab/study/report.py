@@ -19,8 +19,7 @@ from headlab.study.findings.caveats import study_caveats
 from headlab.study.findings.claims_table import claims_table
 from headlab.study.findings.verdicts import RULE
 from headlab.study.report_base import StudyReport
-from headlab.study.report_gates import gates
-from headlab.study.report_heads import importance, prune_curve, syntax
+from headlab.study.report_heads import gates, importance, prune_curve, syntax
 from headlab.study.report_robustness import robustness
 from headlab.study.report_types import baseline, comparison, controls, head_types, refits, tables
 from headlab.study.schema import is_stage_setting

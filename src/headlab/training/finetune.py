@@ -31,6 +31,7 @@ from headlab.files import (
     input_stamps,
     relative_paths,
     share_files,
+    without_added_keys,
     without_keys,
     write_json_atomic,
 )
@@ -201,8 +202,8 @@ TRAINING_NEUTRAL = ("task.cluster_field",)  # read by the statistics of evaluati
 def computed_part(resolved: dict[str, Any]) -> dict[str, Any]:
     """What of a resolved fine-tuning config is hashed: no runtime keys or ``RESULT_NEUTRAL`` settings, paths in a
     study's folder relative to it (a study's folder may move)."""
-    return relative_paths(without_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS},
-                                       (*RESULT_NEUTRAL, *TRAINING_NEUTRAL)), resolved.get("paths_root"))
+    kept = without_added_keys({k: v for k, v in resolved.items() if k not in RUNTIME_KEYS})
+    return relative_paths(without_keys(kept, (*RESULT_NEUTRAL, *TRAINING_NEUTRAL)), resolved.get("paths_root"))
 
 
 def _finetune(cfg: Any, output_dir: Path, model_and_task: list[str] | None) -> dict[str, Any]:

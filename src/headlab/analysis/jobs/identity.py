@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import OmegaConf
 
 from headlab.core.units import UNITS_VERSION
-from headlab.files import RESULT_NEUTRAL, input_stamps, job_hash, relative_paths, without_keys
+from headlab.files import RESULT_NEUTRAL, input_stamps, job_hash, relative_paths, without_added_keys, without_keys
 from headlab.reporting.results import (
     already_done,
     library_versions,
@@ -69,7 +69,7 @@ def computed_config(resolved: dict[str, Any]) -> dict[str, Any]:
     computed = {k: v for k, v in resolved.items() if k not in RUNTIME_KEYS and k not in unread}
     if resolved["mode"] in REPORTING_MODES and isinstance(resolved.get("report"), dict):
         computed["report"] = {k: resolved["report"][k] for k in REPORT_STATISTICS if k in resolved["report"]}
-    return without_keys(computed, neutral)
+    return without_keys(without_added_keys(computed), neutral)
 
 
 def hashed_part(resolved: dict[str, Any]) -> dict[str, Any]:
