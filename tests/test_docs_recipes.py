@@ -36,7 +36,7 @@ SMALL = {"train.py": [*TINY, "trainer.max_steps=2", "trainer.val_check_interval=
                        "prune_curve.stop_below=0.99", "report.resamples=50", "report.permutations=50",
                        "syntax.resamples=50", "syntax.min_count=3", "syntax.max_sentences=60",
                        "shapley.max_permutations=4", "shapley.resamples=100", "mask.reference_examples=12",
-                       "gates.max_steps=3", "gates.max_examples=16"]}
+                       "gates.max_steps=2", "gates.max_examples=16", "gates.chg_fits=1"]}
 
 
 def recipes() -> list[tuple[str, list[str]]]:

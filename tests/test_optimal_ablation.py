@@ -91,7 +91,7 @@ def test_mode_gates_optimal_writes_constants_that_mode_eval_reproduces(trained, 
     np.testing.assert_array_equal(np.array(record["constants"]), np.array(fit["parameters"]))
     heads = pd.read_csv(out / "heads.csv")
     assert len(heads) == 12 and set(heads["split"]) == {"validation"}
-    for head in ("L1H2", "L2H0"):
+    for head in ("L1H2",):
         row = heads[heads["head"] == head].iloc[0]
         gaps = {}
         for policy, extra in (("optimal", [f"mask.constants={out / 'constants.json'}"]),
