@@ -22,9 +22,10 @@ CLEAR_MASK = {"rules": [], "policy": None, "heads": None, "renormalize": False, 
 
 
 def lay_over(cfg: Any, settings: Any, where: str) -> Any:
-    """``settings`` (a dict of config fields) merged into ``cfg``; a key ``cfg`` lacks is a ``UserError``."""
+    """``settings`` (a dict of config fields, or a list of them laid in turn) merged into a copy of ``cfg``; a key
+    ``cfg`` lacks is a ``UserError``."""
     try:
-        return OmegaConf.merge(cfg, settings or {})
+        return OmegaConf.merge(cfg, *(settings if isinstance(settings, list) else [settings or {}]))
     except (ConfigKeyError, ValidationError) as error:
         key = getattr(error, "full_key", None)  # the field inside the stage's config: cluster.k
         what = (getattr(error, "msg", None) or str(error)).splitlines()[0]
@@ -42,16 +43,16 @@ def stage_logger(cfg: Any, group: str, stage: str) -> None:
 def analysis_config(study_cfg: Any, stage: str, mode: str, ckpt_path: str | Path | None, group: str,
                     **fields: Any) -> Any:
     """An ``ablate.py`` config of ``mode`` on ``ckpt_path``: the study's, with no plan, ``study.<stage>`` laid over
-    it, then ``fields`` (dotted keys: ``{"cluster.features": DIR}``)."""
-    cfg = copy.deepcopy(study_cfg)
+    it, then ``fields`` (dotted keys: ``{"cluster.features": DIR}``). One merge makes the copy (a study builds about
+    60 of these: a deep copy and then a merge, which copies again, took 18 ms each)."""
+    settings = study_cfg.study.get(stage) or {}
+    base = {"mode": mode, "ckpt_path": None if ckpt_path is None else str(ckpt_path), "plan": None,
+            "mask": CLEAR_MASK, "group": group}
+    cfg = lay_over(study_cfg, [base, settings], f"study.{stage}")
     with open_dict(cfg):
-        cfg.mode = mode
-        cfg.ckpt_path = None if ckpt_path is None else str(ckpt_path)
-        cfg.plan = None
-        cfg.plans = {}
-        cfg.mask = OmegaConf.merge(cfg.mask, CLEAR_MASK)
-        stage_logger(cfg, group, stage)
-    cfg = lay_over(cfg, study_cfg.study.get(stage), f"study.{stage}")
+        cfg.plans = settings.get("plans") or {}  # the study's own plans are no stage's (a stage may give its own)
+        if cfg.logger is not None and "job_type" in cfg.logger:
+            cfg.logger.job_type = stage
     for key, value in fields.items():
         OmegaConf.update(cfg, key, value, merge=False, force_add=False)
     return cfg
