@@ -39,13 +39,21 @@ def l0_job(folder, pruned: dict[float, tuple[int, np.ndarray]]):
 
 @pytest.mark.parametrize(("cost", "expected"), [(0.0, HOLDS), (-30.0, FAILS)])
 def test_most_heads_pruned_at_a_small_cost(tmp_path, cost, expected):
-    """8 of 12 heads pruned at lambda 0.1 with f1 moved by ``cost`` on every example (a zero-width interval: the
-    change itself); 4 pruned at 0.01 does not count (not more than half)."""
-    l0_job(tmp_path, {0.01: (4, np.full(N, 80.0)), 0.1: (8, np.full(N, 80.0 + cost))})
+    """8 of 12 heads pruned at lambda 0.1 with f1 moved by ``cost`` on average, +-0.2 around it; 4 pruned at 0.01
+    does not count (not more than half)."""
+    wobble = np.where(np.arange(N) % 2 == 0, 0.2, -0.2)
+    l0_job(tmp_path, {0.01: (4, np.full(N, 80.0)), 0.1: (8, 80.0 + cost + wobble)})
     finding = most_heads_pruned(files_of(tmp_path))
     evidence, = finding.evidence
     assert evidence.verdict == expected and evidence.values["lambda"] == 0.1
     assert evidence.values["value"] == pytest.approx(cost) and evidence.values["boundary"] == -1.0
+
+
+def test_a_plan_that_changed_no_score_is_no_proof_of_no_loss(tmp_path):
+    """Every example's f1 unchanged: a zero-width interval at 0 shows nothing about a loss more examples could show."""
+    l0_job(tmp_path, {0.1: (8, np.full(N, 80.0))})
+    evidence, = most_heads_pruned(files_of(tmp_path)).evidence
+    assert evidence.verdict == INCONCLUSIVE
 
 
 def test_most_heads_pruned_is_inconclusive_when_the_interval_reaches_the_margin(tmp_path):
@@ -93,7 +101,7 @@ def test_no_irrelevant_head_is_not_tested(tmp_path):
 def test_optimal_gap_below_the_mean_gap_for_every_head(tmp_path, difference, p, expected):
     path = job(tmp_path, "gates/optimal/seed0", {"kind": "gates", "method": "optimal"})
     pd.DataFrame({"head": ["L0H0", "L0H1", "L0H2"], "split": "validation", "difference": difference,
-                  "p_adjusted": p}).to_csv(path / "heads.csv", index=False)
+                  "p_value": np.array(p) / 3, "p_adjusted": 1.0}).to_csv(path / "heads.csv", index=False)
     evidence, = optimal_below_mean(files_of(tmp_path)).evidence
     assert evidence.verdict == expected
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from headlab.reporting.statistics import family_level, paired_tests
+from headlab.reporting.statistics import adjust_p_values, family_level, paired_tests
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import (
     FAILS,
@@ -50,7 +50,10 @@ def gates_findings(files: StudyFiles) -> list[Finding]:
 
 def no_loss(low: float, high: float, margin: float) -> str:
     """"No loss" within ``margin``: holds when the interval's lower end is above ``-margin``, fails when its upper
-    end is below it."""
+    end is below it. A zero-width interval (the plan changed no example's score) shows no loss on these examples
+    only, not how large a loss more examples could show: inconclusive, never holds."""
+    if low == high and low > -margin:
+        return INCONCLUSIVE
     return HOLDS if low > -margin else FAILS if high < -margin else INCONCLUSIVE
 
 
@@ -121,7 +124,8 @@ def optimal_below_mean(files: StudyFiles) -> Finding:
     for model, job in files.model_jobs("gates", [f"optimal/{m}" for m in files.models]):
         table = pd.read_csv(job / "heads.csv")
         rows = table[table["split"] == files.split]
-        significant = rows["p_adjusted"].to_numpy() < files.alpha
+        # Holm across the heads whatever report.correction the job used (the rule is stated with Holm's)
+        significant = adjust_p_values(rows["p_value"].to_numpy(), "holm") < files.alpha
         below = int(((rows["difference"] < 0).to_numpy() & significant).sum())
         above = int(((rows["difference"] > 0).to_numpy() & significant).sum())
         heads = len(rows)
