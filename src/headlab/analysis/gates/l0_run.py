@@ -90,9 +90,9 @@ def write_gates(cfg: Any, job: EvalJob, fits: dict[float, GateFit], records: dic
     out, metric = job.output_dir, cfg.task.main_metric
     penalties = list(fits)
     split = job.data.eval_splits[0]
-    table = paired_table(cfg, records, baseline, [fit_name(p) for p in penalties], "fit")
-    table.insert(0, "lambda", [penalties[[fit_name(p) for p in penalties].index(name)] for name in table["fit"]])
-    table = table.drop(columns=["fit"])
+    names = {fit_name(p): p for p in penalties}
+    table = paired_table(cfg, records, baseline, list(names), "fit")
+    table.insert(0, "lambda", table.pop("fit").map(names))
     total = shape[0] * shape[1]
     pruned = {p: closed_heads(fits[p].parameters) for p in penalties}
     table.insert(1, "heads_pruned", [len(pruned[p]) for p in table["lambda"]])
