@@ -229,6 +229,9 @@ def test_input_stamps_follow_what_a_config_names(tmp_path):
     (tmp_path / "job/clusters.json").unlink()
     (tmp_path / "weights/model.safetensors").write_text("other weights")
     assert input_stamps(config, INPUT_KEYS)["mask.clusters"] != stamps["mask.clusters"]
+    config["mask"]["constants"] = str(tmp_path / "clusters.json")  # optimal constants learned again: a new input
+    assert input_stamps(config, INPUT_KEYS)["mask.constants"] == file_stamp(tmp_path / "clusters.json")
+    del config["mask"]["constants"]
     # a train.py job: its results.json and the weights in its model/ (written over by hand: not the job's any more)
     (tmp_path / "job/model").mkdir()
     (tmp_path / "job/model/model.safetensors").write_text("weights")

@@ -39,14 +39,23 @@ def l0_job(folder, pruned: dict[float, tuple[int, np.ndarray]]):
 
 @pytest.mark.parametrize(("cost", "expected"), [(0.0, HOLDS), (-30.0, FAILS)])
 def test_most_heads_pruned_at_a_small_cost(tmp_path, cost, expected):
-    """8 of 12 heads pruned at lambda 0.1 with f1 moved by ``cost`` on average, +-0.2 around it; 4 pruned at 0.01
+    """7 of 12 heads pruned at lambda 0.1 with f1 moved by ``cost`` on average, +-0.2 around it; 4 pruned at 0.01
     does not count (not more than half)."""
     wobble = np.where(np.arange(N) % 2 == 0, 0.2, -0.2)
-    l0_job(tmp_path, {0.01: (4, np.full(N, 80.0)), 0.1: (8, 80.0 + cost + wobble)})
+    l0_job(tmp_path, {0.01: (4, np.full(N, 80.0)), 0.1: (7, 80.0 + cost + wobble)})
     finding = most_heads_pruned(files_of(tmp_path))
     evidence, = finding.evidence
     assert evidence.verdict == expected and evidence.values["lambda"] == 0.1
     assert evidence.values["value"] == pytest.approx(cost) and evidence.values["boundary"] == -1.0
+
+
+def test_a_loss_only_far_past_half_the_heads_is_no_refutation(tmp_path):
+    """The grid jumps from 4 heads pruned (lambda 0.01) to 10 of 12 (0.1) at a loss: pruning 7 was never tried, so
+    the claim is inconclusive and the note names the penalty to add (their geometric mean)."""
+    l0_job(tmp_path, {0.01: (4, np.full(N, 80.0)), 0.1: (10, np.full(N, 50.0) + np.arange(N) % 2)})
+    evidence, = most_heads_pruned(files_of(tmp_path)).evidence
+    assert evidence.verdict == INCONCLUSIVE and evidence.values["high"] < -1.0
+    assert "between 0.01 and 0.1 (e.g. 0.0316)" in evidence.note
 
 
 def test_a_plan_that_changed_no_score_is_no_proof_of_no_loss(tmp_path):
@@ -71,21 +80,43 @@ def test_most_heads_pruned_is_not_tested_when_no_penalty_prunes_half(tmp_path):
     assert evidence.verdict == NOT_TESTED and "gates.lambdas" in evidence.note
 
 
-def chg_job(folder, irrelevant: int, row: dict | None):
+def chg_job(folder, irrelevant: int, row: dict | None, fits: int = 2, unstable: int = 0):
+    """gates/chg/seed0: ``irrelevant`` of 12 heads irrelevant (``unstable`` of them not in every fit), one
+    interfering, the rest facilitating; ``row`` the prune_irrelevant plan's change."""
     path = job(folder, "gates/chg/seed0", {"kind": "gates", "method": "chg"})
     counts = {"facilitating": 12 - irrelevant - 1, "interfering": 1, "irrelevant": irrelevant, "inconsistent": 0}
+    classes = ["irrelevant"] * irrelevant + ["interfering"] + ["facilitating"] * (11 - irrelevant)
+    stable = [i >= unstable for i in range(12)]
+    pd.DataFrame({"head": [f"L0H{i}" for i in range(12)], "class": classes, "stable": stable}).to_csv(
+        path / "heads.csv", index=False)
     pruned = [] if row is None else [{"plan": "prune_irrelevant", "split": "validation", **row}]
-    (path / "chg.json").write_text(json.dumps({"classes": counts, "stability": 0.75, "pruned": pruned}))
+    (path / "chg.json").write_text(json.dumps({"classes": counts, "stability": float(np.mean(stable)),
+                                               "fits": [{}] * fits, "pruned": pruned}))
 
 
-@pytest.mark.parametrize(("row", "expected"), [({"delta": -0.2, "ci_low": -0.8, "ci_high": 0.3}, HOLDS),
-                                               ({"delta": -5.0, "ci_low": -7.0, "ci_high": -3.0}, FAILS),
+NO_LOSS = {"delta": -0.2, "ci_low": -0.8, "ci_high": 0.3}
+LOSS = {"delta": -5.0, "ci_low": -7.0, "ci_high": -3.0}
+
+
+@pytest.mark.parametrize(("row", "expected"), [(NO_LOSS, HOLDS), (LOSS, FAILS),
                                                ({"delta": -0.5, "ci_low": -1.5, "ci_high": 0.4}, INCONCLUSIVE)])
 def test_irrelevant_heads_removable_at_no_cost(tmp_path, row, expected):
     chg_job(tmp_path, 6, row)
     evidence, = irrelevant_removable(files_of(tmp_path)).evidence
     assert evidence.verdict == expected
-    assert "6 of 12 heads irrelevant" in evidence.numbers and "75.0% of the heads" in evidence.numbers
+    assert "6 of 12 heads irrelevant" in evidence.numbers and "100.0% of the heads" in evidence.numbers
+
+
+@pytest.mark.parametrize(("irrelevant", "fits", "unstable", "why"), [
+    (1, 2, 0, "only 1 of 12 heads"),  # fewer than a tenth of the heads: no more than a single-head removal
+    (6, 1, 0, "one fit"),  # whether the class comes out again is not measured
+    (6, 2, 2, "only 67% of the irrelevant heads")])  # 4 of 6 irrelevant in every fit: below 80%
+def test_no_loss_of_a_class_too_small_or_unstable_is_inconclusive(tmp_path, irrelevant, fits, unstable, why):
+    chg_job(tmp_path, irrelevant, NO_LOSS, fits, unstable)
+    evidence, = irrelevant_removable(files_of(tmp_path)).evidence
+    assert evidence.verdict == INCONCLUSIVE and why in evidence.note
+    chg_job(tmp_path, irrelevant, LOSS, fits, unstable)  # a loss is a loss whatever the class's size
+    assert irrelevant_removable(files_of(tmp_path)).evidence[0].verdict == FAILS
 
 
 def test_no_irrelevant_head_is_not_tested(tmp_path):
@@ -94,13 +125,19 @@ def test_no_irrelevant_head_is_not_tested(tmp_path):
     assert evidence.verdict == NOT_TESTED and evidence.note == "no head was called irrelevant"
 
 
-@pytest.mark.parametrize(("difference", "p", "expected"), [
-    ([-0.1, -0.2, -0.05], [0.001, 0.001, 0.01], HOLDS),
-    ([-0.1, 0.2, -0.05], [0.001, 0.001, 0.01], FAILS),  # a head whose optimal constant costs more than its mean
-    ([-0.1, 0.0, -0.05], [0.001, 1.0, 0.01], INCONCLUSIVE)])  # a head whose constant stayed its mean
-def test_optimal_gap_below_the_mean_gap_for_every_head(tmp_path, difference, p, expected):
+@pytest.mark.parametrize(("difference", "p", "high", "expected"), [
+    ([-0.1, -0.2, -0.05], [0.001, 0.001, 0.01], [-0.01] * 3, HOLDS),
+    ([-0.1, 0.2, -0.05], [0.001, 0.001, 0.01], [-0.01, 0.3, -0.01], FAILS),  # a constant costing more than its mean
+    ([-0.1, 0.0, -0.05], [0.001, 1.0, 0.01], [-0.01, 0.01, -0.01], HOLDS),  # one undecided: 2 of 3 below
+    ([-0.1, 0.0, 0.0], [0.001, 1.0, 1.0], [-0.01, 0.01, 0.01], INCONCLUSIVE),  # 1 of 3 below
+    ([-0.1, -0.2, -0.05], [0.001, 0.001, 0.01], [-0.01, 0.02, 0.02], INCONCLUSIVE)])  # CIs disagreeing with p
+def test_optimal_gap_below_the_mean_gap(tmp_path, difference, p, high, expected):
+    """Holm over the three heads (p_value is the raw one: Holm makes the 0.01 / 3 one 0.01 < 0.05); a head counts
+    only when its CI agrees."""
     path = job(tmp_path, "gates/optimal/seed0", {"kind": "gates", "method": "optimal"})
+    low = np.array(difference) - 0.05
     pd.DataFrame({"head": ["L0H0", "L0H1", "L0H2"], "split": "validation", "difference": difference,
+                  "ci_low": np.where(np.array(difference) > 0, 0.1, low), "ci_high": high,
                   "p_value": np.array(p) / 3, "p_adjusted": 1.0}).to_csv(path / "heads.csv", index=False)
     evidence, = optimal_below_mean(files_of(tmp_path)).evidence
     assert evidence.verdict == expected
@@ -108,6 +145,6 @@ def test_optimal_gap_below_the_mean_gap_for_every_head(tmp_path, difference, p, 
 
 def test_the_study_lists_them_only_when_the_gates_stage_ran(tmp_path):
     assert not any(f.claim.key.startswith(("voita", "chg", "li_janson")) for f in study_findings(files_of(tmp_path)))
-    chg_job(tmp_path, 6, {"delta": -0.2, "ci_low": -0.8, "ci_high": 0.3})
+    chg_job(tmp_path, 6, NO_LOSS)
     keys = [f.claim.key for f in study_findings(files_of(tmp_path))]
     assert {"voita_most_heads_pruned", "chg_irrelevant_removable", "li_janson_optimal_below_mean"} <= set(keys)

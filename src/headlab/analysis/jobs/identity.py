@@ -48,10 +48,10 @@ CLUSTERED_MODES = ("eval", "sweep_heads", "prune_curve", "shapley", "patch", "ga
 # Config keys that name files or job directories a job reads (as far as its mode reads that section): what
 # researchers write and may write again. ``model.name_or_path`` too, when it is a folder outside the installed
 # packages (``files.input_stamps``: reinstalling a package would otherwise run every job again).
-INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance", "mask.reference", "importance.sweep",
-              "features.text_file", "cluster.features", "compare.runs", "compare.syntax", "syntax.conllu",
-              "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model", "patch.pairs",
-              "gates.prune_curve", "importance.learned")
+INPUT_KEYS = ("ckpt_path", "task.data_files", "mask.clusters", "mask.importance", "mask.reference", "mask.constants",
+              "importance.sweep", "features.text_file", "cluster.features", "compare.runs", "compare.syntax",
+              "syntax.conllu", "syntax.train_conllu", "syntax.text", "syntax.train_text", "syntax.spacy_model",
+              "patch.pairs", "gates.prune_curve", "importance.learned")
 
 Result = dict[str, Any]
 
