@@ -141,12 +141,21 @@ def test_causal_head_gating_classes_stability_and_plans(trained, tmp_path):
 
 
 def test_the_study_s_gates_stage_feeds_the_importance_agreement_and_the_report(trained, tmp_path):
-    """study.stages with gates (not a default stage): a job per method, their learned measures in the importance
-    stage's agreement with the sweep, a section of study.md, the three claims among the findings."""
+    """study.stages with gates (not a default stage): a job per method, the robustness stage's optimal ablation with
+    its constants, their learned measures in the importance stage's agreement with the sweep, a section of study.md,
+    the three claims among the findings."""
     root, _ = trained
     folder = tmp_path / "study"
     run("ablate.py", "study=quick", f"study.checkpoint={root / 'train'}",
-        "study.stages=[sweep,gates,importance,report]", f"hydra.run.dir={folder}", cwd_tmp=root)
+        "study.stages=[features,cluster,sweep,robustness,gates,importance,report]", f"hydra.run.dir={folder}",
+        cwd_tmp=root)
+    # optimal beside prune, mean and resample: each head's loss change the gates job's optimal gap (the same 24)
+    robust = json.loads((folder / "robustness/sweep_optimal/checkpoint/results.json").read_text())
+    assert robust["config"]["mask"]["constants"] == str(folder / "gates/optimal/checkpoint/constants.json")
+    gaps = pd.read_csv(folder / "gates/optimal/checkpoint/heads.csv").set_index("head")["optimal_gap"]
+    swept = np.array(robust["tables"]["validation"]["loss"]["delta"])  # [layers, heads]
+    np.testing.assert_allclose(swept, gaps.to_numpy().reshape(swept.shape), atol=1e-6)
+    assert (folder / "robustness/shapley_optimal/checkpoint/shapley.csv").is_file()
     for method in ("l0", "chg", "optimal"):
         assert json.loads((folder / f"gates/{method}/checkpoint/results.json").read_text())["method"] == method
     agreement = pd.read_csv(folder / "importance/checkpoint/agreement.csv")
@@ -160,6 +169,7 @@ def test_the_study_s_gates_stage_feeds_the_importance_agreement_and_the_report(t
     assert row["spearman"] == scipy.stats.spearmanr(order.ravel(), measured.ravel()).statistic
     text = (folder / "study.md").read_text()
     assert "## Learned gates, causal head gating, optimal ablation" in text
+    assert "under prune, mean, resample and optimal ablation" in text and "| Shapley, optimal " in text
     assert "(gates/chg/checkpoint/chg_heads.png)" in text and "Li & Janson 2024, optimal ablation" in text
     findings = json.loads((folder / "study.json").read_text())["findings"]
     assert {"voita_most_heads_pruned", "chg_irrelevant_removable", "li_janson_optimal_below_mean"} <= set(findings)

@@ -54,10 +54,10 @@ def _at_most(count: int, limit: Any) -> int:
 
 
 def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, types: int = 4,
-               fits: int = 0) -> float:
+               fits: int = 0, learned: bool = False) -> float:
     """Passes of ``stage`` with its config ``cfg`` (``study.<stage>`` laid over; ``train.py``'s for the fine-tuning)
     for ``models`` fine-tuned models; ``plans``: the tables' plans per model; ``types``: the clusters' k; ``fits``:
-    their bootstrap fits."""
+    their bootstrap fits; ``learned``: the gates stage runs (robustness adds optimal ablation)."""
     n_eval = _at_most(sizes.eval, cfg.data.get("max_eval_examples"))
     if stage == "finetune":
         n_train = _at_most(sizes.train, cfg.data.get("max_train_examples"))
@@ -82,9 +82,9 @@ def stage_work(stage: str, cfg: Any, sizes: Sizes, models: int, plans: int = 0, 
         return models * (1 + REFIT_DISTINCT * 8 * fits) * n_eval
     if stage == "sweep":
         return models * SWEEP_PASSES * sizes.layers * sizes.heads * n_eval
-    if stage == "robustness":  # sweeps and Shapley under prune, mean and resample (each draw: sources + ablated)
+    if stage == "robustness":  # sweeps and Shapley under prune, mean, resample (each draw: sources + ablated), optimal
         coalitions = 2 ** types - 1  # every coalition of the head types but the full model
-        methods = 2 + 2 * cfg.mask.resamples
+        methods = 2 + 2 * cfg.mask.resamples + learned
         return models * n_eval * methods * (SWEEP_PASSES * sizes.layers * sizes.heads + coalitions)
     if stage == "gates":  # a job per method: L0's fits, CHG's three stages per fit, the constants and two sweeps
         from omegaconf import OmegaConf
@@ -139,6 +139,7 @@ def study_work(study: Any) -> Callable[[str], float] | None:
     configs |= {stage: analysis_config(cfg, stage, mode, None, study.group) for stage, mode in STAGE_MODES.items()}
     plans = sum(len(table_plans(table, list(GUAN_TYPES))) for table in TABLES)
     types, fits = configs["cluster"].cluster.k, configs["cluster"].cluster.bootstrap_fits
-    work = {stage: stage_work(stage, config, sizes, len(study.models), plans, types, fits)
+    learned = "gates" in cfg.study.stages
+    work = {stage: stage_work(stage, config, sizes, len(study.models), plans, types, fits, learned)
             for stage, config in configs.items()}
     return lambda stage: work.get(stage, 0.0)

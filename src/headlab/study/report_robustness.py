@@ -36,14 +36,17 @@ from headlab.reporting.layouts import to_markdown
 from headlab.study.findings import study_files
 from headlab.study.findings.limits import limit_reasons
 from headlab.study.report_base import StudyReport, number
-from headlab.study.stages import REMOVALS
+from headlab.study.stages import LEARNED_REMOVAL, REMOVALS
 
 MOVERS = 5  # heads listed whose rank moves most between methods
 
 
 def robustness(report: StudyReport) -> None:
-    report.section("Robustness: do the conclusions hold under prune, mean and resample ablation?")
     jobs = report.stage_jobs("robustness")
+    learned = any(job.startswith(f"robustness/sweep_{LEARNED_REMOVAL}/") for job in jobs)
+    methods = ("prune, mean, resample and optimal ablation (the gates stage's constants)" if learned else
+               "prune, mean and resample ablation")
+    report.section(f"Robustness: do the conclusions hold under {methods}?")
     found, limited = False, None  # limited: model -> why no ablation of it can be read (its floor, ceiling, none)
     for name, _ in report.study.models:
         shapley = _jobs(report, jobs, "shapley", name, "coalitions.parquet")
@@ -70,7 +73,7 @@ def limits_of(report: StudyReport) -> dict[str, str]:
 
 def _jobs(report: StudyReport, jobs: set[str], kind: str, name: str, file: str) -> dict[str, Path]:
     """``{policy: job folder}`` of this model's ``kind`` jobs (shapley, sweep) of the stage's last run."""
-    folders = {policy: report.path("robustness", f"{kind}_{policy}", name) for policy in REMOVALS}
+    folders = {policy: report.path("robustness", f"{kind}_{policy}", name) for policy in (*REMOVALS, LEARNED_REMOVAL)}
     return {policy: folder for policy, folder in folders.items()
             if f"robustness/{kind}_{policy}/{name}" in jobs and (folder / file).is_file()}
 

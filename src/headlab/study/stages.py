@@ -14,10 +14,11 @@
     refits/seed0/<plan>-<digest>/        mode=eval of Table 2's type plans under each bootstrap fit of the clusters
                                          (cluster/seed0/refits.json, ``headlab.study.refit_plans``), the baseline
     sweep/seed0/                         mode=sweep_heads: every head pruned alone
-    robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/): on its examples
-    robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, shapley_resample/)
     gates/l0/seed0/                      mode=gates: L0 gates at each penalty (gates/chg/, gates/optimal/: causal head
                                          gating, optimal ablation's constants); not in the default study
+    robustness/sweep_prune/seed0/        mode=sweep_heads under prune (sweep_mean/, sweep_resample/, sweep_optimal/ with
+                                         the gates stage's constants): on its examples
+    robustness/shapley_prune/seed0/      mode=shapley over the head types under prune (shapley_mean/, ...)
     importance/seed0/                    mode=importance, with its agreement with the sweep
     prune_curve/seed0/                   mode=prune_curve: importance-guided pruning vs random orders
     study.md, study.json                 the report
@@ -39,14 +40,15 @@ from headlab.study.configs import analysis_config, train_config
 from headlab.study.refit_plans import refit_plans
 
 STAGES = ("finetune", "features", "cluster", "syntax", "compare", "tables", "controls", "refits", "sweep",
-          "robustness", "gates", "importance", "prune_curve", "report")
+          "gates", "robustness", "importance", "prune_curve", "report")
 OPTIONAL_STAGES = ("gates",)  # off unless study.stages names them (the default study's first run stays short)
 READS = {  # stage -> the stages whose files its jobs read: the study's one stage graph (each input runs before)
     "finetune": (), "features": ("finetune",), "cluster": ("features",), "syntax": ("finetune",),
     "compare": ("cluster", "syntax"), "tables": ("finetune", "cluster"), "controls": ("finetune", "cluster"),
-    "refits": ("finetune", "cluster"), "sweep": ("finetune",), "robustness": ("finetune", "cluster"),
+    "refits": ("finetune", "cluster"), "sweep": ("finetune",), "robustness": ("finetune", "cluster", "gates"),
     "gates": ("finetune",), "importance": ("finetune", "sweep", "gates"), "prune_curve": ("finetune",), "report": ()}
-READ_WHEN_THERE = {"compare": ("syntax",), "importance": ("sweep", "gates")}  # inputs read only when they ran
+READ_WHEN_THERE = {"compare": ("syntax",), "robustness": ("gates",),
+                   "importance": ("sweep", "gates")}  # inputs read only when they ran
 NEEDS = {stage: tuple(need for need in reads if need not in READ_WHEN_THERE.get(stage, ()))
          for stage, reads in READS.items()}  # what a stage cannot run without
 ABOUT = {
@@ -59,7 +61,8 @@ ABOUT = {
     "controls": "random head sets of the size of each type Table 2 says matters (the types' controls)",
     "refits": "Table 2's type plans under each bootstrap fit of the clusters (the clustering's randomness)",
     "sweep": "every head pruned alone",
-    "robustness": "Table 2, the single-head sweep and the head types' Shapley values under prune, mean and resample",
+    "robustness": "Table 2, the single-head sweep and the head types' Shapley values under prune, mean and resample "
+                  "(and optimal, with the gates stage's constants)",
     "gates": "learned per-head parameters: L0 gates, causal head gating, optimal ablation's constants",
     "importance": "gradient head importance and its agreement with the sweep",
     "prune_curve": "heads pruned by importance vs random orders",
@@ -75,6 +78,7 @@ TABLES = ("table2", "table3", "table3_renormalized")
 MARKER = "stage.json"  # <study>/<stage>/stage.json: the stage's jobs (their hashes) and files when it last finished
 GUAN_TYPES = ("dense", "diagonal", "dense_vertical", "vertical")
 REMOVALS = ("prune", "mean", "resample")  # the robustness stage's ways to take a head away
+LEARNED_REMOVAL = "optimal"  # and with the gates stage's constants (optimal ablation) when it ran
 CONTROL_POLICIES = ("prune", "uniform")  # Table 2's: a type's removal beside random sets of its size
 CONTROLLED = {"prune": ("diagonal",), "uniform": ("diagonal", "dense_vertical")}  # the types Table 2 says matter
 PRESETS = {"table2": "guan2020_table2", "table3": "guan2020_table3", "table3_renormalized": "guan2020_table3"}
@@ -264,18 +268,23 @@ def _sweep(study: Study) -> list[Job]:
 
 def _robustness(study: Study) -> list[Job]:
     """Per model, on the stage's examples: the single-head sweep and the head types' exact Shapley values under prune,
-    mean and resample (the Shapley jobs' coalitions hold Table 2's single-type removals)."""
+    mean and resample, and optimal with the gates stage's constants when it learned them (the Shapley jobs'
+    coalitions hold Table 2's single-type removals)."""
     folder, jobs = study.stage_dir("robustness"), []
     for name, ckpt in study.models:
-        for policy in REMOVALS:
+        constants = study.stage_dir("gates") / LEARNED_REMOVAL / name / "constants.json"
+        policies = {policy: {} for policy in REMOVALS}
+        if constants.is_file():
+            policies[LEARNED_REMOVAL] = {"mask.constants": str(constants)}
+        for policy, extra in policies.items():
             jobs.append(Job(folder / f"sweep_{policy}" / name, study.analysis(
-                "robustness", "sweep_heads", ckpt, **{"mask.policy": policy, "sweep.family": "single_head"}),
+                "robustness", "sweep_heads", ckpt, **{"mask.policy": policy, "sweep.family": "single_head"}, **extra),
                 "sweep_heads"))
         clusters = str(study.stage_dir("cluster") / name / "clusters.json")
-        for policy in REMOVALS:
+        for policy, extra in policies.items():
             jobs.append(Job(folder / f"shapley_{policy}" / name, study.analysis(
                 "robustness", "shapley", ckpt, **{"mask.clusters": clusters, "shapley.over": "types",
-                                                  "shapley.policy": policy}), "shapley"))
+                                                  "shapley.policy": policy}, **extra), "shapley"))
     return jobs
 
 
