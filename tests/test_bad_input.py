@@ -253,8 +253,6 @@ CASES = [
     ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.split=validation"],
      "gates.split=validation is an evaluation split of task demo_pairs"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "mask=prune", "mask.heads=L0"], "use mask=none"),
-    ("ablate.py", ["mode=gates", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
-     "mode=gates runs in one process"),  # its fits under DDP are not tested yet
     # optimal heads and their constants file
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0"],
      "optimal heads take the constants a mode=gates gates.method=optimal job learned: give mask.constants="),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import lightning.pytorch
 import pytest
 import torch
 from conftest import PAIRS, TEXTS, compose_train
@@ -41,12 +42,13 @@ def test_the_objective_is_the_task_loss_plus_lambda_times_the_expected_open_gate
     module, batch = gated
     module.train()
     assert not module.model.training and module.training  # a frozen model runs without dropout
-    torch.manual_seed(7)
     objective = module.training_loss(batch, module(batch))
     mine, = torch.autograd.grad(objective, [module.gate_logits])
     log_alpha = module.gate_logits.detach().clone().requires_grad_(True)
-    torch.manual_seed(7)  # the same uniform noise, and Louizos et al.'s draw written out
-    u = torch.rand(log_alpha.shape, dtype=torch.float64) * (1 - 2e-6) + 1e-6
+    u = module.step_noise()  # the step's uniform noise, and Louizos et al.'s draw written out
+    torch.manual_seed(11)  # the global random state does not move it: (seed, step) alone
+    torch.testing.assert_close(module.step_noise(), u, rtol=0, atol=0)
+    assert float(u.min()) >= 1e-6 and float(u.max()) <= 1 - 1e-6 and len(set(u.flatten().tolist())) == u.numel()
     s = torch.sigmoid((torch.log(u) - torch.log(1 - u) + log_alpha) / (2 / 3))
     z = (s * 1.2 - 0.1).clamp(0, 1)
     task_loss = torch.nn.functional.cross_entropy(reference_logits(module, batch, z), batch["labels"])
@@ -188,11 +190,23 @@ def test_each_method_trains_on_every_family(method):
             module = gated_module(model_cfg, TASK_OF_FAMILY, MASK_OF_FAMILY, {}, settings, model)
         parameter = "constants" if method == "optimal" else "gate_logits"
         start = getattr(module, parameter).detach().clone()
+        watch = ModelModes()
         trainer = pl.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                             enable_checkpointing=False, accelerator="cpu", limit_val_batches=0)
+                             enable_checkpointing=False, accelerator="cpu", limit_val_batches=0, callbacks=[watch])
         trainer.fit(module, train_dataloaders=DataLoader([data], batch_size=None))
         assert (getattr(module, parameter).detach() != start).any(), name
+        assert watch.training == [False], name  # Lightning keeps modes: the module put its frozen model in eval mode
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), name
+
+
+class ModelModes(lightning.pytorch.Callback):
+    """Whether any of the module's model's modules was in training mode (dropout on) at each training batch."""
+
+    def __init__(self):
+        self.training = []
+
+    def on_train_batch_start(self, trainer, module, *_):
+        self.training.append(any(m.training for m in module.model.modules()))
 
 
 TASK_OF_FAMILY = {"name": "pairs", "type": "classification", "num_labels": 2, "eval_splits": ["validation"],

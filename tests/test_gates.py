@@ -173,3 +173,25 @@ def test_the_study_s_gates_stage_feeds_the_importance_agreement_and_the_report(t
     assert "(gates/chg/checkpoint/chg_heads.png)" in text and "Li & Janson 2024, optimal ablation" in text
     findings = json.loads((folder / "study.json").read_text())["findings"]
     assert {"voita_most_heads_pruned", "chg_irrelevant_removable", "li_janson_optimal_below_mean"} <= set(findings)
+
+
+@pytest.mark.slow
+def test_two_processes_fit_what_one_process_fits_with_their_rows(trained, tmp_path):
+    """trainer=ddp, 2 gloo processes of batch 4 each: every step's 8 rows shared out as the sampler deals them, the
+    step's L0 noise the same on both, the gradients averaged: the gates of one process of batch 8, to float
+    rounding (one process of batch 4 ends 0.44 away: measured), and the pruned model's records of one process."""
+    root, _ = trained
+    overrides = ("mode=gates", "gates.lambdas=[0]", "gates.max_examples=32", "gates.lr=0.05", "gates.max_steps=6",
+                 "data.max_eval_examples=24", "report.resamples=200", "report.permutations=200",
+                 f"ckpt_path={root / 'train'}")
+    run("ablate.py", *overrides, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}", cwd_tmp=root)
+    run("ablate.py", *overrides, "data.batch_size=4", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+        "trainer.precision=32-true", f"hydra.run.dir={tmp_path / 'two'}", f"baseline_dir={tmp_path / 'baselines'}",
+        cwd_tmp=root)
+    one, two = (np.array(json.loads((tmp_path / name / "fits/lambda_0/fit.json").read_text())["parameters"])
+                for name in ("one", "two"))
+    assert np.abs(one).max() > 0.2  # the gates moved
+    np.testing.assert_allclose(two, one, rtol=0, atol=1e-6)
+    records = [pd.read_parquet(tmp_path / name / "records.parquet") for name in ("one", "two")]
+    assert len(records[0]) == 48 and list(records[1]["example"]) == list(records[0]["example"])
+    np.testing.assert_allclose(records[1]["loss"], records[0]["loss"], rtol=0, atol=1e-6)

@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import run
 from planted import MASK, MODEL, TASK, planted_batches, planted_model
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
-from headlab.analysis.gates.constant_training import constant_module
+from headlab.analysis.gates.constant_training import constant_module, row_heads
 from headlab.core.patch.ablate import ablate
 from headlab.core.plans import HeadPlan
 from headlab.core.substitutes.means import head_means
@@ -105,3 +105,29 @@ def test_mode_gates_optimal_writes_constants_that_mode_eval_reproduces(trained, 
         assert row["optimal_gap"] == pytest.approx(gaps["optimal"], abs=1e-6)
         assert row["mean_gap"] == pytest.approx(gaps["mean"], abs=1e-6)
         assert row["difference"] == pytest.approx(gaps["optimal"] - gaps["mean"], abs=2e-6)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_processes_pair_each_example_with_the_head_one_process_pairs_it_with(world):
+    """Process r of w gets rows r, r + w, ... of every step's w x b (torch's DistributedSampler, which the training
+    sampler is); ``row_heads`` pairs each example with the head that one process of batch w x b pairs it with, over
+    two epochs whose last steps are short (30 examples, batches of 4 per process, 27 heads)."""
+    def pairs(processes: int, batch: int) -> dict[tuple[int, int], int]:
+        found, step = {}, 0
+        for epoch in range(2):
+            shares = []
+            for rank in range(processes):
+                sampler = DistributedSampler(range(30), num_replicas=processes, rank=rank, shuffle=True, seed=5)
+                sampler.set_epoch(epoch)
+                shares.append(list(sampler))
+            for start in range(0, len(shares[0]), batch):
+                for rank, share in enumerate(shares):
+                    rows = share[start:start + batch]
+                    for example, head in zip(rows, row_heads(step, batch, processes, rank, len(rows), 27).tolist()):
+                        found[epoch, example] = head
+                step += 1
+        return found
+
+    one = pairs(1, 4 * world)
+    assert len(one) == 60 and len(set(one.values())) == 27
+    assert pairs(world, 4) == one

@@ -49,7 +49,7 @@ def function_at(reference: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-ONE_PROCESS = ("prune_curve", "shapley", "patch", "demo", "gates")  # modes that run their model in one process only
+ONE_PROCESS = ("prune_curve", "shapley", "patch", "demo")  # modes that run their model in one process only
 
 
 def check_mode(cfg: Any) -> None:

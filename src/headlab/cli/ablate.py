@@ -56,7 +56,7 @@ def _run_ablate(cfg: Any) -> Any:
         raise UserError(f"mode={cfg.mode} runs in one process; trainer.strategy={cfg.trainer.strategy}, "
                         f"trainer.devices={cfg.trainer.devices}, trainer.num_nodes={cfg.trainer.num_nodes} would "
                         "start several: use trainer=cpu or trainer=gpu (DDP takes mode=eval, sweep_heads, "
-                        "importance, features and syntax)")
+                        "importance, features, syntax and gates)")
     check_mode(cfg)
     log_lightning_once()
     progress_bars_follow(cfg.trainer)

@@ -2,10 +2,12 @@
 
 Every head has a constant context vector (``constants`` ``[layers, heads, head_dim]``, the only trainable parameters;
 the model is frozen and runs without dropout). In a training batch each row replaces one head by its constant (the
-``optimal`` policy, per-row plans: one plan per head), the heads taken in turn across the rows and steps, row ``i`` of
-step ``s`` on process ``r`` of ``w`` replacing head ``(s * batch * w + r * batch + i) mod (layers x heads)``; the
-objective is the task's loss over the batch, so each constant moves by the rows that replace its own head (a resumed
-fit assigns the same heads: the step is restored). Adam at ``gates.lr``.
+``optimal`` policy, per-row plans: one plan per head), the heads taken in turn across the rows and steps: row ``i`` of
+step ``s`` on process ``r`` of ``w`` (batches of ``b`` rows each) replaces head ``(s * b * w + r + w * i) mod (layers x
+heads)``, its place in the step's rows as the training sampler deals them round the processes, so that ``w``
+processes pair each example with the head one process with batches of ``w * b`` does. The objective is the task's
+loss over the batch, so each constant moves by the rows that replace its own head (a resumed fit assigns the same
+heads: the step is restored). Adam at ``gates.lr``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class ConstantTask:
         self.settings = OmegaConf.create(settings)
         self.constants = torch.nn.Parameter(torch.as_tensor(start, dtype=torch.float32).clone())
         self.model.requires_grad_(False)
+        self.train(self.training)  # the task module put the model in training mode (Lightning keeps modes)
         self.strict_loading = False  # the frozen model's weights stay out of checkpoints
         layers, heads = self.constants.shape[:2]
         self.one_head = [HeadPlan.from_rules([{"heads": head_name(layer, head), "policy": "optimal"}], layers, heads)
@@ -47,9 +50,12 @@ class ConstantTask:
 
     def plan_ids(self, rows: int) -> torch.Tensor:
         """``[rows]``: the head each row of this training batch replaces (module docstring)."""
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self._trainer is not None else (1, 0)
-        first = self.global_step * rows * world + rank * rows
-        return (torch.arange(rows, device=self.constants.device) + first) % len(self.one_head)
+        world, rank, batch = 1, 0, rows
+        if self._trainer is not None:
+            world, rank = self.trainer.world_size, self.trainer.global_rank
+            # the loader's batch size: the last batch of an epoch may hold fewer rows (None: batches made outside)
+            batch = getattr(self.trainer.train_dataloader, "batch_size", None) or rows
+        return row_heads(self.global_step, batch, world, rank, rows, len(self.one_head)).to(self.constants.device)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
         if not self.training:
@@ -65,6 +71,12 @@ class ConstantTask:
 
     def configure_optimizers(self) -> Any:
         return torch.optim.Adam([self.constants], lr=self.settings.lr)
+
+
+def row_heads(step: int, batch: int, world: int, rank: int, rows: int, heads: int) -> torch.Tensor:
+    """``[rows]``: the head (of ``heads``, layer-major) that each row of process ``rank``'s batch at ``step``
+    replaces: its place among the step's ``batch x world`` rows as ``DistributedSampler`` deals them, mod ``heads``."""
+    return (step * batch * world + rank + world * torch.arange(rows)) % heads
 
 
 class ConstantClassification(ConstantTask, ClassificationModule):

@@ -8,8 +8,10 @@ fine-tuning, dropout on). The method (``gates.method``) says what a parameter gi
 what the objective adds to the task loss:
 
 * ``l0`` (Voita et al. 2019): the logit is a hard concrete gate's ``log_alpha`` (``hard_concrete``): a draw per head
-  per training batch, the deterministic gate in evaluation; the objective adds ``gates.l0_lambda`` x the expected
-  number of open gates.
+  per optimizer step, the deterministic gate in evaluation; the objective adds ``gates.l0_lambda`` x the expected
+  number of open gates. The draw's uniform noise comes from ``(gates.seed, step)`` alone: every DDP process draws the
+  noise one process with all of the step's rows draws (two processes of batch b fit what one of batch 2b fits), and
+  a resumed fit the uninterrupted one's.
 * ``chg`` (causal head gating, Nam et al. 2025): the gate is ``sigmoid(logit)`` in training and evaluation; the
   objective subtracts ``gates.chg_lambda`` x the mean over heads of the logits clipped to [-4, 4] (a positive weight
   pushes every gate toward 1, a negative one toward 0, 0 adds nothing).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -43,6 +46,7 @@ class GatedTask:
             torch.as_tensor(start, dtype=torch.float32).reshape(shape)
         self.gate_logits = torch.nn.Parameter(first.clone())
         self.model.requires_grad_(bool(self.gates.train_model))
+        self.train(self.training)  # the task module put the model in training mode (Lightning keeps modes)
         self.strict_loading = bool(self.gates.train_model)  # a frozen model's weights stay out of checkpoints
         self.prefix = self.gates.get("log_prefix", "gates")  # one fit's curves among a job's several
         self.l0 = self.gates.method == "l0"
@@ -65,8 +69,17 @@ class GatedTask:
         if not self.l0:
             return torch.sigmoid(self.gate_logits)
         if self.training:
-            return hard_concrete.sample(self.gate_logits)
+            return hard_concrete.sample(self.gate_logits, self.step_noise())
         return hard_concrete.deterministic(self.gate_logits)
+
+    def step_noise(self) -> torch.Tensor:
+        """``[layers, heads]``: L0's uniform noise of this optimizer step, from ``(gates.seed, step)`` alone (drawn
+        on the CPU in float64: the same on every process and device)."""
+        state = np.random.SeedSequence([int(self.gates.get("seed", 0)), self.global_step]).generate_state(2)
+        generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+        u = torch.rand(self.gate_logits.shape, generator=generator, dtype=torch.float64)
+        u = u * (1 - 2 * hard_concrete.EPSILON) + hard_concrete.EPSILON
+        return u.to(self.gate_logits)
 
     def expected_open(self) -> torch.Tensor:
         """L0: the expected number of open gates (the penalty before its weight)."""

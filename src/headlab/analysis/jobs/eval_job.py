@@ -177,10 +177,13 @@ class EvalJob:
         holds the baseline variant when the baseline must be computed in this pass.
         """
         self._calls = getattr(self, "_calls", 0) + 1
-        decision = f"HEADLAB_BASELINE_CACHED_{self.job_hash}_{self._calls}"  # read by DDP children
+        decision = f"HEADLAB_BASELINE_CACHED_{self.job_hash}_{self._calls}"  # read by DDP children started later
         if decision in os.environ:
             return self._run(variants, self._cached_baselines() if os.environ[decision] == "1" else None,
                              make_evaluator)
+        started = processes_started()  # by an earlier fit (mode=gates): rank 0 decides, the others hear it
+        if started and not self.is_global_zero:
+            return self._run(variants, self._cached_baselines() if _from_rank_zero(None) else None, make_evaluator)
         cached = self._cached_baselines()
         if cached is None:
             lock_path = Path(self.cfg.baseline_dir) / f"{self.weights}.lock"
@@ -190,10 +193,14 @@ class EvalJob:
                     cached = self._cached_baselines()
                     if cached is None:
                         os.environ[decision] = "0"
+                        if started:
+                            _from_rank_zero(False)
                         return self._run(variants, None, make_evaluator)
             finally:  # no empty lock file stays; a job that waited on it reads the cache once it holds it
                 lock_path.unlink(missing_ok=True)
         os.environ[decision] = "1"
+        if started:
+            _from_rank_zero(True)
         return self._run(variants, cached, make_evaluator)
 
     def _run(self, variants: list[Variant], cached: dict[str, Any] | None, make_evaluator) -> tuple[dict, dict]:
@@ -269,3 +276,20 @@ def _frame(rows: list[dict[str, Any]]):
 
     return pd.DataFrame(rows)
 
+
+def processes_started() -> bool:
+    """Whether this job's DDP processes run already (a fit started them): a decision is then broadcast, not
+    inherited through the environment by the processes the first Trainer starts."""
+    import torch.distributed
+
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+
+
+def _from_rank_zero(value: Any) -> Any:
+    """``value`` of rank 0, on every rank (a collective: every rank calls it)."""
+    import torch.distributed
+
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
