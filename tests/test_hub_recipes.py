@@ -1,6 +1,7 @@
 """Every recipe of README.md and docs/*.md that names a hub model or data set, or a GPU, runs end to end on CPU
 against a local stand-in for the Hugging Face hub (tests/hub_standin.py: the real repo ids in the caches that
-``huggingface_hub`` and ``datasets`` read offline), shortened by overrides (a few examples, two steps), with
+``huggingface_hub`` and ``datasets`` read offline), shortened by overrides (a few examples, two steps; a study of
+the BERT-base stand-in: the stages that read the hub's model and task, ``BERT_STAGES``), with
 ``trainer=cpu`` for ``trainer=gpu`` / ``trainer=ddp``. The recipes that only a GPU can run are in ``GPU_ONLY`` and
 in the README's list of what is not run here."""
 
@@ -52,6 +53,11 @@ SMALL_STUDY = ["study.finetune.trainer.max_steps=2", "study.finetune.trainer.num
                "study.refits.data.max_eval_examples=8", "study.prune_curve.prune_curve.step=0.5"]
 
 
+# BERT's whole study runs in tests/test_study.py (each other family's in test_family_studies.py, DistilBERT's here):
+# a study of the BERT-base stand-in runs the stages that read the hub's model and task, not the per-head ones
+BERT_STAGES = "study.stages=[finetune,features,cluster,compare,syntax,tables,report]"
+
+
 def hub_configs(group: str, field: str) -> dict[str, str]:
     """``{config name: repo id}`` of the configs in ``conf/<group>/`` that name a hub repo in ``field``."""
     found = {}
@@ -97,7 +103,10 @@ def run(folder, home, script: str, *words: str, small: bool = True) -> subproces
     flags = [w for w in words if w.startswith("-")]  # -m before the overrides
     words = [ON_CPU.get(w, w) for w in words if w not in flags and ON_CPU.get(w, w) is not None]
     if small:
-        words += SMALL_STUDY if any(w.startswith("study=") for w in words) else SMALL[script]
+        study = any(w.startswith("study=") for w in words)
+        words += SMALL_STUDY if study else SMALL[script]
+        if study and "model=bert_base_uncased" in words and not any(w.startswith("study.stages=") for w in words):
+            words.append(BERT_STAGES)
         if any(w in ("task=squad", "task=squad_v2") for w in words):
             words += SMALL_QA
     extra = [f"data.cache_dir={folder / 'cache'}", "logger=csv"]

@@ -828,3 +828,20 @@ def test_the_terminal_names_the_split_of_each_plan_grid_where_there_are_several(
     assert grid_heading("Table 2: ...", "seed0", "validation", 1) == "Table 2: ..., seed0:"
     headings = [grid_heading("Table 2: ...", "seed0", split, 2) for split in ("validation_matched", "test")]
     assert headings == ["Table 2: ..., seed0, split validation_matched:", "Table 2: ..., seed0, split test:"]
+
+
+def test_the_gates_stage_of_a_qa_study_reports_the_main_metric_beside_the_prune_curve(finished, tmp_path):
+    """demo_qa: gates.csv holds exact_match before f1, the paired statistics are of f1 (the main metric): study.md's
+    L0 table and its figure beside the prune curve read f1 (the figure's intervals of exact_match against f1's
+    baseline had negative error bars: the report stage died)."""
+    folder = tmp_path / "study"
+    shutil.copytree(finished[0], folder, symlinks=True)
+    study(folder, "study.stages=[gates,report]", "study.gates.gates.lambdas=[0.1]")
+    gates = pd.read_csv(folder / "gates/l0/seed0/gates.csv")
+    section = (folder / "study.md").read_text().split("## Learned gates")[1].split("\n## ")[0]
+    table = markdown_table(section, "L0 gates (Voita et al. 2019)")
+    assert list(table.columns[:4]) == ["lambda", "heads_kept", "heads_pruned", "fractional"]
+    assert [float(cell) for cell in table["f1 change"]] == pytest.approx(gates["delta"].round(4).tolist(), abs=1e-12)
+    assert [float(cell) for cell in table["f1"]] == pytest.approx(gates["f1"].round(4).tolist(), abs=1e-12)
+    assert table["heads_pruned"].tolist() == [str(n) for n in gates["heads_pruned"]]
+    assert (folder / "gates/l0/seed0/with_prune_curve.png").is_file()

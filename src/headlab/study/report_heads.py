@@ -184,12 +184,16 @@ def _l0(report: StudyReport, name: str) -> None:
     for _, path in report.sources("gates", "gates.csv", [f"l0/{name}"]):
         frame = pd.read_csv(path)
         split = frame["split"].iloc[0]
-        metric = next(c for c in frame.columns if c not in ("lambda", "heads_kept", "heads_pruned", "split"))
+        metric = main_metric(report.study)  # the paired statistics' metric (gates.csv has every metric)
         main = frame[frame["split"] == split]
-        shown = main[["lambda", "heads_kept", "heads_pruned", metric, "baseline", "delta", "ci_low", "ci_high",
-                      "p_adjusted"]].astype({"heads_kept": int, "heads_pruned": int})
+        counts = [c for c in ("heads_kept", "heads_pruned", "fractional") if c in main]
+        shown = main[["lambda", *counts, metric, "baseline", "delta", "ci_low", "ci_high", "p_adjusted"]].astype(
+            dict.fromkeys(counts, int))
+        text = shown.round(4).astype(object).rename(columns={"baseline": f"{metric} baseline",
+                                                             "delta": f"{metric} change"})
         report.markdown += [f"L0 gates (Voita et al. 2019), {name}: the heads each penalty closes pruned, {split} "
-                            f"(`{report.link(path)}`):", "", to_markdown(shown.round(4))]
+                            f"(`{report.link(path)}`; fractional: kept heads whose gate ended between 0 and 1, kept "
+                            "whole by the pruned model):", "", to_markdown(text)]
         report.numbers.setdefault("gates_l0", {})[name] = shown.to_dict("records")
         report.console.append(f"L0 gates {name}: " + "; ".join(
             f"lambda {r['lambda']:g} prunes {int(r['heads_pruned'])} heads, {metric} {r['delta']:+.4f}"

@@ -96,6 +96,7 @@ def fit_trainer(job: EvalJob, steps: int, checkpoints: Path, logger: Any) -> pl.
                            enable_version_counter=False, every_n_train_steps=gates.checkpoint_every,
                            save_on_train_epoch_end=False)
     warnings.filterwarnings("ignore", message=".*is smaller than the logging interval")  # a small fit split
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")  # the frozen model, on purpose
     return make_trainer(OmegaConf.create(arguments), [last, ResumeMidEpoch(), RandomStates()], logger,
                         job.output_dir)
 

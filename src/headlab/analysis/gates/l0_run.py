@@ -97,6 +97,9 @@ def write_gates(cfg: Any, job: EvalJob, fits: dict[float, GateFit], records: dic
     pruned = {p: closed_heads(fits[p].parameters) for p in penalties}
     table.insert(1, "heads_pruned", [len(pruned[p]) for p in table["lambda"]])
     table.insert(1, "heads_kept", total - table["heads_pruned"])
+    between = {p: int(((gates > 0) & (gates < 1)).sum()) for p in penalties  # kept whole by the pruned model
+               for gates in [hard_concrete.deterministic(torch.as_tensor(fits[p].parameters)).numpy()]}
+    table.insert(3, "fractional", [between[p] for p in table["lambda"]])
     write_frame_atomic(table, out / "gates.csv")
     write_text_atomic(out / "gates.md", to_markdown(table.round(4)))
     entries, lines, files = [], [], ["gates.json", "gates.csv", "gates.md"]
