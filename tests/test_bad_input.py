@@ -52,10 +52,17 @@ def make_files(folder):
         model = "tiny_random" if name == "clusters_2x2" else name  # the 2 x 2 file names the model: its shape differs
         (folder / name / "clusters.json").write_text(json.dumps({"model": model, "shape": shape, "labels": labels}))
     roberta = "roberta 3x4, hidden 16, vocab 650"
-    for name, shape, built in (("constants_2x2", [2, 2], None), ("constants_roberta", [3, 4], roberta)):
-        record = {"kind": "optimal_constants", "model": "tiny_random", "shape": [*shape, 4],
-                  "constants": np.zeros((*shape, 4)).tolist(), **({"architecture": built} if built else {})}
+    for name, shape, built in (("constants_2x2", [2, 2, 8], None), ("constants_roberta", [3, 4, 8], roberta),
+                               ("constants_width", [3, 4, 5], None)):  # tiny_random: 3 x 4 heads of width 8
+        record = {"kind": "optimal_constants", "model": "tiny_random", "shape": shape,
+                  "constants": np.zeros(shape).tolist(), **({"architecture": built} if built else {})}
         (folder / f"{name}.json").write_text(json.dumps(record))
+    ragged = np.zeros((3, 4, 8)).tolist()
+    ragged[1][2] = [0.0] * 3
+    texts = np.zeros((3, 4, 8)).tolist()
+    texts[0][0][0] = "abc"
+    for name, values in (("constants_ragged", ragged), ("constants_text", texts)):
+        (folder / f"{name}.json").write_text(json.dumps({"kind": "optimal_constants", "constants": values}))
     (folder / "clusters_roberta").mkdir()  # tiny_random's name and shape, but a RoBERTa's heads (a folder's model)
     labels = {f"L{l}H{h}": f"cluster{h % 2}" for l in range(3) for h in range(4)}
     (folder / "clusters_roberta/clusters.json").write_text(json.dumps({
@@ -259,7 +266,18 @@ CASES = [
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
                    "mask.constants=FILES/constants_roberta.json"], "was computed on a model of another architecture"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
-                   "mask.constants=FILES/constants_2x2.json"], "holds constants of 2 layers x 2 heads"),
+                   "mask.constants=FILES/constants_2x2.json"],
+     "holds constants of 2 x 2 x 8 (layers x heads x head width); this model's are 3 x 4 x 8"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",  # no architecture recorded
+                   "mask.constants=FILES/constants_width.json"], "holds constants of 3 x 4 x 5"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
+                   "mask.constants=FILES/constants_ragged.json"], "got lists of unequal lengths or values that are"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
+                   "mask.constants=FILES/constants_text.json"], "got lists of unequal lengths or values that are"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=L0",
+                   "mask.constants=FILES/constants_2x2.json"], "is read by optimal heads only"),
+    ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=cluster:closed",
+                   "mask.clusters=FILES/constants_width.json"], "of kind 'optimal_constants', not a clusters"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0",
                    "mask.constants=FILES/clusters_ok.json"], "is not a constants file"),
     ("ablate.py", ["mode=gates", "gates.method=chg", "gates.chg_lambda=-0.1"], "gates.chg_lambda=-0.1 must be above 0"),

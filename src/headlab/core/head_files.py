@@ -24,6 +24,9 @@ def load_clusters(source: str | Path | Mapping[str, Any], num_layers: int | None
     writes it: the file then labels every head) must be the model's. Two spellings of one head (``L00H0``) are an error.
     """
     data = _read_json(source, "clusters")
+    if isinstance(data, Mapping) and "kind" in data and "labels" not in data:  # another job file (constants, ...)
+        raise UserError(f"clusters {_describe(source)} is a file of kind {data['kind']!r}, not a clusters file (a "
+                        "{\"labels\": {\"L0H0\": \"dense\"}} mapping, as mode=cluster and mode=gates write)")
     labels = data.get("labels", data) if isinstance(data, Mapping) else None
     if not isinstance(labels, Mapping) or not labels:
         raise UserError(

@@ -93,6 +93,13 @@ def model_shape(model_cfg: Any) -> tuple[int, int]:
     return config["num_hidden_layers"], config["num_attention_heads"]
 
 
+def head_width(model_cfg: Any) -> int:
+    """The width of a head's context vector (what ``prune`` zeroes), from ``config.json`` alone."""
+    config = config_json(model_cfg)
+    hidden = config.get("hidden_size", config.get("dim"))  # DistilBERT's name
+    return int(config.get("head_dim") or hidden // config["num_attention_heads"])
+
+
 def check_fits_positions(model_cfg: Any, length: int, what: str = "task.max_length") -> None:
     """A ``UserError`` when sequences of ``length`` tokens would run past the model's position embeddings."""
     config = config_json(model_cfg)

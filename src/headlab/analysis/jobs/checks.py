@@ -71,7 +71,7 @@ def check_evaluation(cfg: Any, per_head: bool = False) -> Any:
 def check_constants(cfg: Any, plan: Any) -> None:
     """``optimal`` heads (the plan's, the sweep's or the Shapley removal's) need ``mask.constants``: a constants file
     of this model's shape (``plan_from_mask`` refused another model's already)."""
-    from headlab.core.model_files import model_shape
+    from headlab.core.model_files import head_width, model_shape
     from headlab.core.substitutes.constants import check_constants_file
 
     used = (plan is not None and plan.counts()["optimal"]) or \
@@ -82,7 +82,11 @@ def check_constants(cfg: Any, plan: Any) -> None:
     if cfg.mask.constants is not None:
         from headlab.core.masks import check_same_model
 
-        data = check_constants_file(cfg.mask.constants, model_shape(cfg.model))
+        if not used:
+            raise UserError(f"mask.constants={cfg.mask.constants!r} is read by optimal heads only, and this job has "
+                            "none: give mask=optimal (or mask.policy=optimal, shapley.policy=optimal), or leave "
+                            "mask.constants out")
+        data = check_constants_file(cfg.mask.constants, (*model_shape(cfg.model), head_width(cfg.model)))
         check_same_model(data, cfg.model, f"mask.constants={cfg.mask.constants!r}")
 
 

@@ -21,21 +21,27 @@ from headlab.files import read_json
 KIND = "optimal_constants"
 
 
-def check_constants_file(path: str | Path, shape: tuple[int, int] | None = None) -> dict[str, Any]:
+def check_constants_file(path: str | Path, shape: tuple[int, ...] | None = None) -> dict[str, Any]:
     """The file's record, checked: a constants file (``kind``), a ``[layers, heads, head_dim]`` array of finite
-    numbers, of ``shape`` (layers x heads) when given."""
+    numbers, of ``shape`` (layers x heads, and the heads' width when given) when given."""
     data = read_json(path, "constants")
     values = data.get("constants") if isinstance(data, dict) else None
     if not isinstance(data, dict) or data.get("kind") != KIND or values is None:
         raise UserError(f"mask.constants={str(path)!r} is not a constants file (the constants.json a mode=gates "
                         "gates.method=optimal job writes)")
-    array = np.asarray(values, dtype=float)
-    if array.ndim != 3 or not np.isfinite(array).all():
+    try:
+        array = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):  # ragged lists, text among the numbers
+        array = None
+    if array is None or array.ndim != 3 or not np.isfinite(array).all():
+        got = "lists of unequal lengths or values that are not numbers" if array is None else \
+            f"an array of shape {list(array.shape)}" + ("" if array.ndim != 3 else " with values that are not finite")
         raise UserError(f"mask.constants={str(path)!r}: constants must be finite numbers [layers, heads, head_dim], "
-                        f"got an array of shape {list(array.shape)}")
-    if shape is not None and tuple(array.shape[:2]) != tuple(shape):
-        raise UserError(f"mask.constants={str(path)!r} holds constants of {array.shape[0]} layers x {array.shape[1]} "
-                        f"heads; this model has {shape[0]} x {shape[1]}")
+                        f"got {got}")
+    if shape is not None and tuple(array.shape[:len(shape)]) != tuple(shape):
+        ours = " x ".join(map(str, shape))
+        raise UserError(f"mask.constants={str(path)!r} holds constants of {' x '.join(map(str, array.shape))} "
+                        f"(layers x heads x head width); this model's are {ours}")
     return data
 
 
