@@ -76,6 +76,15 @@ def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path)
         f"hydra.run.dir={out}", "logger=none", cwd_tmp=root)
     assert json.loads((out / "results.json").read_text())["config"]["report"]["resamples"] == 3000
     assert {path: path.stat().st_mtime_ns for path in out.glob("fits/*/fit.json")} == stamps and len(stamps) == 2
+    # a finished fit edited by hand is no fit's: another penalty beside it reruns the job, and the edited one refits
+    edited = out / "fits/lambda_0/fit.json"
+    record = json.loads(edited.read_text())
+    record["parameters"][0][1] = 5.0
+    edited.write_text(json.dumps(record))
+    printed = run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.7]", checkpoint,
+                  f"hydra.run.dir={out}", "logger=none", cwd_tmp=root).stdout
+    assert f"note: {edited} is not the file its fit wrote" in printed
+    assert json.loads(edited.read_text())["parameters"] == data["fits"][0]["log_alpha"]  # the fit's own again
 
 
 def test_a_gate_fit_killed_mid_way_resumes_to_the_uninterrupted_gates(trained, tmp_path):

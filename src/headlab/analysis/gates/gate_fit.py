@@ -29,6 +29,7 @@ from headlab.analysis.gates.constant_training import constant_module
 from headlab.analysis.gates.gate_training import gated_module
 from headlab.analysis.gates.schema import method_setting
 from headlab.analysis.jobs.eval_job import EvalJob, estimation_task
+from headlab.errors import UserError
 from headlab.files import config_hash, read_json, write_json_atomic
 from headlab.training.checkpoint_loading import load_checkpoint
 from headlab.training.checkpoints import Checkpoint, tokenizer_config
@@ -108,7 +109,7 @@ def fit_gates(job: EvalJob, data: TaskDataModule, folder: Path, settings: dict[s
     its part of the fit's key); default ``gates.init`` everywhere."""
     key = fit_key(job, {**settings, "start": start_key})
     done = folder / FIT_FILE
-    record = read_json(done, "gate fit") if done.is_file() else {}
+    record = _record(done, key, job.is_global_zero)
     if record.get("key") == key and record.get("complete"):
         return _finished(job, folder, record)
     checkpoints = folder / "checkpoints"
@@ -135,11 +136,32 @@ def fit_gates(job: EvalJob, data: TaskDataModule, folder: Path, settings: dict[s
     if job.is_global_zero:
         if settings["train_model"]:
             save_final_weights(module.model, _tokenizer(job), folder / "model")
-        write_json_atomic(done, {"key": key, "complete": True, "settings": settings, "steps": trainer.global_step,
-                                 "parameters": parameters.tolist()})
+        finished = {"key": key, "complete": True, "settings": settings, "steps": trainer.global_step,
+                    "parameters": parameters.tolist()}
+        write_json_atomic(done, finished | {"digest": config_hash(finished)})
         shutil.rmtree(checkpoints, ignore_errors=True)  # fit.json holds what a finished fit learned
     module.model.eval()
     return GateFit(parameters, trainer.global_step, key, module.model if settings["train_model"] else None)
+
+
+def _record(path: Path, key: str, say: bool) -> dict[str, Any]:
+    """A fit folder's ``fit.json``; empty (the fit runs afresh, with a note) when it is not one a fit wrote: not
+    JSON, or a finished fit's parameters not what its digest says (edited by hand)."""
+    if not path.is_file():
+        return {}
+    try:
+        record = read_json(path, "gate fit")
+    except UserError:
+        record = None
+    if isinstance(record, dict) and not record.get("complete"):
+        return record  # a fit under way: its checkpoint says where it stopped
+    if isinstance(record, dict) and record.get("digest") == config_hash(
+            {k: v for k, v in record.items() if k != "digest"}):
+        return record
+    if say and (not isinstance(record, dict) or record.get("key") == key):
+        Console().print(f"note: {path} is not the file its fit wrote (unreadable, or edited since): the fit runs "
+                        "again", markup=False, soft_wrap=True)
+    return {}
 
 
 def _finished(job: EvalJob, folder: Path, record: dict[str, Any]) -> GateFit:
