@@ -253,6 +253,7 @@ CASES = [
      "min_heads_per_layer=4"),
     # ablate.py mode=gates
     ("ablate.py", ["mode=gates", "gates.lambdas=[0.01,-0.1]"], "gates.lambdas[1]=-0.1: a penalty per expected open"),
+    ("ablate.py", ["mode=gates"], "mode=gates needs a model fine-tuned for task demo_pairs"),  # not allow_random_head
     ("ablate.py", ["mode=gates", "allow_random_head=true"],
      "has random weights and ckpt_path=null: mode=gates needs a model fine-tuned for task demo_pairs"),
     ("ablate.py", ["mode=gates", "model=minilm"], "the model's own weights (BertModel) have no "

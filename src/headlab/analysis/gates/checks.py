@@ -23,6 +23,8 @@ def check_gates(cfg: Any) -> None:
     if gates.method != "l0" and gates.prune_curve is not None:
         raise UserError(f"gates.prune_curve is drawn beside L0 gates' curve (gates.method=l0); gates.method="
                         f"{gates.method} draws none")
+    if cfg.model.get("random_init") and cfg.ckpt_path is None and not cfg.allow_random_head:
+        check_fine_tuned(cfg)  # the gates' refusal, not the evaluation's (which offers allow_random_head=true)
     plan = check_evaluation(cfg)
     if not plan.is_identity:
         raise UserError(f"mode=gates learns gates on the full model; the mask changes heads ({plan.describe()}): "

@@ -114,7 +114,7 @@ def sweep_both(job: EvalJob, constants: HeadMeans, means: HeadMeans, shape: tupl
                                            inputs, constants)
 
             if job.is_global_zero:  # a line per pass: the sweeps take a while on a CPU
-                Console().print(f"single heads under {policy}: layer {layer} of {shape[0] - 1}", markup=False)
+                Console().print(f"single heads under {policy}: layer {layer + 1} of {shape[0]}", markup=False)
             records, baseline = job.evaluate(variants, replay)
             found |= {(policy, v.name.split("_", 1)[1], split): records[(v.name, split)]
                       for v in variants for split in baseline}

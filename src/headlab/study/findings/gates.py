@@ -76,7 +76,8 @@ def most_heads_pruned(files: StudyFiles) -> Finding:
         name, link = model.removeprefix("l0/"), files.link(job / "gates.csv")
         if many.empty:
             most = int(rows["heads_pruned"].max())
-            evidence.append(Evidence(name, NOT_TESTED, f"at most {most} of {total} heads pruned", link, note=(
+            pruned = f"at most {most} of {total} heads pruned" if most else f"no penalty pruned a head (of {total})"
+            evidence.append(Evidence(name, NOT_TESTED, pruned, link, note=(
                 "no penalty closed more than half of the heads: add larger ones (gates.lambdas)")))
             continue
         tests = _simultaneous(files, job, list(many["lambda"]))
