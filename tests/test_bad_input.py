@@ -57,6 +57,11 @@ def make_files(folder):
         record = {"kind": "optimal_constants", "model": "tiny_random", "shape": shape,
                   "constants": np.zeros(shape).tolist(), **({"architecture": built} if built else {})}
         (folder / f"{name}.json").write_text(json.dumps(record))
+    (folder / "prune_curve_24").mkdir()  # a finished curve of this model and task, scored on 24 examples
+    (folder / "prune_curve_24/prune_curve.csv").write_text("step,split\n")
+    (folder / "prune_curve_24/results.json").write_text(json.dumps({
+        "kind": "prune_curve", "complete": True, "model": "tiny_random", "task": "demo_pairs",
+        "config": {"data": {"max_eval_examples": 24}}}))
     ragged = np.zeros((3, 4, 8)).tolist()
     ragged[1][2] = [0.0] * 3
     texts = np.zeros((3, 4, 8)).tolist()
@@ -258,6 +263,8 @@ CASES = [
      "has random weights and ckpt_path=null: mode=gates needs a model fine-tuned for task demo_pairs"),
     ("ablate.py", ["mode=gates", "model=minilm"], "the model's own weights (BertModel) have no "
      "*ForSequenceClassification head: not fine-tuned for task demo_pairs"),  # the pre-trained model
+    ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.split=test"],
+     "gates.split=test: task demo_pairs has no such split (its files: train, validation)"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.split=validation"],
      "gates.split=validation is an evaluation split of task demo_pairs"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "mask=prune", "mask.heads=L0"], "use mask=none"),
@@ -286,6 +293,8 @@ CASES = [
      "gates.method=chg learns its parameters on the frozen model"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.prune_curve=FILES/empty_dir"],
      "not a finished mode=prune_curve job directory"),
+    ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.prune_curve=FILES/prune_curve_24"],
+     "was scored on data.max_eval_examples=24; this job scores 8: give data.max_eval_examples=24"),
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=prune", "mask.heads=top:2",
                    "mask.importance=FILES/importance_3x3.json", "mask.importance_estimator=fisher"], "'fisher'"),
     # ablate.py mode=features

@@ -50,7 +50,8 @@ def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path)
 
     # the penalty's plan file, as the printed command gives it to mode=eval: the same records, the same baseline
     plan = out / penalised["plan"]
-    assert f"mask=prune mask.heads=cluster:closed mask.clusters={plan}" in printed
+    assert (f"python ablate.py mode=eval model=tiny_random task=demo_pairs data.max_eval_examples=40 "
+            f"ckpt_path={root / 'train'} mask=prune mask.heads=cluster:closed mask.clusters={plan}") in printed
     labels = json.loads(plan.read_text())["labels"]
     assert sorted(h for h, state in labels.items() if state == "closed") == sorted(penalised["closed"])
     evaluated = tmp_path / "eval"
@@ -84,6 +85,8 @@ def test_each_penalty_s_gates_and_plan_reproduce_in_mode_eval(trained, tmp_path)
     printed = run("ablate.py", *GATES, "gates.max_steps=30", "gates.lambdas=[0,0.7]", checkpoint,
                   f"hydra.run.dir={out}", "logger=none", cwd_tmp=root).stdout
     assert f"note: {edited} is not the file its fit wrote" in printed
+    assert sorted(path.name for path in out.glob("heads_lambda_*.json")) == ["heads_lambda_0.7.json",
+                                                                            "heads_lambda_0.json"]  # 0.5's went
     assert json.loads(edited.read_text())["parameters"] == data["fits"][0]["log_alpha"]  # the fit's own again
 
 

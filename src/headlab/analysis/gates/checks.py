@@ -29,6 +29,10 @@ def check_gates(cfg: Any) -> None:
     if not plan.is_identity:
         raise UserError(f"mode=gates learns gates on the full model; the mask changes heads ({plan.describe()}): "
                         "use mask=none")
+    files = cfg.task.get("data_files")
+    if files and gates.split not in files:  # a task of local files (a hub task's splits are checked as it loads)
+        raise UserError(f"gates.split={gates.split}: task {cfg.task.name} has no such split (its files: "
+                        f"{', '.join(files)}); fit the gates on {cfg.task.train_split}")
     if gates.split in cfg.task.eval_splits and gates.split != cfg.task.train_split:
         raise UserError(f"gates.split={gates.split} is an evaluation split of task {cfg.task.name}: the gates would "
                         f"be scored on the examples they were fit on; fit them on {cfg.task.train_split}")
@@ -75,3 +79,7 @@ def check_prune_curve_job(source: str, cfg: Any) -> None:
         if record.get(key) != ours:
             raise UserError(f"gates.prune_curve={source!r} is a curve of {key} {record.get(key)}; this job's {key} "
                             f"is {ours}")
+    theirs = ((record.get("config") or {}).get("data") or {}).get("max_eval_examples")
+    if theirs != cfg.data.max_eval_examples:  # one figure, one set of examples: the curves' scores compare
+        raise UserError(f"gates.prune_curve={source!r} was scored on data.max_eval_examples={theirs}; this job "
+                        f"scores {cfg.data.max_eval_examples}: give data.max_eval_examples={theirs}")

@@ -71,9 +71,13 @@ def labels_file(cfg: Any, job: EvalJob, labels: dict[str, str], path: Path, **re
 
 def eval_command(cfg: Any, label: str, selects: bool, plan_path: Path, weights: Path | None = None) -> str:
     """The ``mode=eval`` command that prunes the heads labelled ``label`` in ``plan_path`` (``mask=none`` when
-    ``selects`` is false: no head has the label); ``...``: the job's model, task and data settings."""
+    ``selects`` is false: no head has the label), on the job's model, task and eval examples (by their config names:
+    a job's own ``model.*`` or ``task.*`` overrides are to be added)."""
     checkpoint = pasteable("ckpt_path", weights.absolute()) if weights is not None else (
         "" if cfg.ckpt_path is None else pasteable("ckpt_path", Path(cfg.ckpt_path).absolute()))
     mask = (f"mask=prune mask.heads=cluster:{label} " + pasteable("mask.clusters", plan_path.absolute())) if selects \
         else "mask=none"
-    return " ".join(part for part in ("python ablate.py mode=eval ...", checkpoint, mask) if part)
+    examples = cfg.data.get("max_eval_examples")
+    data = "" if examples is None else f"data.max_eval_examples={examples}"
+    return " ".join(part for part in ("python ablate.py mode=eval", f"model={cfg.model.name}", f"task={cfg.task.name}",
+                                      data, checkpoint, mask) if part)

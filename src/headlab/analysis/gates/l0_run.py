@@ -103,6 +103,10 @@ def write_gates(cfg: Any, job: EvalJob, fits: dict[float, GateFit], records: dic
     write_frame_atomic(table, out / "gates.csv")
     write_text_atomic(out / "gates.md", to_markdown(table.round(4)))
     entries, lines, files = [], [], ["gates.json", "gates.csv", "gates.md"]
+    current = {f"heads_{fit_name(p)}.json" for p in penalties}
+    for stale in out.glob("heads_lambda_*.json"):  # the plans of penalties this job no longer has
+        if stale.name not in current:
+            stale.unlink()
     for penalty in penalties:
         fit, name = fits[penalty], fit_name(penalty)
         gates = hard_concrete.deterministic(torch.as_tensor(fit.parameters)).numpy()
