@@ -57,8 +57,7 @@ def fit_settings(cfg: Any, name: str, **method: Any) -> dict[str, Any]:
     where null) and the fit's own (``method``: its penalty)."""
     gates = cfg.gates
     return {"method": gates.method, "seed": cfg.seed, "train_model": gates.train_model, "init": gates.init,
-            "split": gates.split,
-            "max_examples": gates.max_examples, "lr": method_setting(gates, "lr"),
+            "split": gates.split, "max_examples": gates.max_examples, "lr": method_setting(gates, "lr"),
             "max_steps": method_setting(gates, "max_steps"), **method, "log_prefix": f"gates/{name}"}
 
 
