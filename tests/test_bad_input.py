@@ -248,6 +248,8 @@ CASES = [
     # ablate.py mode=importance / prune_curve
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.split=test"], "'test'"),
     ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.sweep=/no/such/sweep"], "/no/such/sweep"),
+    ("ablate.py", ["mode=importance", "allow_random_head=true", "importance.sweep=FILES/empty_dir",
+                   "importance.learned=[FILES/empty_dir,FILES/empty_dir]"], "importance.learned names"),
     ("ablate.py", ["mode=importance", "importance.granularity=per_token"], "'per_token'"),
     ("ablate.py", ["mode=importance", "importance.policies=[keep]"], "'keep'"),
     ("ablate.py", ["mode=importance", "importance.max_examples=0"], "importance.max_examples=0"),

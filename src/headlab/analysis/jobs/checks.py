@@ -189,6 +189,9 @@ def check_estimation(cfg: Any) -> None:
     if learned and sweeps is None:
         raise UserError("importance.learned sets learned measures beside the estimators in the agreement with a "
                         "measured sweep: give importance.sweep=SWEEP_DIR too")
+    twice = next((source for i, source in enumerate(learned) if source in learned[:i]), None)
+    if twice is not None:
+        raise UserError(f"importance.learned names {twice!r} twice; give each mode=gates job once")
     for source in learned:
         from headlab.analysis.gates.scores import gates_job
 
