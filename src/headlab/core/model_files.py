@@ -82,7 +82,7 @@ def architecture(model_cfg: Any) -> str:
         from headlab.core.tiny_tokenizers import tiny_config_fields
 
         config = {"vocab_size": tiny_config_fields(config["model_type"])["vocab_size"]} | config
-    hidden = config.get("hidden_size", config.get("dim"))  # DistilBERT's name
+    hidden = _hidden_size(config)
     return (f"{config['model_type']} {config['num_hidden_layers']}x{config['num_attention_heads']}, hidden {hidden}, "
             f"vocab {config.get('vocab_size')}")
 
@@ -96,8 +96,11 @@ def model_shape(model_cfg: Any) -> tuple[int, int]:
 def head_width(model_cfg: Any) -> int:
     """The width of a head's context vector (what ``prune`` zeroes), from ``config.json`` alone."""
     config = config_json(model_cfg)
-    hidden = config.get("hidden_size", config.get("dim"))  # DistilBERT's name
-    return int(config.get("head_dim") or hidden // config["num_attention_heads"])
+    return int(config.get("head_dim") or _hidden_size(config) // config["num_attention_heads"])
+
+
+def _hidden_size(config: dict[str, Any]) -> Any:
+    return config.get("hidden_size", config.get("dim"))  # DistilBERT's name
 
 
 def check_fits_positions(model_cfg: Any, length: int, what: str = "task.max_length") -> None:
