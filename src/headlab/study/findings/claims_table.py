@@ -92,7 +92,7 @@ ROWS = [
      "per head, loss(optimal) - loss(mean), paired", "paired bootstrap CI; permutation p Holm-adjusted across the "
      "heads", "0, per head", "a head is shown below (above) when its Holm p < 0.05 and its CI agree; more than half "
      "shown below and none above holds, one shown above does not", "no head above but half or fewer shown below "
-     "(the others moved too little to tell)"),
+     "(the others moved too little to tell), or too few permutations for any head to pass Holm's correction"),
 ]
 HEADER = ("claim (study.json)", "the paper's sentence and number", "quantity", "interval", "boundary", "test",
           "inconclusive when")

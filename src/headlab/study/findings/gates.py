@@ -10,12 +10,14 @@
 * Nam et al. 2025 (causal head gating): the heads it calls irrelevant can be removed together at no cost, as its
   ablations checked; the same test on the job's ``prune_irrelevant`` plan. A "no loss" holds only for a class that
   is one: at least ``MIN_IRRELEVANT`` of the heads, and, over at least two fits, at least ``MIN_STABLE`` of its heads
-  irrelevant in every fit; else inconclusive (a loss still does not hold).
+  irrelevant in every fit; else inconclusive. A loss does not hold whatever the class's size, but only for a class
+  reproduced over two or more fits.
 * Li & Janson 2024: optimal ablation's gap is below mean ablation's, on data the constants were not fit on. A head is
   shown below (above) when its paired difference (optimal - mean loss) has its Holm-adjusted p-value below alpha and
   its CI below (above) 0. The claim does not hold when some head is shown above; holds when none is and more than
   half are shown below (a universal is never proved: the heads left undecided moved too little to tell);
-  inconclusive otherwise.
+  inconclusive otherwise, and always when the permutations are too few for any head to pass Holm's correction
+  (2 x heads / (permutations + 1) >= alpha).
 """
 
 from __future__ import annotations
@@ -144,9 +146,9 @@ def irrelevant_removable(files: StudyFiles) -> Finding:
             continue
         row, note = rows[0], ""
         outcome = no_loss(row["ci_low"], row["ci_high"], margin)
-        if outcome == HOLDS:
-            note = _class_note(counts["irrelevant"], total, fits, stable)
-            outcome = INCONCLUSIVE if note else HOLDS
+        if outcome != INCONCLUSIVE:  # a class too small says nothing of a "no loss"; one not reproducible, of either
+            note = _class_note(counts["irrelevant"], total, fits, stable, holds=outcome == HOLDS)
+            outcome = INCONCLUSIVE if note else outcome
         numbers = (f"{share}; pruning the irrelevant ones: {files.metric} change "
                    f"{interval(row['delta'], row['ci_low'], row['ci_high'], 4)}; boundary -{margin:g}")
         evidence.append(Evidence(name, outcome, numbers, link, {
@@ -163,9 +165,9 @@ def _irrelevant_stability(job) -> float:
     return float(irrelevant["stable"].astype(bool).mean()) if len(irrelevant) else float("nan")
 
 
-def _class_note(irrelevant: int, total: int, fits: int, stable: float) -> str:
-    """Why a "no loss" of the irrelevant heads does not make the claim hold; empty when it does."""
-    if irrelevant < MIN_IRRELEVANT * total:
+def _class_note(irrelevant: int, total: int, fits: int, stable: float, holds: bool) -> str:
+    """Why the irrelevant heads' "no loss" (``holds``) or loss decides nothing; empty when it decides."""
+    if holds and irrelevant < MIN_IRRELEVANT * total:
         return (f"only {irrelevant} of {total} heads were called irrelevant (fewer than {MIN_IRRELEVANT:.0%}): "
                 "removing so few at no cost shows no more than single-head removals do")
     if fits < 2:
@@ -188,11 +190,18 @@ def optimal_below_mean(files: StudyFiles) -> Finding:
         above = int((significant & (rows["ci_low"] > 0).to_numpy()).sum())
         heads = len(rows)
         outcome = FAILS if above else HOLDS if below > heads / 2 else INCONCLUSIVE
+        permutations = files.reports.get("gates", (files.resampling, ""))[0].permutations
+        floor = min(1.0, 2 * heads / (permutations + 1))  # the least Holm-adjusted two-sided permutation p
+        if heads and floor >= files.alpha:
+            outcome = INCONCLUSIVE
         numbers = (f"{below} of {heads} heads' optimal gap shown below the mean gap (Holm-adjusted p < "
                    f"{files.alpha:g}, CI below 0), {above} above, {heads - below - above} undecided; median "
                    f"difference {np.median(rows['difference']):+.4g} (loss); boundary: more than half below, none "
                    "above")
         note = "" if outcome != INCONCLUSIVE else (
+            f"with {permutations} permutations no head of {heads} can be shown either way after Holm's correction "
+            f"(the least adjusted p is {floor:.3g}): give at least {round(2 * heads / files.alpha)} "
+            "(study.gates.report.permutations)" if floor >= files.alpha else
             f"{heads - below} heads' differences were not shown below 0: their gaps moved too little on these "
             "examples to tell (more eval examples, or gates.max_steps for the constants)")
         evidence.append(Evidence(model.removeprefix("optimal/"), outcome, numbers, files.link(job / "heads.csv"),
