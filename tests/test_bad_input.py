@@ -269,6 +269,9 @@ CASES = [
      "gates.split=test: task demo_pairs has no such split (its files: train, validation)"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "gates.split=validation"],
      "gates.split=validation is an evaluation split of task demo_pairs"),
+    ("ablate.py", ["mode=gates", "allow_random_head=true", "task.eval_splits=[validation,train]"],
+     "gates.split=train is an evaluation split of task demo_pairs: the gates would be scored on the examples they "
+     "were fit on; drop it from task.eval_splits"),
     ("ablate.py", ["mode=gates", "allow_random_head=true", "mask=prune", "mask.heads=L0"], "use mask=none"),
     # optimal heads and their constants file
     ("ablate.py", ["mode=eval", "allow_random_head=true", "mask=optimal", "mask.heads=L0"],

@@ -9,10 +9,18 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 from test_findings import files_of, job
 
+from headlab.reporting.statistics import PairedResult
 from headlab.study.findings import study_findings
-from headlab.study.findings.gates import irrelevant_removable, most_heads_pruned, optimal_below_mean
+from headlab.study.findings.gates import (
+    holm_floor,
+    irrelevant_removable,
+    most_heads_pruned,
+    no_loss,
+    optimal_below_mean,
+)
 from headlab.study.findings.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_TESTED
 
 N = 40  # examples
@@ -59,10 +67,22 @@ def test_a_loss_only_far_past_half_the_heads_is_no_refutation(tmp_path):
 
 
 def test_a_plan_that_changed_no_score_is_no_proof_of_no_loss(tmp_path):
-    """Every example's f1 unchanged: a zero-width interval at 0 shows nothing about a loss more examples could show."""
+    """Every example's f1 unchanged: a zero-width interval at 0 shows no loss on these 40 examples only; up to 8.8
+    points (a share 1 - 0.025^(1/40) of them losing everything) stay consistent with none of 40 having changed."""
     l0_job(tmp_path, {0.1: (8, np.full(N, 80.0))})
     evidence, = most_heads_pruned(files_of(tmp_path)).evidence
-    assert evidence.verdict == INCONCLUSIVE
+    assert evidence.verdict == INCONCLUSIVE and evidence.values["low"] == pytest.approx(-8.81, abs=1e-2)
+    assert "no example's score changed" in evidence.numbers
+
+
+@pytest.mark.parametrize(("units", "expected"), [(40, INCONCLUSIVE), (10_000, HOLDS)])
+def test_a_zero_width_interval_is_bounded_as_clopper_pearson_bounds_no_change(units, expected):
+    """No unit of ``units`` changed: the lower end is the loss if the one-sided 97.5% Clopper-Pearson upper bound on
+    the share of changed units (scipy's exact binomial interval of 0 of ``units``) each lost the whole scale."""
+    test = PairedResult("f1", 80.0, 80.0, 0.0, 0.0, 0.0, 1.0, units, units)
+    outcome, low = no_loss(test, 0.95, margin=1.0, scale=100.0)
+    share = scipy.stats.binomtest(0, units).proportion_ci(confidence_level=0.95, method="exact").high
+    assert low == pytest.approx(-100.0 * share, rel=1e-9) and outcome == expected
 
 
 def test_most_heads_pruned_is_inconclusive_when_the_interval_reaches_the_margin(tmp_path):
@@ -80,31 +100,47 @@ def test_most_heads_pruned_is_not_tested_when_no_penalty_prunes_half(tmp_path):
     assert evidence.verdict == NOT_TESTED and "gates.lambdas" in evidence.note
 
 
-def chg_job(folder, irrelevant: int, row: dict | None, fits: int = 2, unstable: int = 0):
+def chg_job(folder, irrelevant: int, change: tuple[float, float] | None, fits: int = 2, unstable: int = 0):
     """gates/chg/seed0: ``irrelevant`` of 12 heads irrelevant (``unstable`` of them not in every fit), one
-    interfering, the rest facilitating; ``row`` the prune_irrelevant plan's change."""
+    interfering, the rest facilitating; ``change`` the prune_irrelevant plan's f1 change per example (the mean
+    plus and minus a spread, alternately), in its records beside the baseline's."""
     path = job(folder, "gates/chg/seed0", {"kind": "gates", "method": "chg"})
     counts = {"facilitating": 12 - irrelevant - 1, "interfering": 1, "irrelevant": irrelevant, "inconsistent": 0}
     classes = ["irrelevant"] * irrelevant + ["interfering"] + ["facilitating"] * (11 - irrelevant)
     stable = [i >= unstable for i in range(12)]
     pd.DataFrame({"head": [f"L0H{i}" for i in range(12)], "class": classes, "stable": stable}).to_csv(
         path / "heads.csv", index=False)
-    pruned = [] if row is None else [{"plan": "prune_irrelevant", "split": "validation", **row}]
+    pruned = [] if change is None else [{"plan": "prune_irrelevant", "split": "validation", "delta": 99.0,
+                                         "ci_low": 99.0, "ci_high": 99.0}]  # the job's own CI is not read
     (path / "chg.json").write_text(json.dumps({"classes": counts, "stability": float(np.mean(stable)),
                                                "fits": [{}] * fits, "pruned": pruned}))
+    if change is not None:
+        mean, spread = change
+        f1 = 80.0 + mean + np.where(np.arange(N) % 2 == 0, spread, -spread)
+        records = pd.concat([qa_records(np.full(N, 80.0), np.nan), qa_records(f1, np.nan)], ignore_index=True)
+        records["plan"] = [None] * N + ["prune_irrelevant"] * N
+        records.drop(columns=["penalty"]).to_parquet(path / "records.parquet")
 
 
-NO_LOSS = {"delta": -0.2, "ci_low": -0.8, "ci_high": 0.3}
-LOSS = {"delta": -5.0, "ci_low": -7.0, "ci_high": -3.0}
+NO_LOSS = (-0.2, 0.3)  # f1 change per example -0.2 +- 0.3: CI about [-0.3, -0.1]
+LOSS = (-5.0, 1.0)
 
 
-@pytest.mark.parametrize(("row", "expected"), [(NO_LOSS, HOLDS), (LOSS, FAILS),
-                                               ({"delta": -0.5, "ci_low": -1.5, "ci_high": 0.4}, INCONCLUSIVE)])
-def test_irrelevant_heads_removable_at_no_cost(tmp_path, row, expected):
-    chg_job(tmp_path, 6, row)
+@pytest.mark.parametrize(("change", "expected"), [(NO_LOSS, HOLDS), (LOSS, FAILS), ((-0.5, 3.0), INCONCLUSIVE)])
+def test_irrelevant_heads_removable_at_no_cost(tmp_path, change, expected):
+    """The interval recomputed from the records at the study's settings (the job's chg.json says +99)."""
+    chg_job(tmp_path, 6, change)
     evidence, = irrelevant_removable(files_of(tmp_path)).evidence
-    assert evidence.verdict == expected
+    assert evidence.verdict == expected and evidence.values["value"] == pytest.approx(change[0])
+    assert evidence.values["low"] < change[0] < evidence.values["high"]
     assert "6 of 12 heads irrelevant" in evidence.numbers and "100.0% of the heads" in evidence.numbers
+
+
+def test_a_chg_job_without_records_is_not_tested(tmp_path):
+    chg_job(tmp_path, 6, NO_LOSS)
+    (tmp_path / "gates/chg/seed0/records.parquet").unlink()
+    evidence, = irrelevant_removable(files_of(tmp_path)).evidence
+    assert evidence.verdict == NOT_TESTED and "run it again" in evidence.note
 
 
 @pytest.mark.parametrize(("irrelevant", "fits", "unstable", "why"), [
@@ -151,13 +187,43 @@ def test_the_study_lists_them_only_when_the_gates_stage_ran(tmp_path):
     assert {"voita_most_heads_pruned", "chg_irrelevant_removable", "li_janson_optimal_below_mean"} <= set(keys)
 
 
+def optimal_job(folder, heads: int, p_value, ci_low=-0.2, ci_high=-0.05, split="validation"):
+    path = job(folder, "gates/optimal/seed0", {"kind": "gates", "method": "optimal"})
+    pd.DataFrame({"head": [f"L0H{i}" for i in range(heads)], "split": split, "difference": -0.1,
+                  "ci_low": ci_low, "ci_high": ci_high, "p_value": p_value}).to_csv(path / "heads.csv", index=False)
+
+
 def test_too_few_permutations_for_holm_decide_no_head(tmp_path):
-    """40 heads shown below at p = 0.0005 each, but with the study's 2000 permutations per test the least
-    Holm-adjusted p over 40 heads is 2 x 40 / 2001 = 0.04 < 0.05 (fine); over 60 heads it is 0.06: no verdict."""
-    for heads, expected in ((40, HOLDS), (60, INCONCLUSIVE)):
-        path = job(tmp_path, "gates/optimal/seed0", {"kind": "gates", "method": "optimal"})
-        pd.DataFrame({"head": [f"L0H{i}" for i in range(heads)], "split": "validation", "difference": -0.1,
-                      "ci_low": -0.2, "ci_high": -0.05, "p_value": 1e-6}).to_csv(path / "heads.csv", index=False)
+    """Every head at the least p 2000 permutations give (2 / 2001): Holm over 12 heads makes it 0.012, with a Monte
+    Carlo standard error sqrt(q (1 - q) / 2000) x 12 = 0.0038: three of them still below 0.05. Over 40 heads it is
+    0.040 + 3 x 0.0126: no head can be decided, and the note gives the count at which one could."""
+    floor = 2 / 2001
+    for heads, expected in ((12, HOLDS), (40, INCONCLUSIVE)):
+        optimal_job(tmp_path, heads, floor)
         evidence, = optimal_below_mean(files_of(tmp_path)).evidence
         assert evidence.verdict == expected, heads
-    assert "give at least 2400" in evidence.note
+        error = np.sqrt(floor * (1 - floor) / 2000) * heads
+        assert (heads * floor + 3 * error < 0.05) == (expected == HOLDS)
+    assert "give at least 4995" in evidence.note
+    assert holm_floor(40, 4995) < 0.05 <= holm_floor(40, 4945)
+
+
+def test_a_head_above_the_mean_within_monte_carlo_error_of_alpha_decides_nothing(tmp_path):
+    """Two heads clearly below, one above 0 at an adjusted p of 0.045: 3 Monte Carlo errors (0.014 with 2000
+    permutations) reach 0.05, so it may or may not be a counterexample: inconclusive, not "does not hold"."""
+    optimal_job(tmp_path, 3, [1e-4, 1e-4, 0.045], ci_low=[-0.2, -0.2, 0.01], ci_high=[-0.05, -0.05, 0.2])
+    evidence, = optimal_below_mean(files_of(tmp_path)).evidence
+    assert evidence.verdict == INCONCLUSIVE and "Monte Carlo" in evidence.note and evidence.values["above"] == 0
+    optimal_job(tmp_path, 3, [1e-4, 1e-4, 0.02], ci_low=[-0.2, -0.2, 0.01], ci_high=[-0.05, -0.05, 0.2])
+    assert optimal_below_mean(files_of(tmp_path)).evidence[0].verdict == FAILS  # 0.02 + 3 x 0.0094 < 0.05
+
+
+def test_a_job_of_another_split_is_not_tested(tmp_path):
+    """Files whose rows are all of another split than the study's first eval split: not tested, no crash."""
+    optimal_job(tmp_path, 3, 1e-4, split="test")
+    l0_job(tmp_path, {0.1: (8, np.full(N, 80.0))})
+    table = pd.read_csv(tmp_path / "gates/l0/seed0/gates.csv").assign(split="test")
+    table.to_csv(tmp_path / "gates/l0/seed0/gates.csv", index=False)
+    for finding in (optimal_below_mean, most_heads_pruned):
+        evidence, = finding(files_of(tmp_path)).evidence
+        assert evidence.verdict == NOT_TESTED and "no validation examples" in evidence.note

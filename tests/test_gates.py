@@ -144,6 +144,9 @@ def test_causal_head_gating_classes_stability_and_plans(trained, tmp_path):
     table = pd.read_csv(out / "chg.csv")
     row = table.iloc[0]
     name = row["plan"].removeprefix("prune_")
+    records = pd.read_parquet(out / "records.parquet")  # what the study's finding recomputes its CI from
+    assert list(records["plan"].drop_duplicates().fillna("baseline")) == ["baseline", *table["plan"]]
+    assert records[records["plan"] == row["plan"]]["loss"].mean() == pytest.approx(row["loss"], rel=1e-9)
     evaluated = tmp_path / "eval"
     run("ablate.py", "mode=eval", "mask=prune", f"mask.heads=cluster:{name}", f"mask.clusters={out / 'heads_chg.json'}",
         checkpoint, f"hydra.run.dir={evaluated}", cwd_tmp=root)

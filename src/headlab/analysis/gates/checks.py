@@ -33,9 +33,11 @@ def check_gates(cfg: Any) -> None:
     if files and gates.split not in files:  # a task of local files (a hub task's splits are checked as it loads)
         raise UserError(f"gates.split={gates.split}: task {cfg.task.name} has no such split (its files: "
                         f"{', '.join(files)}); fit the gates on {cfg.task.train_split}")
-    if gates.split in cfg.task.eval_splits and gates.split != cfg.task.train_split:
+    if gates.split in cfg.task.eval_splits:
+        instead = ("drop it from task.eval_splits" if gates.split == cfg.task.train_split else
+                   f"fit them on {cfg.task.train_split}")
         raise UserError(f"gates.split={gates.split} is an evaluation split of task {cfg.task.name}: the gates would "
-                        f"be scored on the examples they were fit on; fit them on {cfg.task.train_split}")
+                        f"be scored on the examples they were fit on; {instead}")
     if gates.prune_curve is not None:
         check_prune_curve_job(gates.prune_curve, cfg)
     check_fine_tuned(cfg)

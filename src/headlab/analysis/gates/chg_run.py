@@ -23,6 +23,8 @@ validation Nam et al. ran by ablation.
                                mask.clusters=FILE`` prunes a class's heads
 ``chg.csv`` / .md              each class pruned: heads, metrics, the change with its CI and p-values
 ``chg.json``                   the settings, every fit's G+ and G-, the classes, their counts and stability
+``records.parquet``            per example of the first eval split: the baseline's (``plan`` empty) and each class
+                               pruned (``plan`` ``prune_<class>``): the study's finding recomputes its CI from them
 ``chg_heads.png``              layers x heads: G+, G-, the classes
 ``fits/fit<k>/<stage>/``       each stage's fit (resumable after a kill, as ``mode=gates`` L0 fits)
 ``results.json``               the summary; a complete one for the same config makes a rerun skip the job
@@ -143,7 +145,11 @@ def write_chg(cfg: Any, job: EvalJob, fits: list[dict[str, Any]], retain: np.nda
         table.insert(1, "heads", [counts[name.removeprefix("prune_")] for name in table["plan"]])
         write_frame_atomic(table, out / "chg.csv")
         write_text_atomic(out / "chg.md", to_markdown(table.round(4)))
-        files += ["chg.csv", "chg.md"]
+        split = job.data.eval_splits[0]
+        write_frame_atomic(pd.concat([baseline[split].assign(plan=None)] +
+                                     [records[(f"prune_{c}", split)].assign(plan=f"prune_{c}") for c in present],
+                                     ignore_index=True), out / "records.parquet")
+        files += ["chg.csv", "chg.md", "records.parquet"]
         commands = {c: eval_command(cfg, c, True, plan_path) for c in present}
     codes = np.vectorize({"interfering": 0.0, "irrelevant": 1.0, "facilitating": 2.0, "inconsistent": np.nan}.get)(
         classes)

@@ -16,30 +16,35 @@
   shown below (above) when its paired difference (optimal - mean loss) has its Holm-adjusted p-value below alpha and
   its CI below (above) 0. The claim does not hold when some head is shown above; holds when none is and more than
   half are shown below (a universal is never proved: the heads left undecided moved too little to tell);
-  inconclusive otherwise, and always when the permutations are too few for any head to pass Holm's correction
-  (2 x heads / (permutations + 1) >= alpha).
+  inconclusive otherwise. A head whose adjusted p lies within ``MONTE_CARLO`` Monte Carlo standard errors of alpha is
+  undecided (and keeps "holds" away when its CI lies above 0); so are all heads when the permutations are too few for
+  one at the least p a permutation test gives to pass Holm's correction (``holm_floor``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import math
 
 import numpy as np
 import pandas as pd
 
-from headlab.reporting.statistics import adjust_p_values, family_level, paired_tests
+from headlab.reporting.statistics import PairedResult, Resampling, adjust_p_values, paired_tests
 from headlab.study.findings.inputs import StudyFiles
 from headlab.study.findings.verdicts import (
     FAILS,
     HOLDS,
     INCONCLUSIVE,
+    MONTE_CARLO,
     NOT_TESTED,
     Claim,
     Evidence,
     Finding,
+    family_resampling,
     interval,
+    monte_carlo_error,
     not_tested,
+    unchanged_bound,
 )
 
 VOITA = Claim("voita_most_heads_pruned", "Most heads can be pruned at a small cost: L0 gates close more than half of "
@@ -59,13 +64,15 @@ def gates_findings(files: StudyFiles) -> list[Finding]:
     return [most_heads_pruned(files), irrelevant_removable(files), optimal_below_mean(files)]
 
 
-def no_loss(low: float, high: float, margin: float) -> str:
-    """"No loss" within ``margin``: holds when the interval's lower end is above ``-margin``, fails when its upper
-    end is below it. A zero-width interval (the plan changed no example's score) shows no loss on these examples
-    only, not how large a loss more examples could show: inconclusive, never holds."""
-    if low == high and low > -margin:
-        return INCONCLUSIVE
-    return HOLDS if low > -margin else FAILS if high < -margin else INCONCLUSIVE
+def no_loss(test: PairedResult, confidence: float, margin: float, scale: float) -> tuple[str, float]:
+    """"No loss" within ``margin`` and the interval's lower end it was judged by: holds when that end is above
+    ``-margin``, fails when the upper end is below it. A zero-width interval (the plan changed no example's score)
+    shows no loss on these examples only: its lower end is the largest loss that many unchanged units still allow
+    (``unchanged_bound``, Clopper-Pearson at ``confidence``), as Michel's single-head finding reads it."""
+    low = test.ci_low
+    if test.ci_low == test.ci_high:
+        low = test.delta - unchanged_bound(test.units, confidence, scale)
+    return (HOLDS if low > -margin else FAILS if test.ci_high < -margin else INCONCLUSIVE), low
 
 
 def most_heads_pruned(files: StudyFiles) -> Finding:
@@ -73,17 +80,21 @@ def most_heads_pruned(files: StudyFiles) -> Finding:
     for model, job in files.model_jobs("gates", [f"l0/{m}" for m in files.models]):
         table = pd.read_csv(job / "gates.csv")
         rows = table[table["split"] == files.split].sort_values("heads_pruned", kind="stable")
+        name, link = model.removeprefix("l0/"), files.link(job / "gates.csv")
+        if rows.empty:
+            evidence.append(Evidence(name, NOT_TESTED, "", link, note=f"the job scored no {files.split} examples"))
+            continue
         total = int(rows["heads_kept"].iloc[0] + rows["heads_pruned"].iloc[0])
         many = rows[rows["heads_pruned"] > total / 2]
-        name, link = model.removeprefix("l0/"), files.link(job / "gates.csv")
         if many.empty:
             most = int(rows["heads_pruned"].max())
             pruned = f"at most {most} of {total} heads pruned" if most else f"no penalty pruned a head (of {total})"
             evidence.append(Evidence(name, NOT_TESTED, pruned, link, note=(
                 "no penalty closed more than half of the heads: add larger ones (gates.lambdas)")))
             continue
-        tests = _simultaneous(files, job, list(many["lambda"]))
-        outcomes = [no_loss(t.ci_low, t.ci_high, margin) for t in tests]
+        tests, level = _simultaneous(files, job, list(many["lambda"]))
+        judged = [no_loss(t, level.confidence, margin, files.scale) for t in tests]
+        outcomes = [outcome for outcome, _ in judged]
         fewest = int(many["heads_pruned"].iloc[0])
         note = ""
         if HOLDS in outcomes:  # the holding penalty that prunes the most heads
@@ -94,12 +105,12 @@ def most_heads_pruned(files: StudyFiles) -> Finding:
             if outcome == FAILS and fewest > NEAR_HALF * total:
                 outcome = INCONCLUSIVE
                 note = _grid_note(rows, total, fewest)
-        test, row = tests[best], many.iloc[best]
+        test, row, low = tests[best], many.iloc[best], judged[best][1]
         numbers = (f"lambda {row['lambda']:g}: {int(row['heads_pruned'])} of {total} heads pruned, {files.metric} "
-                   f"change {interval(test.delta, test.ci_low, test.ci_high, 4)} ({len(tests)} penalties prune more "
-                   f"than half: intervals simultaneous over them); boundary -{margin:g}")
+                   f"change {interval(test.delta, low, test.ci_high, 4)}{_unchanged(test)} ({len(tests)} penalties "
+                   f"prune more than half: intervals simultaneous over them); boundary -{margin:g}")
         evidence.append(Evidence(name, outcome, numbers, link, {
-            "value": test.delta, "low": test.ci_low, "high": test.ci_high, "boundary": -margin,
+            "value": test.delta, "low": low, "high": test.ci_high, "boundary": -margin,
             "lambda": float(row["lambda"]), "heads_pruned": int(row["heads_pruned"]), "heads": total}, note=note))
     return Finding(VOITA, tuple(evidence)) if evidence else not_tested(VOITA, files.absent("gates"))
 
@@ -118,15 +129,22 @@ def _grid_note(rows: pd.DataFrame, total: int, fewest: int) -> str:
             f"{total} (over {NEAR_HALF:.0%}): pruning just over half was not tried; add {add} to gates.lambdas")
 
 
-def _simultaneous(files: StudyFiles, job, penalties: list[float]) -> list:
-    """The paired tests of ``penalties`` from the job's records, each at Bonferroni's level over them."""
+def _unchanged(test: PairedResult) -> str:
+    return " (no example's score changed: the lower end bounds what that many could hide)" \
+        if test.ci_low == test.ci_high else ""
+
+
+def _simultaneous(files: StudyFiles, job, penalties: list[float], column: str = "penalty"
+                  ) -> tuple[list[PairedResult], Resampling]:
+    """The paired tests of the plans ``penalties`` (the records' ``column``; the baseline's is empty) from the job's
+    records at the gates stage's report settings, each at Bonferroni's level over them with resamples enough for
+    its tails (``family_resampling``); and that level."""
     records = pd.read_parquet(job / "records.parquet")
-    baseline = records[records["penalty"].isna()].drop(columns=["penalty"])
-    runs = [records[records["penalty"] == p].drop(columns=["penalty"]) for p in penalties]
-    settings = files.reports.get("gates", (files.resampling, ""))[0]
-    level = family_level(replace(settings, intervals="simultaneous"), len(penalties))
+    baseline = records[records[column].isna()].drop(columns=[column])
+    runs = [records[records[column] == p].drop(columns=[column]) for p in penalties]
+    level = family_resampling(files.reports.get("gates", (files.resampling, ""))[0], len(penalties))
     return paired_tests(files.metric, [r.reset_index(drop=True) for r in runs], baseline.reset_index(drop=True),
-                        level)
+                        level), level
 
 
 def irrelevant_removable(files: StudyFiles) -> Finding:
@@ -144,15 +162,20 @@ def irrelevant_removable(files: StudyFiles) -> Finding:
         if not rows:
             evidence.append(Evidence(name, NOT_TESTED, share, link, note="no head was called irrelevant"))
             continue
-        row, note = rows[0], ""
-        outcome = no_loss(row["ci_low"], row["ci_high"], margin)
+        if not (job / "records.parquet").is_file():  # a job of before the records were written
+            evidence.append(Evidence(name, NOT_TESTED, share, link, note=(
+                "the job has no per-example records (records.parquet): run it again")))
+            continue
+        (test,), level = _simultaneous(files, job, ["prune_irrelevant"], column="plan")
+        outcome, low = no_loss(test, level.confidence, margin, files.scale)
+        note = ""
         if outcome != INCONCLUSIVE:  # a class too small says nothing of a "no loss"; one not reproducible, of either
             note = _class_note(counts["irrelevant"], total, fits, stable, holds=outcome == HOLDS)
             outcome = INCONCLUSIVE if note else outcome
         numbers = (f"{share}; pruning the irrelevant ones: {files.metric} change "
-                   f"{interval(row['delta'], row['ci_low'], row['ci_high'], 4)}; boundary -{margin:g}")
+                   f"{interval(test.delta, low, test.ci_high, 4)}{_unchanged(test)}; boundary -{margin:g}")
         evidence.append(Evidence(name, outcome, numbers, link, {
-            "value": row["delta"], "low": row["ci_low"], "high": row["ci_high"], "boundary": -margin,
+            "value": test.delta, "low": low, "high": test.ci_high, "boundary": -margin,
             "irrelevant": counts["irrelevant"], "heads": total, "stability": record["stability"], "fits": fits,
             "irrelevant_stability": stable}, note=note))
     return Finding(CHG, tuple(evidence)) if evidence else not_tested(CHG, files.absent("gates"))
@@ -180,31 +203,67 @@ def _class_note(irrelevant: int, total: int, fits: int, stable: float, holds: bo
 
 def optimal_below_mean(files: StudyFiles) -> Finding:
     evidence = []
+    permutations = files.reports.get("gates", (files.resampling, ""))[0].permutations
     for model, job in files.model_jobs("gates", [f"optimal/{m}" for m in files.models]):
         table = pd.read_csv(job / "heads.csv")
         rows = table[table["split"] == files.split]
+        name, link, heads = model.removeprefix("optimal/"), files.link(job / "heads.csv"), len(rows)
+        if not heads:
+            evidence.append(Evidence(name, NOT_TESTED, "", link, note=f"the job scored no {files.split} examples"))
+            continue
         # Holm across the heads whatever report.correction the job used (the rule is stated with Holm's); a head is
-        # decided only when its CI agrees with its p-value
-        significant = adjust_p_values(rows["p_value"].to_numpy(), "holm") < files.alpha
+        # decided only when its CI agrees with its p-value and that p-value is clear of alpha's Monte Carlo error
+        raw = rows["p_value"].to_numpy()
+        adjusted = adjust_p_values(raw, "holm")
+        near = np.array([abs(p - files.alpha) < MONTE_CARLO * monte_carlo_error(p, permutations, q)
+                         for p, q in zip(adjusted, raw)], dtype=bool)
+        significant = (adjusted < files.alpha) & ~near
         below = int((significant & (rows["ci_high"] < 0).to_numpy()).sum())
         above = int((significant & (rows["ci_low"] > 0).to_numpy()).sum())
-        heads = len(rows)
-        outcome = FAILS if above else HOLDS if below > heads / 2 else INCONCLUSIVE
-        permutations = files.reports.get("gates", (files.resampling, ""))[0].permutations
-        floor = min(1.0, 2 * heads / (permutations + 1))  # the least Holm-adjusted two-sided permutation p
-        if heads and floor >= files.alpha:
+        near_above = int((near & (rows["ci_low"] > 0).to_numpy()).sum())  # could be shown above with more draws
+        outcome = FAILS if above else HOLDS if below > heads / 2 and not near_above else INCONCLUSIVE
+        floor = holm_floor(heads, permutations)
+        if floor >= files.alpha:
             outcome = INCONCLUSIVE
         numbers = (f"{below} of {heads} heads' optimal gap shown below the mean gap (Holm-adjusted p < "
-                   f"{files.alpha:g}, CI below 0), {above} above, {heads - below - above} undecided; median "
-                   f"difference {np.median(rows['difference']):+.4g} (loss); boundary: more than half below, none "
-                   "above")
-        note = "" if outcome != INCONCLUSIVE else (
-            f"with {permutations} permutations no head of {heads} can be shown either way after Holm's correction "
-            f"(the least adjusted p is {floor:.3g}): give at least {round(2 * heads / files.alpha)} "
-            "(study.gates.report.permutations)" if floor >= files.alpha else
-            f"{heads - below} heads' differences were not shown below 0: their gaps moved too little on these "
-            "examples to tell (more eval examples, or gates.max_steps for the constants)")
-        evidence.append(Evidence(model.removeprefix("optimal/"), outcome, numbers, files.link(job / "heads.csv"),
-                                 {"value": below / heads, "below": below, "above": above, "heads": heads,
-                                  "boundary": 0.5}, note=note))
+                   f"{files.alpha:g}, CI below 0), {above} above, {heads - below - above} undecided"
+                   f"{f' ({int(near.sum())} with p within Monte Carlo error of alpha)' if near.any() else ''}; "
+                   f"median difference {np.median(rows['difference']):+.4g} (loss); boundary: more than half below, "
+                   "none above")
+        note = "" if outcome != INCONCLUSIVE else _undecided_heads(heads, below, near_above, floor, permutations,
+                                                                    files.alpha)
+        evidence.append(Evidence(name, outcome, numbers, link, {
+            "value": below / heads, "below": below, "above": above, "near_alpha": int(near.sum()), "heads": heads,
+            "boundary": 0.5}, note=note))
     return Finding(LI_JANSON, tuple(evidence)) if evidence else not_tested(LI_JANSON, files.absent("gates"))
+
+
+def holm_floor(heads: int, permutations: int) -> float:
+    """The least Holm-adjusted two-sided permutation p of ``heads`` tests, each of ``permutations`` random swaps
+    (``2 / (permutations + 1)`` times ``heads``), plus ``MONTE_CARLO`` of its Monte Carlo standard errors: no head
+    is decided unless this is below alpha."""
+    raw = 2 / (permutations + 1)
+    adjusted = min(1.0, heads * raw)
+    return adjusted + MONTE_CARLO * monte_carlo_error(adjusted, permutations, raw)
+
+
+def permutations_needed(heads: int, alpha: float) -> int:
+    """The fewest permutations (to within 1%) at which ``holm_floor`` of ``heads`` tests is below ``alpha``."""
+    needed = math.ceil(heads * (2 + MONTE_CARLO * math.sqrt(2)) / alpha)  # the floor's terms at large counts
+    while holm_floor(heads, needed) >= alpha:
+        needed = math.ceil(needed * 1.01)
+    return needed
+
+
+def _undecided_heads(heads: int, below: int, near_above: int, floor: float, permutations: int, alpha: float) -> str:
+    """Why Li & Janson's claim is inconclusive: too few permutations for Holm, a head that may be above, or heads
+    whose differences moved too little."""
+    if floor >= alpha:
+        return (f"with {permutations} permutations no head of {heads} can be shown either way after Holm's "
+                f"correction (the least adjusted p, {MONTE_CARLO} Monte Carlo standard errors above it, is "
+                f"{floor:.3g}): give at least {permutations_needed(heads, alpha)} (study.gates.report.permutations)")
+    if near_above:
+        return (f"{near_above} heads' gaps lie above the mean's with a p-value within {MONTE_CARLO} Monte Carlo "
+                f"standard errors of {alpha:g}: more permutations (study.gates.report.permutations) decide them")
+    return (f"{heads - below} heads' differences were not shown below 0: their gaps moved too little on these "
+            "examples to tell (more eval examples, or gates.max_steps for the constants)")

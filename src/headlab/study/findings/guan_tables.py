@@ -18,7 +18,6 @@ whatever the input) is **collapsed**: the claims that rest on it say so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from headlab.analysis.types.clusters import TYPE_NAMES, name_margins
@@ -39,6 +38,7 @@ from headlab.study.findings.verdicts import (
     Evidence,
     Finding,
     checked_verdict,
+    family_resampling,
     interval,
     not_tested,
     unchanged_bound,
@@ -337,17 +337,6 @@ def cost_finding(files: StudyFiles, cost: Cost, evidence: list[Evidence]) -> Fin
         return not_tested(cost.claim, "the clusters are not Guan et al.'s four types (no plan of that type)")
     return not_tested(cost.claim, files.absent("tables") if "tables" in files.stale else
                       "the tables stage has no table2 jobs in this study")
-
-
-def family_resampling(resampling: Resampling, size: int) -> Resampling:
-    """The settings of one CI of a family of ``size`` simultaneous ones: Bonferroni's ``1 - alpha / size``, with
-    resamples enough that each tail of the interval rests on at least ``TAIL_DRAWS`` of them."""
-    alpha = (1 - resampling.confidence) / max(size, 1)
-    return replace(resampling, confidence=1 - alpha,
-                   resamples=max(resampling.resamples, math.ceil(2 * TAIL_DRAWS / alpha)))
-
-
-TAIL_DRAWS = 50  # bootstrap resamples beyond each end of an interval, at the least
 
 
 def misnamed(files: StudyFiles, model: str, plans: tuple[str, ...]) -> str:

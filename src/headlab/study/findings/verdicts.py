@@ -24,6 +24,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from headlab.reporting.statistics import Resampling
+
 RULE = (
     "**How a claim gets its verdict.** Each claim is one the paper makes (its direction; where the paper bounds "
     "a cost, its bound at the paper's scale): a quantity on one side of a boundary, with an interval. **holds**: "
@@ -181,6 +183,17 @@ def unchanged_bound(units: int, confidence: float, scale: float) -> float:
     the interval's lower tail, ``1 - ((1 - confidence) / 2) ** (1 / units)``), each losing the whole ``scale``. 80
     unchanged units at 95% allow 4.5% of them to have changed: a zero-width interval is no proof of no loss."""
     return scale * (1 - ((1 - confidence) / 2) ** (1 / max(units, 1)))
+
+
+def family_resampling(resampling: Resampling, size: int) -> Resampling:
+    """The settings of one CI of a family of ``size`` simultaneous ones: Bonferroni's ``1 - alpha / size``, with
+    resamples enough that each tail of the interval rests on at least ``TAIL_DRAWS`` of them."""
+    alpha = (1 - resampling.confidence) / max(size, 1)
+    return replace(resampling, confidence=1 - alpha,
+                   resamples=max(resampling.resamples, math.ceil(2 * TAIL_DRAWS / alpha)))
+
+
+TAIL_DRAWS = 50  # bootstrap resamples beyond each end of an interval, at the least
 
 
 def unit_name(units: int, examples: int) -> str:
