@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
-from conftest import COMMON, ROOT, run, wandb_log
+from conftest import COMMON, ROOT, assert_one_error_line, run, wandb_log
 
 GATES = ("mode=gates", "gates.max_examples=64", "data.batch_size=16", "gates.lr=0.3", "gates.checkpoint_every=5")
 
@@ -110,6 +110,23 @@ def test_a_gate_fit_killed_mid_way_resumes_to_the_uninterrupted_gates(trained, t
     whole, resumed = (json.loads((folder / "gates.json").read_text())["fits"][0]["log_alpha"]
                       for folder in (tmp_path / "whole", killed))
     assert resumed == whole
+
+
+@pytest.mark.parametrize(("record", "expected"), [
+    ({"model": "tiny_random", "checkpoint": {"trained_by": "0123abcd"}},
+     "learned on the weights of train.py job 0123abcd; ckpt_path="),
+    ({"model": "minilm", "checkpoint": {}}, "is a job of model minilm; this job's model is tiny_random")])
+def test_learned_measures_of_other_weights_are_refused_before_the_model_loads(trained, tmp_path, record, expected):
+    """importance.learned naming a gates job of another train.py job (by its hash) or another model: one error line,
+    before any data is read (the weights' own hashes are compared again after they load)."""
+    root, _ = trained
+    other = tmp_path / "gates_other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps({"kind": "gates", "complete": True, "method": "l0", **record}))
+    result = run("ablate.py", "mode=importance", f"importance.sweep={tmp_path}", f"importance.learned={other}",
+                 f"ckpt_path={root / 'train'}", f"hydra.run.dir={tmp_path / 'out'}", cwd_tmp=tmp_path, check=False)
+    assert_one_error_line(result, expected)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
 def test_causal_head_gating_classes_stability_and_plans(trained, tmp_path):

@@ -193,9 +193,25 @@ def check_estimation(cfg: Any) -> None:
     if twice is not None:
         raise UserError(f"importance.learned names {twice!r} twice; give each mode=gates job once")
     for source in learned:
-        from headlab.analysis.gates.scores import gates_job
+        check_learned_on_these_weights(source, cfg)
 
-        gates_job(source)
+
+def check_learned_on_these_weights(source: str, cfg: Any) -> None:
+    """An ``importance.learned`` job is a finished ``mode=gates`` job of this model and, where both weights are a
+    ``train.py`` job's, of the same job (its hash: wherever the folders lie); the weights' own hashes are compared
+    again once they load."""
+    from headlab.analysis.gates.scores import gates_job
+    from headlab.training.checkpoints import locate_checkpoint
+
+    record = gates_job(source)[1]
+    if record.get("model") != cfg.model.name:
+        raise UserError(f"importance.learned entry {source!r} is a job of model {record.get('model')}; this job's "
+                        f"model is {cfg.model.name}")
+    theirs = (record.get("checkpoint") or {}).get("trained_by")
+    mine = locate_checkpoint(cfg.ckpt_path, cfg.model, cfg.task).trained_by()
+    if theirs is not None and mine is not None and theirs != mine:
+        raise UserError(f"importance.learned entry {source!r} learned on the weights of train.py job {theirs}; "
+                        f"ckpt_path={cfg.ckpt_path} holds job {mine}'s: give a mode=gates job of this checkpoint")
 
 
 def listed(value: Any) -> list[str]:
