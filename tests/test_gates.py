@@ -129,6 +129,18 @@ def test_learned_measures_of_other_weights_are_refused_before_the_model_loads(tr
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
+def test_a_model_at_chance_is_warned_about_before_the_fits(tmp_path):
+    """Two steps of fine-tuning leave the tiny model at chance (accuracy 0.5 on demo_pairs' balanced validation): the
+    gates job says so before it fits."""
+    run("train.py", "data.batch_size=16", "data.max_train_examples=64", "trainer.max_steps=2",
+        f"hydra.run.dir={tmp_path / 'train'}", cwd_tmp=tmp_path)
+    chance = run("ablate.py", *GATES, "gates.lambdas=[0.1]", "gates.max_steps=1", f"ckpt_path={tmp_path / 'train'}",
+                 f"hydra.run.dir={tmp_path / 'gates'}", cwd_tmp=tmp_path)
+    output = chance.stdout + chance.stderr
+    assert "the model scores accuracy 0.5 on validation, no better than chance (0.5)" in output
+    assert output.index("no better than chance") < output.index("gate fit 1 of 1")
+
+
 def test_causal_head_gating_classes_stability_and_plans(trained, tmp_path):
     """gates.method=chg: two fits of three stages; every head's class from its G+ and G- (the sigmoid of each stage's
     logits, averaged over the fits) by Nam et al.'s rule, the stability by hand, a class's plan file in mode=eval."""

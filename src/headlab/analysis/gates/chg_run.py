@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from headlab.analysis.gates.gate_fit import fit_data, fit_gates, fit_settings
-from headlab.analysis.gates.gate_reports import eval_command, evaluate_plans, labels_file, paired_table
+from headlab.analysis.gates.gate_reports import eval_command, evaluate_plans, labels_file, paired_table, warn_at_chance
 from headlab.analysis.importance.prune_curve import prune_plan
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
@@ -80,6 +80,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Fit every seed's three stages, classify the heads, evaluate each class pruned; ``cfg`` passed ``check_mode``."""
     shape = model_shape(cfg.model)
     job = EvalJob(cfg, identity, plans=[prune_plan(["L0H0"], shape)])
+    warn_at_chance(job)
     data = fit_data(job)
     lam, fits = cfg.gates.chg_lambda, []
     for k in range(cfg.gates.chg_fits):

@@ -3,6 +3,7 @@ statistics, the heads' labels as a plan file, and the ``mode=eval`` command that
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,24 @@ from headlab.files import write_json_atomic
 from headlab.reporting.statistics import Resampling, adjust_p_values, paired_tests
 from headlab.tasks.record_metrics import metrics_from_records
 from headlab.training.finetune import pasteable
+
+log = logging.getLogger(__name__)
+
+
+def warn_at_chance(job: EvalJob) -> None:
+    """Score the baseline before the fits (cached for the evaluations after them) and warn when the model scores no
+    better than one that learned nothing of the task: it needs none of its heads, so every gate, class and gap the
+    fits learn is noise (a fine-tuning too short, or weights not fine-tuned for the task)."""
+    keep = HeadPlan.keep_all(job.model.config.num_hidden_layers, job.model.config.num_attention_heads)
+    _, baseline = job.evaluate([Variant("baseline", keep)])
+    if not job.is_global_zero:
+        return
+    split, metric = job.data.eval_splits[0], job.cfg.task.main_metric
+    chance, score = job.chance(split), metrics_from_records(baseline[split], job.cfg.task)[metric]
+    if chance is not None and score <= chance:
+        log.warning(f"the model scores {metric} {score:.4g} on {split}, no better than chance ({chance:.4g}): it "
+                    "learned nothing of the task, so what the gates learn of its heads is noise; fine-tune it "
+                    "further first")
 
 
 def evaluate_plans(job: EvalJob, variants: list[Variant], models: dict[str, torch.nn.Module] | None = None

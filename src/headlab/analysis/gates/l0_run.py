@@ -37,7 +37,7 @@ from rich.console import Console
 
 from headlab.analysis.gates import hard_concrete
 from headlab.analysis.gates.gate_fit import GateFit, fit_data, fit_gates, fit_settings
-from headlab.analysis.gates.gate_reports import eval_command, evaluate_plans, labels_file, paired_table
+from headlab.analysis.gates.gate_reports import eval_command, evaluate_plans, labels_file, paired_table, warn_at_chance
 from headlab.analysis.importance.prune_curve import prune_plan
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
@@ -66,6 +66,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Fit the gates of every penalty, evaluate each pruned model; ``cfg`` passed ``check_mode``."""
     shape = model_shape(cfg.model)
     job = EvalJob(cfg, identity, plans=[prune_plan(["L0H0"], shape)])
+    warn_at_chance(job)
     data = fit_data(job)
     fits = {}
     for index, penalty in enumerate(cfg.gates.lambdas):

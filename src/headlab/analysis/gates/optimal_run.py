@@ -42,6 +42,7 @@ from headlab.analysis.evaluation.layer_inputs import LayerInputs
 from headlab.analysis.evaluation.sweep_heads import LayerSweepEvaluator
 from headlab.analysis.evaluation.sweep_plans import family_plans
 from headlab.analysis.gates.gate_fit import fit_data, fit_gates, fit_settings
+from headlab.analysis.gates.gate_reports import warn_at_chance
 from headlab.analysis.importance.prune_curve import prune_plan
 from headlab.analysis.jobs.eval_job import EvalJob
 from headlab.analysis.jobs.identity import JobIdentity, resumable
@@ -86,6 +87,7 @@ def run(cfg: Any, identity: JobIdentity) -> dict[str, Any]:
     """Learn every head's constant, then sweep the heads under it and under the mean; ``cfg`` passed ``check_mode``."""
     shape = model_shape(cfg.model)
     job = EvalJob(cfg, identity, plans=[prune_plan(["L0H0"], shape)])
+    warn_at_chance(job)
     data = fit_data(job)
     means = fit_split_means(job, data)
     fit = fit_gates(job, data, identity.output_dir / "fits" / "optimal", fit_settings(cfg, "optimal"), job.logger,
