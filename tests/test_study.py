@@ -32,8 +32,11 @@ REPORT = "report-resamples-2000+permutations-2000"  # the tables' and sweep's re
 
 
 def command(folder: Path, *overrides: str) -> list[str]:
+    """The quick study of the tiny BERT on demo_qa, without W&B unless ``overrides`` name a logger (its offline runs
+    cost a fifth of a study's time; the ``finished`` study keeps them, and its test reads them)."""
     task = [] if any(word.startswith("task=") for word in overrides) else ["task=demo_qa"]
-    return [sys.executable, str(ROOT / "ablate.py"), "model=tiny_random", "study=quick", *task,
+    logger = [] if any(word.startswith("logger=") for word in overrides) else ["logger=none"]
+    return [sys.executable, str(ROOT / "ablate.py"), "model=tiny_random", "study=quick", *task, *logger,
             f"data.cache_dir={folder.parent / 'cache'}", f"baseline_dir={folder.parent / 'baselines'}",
             f"hydra.run.dir={folder}", *overrides]
 
@@ -59,7 +62,7 @@ def study(folder: Path, *overrides: str, check: bool = True) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     folder = tmp_path_factory.mktemp("study") / "study"
-    result = study(folder)
+    result = study(folder, "logger=wandb")
     return folder, result.stdout + result.stderr
 
 
