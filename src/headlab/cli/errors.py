@@ -23,6 +23,7 @@ from typing import Any
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
+from headlab.cli.hydra_mode import compose_once
 from headlab.cli.schema import RETIRED
 from headlab.errors import UserError
 from headlab.study.interrupts import stopping_on_signals
@@ -35,7 +36,9 @@ _RETIRED = re.compile(r"Could not override '(" + "|".join(RETIRED) + r")'")
 
 
 def run_entry(main: Callable[[], Any]) -> None:
-    """Call ``main`` (an ``@hydra.main`` function); bad input exits with one ``error:`` line and status 2."""
+    """Call ``main`` (an ``@hydra.main`` function), its config composed once (``hydra_mode``); bad input exits with
+    one ``error:`` line and status 2."""
+    compose_once()
     os.environ.setdefault(_USER_FULL_ERROR, os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing; we decide what the user sees
     script = os.path.basename(sys.argv[0])
