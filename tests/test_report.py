@@ -490,3 +490,18 @@ def test_the_plan_grid_marks_every_column_a_rule_reaches_and_sorts_blocks_by_num
     from headlab.reporting.sweep_table import natural_key
 
     assert sorted(["random10", "random2", "baseline"], key=natural_key) == ["baseline", "random2", "random10"]
+
+
+def test_zero_width_intervals_draw_without_negative_error_bars(tmp_path):
+    """A penalty that changed no score: its CI's ends differ from its value by rounding (-8.9e-16, as on the tiny
+    model's demo_qa), which matplotlib refused as a negative error bar; the bars are the distances, clipped at 0."""
+    from headlab.reporting.plots import error_bars, gates_curve
+
+    value = 4.4923
+    low, high = value + 8.9e-16, value - 8.9e-16  # both ends on the wrong side of the value by a rounding error
+    np.testing.assert_array_equal(error_bars([value, 2.0, 1.0], [low, 1.5, np.nan], [high, 2.25, np.nan]),
+                                  [[0.0, 0.5, 0.0], [0.0, 0.25, 0.0]])
+    points = pd.DataFrame({"lambda": [0.01], "heads_pruned": [6], "f1": [value], "ci_low": [low], "ci_high": [high],
+                           "baseline": [value]})
+    paths = gates_curve(points, "f1", "zero width", tmp_path / "curve")
+    assert paths[0].stat().st_size > 1000

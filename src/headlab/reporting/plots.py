@@ -34,6 +34,14 @@ def _save(figure, path: Path, formats: Sequence[str]) -> list[Path]:
     return out
 
 
+def error_bars(value, low, high) -> np.ndarray:
+    """``[2, n]`` distances from each value down to ``low`` and up to ``high``, as matplotlib's ``yerr`` takes them:
+    0 where undefined, and never below 0 (a zero-width interval's ends differ from its value by rounding)."""
+    value, low, high = (np.asarray(x, dtype=float) for x in (value, low, high))
+    errors = np.vstack([value - low, high - value])
+    return np.clip(np.where(np.isfinite(errors), errors, 0.0), 0.0, None)
+
+
 def label_head_grid(axes, layers: int, heads: int, title: str) -> None:
     """Ticks ``L<layer>`` (rows) and ``H<head>`` (columns), axis labels and title of a layers x heads image."""
     axes.set_xticks(range(heads), [f"H{h}" for h in range(heads)] if heads > 1 else ["layer"])
@@ -64,10 +72,9 @@ def plan_bars(rows: pd.DataFrame, metric: str, title: str, path: Path, formats: 
     at which a plan scores what a model that learned nothing does (chance - baseline), a dotted line."""
     rows = rows.reset_index(drop=True)
     figure, axes = plt.subplots(figsize=(max(4.0, 0.6 * len(rows) + 1.5), 4.0))
-    low = (rows["delta"] - rows["ci_low"]).clip(lower=0).fillna(0)
-    high = (rows["ci_high"] - rows["delta"]).clip(lower=0).fillna(0)
     colours = ["#b2182b" if d < 0 else "#2166ac" for d in rows["delta"]]
-    axes.bar(range(len(rows)), rows["delta"], yerr=[low, high], capsize=3, color=colours)
+    axes.bar(range(len(rows)), rows["delta"], yerr=error_bars(rows["delta"], rows["ci_low"], rows["ci_high"]),
+             capsize=3, color=colours)
     stars = []
     for i, row in rows.iterrows():
         if np.isfinite(row["p_adjusted"]) and row["p_adjusted"] < 0.05:
@@ -176,8 +183,8 @@ def gates_curve(points: pd.DataFrame, metric: str, title: str, path: Path, forma
         ordered = curve[curve["order"] == "importance"].sort_values("heads_pruned")
         axes.plot(ordered["heads_pruned"], ordered[metric], marker="o", color="#4393c3", label="by importance")
     points = points.sort_values("heads_pruned")
-    errors = np.vstack([points[metric] - points["ci_low"], points["ci_high"] - points[metric]])
-    axes.errorbar(points["heads_pruned"], points[metric], yerr=np.where(np.isfinite(errors), errors, 0.0),
+    axes.errorbar(points["heads_pruned"], points[metric], yerr=error_bars(points[metric], points["ci_low"],
+                                                                          points["ci_high"]),
                   color="#b2182b", marker="s", capsize=3, label="L0 gates (CI)")
     for _, row in points.iterrows():
         axes.annotate(f"{row['lambda']:g}", (row["heads_pruned"], row[metric]), textcoords="offset points",
@@ -207,7 +214,7 @@ def shapley_waterfall(names: Sequence[str], values: np.ndarray, low: np.ndarray,
     for x, (_, value, lo, hi) in enumerate(rows):
         axes.bar(x, value, bottom=level, color="tab:blue" if value >= 0 else "tab:red")
         if np.isfinite(lo):
-            axes.errorbar(x, level + value, yerr=[[value - lo], [hi - value]], color="black", capsize=3, lw=1)
+            axes.errorbar(x, level + value, yerr=error_bars([value], [lo], [hi]), color="black", capsize=3, lw=1)
         level += value
     axes.axhline(empty, color="gray", lw=0.8, ls=":", label=f"every group removed: {empty:.4g}")
     axes.axhline(full, color="black", lw=0.8, ls="--", label=f"full model: {full:.4g}")
