@@ -227,3 +227,15 @@ def test_a_job_of_another_split_is_not_tested(tmp_path):
     for finding in (optimal_below_mean, most_heads_pruned):
         evidence, = finding(files_of(tmp_path)).evidence
         assert evidence.verdict == NOT_TESTED and "no validation examples" in evidence.note
+
+
+def test_a_study_of_the_gates_stage_alone_reads_its_baseline_from_the_gates_jobs(tmp_path):
+    """No tables or sweep: the floor check reads the baseline rows of the L0 job's records (penalty empty), the
+    baseline's f1 80 on 40 examples, not the pruned rows' 50; none of them: 'no baseline' (then no verdict)."""
+    from headlab.study.findings.limits import baseline_limits, limit_reasons
+
+    assert "no baseline of seed0" in limit_reasons(files_of(tmp_path))["seed0"]
+    l0_job(tmp_path, {0.1: (8, np.full(N, 50.0))})
+    limit = baseline_limits(files_of(tmp_path))["seed0"]
+    assert limit.value == pytest.approx(80.0) and limit.examples == N and limit.file == "gates/l0/seed0/records.parquet"
+    assert limit_reasons(files_of(tmp_path)) == {}

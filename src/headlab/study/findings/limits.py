@@ -2,8 +2,9 @@
 
 The baseline is each fine-tuned model unablated on the tables' examples (``tables/table2/<model>/baseline``), or,
 in a study that ran no tables, on the single-head sweep's (``sweep``, then ``robustness``: the baseline records its
-jobs name): its main metric with a bootstrap CI over those examples (the tables' report settings: the same
-resamples, seed and method as the tables' deltas). The model is **at its floor** when that CI reaches chance
+jobs name), else on the gates stage's (the baseline rows of an L0, CHG or optimal job's records): its main metric
+with a bootstrap CI over those examples (the tables' report settings: the same resamples, seed and method as the
+tables' deltas). The model is **at its floor** when that CI reaches chance
 (``low <= chance``, ``headlab.tasks.chance``: what a model that learned nothing scores) and **at its
 ceiling** when it reaches the metric's maximum (``high >= maximum``: 100 for SQuAD's scores, 1 for GLUE's). A loss
 has neither. A model with none of these baselines gets no ablation verdict either: nothing says it learned its task.
@@ -82,10 +83,13 @@ def baseline_limits(files: StudyFiles) -> dict[str, Limit]:
     """Each fine-tuned model's ``Limit``, of those whose baseline records are there (``baseline_records``)."""
     limits = {}
     for model in files.models:
-        path = baseline_records(files, model)
-        if path is None:
+        found = baseline_records(files, model)
+        if found is None:
             continue
+        path, plans = found
         records = pd.read_parquet(path)
+        if plans is not None:  # a gates job's records: the baseline's rows have no plan
+            records = records[records[plans].isna()].reset_index(drop=True)
         if "split" in records:  # an eval job's records (a baseline cache's hold one split)
             records = records[records["split"] == files.split].reset_index(drop=True)
         if len(records) < 2:
@@ -100,18 +104,26 @@ def baseline_limits(files: StudyFiles) -> dict[str, Limit]:
     return limits
 
 
-def baseline_records(files: StudyFiles, model: str) -> Path | None:
-    """The records of ``model`` unablated: the tables' baseline job's, else those a single-head sweep job of the
-    study names (``baseline_records`` of its split: the sweep stage's, then the robustness stage's prune sweep)."""
+GATES_BASELINES = (("l0", "penalty"), ("chg", "plan"), ("optimal", "policy"))  # a gates job, its records' plan column
+
+
+def baseline_records(files: StudyFiles, model: str) -> tuple[Path, str | None] | None:
+    """The records of ``model`` unablated, and the column whose empty rows are the baseline's (None: every row): the
+    tables' baseline job's, else those a single-head sweep job of the study names (``baseline_records`` of its
+    split: the sweep stage's, then the robustness stage's prune sweep), else a gates job's (its first eval split)."""
     job = files.job("tables", "table2", model, "baseline")
     if job is not None and (job / "records.parquet").is_file():
-        return job / "records.parquet"
+        return job / "records.parquet", None
     for parts in (("sweep", model), ("robustness", "sweep_prune", model)):
         job = files.job(*parts)
         for result in [] if job is None else sorted(job.glob("*/results.json")):
             path = (read_json(result, "results").get("baseline_records") or {}).get(files.split)
             if path and Path(path).is_file():
-                return Path(path)
+                return Path(path), None
+    for method, plans in GATES_BASELINES:
+        job = files.job("gates", method, model)
+        if job is not None and (job / "records.parquet").is_file():
+            return job / "records.parquet", plans
     return None
 
 
@@ -122,8 +134,9 @@ def limit_reasons(files: StudyFiles, limits: dict[str, Limit] | None = None) -> 
     reasons = {model: limit.reason() for model, limit in limits.items() if limit.kind}
     for model in files.models:
         if model not in limits:
-            reasons[model] = (f"no baseline of {model} in this run's stages (the tables' or the single-head sweep's "
-                              "records) says whether it learned its task, so no ablation of it can be read")
+            reasons[model] = (f"no baseline of {model} in this run's stages (the tables', the single-head sweep's or "
+                              "the gates jobs' records) says whether it learned its task, so no ablation of it can be "
+                              "read")
     return reasons
 
 
