@@ -572,6 +572,10 @@ def test_a_given_checkpoint_is_analysed_without_fine_tuning(finished, tmp_path):
     assert compared["runs"][1]["path"] == str(folder / "cluster/checkpoint/clusters.json")
     assert json.loads((folder / "features/checkpoint/results.json").read_text())["checkpoint"]["path"] == str(
         job / "model")
+    # more seeds: the given checkpoint is one model, so the command the caveat gives fine-tunes three instead
+    rerun = re.search(r"Fine-tune three seeds instead of the given checkpoint \(one model\): `([^`]*)`",
+                      (folder / "study.md").read_text())[1]
+    assert "study.checkpoint" not in rerun and rerun.endswith("'study.seeds=[0,1,2]'"), rerun
 
 
 

@@ -93,9 +93,9 @@ def findings(report: StudyReport) -> None:
 
 
 def study_command(study: Study) -> str:
-    """The command that ran the study, without its seeds and stages (for the caveat that says how to run more
-    seeds: every stage runs for them), with its folder when one was given (``hydra.run.dir``: the stages done are
-    reused only there)."""
+    """The command that ran the study, without its seeds, stages and checkpoint (for the caveat that says how to run
+    more seeds: every stage runs for them, and a given checkpoint is one model), with its folder when one was given
+    (``hydra.run.dir``: the stages done are reused only there)."""
     overrides = [f"model={study.cfg.model.name}", f"task={study.cfg.task.name}"]
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -103,7 +103,7 @@ def study_command(study: Study) -> str:
         given = HydraConfig.get().overrides
         overrides = [o.removeprefix("++") if is_stage_setting(o.removeprefix("++")) else o  # as the user typed it
                      for o in given.task
-                     if not o.startswith(("study.seeds", "study.stages", "hydra."))]  # every stage, more seeds
+                     if not o.startswith(("study.seeds", "study.stages", "study.checkpoint", "hydra."))]
         overrides += [o for o in given.hydra if o.startswith("hydra.run.dir=")]
     except ValueError:  # not under Hydra (the report written by hand)
         pass

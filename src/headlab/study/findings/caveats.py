@@ -102,10 +102,13 @@ def samples(files: StudyFiles) -> list[str]:
 def seeds(files: StudyFiles, command: str) -> list[str]:
     if len(files.models) > 1:
         return []
-    what = "one given checkpoint" if files.models == ["checkpoint"] else "one fine-tuning seed"
+    given = files.models == ["checkpoint"]
+    what = "one given checkpoint" if given else "one fine-tuning seed"
+    run = ("Fine-tune three seeds instead of the given checkpoint (one model)" if given else
+           "Run three (the stages done are reused)")
     return [f"**One seed.** The study ran {what}: the head types, the tables and every verdict above are untested "
-            "across fine-tuning seeds, whose types and effects can differ. Run three "
-            f"(the stages done are reused): `{command} 'study.seeds=[0,1,2]'`."]
+            f"across fine-tuning seeds, whose types and effects can differ. {run}: "
+            f"`{command} 'study.seeds=[0,1,2]'`."]
 
 
 def type_names(files: StudyFiles) -> list[str]:
