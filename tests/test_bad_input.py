@@ -242,6 +242,8 @@ CASES = [
      "names 3 twice"),
     ("ablate.py", ["mode=study", "study.controls.sweep.seed=-1"], "study.controls.sweep.seed=-1 is not a seed"),
     ("ablate.py", ["mode=study", "study.controls.sweep.draws=0"], "study.controls.sweep.draws=0 is out of range"),
+    ("ablate.py", ["mode=study", "study.stages=[finetune,sweep,gates,report]", "study.gates.gates.split=validation"],
+     "study.gates.gates.split=validation is an evaluation split of task demo_pairs"),  # before the stages ahead of it
     ("ablate.py", ["mode=study", "study.cluster=abc"], "study.cluster=abc: Cannot assign str to Dict"),
     ("ablate.py", ["mode=study", "study.cluster.cluster.k=abc"],
      "study.cluster.cluster.k: Value 'abc' of type 'str' could not be converted to Integer"),

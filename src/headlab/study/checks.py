@@ -32,6 +32,14 @@ def check_study(cfg: Any, folder: str | Path) -> list[str]:
         raise UserError(f"task.train_split={cfg.task.train_split} is also in task.eval_splits="
                         f"{list(cfg.task.eval_splits)}: the study would fine-tune on the examples it scores; give "
                         "evaluation splits of other examples")
+    if "gates" in stages:  # its fit split and methods' settings, before the stages ahead of it run
+        from headlab.analysis.gates.checks import check_gates_settings
+        from headlab.study.configs import analysis_config
+
+        try:
+            check_gates_settings(analysis_config(cfg, "gates", "gates", None, "preview"))
+        except UserError as error:  # named as the study's setting
+            raise UserError(f"study.gates.{error}" if str(error).startswith("gates.") else str(error)) from None
     if set(stages) & TRAIN_SPLIT_STAGES and not cfg.task.get("data_files"):  # offline, a hub task may lack it
         from headlab.tasks.hub_data import check_hub_dataset
 

@@ -14,8 +14,24 @@ HEAD_CLASSES = {"classification": "ForSequenceClassification", "regression": "Fo
 
 
 def check_gates(cfg: Any) -> None:
-    """The full model, a checkpoint fine-tuned for the task, a fit split that is no evaluation split, the prune
+    """The settings (``check_gates_settings``), the full model, a checkpoint fine-tuned for the task, the prune
     curve to draw beside."""
+    gates = cfg.gates
+    check_gates_settings(cfg)
+    if cfg.model.get("random_init") and cfg.ckpt_path is None and not cfg.allow_random_head:
+        check_fine_tuned(cfg)  # the gates' refusal, not the evaluation's (which offers allow_random_head=true)
+    plan = check_evaluation(cfg)
+    if not plan.is_identity:
+        raise UserError(f"mode=gates learns gates on the full model; the mask changes heads ({plan.describe()}): "
+                        "use mask=none")
+    if gates.prune_curve is not None:
+        check_prune_curve_job(gates.prune_curve, cfg)
+    check_fine_tuned(cfg)
+
+
+def check_gates_settings(cfg: Any) -> None:
+    """What the ``gates`` section and the task say alone (the study checks them before any stage runs): a method's
+    own settings, a fit split of the task that is no evaluation split."""
     gates = cfg.gates
     if gates.method != "l0" and gates.train_model:
         raise UserError(f"gates.train_model=true is Voita et al.'s setting (gates.method=l0); gates.method="
@@ -23,12 +39,6 @@ def check_gates(cfg: Any) -> None:
     if gates.method != "l0" and gates.prune_curve is not None:
         raise UserError(f"gates.prune_curve is drawn beside L0 gates' curve (gates.method=l0); gates.method="
                         f"{gates.method} draws none")
-    if cfg.model.get("random_init") and cfg.ckpt_path is None and not cfg.allow_random_head:
-        check_fine_tuned(cfg)  # the gates' refusal, not the evaluation's (which offers allow_random_head=true)
-    plan = check_evaluation(cfg)
-    if not plan.is_identity:
-        raise UserError(f"mode=gates learns gates on the full model; the mask changes heads ({plan.describe()}): "
-                        "use mask=none")
     files = cfg.task.get("data_files")
     if files and gates.split not in files:  # a task of local files (a hub task's splits are checked as it loads)
         raise UserError(f"gates.split={gates.split}: task {cfg.task.name} has no such split (its files: "
@@ -38,9 +48,6 @@ def check_gates(cfg: Any) -> None:
                    f"fit them on {cfg.task.train_split}")
         raise UserError(f"gates.split={gates.split} is an evaluation split of task {cfg.task.name}: the gates would "
                         f"be scored on the examples they were fit on; {instead}")
-    if gates.prune_curve is not None:
-        check_prune_curve_job(gates.prune_curve, cfg)
-    check_fine_tuned(cfg)
 
 
 def check_fine_tuned(cfg: Any) -> None:
