@@ -115,15 +115,20 @@ def test_a_gate_fit_killed_mid_way_resumes_to_the_uninterrupted_gates(trained, t
 @pytest.mark.parametrize(("record", "expected"), [
     ({"model": "tiny_random", "checkpoint": {"trained_by": "0123abcd"}},
      "learned on the weights of train.py job 0123abcd; ckpt_path="),
-    ({"model": "minilm", "checkpoint": {}}, "is a job of model minilm; this job's model is tiny_random")])
+    ({"model": "minilm", "checkpoint": {}}, "is a job of model minilm; this job's model is tiny_random"),
+    ({"model": "tiny_random", "checkpoint": {}, "twice": True}, "names two gates.method=l0 jobs")])
 def test_learned_measures_of_other_weights_are_refused_before_the_model_loads(trained, tmp_path, record, expected):
-    """importance.learned naming a gates job of another train.py job (by its hash) or another model: one error line,
-    before any data is read (the weights' own hashes are compared again after they load)."""
+    """importance.learned naming a gates job of another train.py job (by its hash) or another model, or two jobs of
+    one method: one error line, before any data is read (the weights' own hashes are compared again after they
+    load)."""
     root, _ = trained
-    other = tmp_path / "gates_other"
-    other.mkdir()
-    (other / "results.json").write_text(json.dumps({"kind": "gates", "complete": True, "method": "l0", **record}))
-    result = run("ablate.py", "mode=importance", f"importance.sweep={tmp_path}", f"importance.learned={other}",
+    twice = record.pop("twice", False)  # a second L0 job beside it: their measures would share a name
+    jobs = [tmp_path / "gates_other", tmp_path / "gates_second"][:1 + twice]
+    for other in jobs:
+        other.mkdir()
+        (other / "results.json").write_text(json.dumps({"kind": "gates", "complete": True, "method": "l0", **record}))
+    learned = ",".join(map(str, jobs))
+    result = run("ablate.py", "mode=importance", f"importance.sweep={tmp_path}", f"importance.learned=[{learned}]",
                  f"ckpt_path={root / 'train'}", f"hydra.run.dir={tmp_path / 'out'}", cwd_tmp=tmp_path, check=False)
     assert_one_error_line(result, expected)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()

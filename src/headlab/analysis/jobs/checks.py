@@ -192,14 +192,19 @@ def check_estimation(cfg: Any) -> None:
     twice = next((source for i, source in enumerate(learned) if source in learned[:i]), None)
     if twice is not None:
         raise UserError(f"importance.learned names {twice!r} twice; give each mode=gates job once")
+    methods = {}
     for source in learned:
-        check_learned_on_these_weights(source, cfg)
+        method = check_learned_on_these_weights(source, cfg)
+        if method in methods:  # their measures would share a name: one would replace the other
+            raise UserError(f"importance.learned names two gates.method={method} jobs ({methods[method]!r} and "
+                            f"{source!r}); give one job per method")
+        methods[method] = source
 
 
-def check_learned_on_these_weights(source: str, cfg: Any) -> None:
+def check_learned_on_these_weights(source: str, cfg: Any) -> str:
     """An ``importance.learned`` job is a finished ``mode=gates`` job of this model and, where both weights are a
     ``train.py`` job's, of the same job (its hash: wherever the folders lie); the weights' own hashes are compared
-    again once they load."""
+    again once they load. Returns the job's method."""
     from headlab.analysis.gates.scores import gates_job
     from headlab.training.checkpoints import locate_checkpoint
 
@@ -212,6 +217,7 @@ def check_learned_on_these_weights(source: str, cfg: Any) -> None:
     if theirs is not None and mine is not None and theirs != mine:
         raise UserError(f"importance.learned entry {source!r} learned on the weights of train.py job {theirs}; "
                         f"ckpt_path={cfg.ckpt_path} holds job {mine}'s: give a mode=gates job of this checkpoint")
+    return str(record.get("method"))
 
 
 def listed(value: Any) -> list[str]:
