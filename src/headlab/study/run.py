@@ -27,10 +27,11 @@ from headlab.study.stages import ABOUT, MARKER, READS, STAGES, Job, Study, stage
 LOCK_FILE = ".study.lock"
 NO_JOBS = {"refits": "the clusters are not Guan et al.'s four named types, or cluster.bootstrap_fits is 0",
            "controls": "the clusters have no type Table 2's orderings say matters"}  # why a stage has no jobs
-REPORT_FORMAT = 8  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
+REPORT_FORMAT = 9  # raised when study.md says more (2: findings, caveats; 3: the summary kept; 4: robustness; 5:
 # orderings only where intervals separate them; 6: no verdict at a floor or ceiling or in a smoke run, the findings
 # read the tables' intervals; 7: the papers' claims at their scale, equivalence, Holm per table, rank tests; 8:
-# controls' excess CIs, the refits section, the offset control's bar): a finished study's report is rewritten
+# controls' excess CIs, the refits section, the offset control's bar; 9: the gates findings' zero-width, records and
+# Monte Carlo rules, the gates jobs' baselines for the floor): a finished study's report is rewritten
 
 
 def study_group(folder: Path) -> str:

@@ -83,13 +83,17 @@ def hashed_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
     inputs = input_stamps(computed_config(resolved), INPUT_KEYS)  # the files where they are now
     # the unit ids' rule (headlab.core.units) decides what drop_* computes, and a mode's own rules what it computes:
     # a job of an earlier rule runs again
-    rules = {"units": UNITS_VERSION, **MODE_RULES.get(resolved["mode"], {})}
+    rules = {"units": UNITS_VERSION, **MODE_RULES.get(resolved["mode"], {}),
+             **METHOD_RULES.get((resolved["mode"], (resolved.get("gates") or {}).get("method")), {})}
     return resolved, inputs, job_hash({**hashed_part(resolved), **rules}, inputs)
 
 
 # a mode's rules that changed what its jobs compute without a setting to show it: raised with each change
 MODE_RULES = {"syntax": {"offset_control": 2},  # 2: the role's own arcs out of their baseline, the bar tau - 1
               "cluster": {"kmeans_starts": 50}}  # headlab.analysis.types.clusters.KMEANS_STARTS (was 10)
+# the same for one method of a mode: a CHG job writes its per-example records (its fits are kept: only the
+# evaluation runs again)
+METHOD_RULES = {("gates", "chg"): {"records": 1}}
 
 
 @dataclass(frozen=True)
