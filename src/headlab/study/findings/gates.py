@@ -45,6 +45,7 @@ from headlab.study.findings.verdicts import (
     monte_carlo_error,
     not_tested,
     unchanged_bound,
+    zero_width,
 )
 
 VOITA = Claim("voita_most_heads_pruned", "Most heads can be pruned at a small cost: L0 gates close more than half of "
@@ -70,7 +71,7 @@ def no_loss(test: PairedResult, confidence: float, margin: float, scale: float) 
     shows no loss on these examples only: its lower end is the largest loss that many unchanged units still allow
     (``unchanged_bound``, Clopper-Pearson at ``confidence``), as Michel's single-head finding reads it."""
     low = test.ci_low
-    if test.ci_low == test.ci_high:
+    if zero_width(test.ci_low, test.ci_high):
         low = test.delta - unchanged_bound(test.units, confidence, scale)
     return (HOLDS if low > -margin else FAILS if test.ci_high < -margin else INCONCLUSIVE), low
 
@@ -131,7 +132,7 @@ def _grid_note(rows: pd.DataFrame, total: int, fewest: int) -> str:
 
 def _unchanged(test: PairedResult) -> str:
     return " (no example's score changed: the lower end bounds what that many could hide)" \
-        if test.ci_low == test.ci_high else ""
+        if zero_width(test.ci_low, test.ci_high) else ""
 
 
 def _simultaneous(files: StudyFiles, job, penalties: list[float], column: str = "penalty"

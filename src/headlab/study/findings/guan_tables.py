@@ -45,6 +45,7 @@ from headlab.study.findings.verdicts import (
     undecided_note,
     unit_name,
     verdict,
+    zero_width,
 )
 from headlab.tasks.chance import chance_level
 
@@ -305,7 +306,7 @@ def cost_evidence(files: StudyFiles, cost: Cost, model: str, baseline, test, p: 
                         note="the chance level of the baseline's examples could not be computed")
     value, low, high = headroom_interval(files.metric, ablated, baseline, chance[0], level)
     headroom = test.baseline - chance[0]
-    if low == high and headroom > 0:  # no unit changed: the bootstrap says nothing of how few that shows
+    if zero_width(low, high) and headroom > 0:  # no unit changed: the bootstrap says nothing of how few that shows
         low = value - unchanged_bound(test.units, level.confidence, files.scale) / headroom
     units = test.units
     numbers = (f"({files.metric} {cost.plan} - baseline) / (baseline - chance {chance[0]:.4g}): "

@@ -34,6 +34,7 @@ from headlab.study.findings.verdicts import (
     unchanged_bound,
     unit_name,
     verdict,
+    zero_width,
 )
 
 CLARK, MICHEL, PANDE = "Clark et al. 2019", "Michel et al. 2019", "Pande et al. 2021"
@@ -106,7 +107,7 @@ def redundant_heads(files: StudyFiles) -> Finding:
         examples = int(rows["n"].iloc[0])
         units = int(rows["units"].iloc[0]) if "units" in rows else examples
         # a head that changed no unit has a zero-width interval: bounded by how few changes that many units show
-        unchanged = (rows["ci_high"] - rows["ci_low"] <= 0).to_numpy()
+        unchanged = zero_width(rows["ci_low"], rows["ci_high"]).to_numpy()
         low = np.where(unchanged, rows["delta"] - unchanged_bound(units, level, files.scale), rows["ci_low"])
         removable = int((low > -margin).sum())
         costly = int((rows["ci_high"] < -margin).sum())

@@ -186,6 +186,11 @@ def unchanged_bound(units: int, confidence: float, scale: float) -> float:
     return scale * (1 - ((1 - confidence) / 2) ** (1 / max(units, 1)))
 
 
+def zero_width(low, high):
+    """Whether an interval (or each of arrays of them) has no width: the bootstrap saw no unit change."""
+    return high - low <= 0
+
+
 def family_resampling(resampling: Resampling, size: int) -> Resampling:
     """The settings of one CI of a family of ``size`` simultaneous ones: Bonferroni's ``1 - alpha / size``, with
     resamples enough that each tail of the interval rests on at least ``TAIL_DRAWS`` of them."""
