@@ -79,7 +79,7 @@ ROWS = [
     ("`voita_most_heads_pruned`", "Voita (pruning by L0 gates): most heads can be pruned at a small cost (the gates "
      "stage, when study.stages names it)", "the main metric's change with the heads each L0 penalty closes pruned, "
      "among the penalties that close more than half", "paired bootstrap CI by clusters, simultaneous over those "
-     "penalties (a zero-width one widened by the Clopper-Pearson bound of no change)",
+     "penalties (under 10 units changed: widened by the Clopper-Pearson bound of what more could hide)",
      "-margin (`study.findings.margin`, 1 point)", "equivalence side: one penalty's CI above the "
      "boundary holds, every one below it does not when the one pruning the fewest prunes at most 60% of the heads",
      "no penalty's CI clears the boundary and not all fall below, or the grid skips from half the heads to over 60% "
@@ -94,7 +94,7 @@ ROWS = [
      "per head, loss(optimal) - loss(mean), paired", "paired bootstrap CI; permutation p Holm-adjusted across the "
      "heads", "0, per head", "a head is shown below (above) when its Holm p < 0.05 and its CI agree; more than half "
      "shown below and none above holds, one shown above does not", "no head above but half or fewer shown below "
-     "(the others moved too little to tell), a head above with its p within 3 Monte Carlo errors of 0.05, or too few "
+     "(the others moved too little to tell), a head above decided only within 3 Monte Carlo errors, or too few "
      "permutations for any head to pass Holm's correction"),
 ]
 HEADER = ("claim (study.json)", "the paper's sentence and number", "quantity", "interval", "boundary", "test",

@@ -16,9 +16,12 @@
   shown below (above) when its paired difference (optimal - mean loss) has its Holm-adjusted p-value below alpha and
   its CI below (above) 0. The claim does not hold when some head is shown above; holds when none is and more than
   half are shown below (a universal is never proved: the heads left undecided moved too little to tell);
-  inconclusive otherwise. A head whose adjusted p lies within ``MONTE_CARLO`` Monte Carlo standard errors of alpha is
-  undecided (and keeps "holds" away when its CI lies above 0); so are all heads when the permutations are too few for
-  one at the least p a permutation test gives to pass Holm's correction (``holm_floor``).
+  inconclusive otherwise. A head that Holm rejects only with the raw p-values moved ``MONTE_CARLO`` Monte Carlo
+  standard errors down, not up, is undecided (``holm_decisions``; it keeps "holds" away when its CI lies above 0);
+  so are all heads when the permutations are too few for one at the least p a permutation test gives to pass Holm's
+  correction (``holm_floor``).
+* A "no loss" of a plan that changed fewer than ``RARE_CHANGES`` units' predictions has its lower end bounded by
+  what more units could hide (``rare_change_bound``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import scipy.stats
 
 from headlab.reporting.statistics import PairedResult, Resampling, adjust_p_values, paired_tests
 from headlab.study.findings.inputs import StudyFiles
@@ -45,7 +49,6 @@ from headlab.study.findings.verdicts import (
     monte_carlo_error,
     not_tested,
     unchanged_bound,
-    zero_width,
 )
 
 VOITA = Claim("voita_most_heads_pruned", "Most heads can be pruned at a small cost: L0 gates close more than half of "
@@ -58,6 +61,7 @@ LI_JANSON = Claim("li_janson_optimal_below_mean", "Optimal ablation's gap is bel
                   ablation=True)
 NEAR_HALF = 0.6  # a failing penalty that prunes at most this share of the heads stands for "just over half"
 MIN_IRRELEVANT = 0.1  # the share of the heads an irrelevant class needs for its "no loss" to say more than Michel's
+RARE_CHANGES = 10  # fewer changed units than this: the bootstrap cannot bound what more units could hide
 MIN_STABLE = 0.8  # the share of the irrelevant heads irrelevant in every fit for the class to be reproducible
 
 
@@ -65,15 +69,36 @@ def gates_findings(files: StudyFiles) -> list[Finding]:
     return [most_heads_pruned(files), irrelevant_removable(files), optimal_below_mean(files)]
 
 
-def no_loss(test: PairedResult, confidence: float, margin: float, scale: float) -> tuple[str, float]:
+def no_loss(test: PairedResult, changed: int, confidence: float, margin: float, scale: float) -> tuple[str, float]:
     """"No loss" within ``margin`` and the interval's lower end it was judged by: holds when that end is above
-    ``-margin``, fails when the upper end is below it. A zero-width interval (the plan changed no example's score)
-    shows no loss on these examples only: its lower end is the largest loss that many unchanged units still allow
-    (``unchanged_bound``, Clopper-Pearson at ``confidence``), as Michel's single-head finding reads it."""
+    ``-margin``, fails when the upper end is below it. When fewer than ``RARE_CHANGES`` units changed their
+    prediction (``changed``), the bootstrap sees too few changes to bound how many more those units could hide: the
+    lower end is at most the change less the loss of the further share of units Clopper-Pearson allows to have
+    changed unseen, each losing the whole ``scale`` (``rare_change_bound``; with none changed, a zero-width interval,
+    the bound Michel's single-head finding uses)."""
     low = test.ci_low
-    if zero_width(test.ci_low, test.ci_high):
-        low = test.delta - unchanged_bound(test.units, confidence, scale)
+    if changed < RARE_CHANGES:
+        low = min(low, test.delta - rare_change_bound(changed, test.units, confidence, scale))
     return (HOLDS if low > -margin else FAILS if test.ci_high < -margin else INCONCLUSIVE), low
+
+
+def rare_change_bound(changed: int, units: int, confidence: float, scale: float) -> float:
+    """``scale`` times the share of ``units`` beyond the ``changed`` seen that could have changed: the one-sided
+    Clopper-Pearson upper bound of ``changed / units`` at the interval's lower tail, less ``changed / units``
+    (``unchanged_bound`` when none changed)."""
+    if changed == 0:
+        return unchanged_bound(units, confidence, scale)
+    upper = float(scipy.stats.beta.ppf(1 - (1 - confidence) / 2, changed + 1, units - changed)) \
+        if changed < units else 1.0
+    return scale * (upper - changed / units)
+
+
+def changed_units(run: pd.DataFrame, baseline: pd.DataFrame) -> int:
+    """The sampled units (the records' clusters, else their examples) with an example whose prediction the plan
+    changed; the records are the same examples in the same order."""
+    changed = np.asarray(run["prediction"]).astype(str) != np.asarray(baseline["prediction"]).astype(str)
+    units = np.asarray(run["cluster"]).astype(str) if "cluster" in run else np.arange(len(run))
+    return len(set(units[changed]))
 
 
 def most_heads_pruned(files: StudyFiles) -> Finding:
@@ -93,8 +118,8 @@ def most_heads_pruned(files: StudyFiles) -> Finding:
             evidence.append(Evidence(name, NOT_TESTED, pruned, link, note=(
                 "no penalty closed more than half of the heads: add larger ones (gates.lambdas)")))
             continue
-        tests, level = _simultaneous(files, job, list(many["lambda"]))
-        judged = [no_loss(t, level.confidence, margin, files.scale) for t in tests]
+        tests, changed, level = _simultaneous(files, job, list(many["lambda"]))
+        judged = [no_loss(t, k, level.confidence, margin, files.scale) for t, k in zip(tests, changed)]
         outcomes = [outcome for outcome, _ in judged]
         fewest = int(many["heads_pruned"].iloc[0])
         note = ""
@@ -106,10 +131,10 @@ def most_heads_pruned(files: StudyFiles) -> Finding:
             if outcome == FAILS and fewest > NEAR_HALF * total:
                 outcome = INCONCLUSIVE
                 note = _grid_note(rows, total, fewest)
-        test, row, low = tests[best], many.iloc[best], judged[best][1]
+        test, row, low, few = tests[best], many.iloc[best], judged[best][1], changed[best]
         numbers = (f"lambda {row['lambda']:g}: {int(row['heads_pruned'])} of {total} heads pruned, {files.metric} "
-                   f"change {interval(test.delta, low, test.ci_high, 4)}{_unchanged(test)} ({len(tests)} penalties "
-                   f"prune more than half: intervals simultaneous over them); boundary -{margin:g}")
+                   f"change {interval(test.delta, low, test.ci_high, 4)}{_rare(few, test.units)} ({len(tests)} "
+                   f"penalties prune more than half: intervals simultaneous over them); boundary -{margin:g}")
         evidence.append(Evidence(name, outcome, numbers, link, {
             "value": test.delta, "low": low, "high": test.ci_high, "boundary": -margin,
             "lambda": float(row["lambda"]), "heads_pruned": int(row["heads_pruned"]), "heads": total}, note=note))
@@ -130,22 +155,21 @@ def _grid_note(rows: pd.DataFrame, total: int, fewest: int) -> str:
             f"{total} (over {NEAR_HALF:.0%}): pruning just over half was not tried; add {add} to gates.lambdas")
 
 
-def _unchanged(test: PairedResult) -> str:
-    return " (no example's score changed: the lower end bounds what that many could hide)" \
-        if zero_width(test.ci_low, test.ci_high) else ""
+def _rare(changed: int, units: int) -> str:
+    return (f" ({changed} of {units} units changed a prediction: the lower end bounds what that many could hide)"
+            if changed < RARE_CHANGES else "")
 
 
 def _simultaneous(files: StudyFiles, job, penalties: list[float], column: str = "penalty"
-                  ) -> tuple[list[PairedResult], Resampling]:
+                  ) -> tuple[list[PairedResult], list[int], Resampling]:
     """The paired tests of the plans ``penalties`` (the records' ``column``; the baseline's is empty) from the job's
     records at the gates stage's report settings, each at Bonferroni's level over them with resamples enough for
-    its tails (``family_resampling``); and that level."""
+    its tails (``family_resampling``); the units each plan changed (``changed_units``); and that level."""
     records = pd.read_parquet(job / "records.parquet")
-    baseline = records[records[column].isna()].drop(columns=[column])
-    runs = [records[records[column] == p].drop(columns=[column]) for p in penalties]
+    baseline = records[records[column].isna()].drop(columns=[column]).reset_index(drop=True)
+    runs = [records[records[column] == p].drop(columns=[column]).reset_index(drop=True) for p in penalties]
     level = family_resampling(files.reports.get("gates", (files.resampling, ""))[0], len(penalties))
-    return paired_tests(files.metric, [r.reset_index(drop=True) for r in runs], baseline.reset_index(drop=True),
-                        level), level
+    return (paired_tests(files.metric, runs, baseline, level), [changed_units(r, baseline) for r in runs], level)
 
 
 def irrelevant_removable(files: StudyFiles) -> Finding:
@@ -167,14 +191,14 @@ def irrelevant_removable(files: StudyFiles) -> Finding:
             evidence.append(Evidence(name, NOT_TESTED, share, link, note=(
                 "the job has no per-example records (records.parquet): run it again")))
             continue
-        (test,), level = _simultaneous(files, job, ["prune_irrelevant"], column="plan")
-        outcome, low = no_loss(test, level.confidence, margin, files.scale)
+        (test,), (changed,), level = _simultaneous(files, job, ["prune_irrelevant"], column="plan")
+        outcome, low = no_loss(test, changed, level.confidence, margin, files.scale)
         note = ""
         if outcome != INCONCLUSIVE:  # a class too small says nothing of a "no loss"; one not reproducible, of either
             note = _class_note(counts["irrelevant"], total, fits, stable, holds=outcome == HOLDS)
             outcome = INCONCLUSIVE if note else outcome
         numbers = (f"{share}; pruning the irrelevant ones: {files.metric} change "
-                   f"{interval(test.delta, low, test.ci_high, 4)}{_unchanged(test)}; boundary -{margin:g}")
+                   f"{interval(test.delta, low, test.ci_high, 4)}{_rare(changed, test.units)}; boundary -{margin:g}")
         evidence.append(Evidence(name, outcome, numbers, link, {
             "value": test.delta, "low": low, "high": test.ci_high, "boundary": -margin,
             "irrelevant": counts["irrelevant"], "heads": total, "stability": record["stability"], "fits": fits,
@@ -196,7 +220,7 @@ def _class_note(irrelevant: int, total: int, fits: int, stable: float, holds: bo
                 "removing so few at no cost shows no more than single-head removals do")
     if fits < 2:
         return "one fit: whether the irrelevant class comes out again is not measured (gates.chg_fits >= 2)"
-    if stable < MIN_STABLE:
+    if not stable >= MIN_STABLE:  # NaN (no irrelevant head in heads.csv) is not reproducible either
         return (f"only {stable:.0%} of the irrelevant heads were irrelevant in every fit (fewer than "
                 f"{MIN_STABLE:.0%}): the class is not reproducible; more steps (gates.max_steps) or fits")
     return ""
@@ -214,11 +238,7 @@ def optimal_below_mean(files: StudyFiles) -> Finding:
             continue
         # Holm across the heads whatever report.correction the job used (the rule is stated with Holm's); a head is
         # decided only when its CI agrees with its p-value and that p-value is clear of alpha's Monte Carlo error
-        raw = rows["p_value"].to_numpy()
-        adjusted = adjust_p_values(raw, "holm")
-        near = np.array([abs(p - files.alpha) < MONTE_CARLO * monte_carlo_error(p, permutations, q)
-                         for p, q in zip(adjusted, raw)], dtype=bool)
-        significant = (adjusted < files.alpha) & ~near
+        significant, near = holm_decisions(rows["p_value"].to_numpy(), permutations, files.alpha)
         below = int((significant & (rows["ci_high"] < 0).to_numpy()).sum())
         above = int((significant & (rows["ci_low"] > 0).to_numpy()).sum())
         near_above = int((near & (rows["ci_low"] > 0).to_numpy()).sum())  # could be shown above with more draws
@@ -237,6 +257,17 @@ def optimal_below_mean(files: StudyFiles) -> Finding:
             "value": below / heads, "below": below, "above": above, "near_alpha": int(near.sum()), "heads": heads,
             "boundary": 0.5}, note=note))
     return Finding(LI_JANSON, tuple(evidence)) if evidence else not_tested(LI_JANSON, files.absent("gates"))
+
+
+def holm_decisions(raw: np.ndarray, permutations: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Which tests Holm's correction rejects at ``alpha`` whatever their Monte Carlo error, and which it may or may
+    not: Holm run on every raw p moved ``MONTE_CARLO`` standard errors up, and again moved down (a head's adjusted
+    p may be another head's, whose error is then the one that counts). Significant: rejected even moved up; near:
+    rejected only moved down."""
+    error = np.array([monte_carlo_error(q, permutations) for q in raw])
+    high = adjust_p_values(np.clip(raw + MONTE_CARLO * error, 0.0, 1.0), "holm")
+    low = adjust_p_values(np.clip(raw - MONTE_CARLO * error, 0.0, 1.0), "holm")
+    return high < alpha, (low < alpha) & (high >= alpha)
 
 
 def holm_floor(heads: int, permutations: int) -> float:
